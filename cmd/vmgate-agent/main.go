@@ -1,0 +1,32 @@
+// Command vmgate-agent is the guest side of vmgate: a static binary that is
+// both the initramfs's /init (when it runs as PID 1) and the guest agent
+// daemon that serves SSH on the vmgate.agent virtio-serial port.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/vmgate/vmgate/vm/agent"
+	"github.com/vmgate/vmgate/vm/guestinit"
+)
+
+// version is set by the build (-ldflags -X main.version=…).
+var version = "dev"
+
+func main() {
+	if os.Getpid() == 1 {
+		guestinit.Run() // never returns
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := agent.Main(ctx, log, version); err != nil && ctx.Err() == nil {
+		fmt.Fprintf(os.Stderr, "vmgate-agent: %v\n", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,15 @@
+// Command vmgated is the vmgate daemon and admin tool: it builds guest
+// images and runs commands in disposable VMs. See README.md.
+package main
+
+import (
+	"os"
+
+	"github.com/vmgate/vmgate/internal/cli"
+	"github.com/vmgate/vmgate/isolate"
+)
+
+func main() {
+	isolate.MaybeRunChild()
+	os.Exit(cli.Vmgated(os.Args[1:]))
+}

@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/exitcode"
+	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/image"
+)
+
+const vmgatedUsage = `usage:
+  vmgated image build [--out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
+  vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
+                    [--cpus N] [--timeout D] [--user U] -- PROG ARGS…
+`
+
+// Vmgated runs the vmgated command line and returns the process exit code.
+func Vmgated(args []string) int {
+	if len(args) < 1 {
+		fmt.Fprint(os.Stderr, vmgatedUsage)
+		return exitcode.Usage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	code := 0
+	switch verb := strings.Join(args[:min(2, len(args))], " "); verb {
+	case "image build":
+		err = imageBuild(ctx, args[2:])
+	case "debug run":
+		code, err = debugRun(ctx, args[2:])
+	case "help", "-h", "--help":
+		fmt.Fprint(os.Stdout, vmgatedUsage)
+		return 0
+	default:
+		fmt.Fprintf(os.Stderr, "vmgated: unknown command %q\n%s", verb, vmgatedUsage)
+		return exitcode.Usage
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vmgated: %v\n", err)
+		if errors.Is(err, flag.ErrHelp) || errors.Is(err, errUsage) {
+			return exitcode.Usage
+		}
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}
+
+var errUsage = errors.New("usage")
+
+func parseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, s)
+	}
+	return l, nil
+}
+
+func imageBuild(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("vmgated image build", flag.ContinueOnError)
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	out := fs.String("out", "", "output directory (default STATE/image)")
+	force := fs.Bool("force", false, "rebuild even if an up-to-date image exists")
+	pkgs := fs.String("packages", "", "extra Debian packages, comma-separated")
+	suite := fs.String("suite", image.DefaultSuite, "Debian suite")
+	mirror := fs.String("mirror", "", "Debian mirror URL (default: mmdebstrap's)")
+	agent := fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)")
+	diskMiB := fs.Int("disk-size", 4096, "guest root filesystem size in MiB")
+	level := fs.String("log-level", "info", "log level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	lvl, err := parseLogLevel(*level)
+	if err != nil {
+		return err
+	}
+	log := newLogger(os.Stderr, lvl)
+	if *out == "" {
+		*out = defaultImageDir(*state)
+	}
+	var extra []string
+	if *pkgs != "" {
+		extra = strings.Split(*pkgs, ",")
+	}
+	var progress io.Writer
+	if isTerminal(os.Stderr) {
+		progress = os.Stderr
+		log = newLogger(io.Discard, lvl)
+	}
+	res, err := image.Build(ctx, image.Options{
+		OutDir: *out, Suite: *suite, Mirror: *mirror, ExtraPackages: extra,
+		AgentPath: *agent, DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress,
+	})
+	if err != nil {
+		return err
+	}
+	m := res.Manifest
+	state2 := "built"
+	if res.Cached {
+		state2 = "up to date"
+	}
+	fmt.Printf("image %s: %s (kernel %s, %d packages, base.qcow2 %d MiB)\n", state2, *out, m.KernelVersion, len(m.Packages), m.Artifacts[image.BaseFile].Size>>20)
+	return nil
+}
+
+func debugRun(ctx context.Context, args []string) (int, error) {
+	fs := flag.NewFlagSet("vmgated debug run", flag.ContinueOnError)
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	imgDir := fs.String("image", "", "image directory (default STATE/image)")
+	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	mem := fs.Int("memory", 512, "guest memory in MiB")
+	cpus := fs.Int("cpus", 1, "guest CPUs")
+	timeout := fs.Duration("timeout", 0, "command time limit (0: none)")
+	user := fs.String("user", "", "guest user: root (default) or agent")
+	level := fs.String("log-level", "warn", "log level")
+	if err := fs.Parse(args); err != nil {
+		return exitcode.Usage, err
+	}
+	if fs.NArg() == 0 {
+		return exitcode.Usage, fmt.Errorf("%w: debug run needs a program: vmgated debug run -- PROG ARGS…", errUsage)
+	}
+	lvl, err := parseLogLevel(*level)
+	if err != nil {
+		return exitcode.Usage, err
+	}
+	a, err := vm.ParseAccel(*accel)
+	if err != nil {
+		return exitcode.Usage, err
+	}
+	if *imgDir == "" {
+		*imgDir = defaultImageDir(*state)
+	}
+	log := newLogger(os.Stderr, lvl)
+	v, err := vm.Start(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log})
+	if err != nil {
+		return exitcode.VMFailed, err
+	}
+	defer func() {
+		if err := v.Close(); err != nil {
+			log.Error("destroy vm", "err", err)
+		}
+	}()
+	var stdin io.Reader
+	if !isTerminal(os.Stdin) {
+		stdin = os.Stdin
+	}
+	t0 := time.Now()
+	res, err := v.Exec(ctx, vm.ExecRequest{Argv: fs.Args(), User: *user, Stdin: stdin, Stdout: os.Stdout, Stderr: os.Stderr, Timeout: *timeout})
+	if err != nil {
+		return exitcode.VMFailed, err
+	}
+	log.Info("command finished", "exit", res.ExitCode, "signal", res.Signal, "ms", time.Since(t0).Milliseconds(), "boot_ms", v.BootDuration().Milliseconds())
+	if res.TimedOut {
+		fmt.Fprintf(os.Stderr, "vmgated: command timed out after %v and was killed\n", *timeout)
+		return exitcode.TimedOut, nil
+	}
+	return res.ShellExitCode(), nil
+}

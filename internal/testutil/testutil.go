@@ -1,0 +1,77 @@
+// Package testutil holds test gates shared by vmgate's packages: tests that
+// need QEMU, a built guest image or root skip or fail with one clear reason.
+//
+// A gate skips only when the environment says the dependency is absent on
+// purpose (testing.Short, or no image configured outside CI); under CI
+// (CI=true) a missing dependency fails the test, so a broken CI setup cannot
+// turn the integration suite into a row of silent skips.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// inCI reports whether the tests run under CI, where every gate must pass.
+func inCI() bool { return os.Getenv("CI") == "true" }
+
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if inCI() {
+		t.Fatalf("CI: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// RequiresQEMU skips (fails under CI) when qemu-system-x86_64 or qemu-img
+// are missing, and skips in -short mode.
+func RequiresQEMU(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots a VM: skipped in -short mode")
+	}
+	for _, b := range []string{"qemu-system-x86_64", "qemu-img"} {
+		if _, err := exec.LookPath(b); err != nil {
+			skipOrFail(t, "%s not installed (apt-get install qemu-system-x86 qemu-utils)", b)
+		}
+	}
+}
+
+// RequiresImage returns the built guest image directory from
+// VMGATE_TEST_IMAGE (set by `make test`), after RequiresQEMU.
+func RequiresImage(t testing.TB) string {
+	t.Helper()
+	RequiresQEMU(t)
+	dir := os.Getenv("VMGATE_TEST_IMAGE")
+	if dir == "" {
+		skipOrFail(t, "VMGATE_TEST_IMAGE not set: run the suite with `make test`, which builds the image")
+	}
+	if _, err := os.Stat(dir + "/manifest.json"); err != nil {
+		skipOrFail(t, "VMGATE_TEST_IMAGE=%s holds no built image: %v", dir, err)
+	}
+	return dir
+}
+
+// RequiresRoot skips unless running as root; VMGATE_SKIP_ROOT_TESTS forces
+// a skip even then.
+func RequiresRoot(t testing.TB) {
+	t.Helper()
+	if os.Getenv("VMGATE_SKIP_ROOT_TESTS") != "" {
+		t.Skip("VMGATE_SKIP_ROOT_TESTS set")
+	}
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "needs root")
+	}
+}
+
+// RequiresKVM skips when /dev/kvm cannot be opened. It never fails under
+// CI: the CI machines have no usable KVM.
+func RequiresKVM(t testing.TB) {
+	t.Helper()
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no usable /dev/kvm: %v", err)
+	}
+	f.Close()
+}

@@ -1,0 +1,210 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ProbeTimeout bounds the KVM probe. A working KVM boots the probe kernel to
+// its initramfs in well under a second; hosts where /dev/kvm opens but
+// guests hang (nested virtualisation gone wrong) are caught by this bound.
+var ProbeTimeout = 15 * time.Second
+
+type probeKey struct{ qemu, kernel string }
+
+var (
+	probeMu    sync.Mutex
+	probeCache = map[probeKey]probeResult{}
+)
+
+type probeResult struct {
+	accel  Accel
+	reason string
+}
+
+// ResolveAccel turns a configured accelerator into the one to use.
+// kvm and tcg are taken as given (kvm fails if /dev/kvm cannot be opened);
+// auto opens /dev/kvm and boots the image's kernel under KVM with a bounded
+// timeout, falling back to TCG with a logged reason. The auto result is
+// cached for the life of the process.
+func ResolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd string, log *slog.Logger) (Accel, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	switch want {
+	case AccelTCG:
+		return AccelTCG, nil
+	case AccelKVM:
+		if err := openKVM(); err != nil {
+			return "", fmt.Errorf("accel kvm: %w", err)
+		}
+		return AccelKVM, nil
+	case AccelAuto, "":
+	default:
+		return "", fmt.Errorf("accelerator %q: want auto, kvm or tcg", want)
+	}
+	key := probeKey{qemu, kernel}
+	probeMu.Lock()
+	defer probeMu.Unlock()
+	if r, ok := probeCache[key]; ok {
+		return r.accel, nil
+	}
+	r := probeKVM(ctx, qemu, kernel, initrd)
+	if r.accel == AccelTCG {
+		log.Warn("KVM unusable, using TCG (slower; QEMU's TCG is not a security boundary, the jail is)", "reason", r.reason)
+	} else {
+		log.Info("KVM probe succeeded", "detail", r.reason)
+	}
+	probeCache[key] = r
+	return r.accel, nil
+}
+
+func openKVM() error {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// probeKVM boots kernel+initrd with vmgate.probe=1 under KVM: the initramfs
+// prints a marker and powers off. Only that marker within ProbeTimeout
+// counts as success. The probe never blocks longer than ProbeTimeout plus a
+// short grace, even if QEMU cannot be reaped.
+func probeKVM(ctx context.Context, qemu, kernel, initrd string) probeResult {
+	if err := openKVM(); err != nil {
+		return probeResult{AccelTCG, "cannot open /dev/kvm: " + err.Error()}
+	}
+	dir, err := os.MkdirTemp("", "vmgate-kvm-probe-")
+	if err != nil {
+		return probeResult{AccelTCG, "probe dir: " + err.Error()}
+	}
+	defer os.RemoveAll(dir)
+	spec := LaunchSpec{QEMU: qemu, Dir: dir, Kernel: kernel, Initrd: initrd, MemoryMiB: 256, CPUs: 1, Accel: AccelKVM, Probe: true, TSCkHz: HostTSCkHz()}
+	ok, detail := runProbe(ctx, spec, ProbeTimeout)
+	if !ok {
+		return probeResult{AccelTCG, detail}
+	}
+	return probeResult{AccelKVM, detail}
+}
+
+// ProbeMarker is what the initramfs prints in probe mode.
+const ProbeMarker = "vmgate-init: probe ok"
+
+// runProbe boots spec (which must have Probe set) and reports whether the
+// probe marker appeared on the console before QEMU exited, within timeout.
+func runProbe(ctx context.Context, spec LaunchSpec, timeout time.Duration) (bool, string) {
+	argv, err := spec.Cmdline()
+	if err != nil {
+		return false, err.Error()
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return false, "start qemu: " + err.Error()
+	}
+	waitc := make(chan error, 1)
+	go func() { waitc <- cmd.Wait() }()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case werr := <-waitc:
+		console, _ := os.ReadFile(filepath.Join(spec.Dir, ConsoleLog))
+		if strings.Contains(string(console), ProbeMarker) {
+			return true, fmt.Sprintf("%s booted the kernel to userspace in %v", spec.Accel, time.Since(t0).Round(time.Millisecond))
+		}
+		return false, fmt.Sprintf("probe guest exited (%v) without reaching userspace: %s", werr, strings.TrimSpace(out.String()+" "+tail(string(console), 300)))
+	case <-timer.C:
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		select {
+		case <-waitc:
+		case <-time.After(2 * time.Second): // unkillable (stuck in the kernel): do not wait
+		}
+		return false, fmt.Sprintf("probe guest did not reach userspace within %v", timeout)
+	case <-ctx.Done():
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		return false, "probe cancelled: " + ctx.Err().Error()
+	}
+}
+
+// ProbeBoot boots the image's kernel and initramfs in probe mode with the
+// given accelerator and reports whether it reached userspace (used by tests
+// and `vmgated debug` to check a kernel/initramfs pair).
+func ProbeBoot(ctx context.Context, accel Accel, qemu, kernel, initrd string, timeout time.Duration) error {
+	dir, err := os.MkdirTemp("", "vmgate-probe-")
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	ok, detail := runProbe(ctx, LaunchSpec{QEMU: qemu, Dir: dir, Kernel: kernel, Initrd: initrd, MemoryMiB: 256, CPUs: 1, Accel: accel, Probe: true, TSCkHz: HostTSCkHz()}, timeout)
+	if !ok {
+		return errors.New("probe: " + detail)
+	}
+	return nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+var (
+	tscOnce sync.Once
+	tscKHz  int
+)
+
+// HostTSCkHz returns the host's TSC frequency in kHz, or 0 if unknown. The
+// guest kernel gets it as tsc_early_khz: without it, boots under TCG on a
+// loaded host hang after "tsc: Fast TSC calibration failed". VMGATE_TSC_KHZ
+// overrides the detection.
+func HostTSCkHz() int {
+	tscOnce.Do(func() {
+		if v, err := strconv.Atoi(os.Getenv("VMGATE_TSC_KHZ")); err == nil && v > 0 {
+			tscKHz = v
+			return
+		}
+		if b, err := os.ReadFile("/sys/devices/system/cpu/cpu0/tsc_freq_khz"); err == nil {
+			if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v > 0 {
+				tscKHz = v
+				return
+			}
+		}
+		if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+			tscKHz = ParseCPUInfoKHz(string(b))
+		}
+	})
+	return tscKHz
+}
+
+// ParseCPUInfoKHz reads the first "cpu MHz" line of /proc/cpuinfo, in kHz.
+// On x86 hosts with constant_tsc this is the TSC frequency.
+func ParseCPUInfoKHz(cpuinfo string) int {
+	for _, line := range strings.Split(cpuinfo, "\n") {
+		k, val, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(k) != "cpu MHz" {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil || f <= 0 {
+			return 0
+		}
+		return int(f*1000 + 0.5)
+	}
+	return 0
+}

@@ -1,0 +1,97 @@
+// Package agentproto defines the wire contract between vmgated (the host) and
+// the vmgate guest agent that runs inside every VM.
+//
+// Transport: the SSH protocol (golang.org/x/crypto/ssh) carried over one
+// virtio-serial port named [PortName]. The host dials the Unix socket that
+// QEMU exposes for that port; the guest agent serves SSH on the port's
+// character device. The completed SSH handshake is the readiness signal: the
+// agent only answers once the guest has booted far enough to run commands.
+//
+// Authentication: the host authenticates as [User] with the image's client
+// key (public half in [AuthorizedKeysPath] inside the guest). The agent's host
+// key ([HostKeyPath]) is generated at image build time and pinned by the host
+// (ssh.FixedHostKey); the host never accepts an unknown agent key.
+//
+// One SSH session channel runs one command. A session accepts, in order:
+// optional "env" requests (RFC 4254 §6.4), an optional "pty-req", then
+// exactly one of:
+//   - [ExecRequest] ("vmgate-exec@vmgate"): payload is ssh.Marshal(ExecPayload)
+//     whose JSON field holds an [ExecSpec]; argv is run without a shell;
+//   - "exec" (RFC 4254 §6.5): the command string is run with /bin/sh -c.
+//
+// While it runs, the host may send "signal" requests with RFC 4254 signal
+// names ("TERM", "KILL", "INT", "HUP", …); the agent delivers them to the
+// command's whole process group. The session ends with "exit-status" or
+// "exit-signal" followed by channel close. Closing the channel (or losing the
+// connection) before that kills the command's process group.
+//
+// A command that cannot be found exits 127 and one that cannot be executed
+// exits 126, each with a one-line message on stderr, as a shell would.
+//
+// Global requests: [SetTimeRequest] sets the guest clock, [InfoRequest] returns
+// [Info].
+package agentproto
+
+// PortName is the virtio-serial port name of the agent channel. The guest
+// finds it under /sys/class/virtio-ports/*/name (udev also links it as
+// /dev/virtio-ports/vmgate.agent).
+const PortName = "vmgate.agent"
+
+// User is the SSH user name the host logs in as.
+const User = "vmgate"
+
+// Paths inside the guest image.
+const (
+	HostKeyPath        = "/etc/vmgate/agent_host_ed25519"
+	AuthorizedKeysPath = "/etc/vmgate/authorized_keys"
+	AgentBinaryPath    = "/usr/local/sbin/vmgate-agent"
+)
+
+// Unprivileged guest account that commands may run as (ExecSpec.User).
+const UnprivilegedUser = "agent"
+
+// Request names.
+const (
+	ExecRequest    = "vmgate-exec@vmgate"
+	SetTimeRequest = "vmgate-settime@vmgate"
+	InfoRequest    = "vmgate-info@vmgate"
+)
+
+// Exit codes the agent uses when it cannot start the command.
+const (
+	ExitNotFound      = 127
+	ExitNotExecutable = 126
+)
+
+// ExecPayload is the SSH wire payload of ExecRequest and of the
+// SetTimeRequest/InfoRequest replies: one JSON document in an SSH string.
+type ExecPayload struct {
+	JSON string
+}
+
+// ExecSpec describes one command to run in the guest.
+type ExecSpec struct {
+	// Argv is the program and its arguments; Argv[0] is looked up in PATH
+	// when it has no slash. Required, non-empty, no NUL bytes.
+	Argv []string `json:"argv"`
+	// Env holds extra KEY=VALUE pairs added to the base environment
+	// (PATH, HOME, USER, LANG, TERM for a pty).
+	Env []string `json:"env,omitempty"`
+	// Dir is the working directory; empty means the user's home.
+	Dir string `json:"dir,omitempty"`
+	// User is "root" (default when empty) or UnprivilegedUser.
+	User string `json:"user,omitempty"`
+}
+
+// SetTime is the JSON payload of SetTimeRequest.
+type SetTime struct {
+	UnixNano int64 `json:"unix_nano"`
+}
+
+// Info is the JSON reply payload of InfoRequest.
+type Info struct {
+	AgentVersion string `json:"agent_version"`
+	Kernel       string `json:"kernel"`
+	Hostname     string `json:"hostname"`
+	BootID       string `json:"boot_id"`
+}

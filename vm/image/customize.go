@@ -1,0 +1,372 @@
+package image
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/vm/agentproto"
+	"github.com/vmgate/vmgate/vm/initramfs"
+)
+
+// customizeRole is the re-exec role that mmdebstrap's customize hook runs.
+// It runs as (possibly user-namespaced) root with the root filesystem as its
+// first argument and the spec file as its second.
+const customizeRole = "image-customize"
+
+func init() { isolate.Register(customizeRole, runCustomize) }
+
+// InitrdModules are loaded by the initramfs, with their dependencies:
+// the microvm transport, the disk, the agent channel, the NIC, entropy and
+// the root filesystem (crc32c for ext4 metadata checksums).
+var InitrdModules = []string{
+	"virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "virtio_rng",
+	"ext4", "crc32c_generic",
+}
+
+// PrunedModuleDirs are module subtrees (relative to lib/modules/VERSION/kernel)
+// left out of the guest: hardware a microvm cannot have. Netfilter, file
+// systems and virtual network drivers stay for sysadmin scenarios.
+var PrunedModuleDirs = []string{
+	"sound", "drivers/gpu", "drivers/media", "drivers/net/wireless",
+	"drivers/net/ethernet", "drivers/infiniband", "drivers/staging",
+	"drivers/bluetooth", "net/bluetooth", "net/wireless", "net/mac80211",
+	"drivers/iio", "drivers/usb", "drivers/input", "drivers/hid",
+	"drivers/scsi", "drivers/isdn", "drivers/thunderbolt", "drivers/mtd",
+	"drivers/net/can", "drivers/net/usb", "drivers/misc", "drivers/platform",
+	"drivers/hwmon", "drivers/leds", "drivers/mfd", "drivers/comedi",
+	"drivers/ata", "drivers/target", "drivers/nfc", "net/nfc",
+}
+
+// customizeSpec is written by Build and read by the customize role.
+type customizeSpec struct {
+	WorkDir        string   `json:"work_dir"`
+	AgentPath      string   `json:"agent_path"`
+	HostKeyPEM     string   `json:"host_key_pem"`
+	AuthorizedKey  string   `json:"authorized_key"`
+	DiskSizeMiB    int      `json:"disk_size_mib"`
+	KernelMetaPkg  string   `json:"kernel_meta_pkg"`
+	InitrdModules  []string `json:"initrd_modules"`
+	PruneModuleDir []string `json:"prune_module_dirs"`
+}
+
+// customizeResult is written by the customize role into WorkDir/result.json.
+type customizeResult struct {
+	KernelVersion string   `json:"kernel_version"`
+	KernelPackage string   `json:"kernel_package"`
+	Modules       []string `json:"modules"`
+	Packages      string   `json:"packages"`
+}
+
+func runCustomize(args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("usage: ROOTFS SPEC (got %d arguments)", len(args))
+	}
+	root, specPath := args[0], args[1]
+	b, err := os.ReadFile(specPath)
+	if err != nil {
+		return fmt.Errorf("read spec: %w", err)
+	}
+	var s customizeSpec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("parse spec: %w", err)
+	}
+	if st, err := os.Stat(filepath.Join(root, "etc/os-release")); err != nil || !st.Mode().IsRegular() {
+		return fmt.Errorf("%s does not look like a root filesystem", root)
+	}
+	return customize(root, s)
+}
+
+func customize(root string, s customizeSpec) error {
+	step := func(name string) { fmt.Fprintf(os.Stderr, "vmgate customize: %s\n", name) }
+
+	step("fetching the kernel package")
+	kpkg, err := kernelPackageName(s.KernelMetaPkg)
+	if err != nil {
+		return err
+	}
+	debDir := filepath.Join(s.WorkDir, "deb")
+	if err := os.MkdirAll(debDir, 0o755); err != nil {
+		return fmt.Errorf("kernel: %w", err)
+	}
+	if err := runIn(debDir, "apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", kpkg); err != nil {
+		return fmt.Errorf("download kernel: %w", err)
+	}
+	debs, _ := filepath.Glob(filepath.Join(debDir, kpkg+"_*.deb"))
+	if len(debs) != 1 {
+		return fmt.Errorf("download kernel: expected one %s .deb, found %d", kpkg, len(debs))
+	}
+	kdir := filepath.Join(s.WorkDir, "kernel")
+	if err := runIn("", "dpkg-deb", "-x", debs[0], kdir); err != nil {
+		return fmt.Errorf("unpack kernel: %w", err)
+	}
+	vers, err := os.ReadDir(filepath.Join(kdir, "lib/modules"))
+	if err != nil || len(vers) != 1 {
+		return fmt.Errorf("unpack kernel: expected one lib/modules/VERSION directory in %s", debs[0])
+	}
+	kver := vers[0].Name()
+	modSrc := filepath.Join(kdir, "lib/modules", kver)
+
+	step("installing kernel modules " + kver)
+	modDst := filepath.Join(root, "usr/lib/modules", kver)
+	if err := copyTree(modSrc, modDst, func(rel string) bool { return pruned(rel, s.PruneModuleDir) }); err != nil {
+		return fmt.Errorf("install modules: %w", err)
+	}
+	if err := runIn("", "chroot", root, "depmod", "-a", kver); err != nil {
+		return fmt.Errorf("depmod: %w", err)
+	}
+
+	step("writing the initramfs")
+	mods, err := initramfs.ResolveModules(modSrc, s.InitrdModules)
+	if err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	agentBin, err := os.ReadFile(s.AgentPath)
+	if err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	var ird bytes.Buffer
+	if err := initramfs.Build(&ird, agentBin, mods); err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(s.WorkDir, InitrdFile), ird.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	if err := copyFile(filepath.Join(kdir, "boot", "vmlinuz-"+kver), filepath.Join(s.WorkDir, KernelFile), 0o644); err != nil {
+		return fmt.Errorf("kernel: %w", err)
+	}
+
+	step("installing the guest agent and system settings")
+	if err := installAgent(root, s, agentBin); err != nil {
+		return err
+	}
+	if err := configureSystem(root); err != nil {
+		return err
+	}
+
+	step("recording the package list")
+	pkgs, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"),
+		"-W", "-f", "${Package}\t${Version}\n").Output()
+	if err != nil {
+		return fmt.Errorf("package list: %w", err)
+	}
+	for _, g := range []string{"var/cache/apt/archives/*.deb", "var/lib/apt/lists/*_*"} {
+		m, _ := filepath.Glob(filepath.Join(root, g))
+		for _, f := range m {
+			_ = os.Remove(f)
+		}
+	}
+
+	step("creating the ext4 filesystem")
+	img := filepath.Join(s.WorkDir, "rootfs.ext4")
+	if err := runIn("", "mkfs.ext4", "-q", "-F", "-L", "vmgate-root", "-E", "root_owner=0:0",
+		"-d", root, img, fmt.Sprintf("%dM", s.DiskSizeMiB)); err != nil {
+		return fmt.Errorf("mkfs.ext4: %w", err)
+	}
+	names := make([]string, len(mods))
+	for i, m := range mods {
+		names[i] = m.Name
+	}
+	res, _ := json.Marshal(customizeResult{KernelVersion: kver, KernelPackage: kpkg, Modules: names, Packages: string(pkgs)})
+	return os.WriteFile(filepath.Join(s.WorkDir, "result.json"), res, 0o644)
+}
+
+// kernelPackageName resolves the kernel metapackage to the versioned image
+// package it depends on, using the chroot's apt configuration (mmdebstrap
+// exports APT_CONFIG to hooks).
+func kernelPackageName(meta string) (string, error) {
+	out, err := exec.Command("apt-cache", "depends", meta).Output()
+	if err != nil {
+		return "", fmt.Errorf("resolve %s: %w", meta, err)
+	}
+	return ParseKernelDepends(string(out))
+}
+
+// ParseKernelDepends picks the linux-image-* dependency out of
+// `apt-cache depends linux-image-amd64` output.
+func ParseKernelDepends(out string) (string, error) {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && strings.TrimPrefix(f[0], "|") == "Depends:" && strings.HasPrefix(f[1], "linux-image-") && validName(f[1]) {
+			return f[1], nil
+		}
+	}
+	return "", fmt.Errorf("no linux-image dependency in apt-cache output %q", out)
+}
+
+func pruned(rel string, dirs []string) bool {
+	rel = filepath.ToSlash(rel)
+	for _, d := range dirs {
+		p := "kernel/" + d
+		if rel == p || strings.HasPrefix(rel, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// agentUnit starts the agent early: it needs only local file systems, not
+// the network or the rest of multi-user.target.
+const agentUnit = `[Unit]
+Description=vmgate guest agent
+DefaultDependencies=no
+After=local-fs.target systemd-tmpfiles-setup.service systemd-sysusers.service
+Before=shutdown.target
+Conflicts=shutdown.target
+
+[Service]
+ExecStart=` + agentproto.AgentBinaryPath + `
+Restart=always
+RestartSec=200ms
+KillMode=process
+
+[Install]
+WantedBy=sysinit.target
+`
+
+func installAgent(root string, s customizeSpec, bin []byte) error {
+	files := []struct {
+		path string
+		data []byte
+		mode os.FileMode
+	}{
+		{agentproto.AgentBinaryPath, bin, 0o755},
+		{agentproto.HostKeyPath, []byte(s.HostKeyPEM), 0o600},
+		{agentproto.AuthorizedKeysPath, []byte(s.AuthorizedKey), 0o644},
+		{"/etc/systemd/system/vmgate-agent.service", []byte(agentUnit), 0o644},
+	}
+	for _, f := range files {
+		p := filepath.Join(root, f.path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return fmt.Errorf("install agent: %w", err)
+		}
+		if err := os.WriteFile(p, f.data, f.mode); err != nil {
+			return fmt.Errorf("install agent: %w", err)
+		}
+		if err := os.Chmod(p, f.mode); err != nil {
+			return fmt.Errorf("install agent: %w", err)
+		}
+	}
+	return symlink("/etc/systemd/system/vmgate-agent.service",
+		filepath.Join(root, "etc/systemd/system/sysinit.target.wants/vmgate-agent.service"))
+}
+
+// maskedUnits are not needed in a disposable VM and only slow its boot.
+var maskedUnits = []string{
+	"serial-getty@ttyS0.service", "getty@tty1.service", "apt-daily.timer",
+	"apt-daily-upgrade.timer", "e2scrub_reap.service", "e2scrub_all.timer",
+	"fstrim.timer", "systemd-networkd-wait-online.service", "dpkg-db-backup.timer",
+	"man-db.timer", "systemd-timesyncd.service", "console-getty.service",
+}
+
+func configureSystem(root string) error {
+	files := map[string]string{
+		"etc/hostname": "vmgate\n",
+		"etc/hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\tvmgate\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"etc/fstab":    "LABEL=vmgate-root\t/\text4\trw,errors=remount-ro\t0\t1\n",
+	}
+	for p, c := range files {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(c), 0o644); err != nil {
+			return fmt.Errorf("configure: %w", err)
+		}
+	}
+	for _, u := range maskedUnits {
+		if err := symlink("/dev/null", filepath.Join(root, "etc/systemd/system", u)); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat(filepath.Join(root, "home", agentproto.UnprivilegedUser)); errors.Is(err, fs.ErrNotExist) {
+		if err := runIn("", "chroot", root, "useradd", "--create-home", "--uid", "1000",
+			"--shell", "/bin/bash", agentproto.UnprivilegedUser); err != nil {
+			return fmt.Errorf("configure: add user: %w", err)
+		}
+	}
+	// machine-id: empty so that each boot generates its own.
+	return os.WriteFile(filepath.Join(root, "etc/machine-id"), nil, 0o444)
+}
+
+func symlink(target, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("symlink: %w", err)
+	}
+	_ = os.Remove(path)
+	if err := os.Symlink(target, path); err != nil {
+		return fmt.Errorf("symlink: %w", err)
+	}
+	return nil
+}
+
+func runIn(dir, name string, args ...string) error {
+	var buf bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Stdout = &buf
+	cmd.Stderr = &buf
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s: %w: %s", name, err, lastLines(buf.String(), 10))
+	}
+	return nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// copyTree copies regular files, directories and symlinks from src to dst,
+// skipping paths (relative to src) for which skip returns true.
+func copyTree(src, dst string, skip func(rel string) bool) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		if rel != "." && skip(rel) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		target := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(target, info.Mode().Perm())
+		case info.Mode()&fs.ModeSymlink != 0:
+			l, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(l, target)
+		case info.Mode().IsRegular():
+			return copyFile(p, target, info.Mode().Perm())
+		}
+		return nil
+	})
+}

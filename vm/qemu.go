@@ -1,0 +1,152 @@
+// Package vm runs commands in disposable QEMU virtual machines.
+//
+// Each VM gets a private 0700 directory under the state directory holding a
+// qcow2 overlay on the image's read-only base, the QMP and agent Unix
+// sockets, the serial console log and a pid file. The guest agent (package
+// agent) answers SSH over a virtio-serial port wired to the agent socket;
+// [VM.Exec] runs one command per SSH session on one kept connection. [VM.Close]
+// kills QEMU and removes every file of the VM; [CleanupStale] removes what a
+// crashed daemon left behind.
+//
+// Threat model: the guest is hostile. Everything it sends (output, exit
+// records) is treated as data with bounded size; the agent's host key is
+// pinned; the VM never gets a host TCP port. Under TCG QEMU itself is not a
+// security boundary, which is why package isolate jails the QEMU process.
+package vm
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Accel is a QEMU accelerator choice.
+type Accel string
+
+// Accelerators. AccelAuto is resolved by [ResolveAccel] to KVM or TCG before
+// any command line is built.
+const (
+	AccelAuto Accel = "auto"
+	AccelKVM  Accel = "kvm"
+	AccelTCG  Accel = "tcg"
+)
+
+// ParseAccel validates an accelerator name.
+func ParseAccel(s string) (Accel, error) {
+	switch a := Accel(strings.ToLower(strings.TrimSpace(s))); a {
+	case AccelAuto, AccelKVM, AccelTCG:
+		return a, nil
+	case "":
+		return AccelAuto, nil
+	}
+	return "", fmt.Errorf("accelerator %q: want auto, kvm or tcg", s)
+}
+
+// Names of the files in a VM directory.
+const (
+	OverlayFile = "overlay.qcow2"
+	AgentSocket = "agent.sock"
+	QMPSocket   = "qmp.sock"
+	ConsoleLog  = "console.log"
+	QEMULog     = "qemu.log"
+	PidFile     = "qemu.pid"
+)
+
+// maxSunPath is the size of sockaddr_un.sun_path including the NUL.
+const maxSunPath = 108
+
+// SandboxArg is QEMU's own seccomp sandbox, always on.
+const SandboxArg = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// LaunchSpec is everything the QEMU command line depends on.
+type LaunchSpec struct {
+	QEMU      string // binary; default "qemu-system-x86_64"
+	Dir       string // the VM's private directory (absolute)
+	Kernel    string // absolute path
+	Initrd    string // absolute path
+	MemoryMiB int
+	CPUs      int
+	Accel     Accel // AccelKVM or AccelTCG, never auto
+	TSCkHz    int   // host TSC frequency for tsc_early_khz; 0 leaves it out
+	// KernelArgs are appended to the generated kernel command line.
+	KernelArgs []string
+	// Probe boots the kernel with vmgate.probe=1 and no disk or agent: the
+	// initramfs powers off as soon as it runs (accelerator probe).
+	Probe bool
+}
+
+// Cmdline returns the QEMU argv for s (argv[0] is the binary). It is pure:
+// no file is touched.
+func (s LaunchSpec) Cmdline() ([]string, error) {
+	if s.Accel != AccelKVM && s.Accel != AccelTCG {
+		return nil, fmt.Errorf("qemu cmdline: accelerator must be kvm or tcg, got %q", s.Accel)
+	}
+	if !filepath.IsAbs(s.Dir) || !filepath.IsAbs(s.Kernel) || !filepath.IsAbs(s.Initrd) {
+		return nil, errors.New("qemu cmdline: directory, kernel and initrd must be absolute paths")
+	}
+	if s.MemoryMiB < 64 || s.MemoryMiB > 1<<20 {
+		return nil, fmt.Errorf("qemu cmdline: memory %d MiB out of range", s.MemoryMiB)
+	}
+	if s.CPUs < 1 || s.CPUs > 64 {
+		return nil, fmt.Errorf("qemu cmdline: %d CPUs out of range", s.CPUs)
+	}
+	for _, p := range []string{s.Dir, s.Kernel, s.Initrd} {
+		if strings.ContainsAny(p, ",\n") {
+			return nil, fmt.Errorf("qemu cmdline: path %q contains a comma or newline", p)
+		}
+	}
+	for _, sock := range []string{AgentSocket, QMPSocket} {
+		p := filepath.Join(s.Dir, sock)
+		if len(p) >= maxSunPath {
+			return nil, fmt.Errorf("qemu cmdline: socket path %s is %d bytes, the limit is %d: use a shorter state directory", p, len(p), maxSunPath-1)
+		}
+	}
+	qemu := s.QEMU
+	if qemu == "" {
+		qemu = "qemu-system-x86_64"
+	}
+	cpu := "max"
+	if s.Accel == AccelKVM {
+		cpu = "host"
+	}
+	kargs := []string{"console=ttyS0", "panic=-1", "quiet", "loglevel=4"}
+	if s.TSCkHz > 0 {
+		kargs = append(kargs, "tsc_early_khz="+strconv.Itoa(s.TSCkHz))
+	}
+	if s.Probe {
+		kargs = append(kargs, "vmgate.probe=1")
+	} else {
+		kargs = append(kargs, "root=/dev/vda", "rw", "rootfstype=ext4")
+	}
+	kargs = append(kargs, s.KernelArgs...)
+	j := func(name string) string { return filepath.Join(s.Dir, name) }
+	argv := []string{
+		qemu,
+		"-nodefaults", "-no-user-config", "-nographic",
+		"-machine", "microvm,accel=" + string(s.Accel) + ",acpi=off,rtc=on",
+		"-cpu", cpu,
+		"-m", strconv.Itoa(s.MemoryMiB),
+		"-smp", strconv.Itoa(s.CPUs),
+		"-kernel", s.Kernel,
+		"-initrd", s.Initrd,
+		"-append", strings.Join(kargs, " "),
+		"-no-reboot",
+		"-serial", "file:" + j(ConsoleLog),
+		"-object", "rng-random,id=rng0,filename=/dev/urandom",
+		"-device", "virtio-rng-device,rng=rng0",
+	}
+	if !s.Probe {
+		argv = append(argv,
+			"-drive", "id=root,file="+j(OverlayFile)+",format=qcow2,if=none,discard=unmap",
+			"-device", "virtio-blk-device,drive=root",
+			"-chardev", "socket,id=agent,path="+j(AgentSocket)+",server=on,wait=off",
+			"-device", "virtio-serial-device,max_ports=2",
+			"-device", "virtserialport,chardev=agent,name=vmgate.agent",
+			"-qmp", "unix:"+j(QMPSocket)+",server=on,wait=off",
+		)
+	}
+	argv = append(argv, "-sandbox", SandboxArg)
+	return argv, nil
+}

@@ -1,0 +1,151 @@
+package vm
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func baseSpec() LaunchSpec {
+	return LaunchSpec{
+		Dir: "/var/lib/vmgate/vms/0123456789ab", Kernel: "/img/vmlinuz", Initrd: "/img/initrd.img",
+		MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, TSCkHz: 2600000,
+	}
+}
+
+func TestCmdlineGolden(t *testing.T) {
+	kvm := baseSpec()
+	kvm.Accel, kvm.CPUs, kvm.MemoryMiB, kvm.QEMU = AccelKVM, 2, 1024, "/usr/bin/qemu-system-x86_64"
+	probe := baseSpec()
+	probe.Probe, probe.TSCkHz = true, 0
+	for name, s := range map[string]LaunchSpec{"tcg": baseSpec(), "kvm": kvm, "probe": probe} {
+		t.Run(name, func(t *testing.T) {
+			argv, err := s.Cmdline()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := strings.Join(argv, "\n") + "\n"
+			path := filepath.Join("testdata", "cmdline_"+name+".golden")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test -update once)", err)
+			}
+			if got != string(want) {
+				t.Fatalf("cmdline differs from %s:\n got:\n%s\nwant:\n%s", path, got, want)
+			}
+		})
+	}
+}
+
+func TestCmdlineInvariants(t *testing.T) {
+	argv, err := baseSpec().Cmdline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(argv, " ")
+	for _, want := range []string{"-nodefaults", "-no-user-config", "-nographic", "accel=tcg", "-sandbox " + SandboxArg, "tsc_early_khz=2600000", "name=vmgate.agent", "-no-reboot"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("cmdline lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"-netdev", "-nic", "-net ", "exec:"} {
+		if strings.Contains(joined, bad) {
+			t.Errorf("cmdline has %q but no network was asked for", bad)
+		}
+	}
+}
+
+func TestCmdlineRejects(t *testing.T) {
+	cases := map[string]func(*LaunchSpec){
+		"auto accel":      func(s *LaunchSpec) { s.Accel = AccelAuto },
+		"empty accel":     func(s *LaunchSpec) { s.Accel = "" },
+		"relative dir":    func(s *LaunchSpec) { s.Dir = "vms/x" },
+		"relative kernel": func(s *LaunchSpec) { s.Kernel = "vmlinuz" },
+		"comma in path":   func(s *LaunchSpec) { s.Dir = "/a,b" },
+		"tiny memory":     func(s *LaunchSpec) { s.MemoryMiB = 1 },
+		"zero cpus":       func(s *LaunchSpec) { s.CPUs = 0 },
+		"long socket":     func(s *LaunchSpec) { s.Dir = "/" + strings.Repeat("d", 100) },
+	}
+	for name, mod := range cases {
+		s := baseSpec()
+		mod(&s)
+		if _, err := s.Cmdline(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	s := baseSpec()
+	s.Dir = "/" + strings.Repeat("d", 100)
+	_, err := s.Cmdline()
+	if err == nil || !strings.Contains(err.Error(), "limit is 107") {
+		t.Errorf("long socket error should name the limit: %v", err)
+	}
+}
+
+func TestParseAccel(t *testing.T) {
+	for in, want := range map[string]Accel{"": AccelAuto, "auto": AccelAuto, "KVM": AccelKVM, " tcg ": AccelTCG} {
+		got, err := ParseAccel(in)
+		if err != nil || got != want {
+			t.Errorf("ParseAccel(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseAccel("hvf"); err == nil {
+		t.Error("hvf accepted")
+	}
+}
+
+func TestParseCPUInfoKHz(t *testing.T) {
+	ci := "processor\t: 0\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2096.039\n\nprocessor\t: 1\ncpu MHz\t\t: 1800.000\n"
+	if got := ParseCPUInfoKHz(ci); got != 2096039 {
+		t.Fatalf("got %d", got)
+	}
+	if got := ParseCPUInfoKHz("processor: 0\n"); got != 0 {
+		t.Fatalf("no MHz line: got %d", got)
+	}
+	if got := ParseCPUInfoKHz("cpu MHz : junk\n"); got != 0 {
+		t.Fatalf("junk: got %d", got)
+	}
+}
+
+func TestCapWriter(t *testing.T) {
+	var sb strings.Builder
+	c := &capWriter{w: &sb, limit: 5}
+	for _, s := range []string{"ab", "cdef", "ghij"} {
+		if n, err := c.Write([]byte(s)); n != len(s) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v: must always accept everything", s, n, err)
+		}
+	}
+	if sb.String() != "abcde" || !c.truncated || c.n != 10 {
+		t.Fatalf("got %q truncated=%v n=%d", sb.String(), c.truncated, c.n)
+	}
+	u := &capWriter{w: &sb}
+	_, _ = u.Write(make([]byte, 1<<20))
+	if u.truncated {
+		t.Fatal("unlimited writer truncated")
+	}
+}
+
+func TestShellExitCode(t *testing.T) {
+	for _, c := range []struct {
+		r    ExecResult
+		want int
+	}{
+		{ExecResult{ExitCode: 0}, 0},
+		{ExecResult{ExitCode: 42}, 42},
+		{ExecResult{ExitCode: -1, Signal: "KILL"}, 137},
+		{ExecResult{ExitCode: -1, Signal: "TERM"}, 143},
+		{ExecResult{ExitCode: -1, Signal: "SIGINT"}, 130},
+	} {
+		if got := c.r.ShellExitCode(); got != c.want {
+			t.Errorf("%+v: got %d want %d", c.r, got, c.want)
+		}
+	}
+}

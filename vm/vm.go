@@ -1,0 +1,491 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/vmgate/vmgate/vm/agentproto"
+	"github.com/vmgate/vmgate/vm/image"
+)
+
+// ErrVMDied reports that QEMU exited while the VM was in use.
+var ErrVMDied = errors.New("vm died")
+
+// ErrClosed reports use of a VM after Close.
+var ErrClosed = errors.New("vm closed")
+
+// Options configure Start.
+type Options struct {
+	// ImageDir holds a built image (see package image). Required.
+	ImageDir string
+	// StateDir is where VM directories are created (StateDir/vms/ID). Required.
+	StateDir string
+	// MemoryMiB defaults to 512, CPUs to 1.
+	MemoryMiB int
+	CPUs      int
+	// Accel: auto (default), kvm or tcg.
+	Accel Accel
+	// QEMU binary; default qemu-system-x86_64 from PATH.
+	QEMU string
+	// BootTimeout bounds boot until the agent answers; default 180s.
+	BootTimeout time.Duration
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+}
+
+func (o *Options) setDefaults() {
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 512
+	}
+	if o.CPUs == 0 {
+		o.CPUs = 1
+	}
+	if o.Accel == "" {
+		o.Accel = AccelAuto
+	}
+	if o.QEMU == "" {
+		o.QEMU = "qemu-system-x86_64"
+	}
+	if o.BootTimeout == 0 {
+		o.BootTimeout = 180 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+}
+
+// VM is one running disposable virtual machine.
+//
+// Lock order: mu guards closing and the cleanup stack only; it is never held
+// while waiting on QEMU or the network.
+type VM struct {
+	ID    string
+	Dir   string
+	Accel Accel
+
+	log      *slog.Logger
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when QEMU has exited
+	exitErr  error         // valid after exited is closed
+	client   *ssh.Client
+	bootTime time.Duration
+
+	mu       sync.Mutex
+	closed   bool
+	cleanups []func() error
+	closeErr error
+}
+
+// BootDuration is the time from QEMU start to the agent's answer.
+func (v *VM) BootDuration() time.Duration { return v.bootTime }
+
+// Exited is closed when the QEMU process has exited.
+func (v *VM) Exited() <-chan struct{} { return v.exited }
+
+// Pid is the QEMU process id.
+func (v *VM) Pid() int { return v.cmd.Process.Pid }
+
+// Start boots a fresh VM on a new overlay of the image and waits until its
+// agent answers.
+//
+// Postcondition: on error nothing of the VM is left (no process, no files).
+func Start(ctx context.Context, opts Options) (_ *VM, err error) {
+	opts.setDefaults()
+	img, err := loadImage(opts.ImageDir)
+	if err != nil {
+		return nil, err
+	}
+	accel, err := ResolveAccel(ctx, opts.Accel, opts.QEMU, img.kernel, img.initrd, opts.Log)
+	if err != nil {
+		return nil, err
+	}
+	id := newID()
+	v := &VM{ID: id, Accel: accel, log: opts.Log.With("vm", id), exited: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			if cerr := v.Close(); cerr != nil {
+				v.log.Warn("cleanup after failed start", "err", cerr)
+			}
+		}
+	}()
+
+	vmsDir := filepath.Join(opts.StateDir, "vms")
+	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
+		return nil, fmt.Errorf("start vm: %w", err)
+	}
+	v.Dir, err = filepath.Abs(filepath.Join(vmsDir, id))
+	if err != nil {
+		return nil, fmt.Errorf("start vm: %w", err)
+	}
+	if err := os.Mkdir(v.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("start vm: %w", err)
+	}
+	v.push(func() error { return os.RemoveAll(v.Dir) })
+
+	if err := createOverlay(ctx, img.base, filepath.Join(v.Dir, OverlayFile)); err != nil {
+		return nil, err
+	}
+	spec := LaunchSpec{
+		QEMU: opts.QEMU, Dir: v.Dir, Kernel: img.kernel, Initrd: img.initrd,
+		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, TSCkHz: HostTSCkHz(),
+	}
+	argv, err := spec.Cmdline()
+	if err != nil {
+		return nil, err
+	}
+	if err := v.launch(argv); err != nil {
+		return nil, err
+	}
+	bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
+	defer cancel()
+	t0 := time.Now()
+	if err := v.connect(bootCtx, img); err != nil {
+		return nil, err
+	}
+	v.bootTime = time.Since(t0)
+	if err := v.setClock(); err != nil {
+		v.log.Warn("set guest clock", "err", err)
+	}
+	v.log.Info("vm ready", "accel", accel, "boot_ms", v.bootTime.Milliseconds())
+	return v, nil
+}
+
+type imageFiles struct {
+	base, kernel, initrd string
+	hostKey              ssh.PublicKey
+	signer               ssh.Signer
+}
+
+// loadImage checks the image before QEMU starts, so a missing or damaged
+// image is reported as such and not as a failed boot.
+func loadImage(dir string) (*imageFiles, error) {
+	if dir == "" {
+		return nil, errors.New("no image directory configured")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	m, err := image.ReadManifest(abs)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Verify(abs, false); err != nil {
+		return nil, err
+	}
+	if err := checkQcow2(filepath.Join(abs, image.BaseFile)); err != nil {
+		return nil, err
+	}
+	pub, err := os.ReadFile(filepath.Join(abs, image.HostPubKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	hk, _, _, _, err := ssh.ParseAuthorizedKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("image: agent host key: %w", err)
+	}
+	priv, err := os.ReadFile(filepath.Join(abs, image.ClientKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	signer, err := ssh.ParsePrivateKey(priv)
+	if err != nil {
+		return nil, fmt.Errorf("image: client key: %w", err)
+	}
+	return &imageFiles{
+		base:    filepath.Join(abs, image.BaseFile),
+		kernel:  filepath.Join(abs, image.KernelFile),
+		initrd:  filepath.Join(abs, image.InitrdFile),
+		hostKey: hk, signer: signer,
+	}, nil
+}
+
+// checkQcow2 verifies the qcow2 magic, catching a truncated or replaced base
+// image before QEMU does.
+func checkQcow2(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("image: %w", err)
+	}
+	defer f.Close()
+	var magic [4]byte
+	if _, err := f.ReadAt(magic[:], 0); err != nil || string(magic[:]) != "QFI\xfb" {
+		return fmt.Errorf("image: %s is not a qcow2 file", path)
+	}
+	return nil
+}
+
+func createOverlay(ctx context.Context, base, overlay string) error {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, overlay)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("create overlay: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (v *VM) push(fn func() error) {
+	v.mu.Lock()
+	v.cleanups = append(v.cleanups, fn)
+	v.mu.Unlock()
+}
+
+func (v *VM) launch(argv []string) error {
+	logf, err := os.OpenFile(filepath.Join(v.Dir, QEMULog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("start qemu: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = v.Dir
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	// The VM dies with the daemon: a crash leaves at most files, which
+	// CleanupStale removes on the next start.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start qemu: %w", err)
+	}
+	v.cmd = cmd
+	_ = os.WriteFile(filepath.Join(v.Dir, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
+	go func() {
+		v.exitErr = cmd.Wait()
+		close(v.exited)
+	}()
+	v.push(func() error {
+		select {
+		case <-v.exited:
+			return nil
+		default:
+		}
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		select {
+		case <-v.exited:
+			return nil
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("qemu pid %d did not exit after SIGKILL", cmd.Process.Pid)
+		}
+	})
+	v.log.Debug("qemu started", "pid", cmd.Process.Pid, "argv", strings.Join(argv, " "))
+	return nil
+}
+
+// died describes why QEMU is gone, with the end of the console log.
+func (v *VM) died(during string) error {
+	return fmt.Errorf("%w %s: qemu exited (%v); %s", ErrVMDied, during, v.exitErr, v.consoleTail())
+}
+
+func (v *VM) consoleTail() string {
+	var parts []string
+	for _, n := range []string{QEMULog, ConsoleLog} {
+		b, _ := os.ReadFile(filepath.Join(v.Dir, n))
+		if t := strings.TrimSpace(string(b)); t != "" {
+			lines := strings.Split(t, "\n")
+			if len(lines) > 8 {
+				lines = lines[len(lines)-8:]
+			}
+			parts = append(parts, n+": "+strings.Join(lines, " | "))
+		}
+	}
+	if len(parts) == 0 {
+		return "no console output"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// connect dials the agent socket and completes the SSH handshake, which
+// succeeds only once the guest agent runs (the readiness signal).
+func (v *VM) connect(ctx context.Context, img *imageFiles) error {
+	path := filepath.Join(v.Dir, AgentSocket)
+	var conn net.Conn
+	for {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			conn = c
+			break
+		}
+		select {
+		case <-v.exited:
+			return v.died("during boot")
+		case <-ctx.Done():
+			return fmt.Errorf("boot: agent socket never appeared: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cfg := &ssh.ClientConfig{
+		User:            agentproto.User,
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(img.signer)},
+		HostKeyCallback: ssh.FixedHostKey(img.hostKey),
+	}
+	type result struct {
+		c     ssh.Conn
+		chans <-chan ssh.NewChannel
+		reqs  <-chan *ssh.Request
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, chans, reqs, err := ssh.NewClientConn(conn, "vmgate-agent", cfg)
+		done <- result{c, chans, reqs, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			conn.Close()
+			return fmt.Errorf("agent handshake: %w", r.err)
+		}
+		v.client = ssh.NewClient(r.c, r.chans, r.reqs)
+		v.push(v.client.Close)
+		return nil
+	case <-v.exited:
+		conn.Close()
+		return v.died("during boot")
+	case <-ctx.Done():
+		conn.Close()
+		return fmt.Errorf("boot: guest agent did not answer in time (%v); %s", ctx.Err(), v.consoleTail())
+	}
+}
+
+func (v *VM) setClock() error {
+	b, _ := json.Marshal(agentproto.SetTime{UnixNano: time.Now().UnixNano()})
+	ok, _, err := v.client.SendRequest(agentproto.SetTimeRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: string(b)}))
+	if err != nil {
+		return fmt.Errorf("set time: %w", err)
+	}
+	if !ok {
+		return errors.New("set time: agent refused")
+	}
+	return nil
+}
+
+// Info asks the agent about the guest.
+func (v *VM) Info() (*agentproto.Info, error) {
+	ok, reply, err := v.client.SendRequest(agentproto.InfoRequest, true, nil)
+	if err != nil {
+		return nil, fmt.Errorf("info: %w", err)
+	}
+	if !ok {
+		return nil, errors.New("info: agent refused")
+	}
+	var p agentproto.ExecPayload
+	if err := ssh.Unmarshal(reply, &p); err != nil {
+		return nil, fmt.Errorf("info: %w", err)
+	}
+	var info agentproto.Info
+	if err := json.Unmarshal([]byte(p.JSON), &info); err != nil {
+		return nil, fmt.Errorf("info: %w", err)
+	}
+	return &info, nil
+}
+
+// Close kills QEMU and removes the VM's directory. It runs the cleanup stack
+// in reverse order once; later calls return the first call's result.
+func (v *VM) Close() error {
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return v.closeErr
+	}
+	v.closed = true
+	cl := v.cleanups
+	v.cleanups = nil
+	v.mu.Unlock()
+	var errs []error
+	for i := len(cl) - 1; i >= 0; i-- {
+		if err := cl[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	err := errors.Join(errs...)
+	v.mu.Lock()
+	v.closeErr = err
+	v.mu.Unlock()
+	if err == nil {
+		v.log.Debug("vm destroyed")
+	}
+	return err
+}
+
+// Kill terminates QEMU abruptly without cleaning up (fault injection and
+// emergency stop); Close still has to be called.
+func (v *VM) Kill() error {
+	return v.cmd.Process.Signal(syscall.SIGKILL)
+}
+
+// CleanupStale removes VM directories under stateDir/vms left by a previous
+// daemon that crashed, killing any QEMU still recorded there. It returns the
+// number of directories removed.
+func CleanupStale(stateDir string, log *slog.Logger) (int, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	vmsDir := filepath.Join(stateDir, "vms")
+	ents, err := os.ReadDir(vmsDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cleanup: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, e := range ents {
+		dir := filepath.Join(vmsDir, e.Name())
+		if pid := readPid(dir); pid > 0 && pidIsQEMUOf(pid, dir) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			log.Warn("killed leftover qemu", "pid", pid, "dir", dir)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	if n > 0 {
+		log.Info("removed leftover vm directories", "count", n)
+	}
+	return n, errors.Join(errs...)
+}
+
+func readPid(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, PidFile))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// pidIsQEMUOf checks that pid is still a process whose command line names
+// dir, so a recycled pid is never killed.
+func pidIsQEMUOf(pid int, dir string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(b, []byte(dir+"/"))
+}
