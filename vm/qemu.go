@@ -111,7 +111,9 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	if s.Accel == AccelKVM {
 		cpu = "host"
 	}
-	kargs := []string{"console=ttyS0", "panic=-1", "quiet", "loglevel=4"}
+	// reboot=t: without ACPI a triple fault is the reset that makes QEMU
+	// exit under -no-reboot (panic, guest reboot, failed boot).
+	kargs := []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4"}
 	if s.TSCkHz > 0 {
 		kargs = append(kargs, "tsc_early_khz="+strconv.Itoa(s.TSCkHz))
 	}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -118,11 +119,21 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return nil, fmt.Errorf("image build: %w", err)
 	}
+	unlock, err := lockOut(out)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	removeStaleBuilds(out, log)
 	tmp, err := os.MkdirTemp(filepath.Dir(out), "."+filepath.Base(out)+".build-")
 	if err != nil {
 		return nil, fmt.Errorf("image build: %w", err)
 	}
-	defer os.RemoveAll(tmp) // after a successful rename only the empty parts remain
+	defer func() {
+		if err := removeBuildDir(tmp); err != nil {
+			log.Error("clean up build directory", "err", err)
+		}
+	}()
 
 	p := newProgress(opts.Progress, log, 5)
 	defer p.stop()
@@ -164,6 +175,10 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	cmd.Stdout = &logBuf
 	cmd.Stderr = &logBuf
 	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	// On cancellation let mmdebstrap unmount and clean up its chroot; kill it
+	// only if it does not finish within the grace period.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 60 * time.Second
 	log.Info("running mmdebstrap", "argv", strings.Join(argv, " "))
 	if err := cmd.Run(); err != nil {
 		return nil, explainMmdebstrap(err, logBuf.String())
@@ -222,6 +237,9 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 		return nil, err
 	}
 
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("image build: %w", err)
+	}
 	p.step("installing image")
 	if err := replaceDir(tmp, out); err != nil {
 		return nil, err
@@ -378,6 +396,22 @@ func checkFree(dir string, avail, need uint64) error {
 		return fmt.Errorf("image build: not enough disk space in %s: %.1f GiB free, need %.1f GiB", dir, float64(avail)/(1<<30), float64(need)/(1<<30))
 	}
 	return nil
+}
+
+// removeStaleBuilds removes build directories that an interrupted build
+// (killed, power loss) left beside out. Called with the lock held, so no
+// other build is using them.
+func removeStaleBuilds(out string, log *slog.Logger) {
+	for _, pat := range []string{".build-*", ".build-*.old"} {
+		m, _ := filepath.Glob(filepath.Join(filepath.Dir(out), "."+filepath.Base(out)+pat))
+		for _, d := range m {
+			if err := removeBuildDir(d); err != nil {
+				log.Warn("stale build directory", "dir", d, "err", err)
+				continue
+			}
+			log.Info("removed stale build directory", "dir", d)
+		}
+	}
 }
 
 // replaceDir renames the finished build tmp to out, moving an older image

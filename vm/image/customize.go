@@ -10,7 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/vm/agentproto"
@@ -22,7 +27,59 @@ import (
 // first argument and the spec file as its second.
 const customizeRole = "image-customize"
 
-func init() { isolate.Register(customizeRole, runCustomize) }
+// mkfsRole runs mkfs.ext4 -d in a private mount namespace in which the
+// chroot's /proc, /sys and /dev mounts (set up by mmdebstrap for its hooks)
+// are detached, so they are not copied into the image.
+const mkfsRole = "image-mkfs"
+
+func init() {
+	isolate.Register(customizeRole, runCustomize)
+	isolate.Register(mkfsRole, runMkfs)
+}
+
+// makeFS creates the ext4 image from root via the mkfs role.
+func makeFS(root, img string, sizeMiB int) error {
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("mkfs: %w", err)
+	}
+	var buf bytes.Buffer
+	cmd := exec.Command(self, root, img, strconv.Itoa(sizeMiB))
+	cmd.Env = isolate.ChildCommandEnv(os.Environ(), mkfsRole)
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	if err := cmd.Run(); err != nil {
+		out := buf.String()
+		if strings.Contains(out, "Could not allocate block") || strings.Contains(out, "No space left") {
+			return fmt.Errorf("mkfs.ext4: the root file system does not fit in %d MiB (use --disk-size): %w", sizeMiB, err)
+		}
+		return fmt.Errorf("mkfs.ext4: %w: %s", err, lastLines(out, 10))
+	}
+	return nil
+}
+
+func runMkfs(args []string) error {
+	if len(args) != 3 {
+		return fmt.Errorf("usage: ROOTFS IMAGE SIZE_MIB")
+	}
+	root, img, size := args[0], args[1], args[2]
+	mounts, err := mountsUnder(root)
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("detach %s: %w", m, err)
+		}
+	}
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		return fmt.Errorf("mkfs: %w", err)
+	}
+	argv := []string{"mkfs.ext4", "-q", "-F", "-L", "vmgate-root", "-E", "root_owner=0:0", "-d", root, img, size + "M"}
+	return unix.Exec(mkfs, argv, os.Environ())
+}
 
 // InitrdModules are loaded by the initramfs, with their dependencies:
 // the microvm transport, the disk, the agent channel, the NIC, entropy and
@@ -166,10 +223,8 @@ func customize(root string, s customizeSpec) error {
 	}
 
 	step("creating the ext4 filesystem")
-	img := filepath.Join(s.WorkDir, "rootfs.ext4")
-	if err := runIn("", "mkfs.ext4", "-q", "-F", "-L", "vmgate-root", "-E", "root_owner=0:0",
-		"-d", root, img, fmt.Sprintf("%dM", s.DiskSizeMiB)); err != nil {
-		return fmt.Errorf("mkfs.ext4: %w", err)
+	if err := makeFS(root, filepath.Join(s.WorkDir, "rootfs.ext4"), s.DiskSizeMiB); err != nil {
+		return err
 	}
 	names := make([]string, len(mods))
 	for i, m := range mods {

@@ -1,0 +1,370 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/vmgate/vmgate/vm/agentproto"
+)
+
+// Timing of the port handling in Main.
+const (
+	// portWaitTimeout is how long Main waits for the port device to appear.
+	portWaitTimeout = 60 * time.Second
+	// portRetryInterval is the pause between looks for the port device.
+	portRetryInterval = 200 * time.Millisecond
+	// hostPollInterval is the pause between polls while no host is connected.
+	hostPollInterval = 30 * time.Millisecond
+	// minRetryDelay and maxRetryDelay bound the pause after a connection
+	// whose SSH handshake failed, so that a misbehaving peer cannot make
+	// the agent spin.
+	minRetryDelay = 50 * time.Millisecond
+	maxRetryDelay = time.Second
+)
+
+// defaultPortPaths are the places where the agent port device shows up.
+var defaultPortPaths = portPaths{
+	sysClass: "/sys/class/virtio-ports",
+	devDir:   "/dev",
+	fallback: "/dev/virtio-ports/" + agentproto.PortName,
+}
+
+// Main runs the guest agent daemon until ctx is done. It loads the host key
+// (agentproto.HostKeyPath, an unencrypted OpenSSH private key) and the
+// authorised client keys (agentproto.AuthorizedKeysPath, authorized_keys
+// format; lines with options are skipped because the agent does not
+// implement them), opens the virtio-serial port named
+// agentproto.PortName, waiting up to a minute for it to appear, and then
+// serves one host connection after another on it with [Serve], keeping the
+// device open in between. A nil log means slog.Default(); version is
+// reported in agentproto.Info.
+//
+// Main returns nil once ctx is done, or an error if it cannot start or the
+// port device fails.
+func Main(ctx context.Context, log *slog.Logger, version string) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	hostKey, err := loadHostKey(agentproto.HostKeyPath)
+	if err != nil {
+		return err
+	}
+	keys, err := loadAuthorizedKeys(agentproto.AuthorizedKeysPath, log)
+	if err != nil {
+		return err
+	}
+	f, err := openPort(ctx, defaultPortPaths, portWaitTimeout, portRetryInterval)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer f.Close()
+	if err := f.SetDeadline(time.Time{}); errors.Is(err, os.ErrNoDeadline) {
+		log.Warn("port device does not support deadlines; ending a connection may have to wait for the host", "port", f.Name())
+	}
+	log.Info("agent listening", "version", version, "port", f.Name(),
+		"host_key", ssh.FingerprintSHA256(hostKey.PublicKey()), "authorized_keys", len(keys))
+
+	cfg := Config{HostKey: hostKey, AuthorizedKeys: keys, Logger: log, Version: version}
+	err = servePort(ctx, &devicePort{f: f, interval: hostPollInterval}, cfg)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// loadHostKey reads an unencrypted private key in OpenSSH (or PEM) format.
+func loadHostKey(path string) (ssh.Signer, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read host key: %w", err)
+	}
+	signer, err := ssh.ParsePrivateKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("parse host key %s: %w", path, err)
+	}
+	return signer, nil
+}
+
+// loadAuthorizedKeys reads an authorized_keys file.
+func loadAuthorizedKeys(path string, log *slog.Logger) ([]ssh.PublicKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read authorized keys: %w", err)
+	}
+	keys, err := parseAuthorizedKeys(b, log)
+	if err != nil {
+		return nil, fmt.Errorf("authorized keys %s: %w", path, err)
+	}
+	return keys, nil
+}
+
+// parseAuthorizedKeys parses authorized_keys lines. Lines that do not parse
+// and keys with options (which the agent does not implement, so honouring
+// such a key could grant more than its options allow) are skipped with a
+// warning. At least one key is required.
+func parseAuthorizedKeys(data []byte, log *slog.Logger) ([]ssh.PublicKey, error) {
+	var keys []ssh.PublicKey
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		key, _, options, _, err := ssh.ParseAuthorizedKey(line)
+		switch {
+		case err != nil:
+			log.Warn("skipping unparsable authorized key", "line", i+1, "err", err)
+		case len(options) > 0:
+			log.Warn("skipping authorized key with options", "line", i+1, "options", strings.Join(options, ","))
+		default:
+			keys = append(keys, key)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("no usable key")
+	}
+	return keys, nil
+}
+
+// portPaths says where the agent port device is looked for.
+type portPaths struct {
+	sysClass string // directory of virtio port attributes (sysfs)
+	devDir   string // directory of the device nodes
+	fallback string // udev's stable name for the port
+}
+
+// errPortNotFound reports that no virtio port named agentproto.PortName
+// exists yet.
+var errPortNotFound = errors.New("virtio port " + agentproto.PortName + " not found")
+
+// findPort returns the device path of the port named agentproto.PortName:
+// the devDir node of the sysClass entry whose name attribute matches, or the
+// fallback path.
+func findPort(p portPaths) (string, error) {
+	entries, _ := os.ReadDir(p.sysClass)
+	for _, e := range entries {
+		name, err := os.ReadFile(filepath.Join(p.sysClass, e.Name(), "name"))
+		if err != nil || strings.TrimSpace(string(name)) != agentproto.PortName {
+			continue
+		}
+		dev := filepath.Join(p.devDir, e.Name())
+		if _, err := os.Stat(dev); err == nil {
+			return dev, nil
+		}
+	}
+	if _, err := os.Stat(p.fallback); err == nil {
+		return p.fallback, nil
+	}
+	return "", errPortNotFound
+}
+
+// openPort opens the port device read-write, retrying every interval until
+// it exists and can be opened, for at most timeout.
+func openPort(ctx context.Context, p portPaths, timeout, interval time.Duration) (*os.File, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		path, err := findPort(p)
+		if err == nil {
+			f, openErr := os.OpenFile(path, os.O_RDWR, 0)
+			if openErr == nil {
+				return f, nil
+			}
+			err = openErr
+		}
+		if !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("open agent port: %w", err)
+		}
+		if err := sleep(ctx, interval); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// sleep pauses for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// hostPort is a transport on which hosts connect one after another.
+type hostPort interface {
+	// accept waits until a host is connected and returns the connection to
+	// serve; Serve closes it.
+	accept(ctx context.Context) (net.Conn, error)
+}
+
+// servePort serves host connections on p one after another until ctx is
+// done or p fails.
+func servePort(ctx context.Context, p hostPort, cfg Config) error {
+	log := cfg.logger()
+	var delay time.Duration
+	for {
+		conn, err := p.accept(ctx)
+		if err != nil {
+			return err
+		}
+		handshakeDone, err := serve(ctx, conn, cfg)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			log.Warn("host connection ended", "err", err)
+		}
+		if handshakeDone {
+			delay = 0
+			continue
+		}
+		delay = min(max(2*delay, minRetryDelay), maxRetryDelay)
+		if err := sleep(ctx, delay); err != nil {
+			return err
+		}
+	}
+}
+
+// devicePort is the virtio-serial port device. While no host is connected
+// to the QEMU side, reads return EOF at once and poll reports POLLHUP, so
+// accept polls until POLLHUP clears. The device stays open across
+// connections.
+type devicePort struct {
+	f        *os.File
+	interval time.Duration
+	last     *fileConn // the previous connection, if any
+}
+
+func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
+	if p.last != nil {
+		// Make sure no goroutine of the previous connection still uses
+		// the device before its deadlines are reset.
+		p.last.release()
+		p.last = nil
+	}
+	if err := waitHost(ctx, func() (bool, error) { return pollHangup(p.f) }, p.interval); err != nil {
+		return nil, err
+	}
+	c, err := newFileConn(p.f)
+	if err != nil {
+		return nil, err
+	}
+	p.last = c
+	return c, nil
+}
+
+// waitHost calls hangup every interval until it reports that the peer is
+// connected (false), it fails or ctx is done.
+func waitHost(ctx context.Context, hangup func() (bool, error), interval time.Duration) error {
+	for {
+		hup, err := hangup()
+		if err != nil {
+			return err
+		}
+		if !hup {
+			return nil
+		}
+		if err := sleep(ctx, interval); err != nil {
+			return err
+		}
+	}
+}
+
+// fileConn is a net.Conn for one connection over a long-lived *os.File.
+// Close does not close the file: it only makes pending and future I/O of
+// this connection fail, by setting a deadline in the past.
+type fileConn struct {
+	f      *os.File
+	closed atomic.Bool
+	// inUse is read-locked during every Read and Write, so that release
+	// can wait for them to return.
+	inUse sync.RWMutex
+	// deadlineMu orders Close against the Set*Deadline methods so that
+	// no deadline can be set once Close has interrupted the I/O.
+	deadlineMu sync.Mutex
+}
+
+// newFileConn clears the deadlines of f and wraps it.
+func newFileConn(f *os.File) (*fileConn, error) {
+	if err := f.SetDeadline(time.Time{}); err != nil && !errors.Is(err, os.ErrNoDeadline) {
+		return nil, fmt.Errorf("reset port deadline: %w", err)
+	}
+	return &fileConn{f: f}, nil
+}
+
+func (c *fileConn) Read(b []byte) (int, error) {
+	c.inUse.RLock()
+	defer c.inUse.RUnlock()
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	return c.f.Read(b)
+}
+
+func (c *fileConn) Write(b []byte) (int, error) {
+	c.inUse.RLock()
+	defer c.inUse.RUnlock()
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	return c.f.Write(b)
+}
+
+// Close ends the connection; the file stays open.
+func (c *fileConn) Close() error {
+	c.deadlineMu.Lock()
+	defer c.deadlineMu.Unlock()
+	if c.closed.Swap(true) {
+		return nil
+	}
+	if err := c.f.SetDeadline(time.Unix(1, 0)); err != nil {
+		return fmt.Errorf("interrupt port i/o: %w", err)
+	}
+	return nil
+}
+
+// release closes the connection and waits until no Read or Write of it is
+// in progress.
+func (c *fileConn) release() {
+	_ = c.Close()
+	c.inUse.Lock()
+	defer c.inUse.Unlock()
+}
+
+func (c *fileConn) LocalAddr() net.Addr  { return portAddr(c.f.Name()) }
+func (c *fileConn) RemoteAddr() net.Addr { return portAddr("host") }
+
+func (c *fileConn) SetDeadline(t time.Time) error      { return c.setDeadline(c.f.SetDeadline, t) }
+func (c *fileConn) SetReadDeadline(t time.Time) error  { return c.setDeadline(c.f.SetReadDeadline, t) }
+func (c *fileConn) SetWriteDeadline(t time.Time) error { return c.setDeadline(c.f.SetWriteDeadline, t) }
+
+func (c *fileConn) setDeadline(set func(time.Time) error, t time.Time) error {
+	c.deadlineMu.Lock()
+	defer c.deadlineMu.Unlock()
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	return set(t)
+}
+
+// portAddr is the net.Addr of a fileConn end.
+type portAddr string
+
+func (a portAddr) Network() string { return "virtio-serial" }
+func (a portAddr) String() string  { return string(a) }

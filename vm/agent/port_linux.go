@@ -1,0 +1,47 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// pollHangup reports whether poll(2) flags f with POLLHUP, which a
+// virtio-serial port does while no host is connected to its QEMU socket.
+// Input still buffered from a previous host is discarded meanwhile, so that
+// the next host's connection starts clean.
+func pollHangup(f *os.File) (bool, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false, fmt.Errorf("poll port: %w", err)
+	}
+	var (
+		revents int16
+		pollErr error
+	)
+	err = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			_, pollErr = unix.Poll(fds, 0)
+			if pollErr != unix.EINTR {
+				break
+			}
+		}
+		revents = fds[0].Revents
+		if pollErr == nil && revents&unix.POLLHUP != 0 && revents&unix.POLLIN != 0 {
+			var buf [4096]byte
+			_, _ = unix.Read(int(fd), buf[:])
+		}
+	})
+	if err == nil {
+		err = pollErr
+	}
+	if err != nil {
+		return false, fmt.Errorf("poll port: %w", err)
+	}
+	if revents&unix.POLLNVAL != 0 {
+		return false, fmt.Errorf("poll port: %w", unix.EBADF)
+	}
+	return revents&unix.POLLHUP != 0, nil
+}

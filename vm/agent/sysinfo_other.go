@@ -1,0 +1,16 @@
+//go:build !linux
+
+package agent
+
+import (
+	"errors"
+	"time"
+)
+
+// setSystemClock is only implemented on Linux, the only guest OS.
+func setSystemClock(time.Time) error {
+	return errors.ErrUnsupported
+}
+
+// kernelRelease is only implemented on Linux, the only guest OS.
+func kernelRelease() string { return "" }

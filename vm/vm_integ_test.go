@@ -1,0 +1,384 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+func startTestVM(t *testing.T, state string) *VM {
+	t.Helper()
+	img := testutil.RequiresImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	v, err := Start(ctx, Options{ImageDir: img, StateDir: state, Accel: AccelAuto})
+	if err != nil {
+		t.Fatalf("start vm: %v", err)
+	}
+	t.Logf("vm %s booted in %v (%s)", v.ID, v.BootDuration(), v.Accel)
+	return v
+}
+
+type execOut struct {
+	res            *ExecResult
+	stdout, stderr string
+}
+
+func run(t *testing.T, v *VM, req ExecRequest) execOut {
+	t.Helper()
+	var so, se bytes.Buffer
+	req.Stdout, req.Stderr = &so, &se
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := v.Exec(ctx, req)
+	if err != nil {
+		t.Fatalf("exec %q: %v", req.Argv, err)
+	}
+	return execOut{res, so.String(), se.String()}
+}
+
+func hashFile(t *testing.T, p string) [32]byte {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	var s [32]byte
+	copy(s[:], h.Sum(nil))
+	return s
+}
+
+// TestVM_Exec boots one VM and runs the exec behaviours against it.
+func TestVM_Exec(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	base := filepath.Join(img, "base.qcow2")
+	before := hashFile(t, base)
+	state := t.TempDir()
+	v := startTestVM(t, state)
+
+	t.Run("echo", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"echo", "hello", "world"}})
+		if o.stdout != "hello world\n" || o.res.ExitCode != 0 || o.stderr != "" {
+			t.Fatalf("got %+v stdout=%q stderr=%q", o.res, o.stdout, o.stderr)
+		}
+	})
+	t.Run("exit codes", func(t *testing.T) {
+		for _, code := range []string{"0", "1", "42"} {
+			o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "exit " + code}})
+			if got := o.res.ExitCode; itoa(got) != code || o.res.Signal != "" {
+				t.Errorf("exit %s: got %+v", code, o.res)
+			}
+		}
+	})
+	t.Run("not found", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"no-such-command-xyz"}})
+		if o.res.ExitCode != 127 || !strings.Contains(o.stderr, "not found") {
+			t.Fatalf("got %+v stderr=%q", o.res, o.stderr)
+		}
+	})
+	t.Run("argv is not a shell string", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"echo", "$(id -u);", "`reboot`", "a b"}})
+		if o.stdout != "$(id -u); `reboot` a b\n" {
+			t.Fatalf("argv went through a shell: %q", o.stdout)
+		}
+	})
+	t.Run("stdin 1MiB binary round trip", func(t *testing.T) {
+		data := make([]byte, 1<<20)
+		if _, err := rand.Read(data); err != nil {
+			t.Fatal(err)
+		}
+		o := run(t, v, ExecRequest{Argv: []string{"cat"}, Stdin: bytes.NewReader(data)})
+		if o.res.ExitCode != 0 || o.stdout != string(data) {
+			t.Fatalf("round trip: exit %d, %d bytes back, equal=%v", o.res.ExitCode, len(o.stdout), o.stdout == string(data))
+		}
+	})
+	t.Run("stderr separate", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
+		if o.stdout != "out\n" || o.stderr != "err\n" || o.res.ExitCode != 3 {
+			t.Fatalf("got stdout=%q stderr=%q %+v", o.stdout, o.stderr, o.res)
+		}
+	})
+	t.Run("env and cwd", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", `echo "$FOO|$(pwd)"`}, Env: []string{"FOO=bar baz"}, Dir: "/etc"})
+		if o.stdout != "bar baz|/etc\n" {
+			t.Fatalf("got %q", o.stdout)
+		}
+	})
+	t.Run("unprivileged user", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"id", "-un"}, User: "agent"})
+		if o.stdout != "agent\n" {
+			t.Fatalf("got %q stderr=%q", o.stdout, o.stderr)
+		}
+		o = run(t, v, ExecRequest{Argv: []string{"id", "-u"}})
+		if o.stdout != "0\n" {
+			t.Fatalf("default user: got %q", o.stdout)
+		}
+	})
+	t.Run("guest clock set from host", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"date", "+%s"}})
+		var guest int64
+		for _, c := range strings.TrimSpace(o.stdout) {
+			guest = guest*10 + int64(c-'0')
+		}
+		if d := time.Now().Unix() - guest; d < -5 || d > 30 {
+			t.Fatalf("guest clock off by %ds (%q)", d, o.stdout)
+		}
+	})
+	t.Run("signal", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "kill -TERM $$"}})
+		if o.res.Signal != "TERM" || o.res.ShellExitCode() != 143 {
+			t.Fatalf("got %+v", o.res)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		t0 := time.Now()
+		o := run(t, v, ExecRequest{Argv: []string{"sleep", "100"}, Timeout: 2 * time.Second})
+		if !o.res.TimedOut || o.res.Signal != "KILL" {
+			t.Fatalf("got %+v", o.res)
+		}
+		if el := time.Since(t0); el > 60*time.Second {
+			t.Fatalf("timeout took %v", el)
+		}
+		o = run(t, v, ExecRequest{Argv: []string{"sh", "-c", "pgrep -x sleep || echo none"}})
+		if o.stdout != "none\n" {
+			t.Fatalf("timed-out process still running: %q", o.stdout)
+		}
+	})
+	t.Run("context cancel kills the command", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Second, cancel)
+		_, err := v.Exec(ctx, ExecRequest{Argv: []string{"sleep", "100"}})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("want context.Canceled, got %v", err)
+		}
+		o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "pgrep -x sleep || echo none"}})
+		if o.stdout != "none\n" {
+			t.Fatalf("cancelled process still running: %q", o.stdout)
+		}
+	})
+	t.Run("output cap", func(t *testing.T) {
+		var so bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		res, err := v.Exec(ctx, ExecRequest{Argv: []string{"timeout", "5", "yes"}, Stdout: &so, OutputLimit: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if so.Len() != 1<<20 || !res.StdoutTruncated || res.StdoutBytes <= 1<<20 || res.ExitCode != 124 {
+			t.Fatalf("kept %d bytes, produced %d, truncated=%v exit=%d", so.Len(), res.StdoutBytes, res.StdoutTruncated, res.ExitCode)
+		}
+		t.Logf("yes produced %d MiB in 5s, kept 1 MiB", res.StdoutBytes>>20)
+	})
+	t.Run("write to disk stays in the overlay", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "dd if=/dev/urandom of=/root/blob bs=1M count=8 status=none && sync && echo ok"}})
+		if o.stdout != "ok\n" {
+			t.Fatalf("got %q %q", o.stdout, o.stderr)
+		}
+	})
+	t.Run("bad requests", func(t *testing.T) {
+		if _, err := v.Exec(context.Background(), ExecRequest{}); err == nil {
+			t.Error("empty argv accepted")
+		}
+		if _, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"echo", "a\x00b"}}); err == nil {
+			t.Error("NUL in argv accepted")
+		}
+		if _, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"id"}, User: "nobody-such"}); err == nil {
+			t.Error("unknown user accepted")
+		}
+	})
+
+	if err := v.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if err := v.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if _, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"true"}}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("exec after close: %v", err)
+	}
+	assertNoVMs(t, state)
+	if after := hashFile(t, base); after != before {
+		t.Fatal("base image changed")
+	}
+}
+
+func assertNoVMs(t *testing.T, state string) {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(state, "vms"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if len(ents) != 0 {
+		t.Fatalf("leftover VM directories: %v", ents)
+	}
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	neg := n < 0
+	if neg {
+		n = -n
+	}
+	var b []byte
+	for n > 0 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+		n /= 10
+	}
+	if neg {
+		b = append([]byte{'-'}, b...)
+	}
+	return string(b)
+}
+
+// TestVM_DiesMidExec kills QEMU the way a crashed daemon's successor does
+// (CleanupStale: SIGKILL to the recorded pid) while a command runs.
+func TestVM_DiesMidExec(t *testing.T) {
+	state := t.TempDir()
+	v := startTestVM(t, state)
+	defer v.Close()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"sleep", "100"}})
+		errc <- err
+	}()
+	time.Sleep(time.Second)
+	n, err := CleanupStale(state, nil)
+	if err != nil || n != 1 {
+		t.Fatalf("cleanup: n=%d err=%v", n, err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrVMDied) {
+			t.Fatalf("want ErrVMDied, got %v", err)
+		}
+		t.Logf("exec error: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("exec did not notice the VM died")
+	}
+	if err := v.Close(); err != nil {
+		t.Fatalf("close after death: %v", err)
+	}
+	assertNoVMs(t, state)
+}
+
+func TestCleanupStaleSparesUnrelatedPid(t *testing.T) {
+	state := t.TempDir()
+	dir := filepath.Join(state, "vms", "abc")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// Our own pid: alive, but not a QEMU of that directory.
+	if err := os.WriteFile(filepath.Join(dir, PidFile), []byte(itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n, err := CleanupStale(state, nil)
+	if err != nil || n != 1 {
+		t.Fatalf("n=%d err=%v", n, err)
+	}
+	assertNoVMs(t, state)
+}
+
+func TestStartRejectsBadImage(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	state := t.TempDir()
+	ctx := context.Background()
+
+	if _, err := Start(ctx, Options{ImageDir: filepath.Join(state, "none"), StateDir: state, Accel: AccelTCG}); err == nil || !strings.Contains(err.Error(), "image build") {
+		t.Fatalf("missing image: %v", err)
+	}
+	// A copy of the image with a corrupt base and one without a kernel.
+	corrupt := filepath.Join(state, "corrupt")
+	copyImage(t, img, corrupt, "base.qcow2")
+	size := fileSize(t, filepath.Join(img, "base.qcow2"))
+	if err := os.WriteFile(filepath.Join(corrupt, "base.qcow2"), bytes.Repeat([]byte{0}, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(corrupt, "base.qcow2"), size); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Start(ctx, Options{ImageDir: corrupt, StateDir: state, Accel: AccelTCG}); err == nil || !strings.Contains(err.Error(), "not a qcow2") {
+		t.Fatalf("corrupt base: %v", err)
+	}
+	nokernel := filepath.Join(state, "nokernel")
+	copyImage(t, img, nokernel, "vmlinuz")
+	if _, err := Start(ctx, Options{ImageDir: nokernel, StateDir: state, Accel: AccelTCG}); err == nil || !strings.Contains(err.Error(), "vmlinuz") {
+		t.Fatalf("missing kernel: %v", err)
+	}
+	assertNoVMs(t, state)
+}
+
+// copyImage symlinks every file of src into dst except skip.
+func copyImage(t *testing.T, src, dst, skip string) {
+	t.Helper()
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() == skip {
+			continue
+		}
+		if err := os.Symlink(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func fileSize(t *testing.T, p string) int64 {
+	t.Helper()
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// TestProbeBootTCG boots the image's kernel and initramfs in probe mode: the
+// path the KVM probe uses, exercised under TCG.
+func TestProbeBootTCG(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	err := ProbeBoot(context.Background(), AccelTCG, "qemu-system-x86_64", filepath.Join(img, "vmlinuz"), filepath.Join(img, "initrd.img"), 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestResolveAccel(t *testing.T) {
+	a, err := ResolveAccel(context.Background(), AccelTCG, "", "", "", nil)
+	if err != nil || a != AccelTCG {
+		t.Fatalf("tcg: %v %v", a, err)
+	}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		if _, err := ResolveAccel(context.Background(), AccelKVM, "", "", "", nil); err == nil {
+			t.Fatal("kvm accepted without /dev/kvm")
+		}
+		t0 := time.Now()
+		a, err := ResolveAccel(context.Background(), AccelAuto, "qemu-system-x86_64", "/nonexistent", "/nonexistent", nil)
+		if err != nil || a != AccelTCG {
+			t.Fatalf("auto without kvm: %v %v", a, err)
+		}
+		if time.Since(t0) > 5*time.Second {
+			t.Fatal("auto probe without /dev/kvm was slow")
+		}
+	}
+}
