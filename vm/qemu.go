@@ -127,7 +127,7 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	argv := []string{
 		qemu,
 		"-nodefaults", "-no-user-config", "-nographic",
-		"-machine", "microvm,accel=" + string(s.Accel) + ",acpi=off,rtc=on",
+		"-machine", "microvm,accel=" + string(s.Accel) + ",rtc=on",
 		"-cpu", cpu,
 		"-m", strconv.Itoa(s.MemoryMiB),
 		"-smp", strconv.Itoa(s.CPUs),
