@@ -3,6 +3,7 @@ module github.com/vmgate/vmgate
 go 1.26.0
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/creack/pty v1.1.24
 	golang.org/x/crypto v0.59.0
 	golang.org/x/sys v0.50.0

@@ -31,6 +31,9 @@ type ExecRequest struct {
 	// OutputLimit caps the bytes delivered per stream; 0 means unlimited.
 	// Output beyond it is read and discarded, so the guest never blocks.
 	OutputLimit int64
+	// Signals, when non-nil, carries RFC 4254 signal names ("INT", "TERM")
+	// to deliver to the command's process group while it runs.
+	Signals <-chan string
 	// KillGrace is how long the command may take to die after SIGKILL is
 	// sent before the VM itself is killed (default 5s).
 	KillGrace time.Duration
@@ -183,7 +186,19 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		return nil, fmt.Errorf("exec: %w", err)
 	}
 	if !ok {
-		msg, _ := io.ReadAll(io.LimitReader(ch.Stderr(), 4096))
+		// The agent explains a refusal on stderr and keeps the session open:
+		// take what arrives promptly, then close.
+		msgc := make(chan []byte, 1)
+		go func() {
+			buf := make([]byte, 4096)
+			n, _ := ch.Stderr().Read(buf)
+			msgc <- buf[:n]
+		}()
+		var msg []byte
+		select {
+		case msg = <-msgc:
+		case <-time.After(500 * time.Millisecond):
+		}
 		return nil, fmt.Errorf("exec: agent refused the request: %s", strings.TrimSpace(string(msg)))
 	}
 
@@ -259,6 +274,10 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 			done = nil
 			ctxErr = fmt.Errorf("exec: %w", ctx.Err())
 			kill()
+		case sig := <-req.Signals:
+			if _, ok := sigNums[sig]; ok {
+				_, _ = ch.SendRequest("signal", false, ssh.Marshal(struct{ Signal string }{sig}))
+			}
 		case <-killDeadline:
 			v.log.Warn("command did not die after SIGKILL, killing the vm")
 			_ = v.Kill()

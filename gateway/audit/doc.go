@@ -1,0 +1,68 @@
+// Package audit writes and verifies vmgated's audit log: one JSON object per
+// line (JSON Lines), one [Record] per policy decision, command execution,
+// session event or daemon event, each line chained to the one before it by a
+// SHA-256 hash.
+//
+// [Open] opens (or creates) the log, [Log.Write] appends a record and
+// [Verify] / [VerifyFile] check a log offline. A record's Prev field holds
+// the hex SHA-256 of the exact bytes of the previous line without its
+// newline; the first line of every file carries [GenesisPrev], the SHA-256 of
+// the empty string, and has Seq 1. Seq grows by exactly one per line.
+//
+// # Fail closed
+//
+// vmgated must not run what it cannot audit. When a write or an fsync fails
+// (a full disk, an I/O error) the [Log] enters a permanent failed state:
+// every later [Log.Write] and [Log.Healthy] returns an error wrapping
+// [ErrUnavailable], for example
+//
+//	audit log unavailable: write /var/lib/vmgate/audit.jsonl: no space left on device
+//
+// and the daemon refuses new requests with that message. There is no
+// automatic recovery: the operator frees space and restarts the daemon, and
+// [Open] checks the tail of the file before it appends again. A failed fsync
+// is never retried, because after one the kernel may already have dropped the
+// dirty pages (the "fsyncgate" finding, https://wiki.postgresql.org/wiki/Fsync_Errors).
+//
+// # Durability
+//
+// Records are written with one write(2) each on an O_APPEND descriptor, so a
+// record reaches the page cache before Write returns; a background timer
+// fsyncs at most [Options.SyncInterval] later. A crash of the daemon loses
+// nothing that Write accepted; a crash of the host may lose the records of
+// the last interval, and may leave a torn final line, which [Open] refuses
+// with instructions (see [ErrTornLine]).
+//
+// # Threat model
+//
+// The daemon is the only writer. Guests and API clients never write the log:
+// they only supply field values, which are JSON-encoded (so they cannot
+// inject lines), and argv is redacted by [Options.Redact] before encoding.
+//
+// The hash chain is unkeyed. It detects accidental corruption and any edit,
+// deletion, insertion or reordering of lines inside a file by someone who
+// does not also rewrite every later line. It does not detect truncation of
+// the tail (dropping the last lines leaves a valid shorter chain), nor the
+// replacement of the whole file, or of everything after some line, by
+// someone who can write the file: such a person can recompute the chain.
+// Both become detectable against an anchor kept elsewhere: [Log.Head]
+// returns the current sequence number and chain head, which the daemon
+// should periodically log to journald or ship to a collector, and a later
+// [Report.Head] must then extend it. Deployments that need real tamper
+// resistance should ship the log off-host as it is written, and may set the
+// append-only attribute (chattr +a) on the file so that even root must first
+// clear it, leaving a trace, before rewriting history.
+//
+// Only argv is redacted. Other free-text fields (Reason, Error, Message) are
+// written as given, so callers must not copy command lines or secrets into
+// them.
+//
+// # Locking
+//
+// A Log is safe for concurrent use. It holds two mutexes, always taken in
+// this order: syncMu (serialises fsync and Close) before mu (guards the file
+// offset, sequence number, chain head and failure state). write(2) runs
+// under mu; fsync runs under syncMu only, so writers do not wait for the
+// disk. On Linux, Open also takes an exclusive flock(2) on the file, so a
+// second daemon cannot interleave its own chain.
+package audit

@@ -1,0 +1,376 @@
+package audit
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+)
+
+// DefaultSyncInterval is the fsync batching interval used when
+// [Options.SyncInterval] is zero.
+const DefaultSyncInterval = 100 * time.Millisecond
+
+// ErrUnavailable is wrapped by every error of a [Log] that can no longer
+// record: after a failed write or fsync, or after Close. The daemon must
+// refuse new requests while [Log.Healthy] returns it.
+var ErrUnavailable = errors.New("audit log unavailable")
+
+// ErrTornLine reports a final line without its newline: the trace of a
+// crash in the middle of a write, or of a truncated copy. [Open] refuses
+// such a file and [Verify] reports it (together with [ErrChainBroken]).
+var ErrTornLine = errors.New("torn final line")
+
+// errClosed is the failure state of a closed Log.
+var errClosed = errors.New("log closed")
+
+// Options configures [Open].
+type Options struct {
+	// Path is the log file. Its directory is created 0750 and the file
+	// 0640 if missing; the final element must not be a symlink.
+	Path string
+	// Redact holds regular expressions (RE2 syntax); every argv element
+	// that any of them matches anywhere is replaced as a whole by
+	// [Redacted] before the record is encoded. Anchor a pattern to match
+	// whole arguments only, e.g. `^--password=`.
+	Redact []string
+	// SyncInterval bounds how long a written record may stay in the page
+	// cache before a background fsync: zero means DefaultSyncInterval, a
+	// negative value fsyncs inside every Write before it returns.
+	SyncInterval time.Duration
+	// Logger receives the Log's own events (open, failure); nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Log is an open audit log. Create it with [Open]; it is safe for
+// concurrent use (see the package documentation for the lock order).
+type Log struct {
+	path     string
+	logger   *slog.Logger
+	redact   []*regexp.Regexp
+	interval time.Duration // < 0: fsync in Write
+	now      func() time.Time
+
+	// syncMu serialises fsync and Close. Lock order: syncMu, then mu.
+	syncMu sync.Mutex
+
+	mu     sync.Mutex
+	f      file
+	size   int64  // bytes of complete lines in f
+	seq    uint64 // Seq of the last line, 0 for an empty file
+	head   string // hash of the last line: the next line's Prev
+	dirty  bool   // written since the last fsync started
+	armed  bool   // timer pending
+	timer  *time.Timer
+	closed bool
+	err    error // non-nil: failed or closed; wraps ErrUnavailable
+}
+
+// Open opens the audit log at opts.Path for appending, creating it if
+// needed. If the file is not empty, Open reads its last line to resume Seq
+// and the chain; it does not verify the rest of the file (use
+// [VerifyFile]). It refuses a file whose final line is torn (wrapping
+// [ErrTornLine]) or is not a valid record (wrapping [ErrChainBroken]), and
+// says how to recover. It also fails on an invalid Redact pattern and, on
+// Linux, when another process holds the file open through Open.
+//
+// Postcondition: on success the Log is healthy and holds the file lock
+// until [Log.Close].
+func Open(opts Options) (*Log, error) {
+	return open(opts, openOS)
+}
+
+func open(opts Options, openf opener) (*Log, error) {
+	if opts.Path == "" {
+		return nil, errors.New("audit log: no path")
+	}
+	l := &Log{
+		path:     opts.Path,
+		logger:   opts.Logger,
+		interval: opts.SyncInterval,
+		now:      time.Now,
+	}
+	if l.logger == nil {
+		l.logger = slog.Default()
+	}
+	l.logger = l.logger.With("audit_log", opts.Path)
+	if l.interval == 0 {
+		l.interval = DefaultSyncInterval
+	}
+	for i, p := range opts.Redact {
+		re, err := regexp.Compile(p)
+		if err != nil {
+			return nil, fmt.Errorf("audit log: redact pattern %d: %w", i, err)
+		}
+		l.redact = append(l.redact, re)
+	}
+
+	f, size, err := openf(opts.Path)
+	if err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	seq, head, err := resume(opts.Path, f, size)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	l.f, l.size, l.seq, l.head = f, size, seq, head
+	l.logger.Info("audit log open", "seq", seq, "head", head)
+	return l, nil
+}
+
+// resume returns the Seq and hash of the last line of f, or 0 and
+// GenesisPrev for an empty file.
+func resume(path string, f io.ReaderAt, size int64) (uint64, string, error) {
+	line, off, torn, err := lastLine(f, size)
+	if err != nil {
+		return 0, "", fmt.Errorf("audit log %s: read last line: %w", path, err)
+	}
+	if line == nil {
+		return 0, GenesisPrev, nil
+	}
+	if torn {
+		return 0, "", fmt.Errorf("audit log %s: %w: %d bytes at offset %d have no newline, "+
+			"probably a crash in the middle of a write; inspect the fragment, "+
+			"then remove it (truncate -s %d %s) or move the file aside",
+			path, ErrTornLine, len(line), off, off, path)
+	}
+	r, err := parseLine(line)
+	if err == nil && r.Seq == 0 {
+		err = errors.New("seq 0")
+	}
+	if err != nil {
+		return 0, "", fmt.Errorf("audit log %s: last line (offset %d) is not a valid record: %w: %v; "+
+			"inspect the file (audit.VerifyFile checks the whole chain) and move it aside to start a new log",
+			path, off, ErrChainBroken, err)
+	}
+	return r.Seq, lineHash(line), nil
+}
+
+// lastLine returns the last line of f (size bytes long) without its
+// newline, and its offset. torn reports that the file does not end in a
+// newline; line is then the fragment after the last newline. line is nil
+// for an empty file.
+func lastLine(f io.ReaderAt, size int64) (line []byte, off int64, torn bool, err error) {
+	if size == 0 {
+		return nil, 0, false, nil
+	}
+	var b [1]byte
+	if _, err := f.ReadAt(b[:], size-1); err != nil {
+		return nil, 0, false, err
+	}
+	end := size
+	if b[0] == '\n' {
+		end--
+	} else {
+		torn = true
+	}
+	const chunk = 64 << 10
+	buf := make([]byte, chunk)
+	start, pos := int64(0), end
+	for pos > 0 {
+		n := min(chunk, pos)
+		if _, err := f.ReadAt(buf[:n], pos-n); err != nil {
+			return nil, 0, false, err
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			start = pos - n + int64(i) + 1
+			break
+		}
+		pos -= n
+		if end-pos > MaxLineSize {
+			return nil, 0, false, fmt.Errorf("longer than %d bytes", MaxLineSize)
+		}
+	}
+	line = make([]byte, end-start)
+	if _, err := f.ReadAt(line, start); err != nil {
+		return nil, 0, false, err
+	}
+	return line, start, torn, nil
+}
+
+// Write appends r to the log. It sets r.Time (now, UTC), r.Seq and r.Prev,
+// ignoring the caller's values, and replaces argv elements that match
+// [Options.Redact] (the caller's slice is not modified). When Write returns
+// nil the line is in the file (the page cache); it is fsynced within
+// [Options.SyncInterval], or before Write returns if that is negative.
+//
+// An invalid Kind or Verdict, or a record longer than [MaxLineSize], is
+// refused with an error and leaves the Log healthy. A failed write or fsync
+// puts the Log in the failed state: the error, and that of every later
+// call, wraps [ErrUnavailable] and the underlying cause. A partly written
+// line is truncated away so that the file remains a valid chain.
+func (l *Log) Write(r Record) error {
+	if !r.Kind.valid() {
+		return fmt.Errorf("audit write: invalid kind %q", r.Kind)
+	}
+	switch r.Verdict {
+	case "", VerdictAllow, VerdictDeny:
+	default:
+		return fmt.Errorf("audit write: invalid verdict %q", r.Verdict)
+	}
+	r.Argv = l.redactArgv(r.Argv)
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	r.Time = l.now().UTC()
+	r.Seq = l.seq + 1
+	r.Prev = l.head
+	line, err := encode(&r)
+	if err != nil {
+		return fmt.Errorf("audit write: encode: %w", err)
+	}
+	if len(line) > MaxLineSize {
+		return fmt.Errorf("audit write: record is %d bytes, the limit is %d", len(line), MaxLineSize)
+	}
+	n, err := l.f.Write(line)
+	if err != nil {
+		l.failLocked(err)
+		if n > 0 {
+			if terr := l.f.Truncate(l.size); terr != nil {
+				l.logger.Error("audit log: cannot remove the partly written line; Open will refuse the file until it is removed",
+					"offset", l.size, "err", terr)
+			}
+		}
+		return l.err
+	}
+	l.size += int64(n)
+	l.seq = r.Seq
+	l.head = lineHash(line[:len(line)-1])
+
+	if l.interval < 0 {
+		if err := l.f.Sync(); err != nil {
+			l.failLocked(err)
+			return l.err
+		}
+		return nil
+	}
+	l.dirty = true
+	if !l.armed {
+		l.armed = true
+		if l.timer == nil {
+			l.timer = time.AfterFunc(l.interval, l.timedSync)
+		} else {
+			l.timer.Reset(l.interval)
+		}
+	}
+	return nil
+}
+
+// redactArgv returns a copy of argv with matching elements replaced.
+func (l *Log) redactArgv(argv []string) []string {
+	if argv == nil {
+		return nil
+	}
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		out[i] = a
+		for _, re := range l.redact {
+			if re.MatchString(a) {
+				out[i] = Redacted
+				break
+			}
+		}
+	}
+	return out
+}
+
+// timedSync is the background flusher, run by the timer.
+func (l *Log) timedSync() {
+	l.mu.Lock()
+	l.armed = false
+	l.mu.Unlock()
+	_ = l.Sync() // a failure is recorded in the Log and logged
+}
+
+// Sync fsyncs every record written so far. On failure the Log enters the
+// failed state and the error wraps [ErrUnavailable].
+func (l *Log) Sync() error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+
+	l.mu.Lock()
+	if l.err != nil {
+		defer l.mu.Unlock()
+		return l.err
+	}
+	dirty := l.dirty
+	l.dirty = false
+	l.mu.Unlock()
+	if !dirty {
+		// Every earlier write was covered by an fsync that completed
+		// before we took syncMu.
+		return nil
+	}
+
+	if err := l.f.Sync(); err != nil {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.failLocked(err)
+		return l.err
+	}
+	return nil
+}
+
+// failLocked enters the failed state. Precondition: l.mu is held.
+func (l *Log) failLocked(err error) {
+	if l.err != nil {
+		return
+	}
+	l.err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+	l.logger.Error("audit log failed; refusing further records", "err", err)
+}
+
+// Healthy returns nil while the Log can record, and otherwise the error
+// (wrapping [ErrUnavailable]) that every Write returns.
+func (l *Log) Healthy() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Head returns the Seq of the last record written and the chain head: the
+// hex SHA-256 of that line, which the next record's Prev will carry. For an
+// empty file they are 0 and [GenesisPrev]. Logging the head elsewhere
+// (journald, a remote collector) anchors the chain: a later [Report.Head]
+// that does not extend it reveals a truncated or rewritten file.
+func (l *Log) Head() (seq uint64, head string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seq, l.head
+}
+
+// Close fsyncs and closes the file and releases its lock. Later Writes
+// return an error wrapping [ErrUnavailable]; a second Close returns nil.
+func (l *Log) Close() error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	var errs []error
+	if err := l.f.Sync(); err != nil {
+		errs = append(errs, fmt.Errorf("audit close: %w", err))
+	}
+	if err := l.f.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("audit close: %w", err))
+	}
+	if l.err == nil {
+		l.err = fmt.Errorf("%w: %w", ErrUnavailable, errClosed)
+	}
+	return errors.Join(errs...)
+}

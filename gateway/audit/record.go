@@ -1,0 +1,158 @@
+package audit
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Kind says what a [Record] describes.
+type Kind string
+
+// The kinds of record vmgated writes.
+const (
+	// KindDecision records a policy decision on a request (allow or deny).
+	KindDecision Kind = "decision"
+	// KindExec records the outcome of a command run in a VM.
+	KindExec Kind = "exec"
+	// KindSession records the start or end of an interactive session.
+	KindSession Kind = "session"
+	// KindDaemon records a daemon event: start, stop, policy reload.
+	KindDaemon Kind = "daemon"
+)
+
+func (k Kind) valid() bool {
+	switch k {
+	case KindDecision, KindExec, KindSession, KindDaemon:
+		return true
+	}
+	return false
+}
+
+// Verdict is the outcome of a policy decision.
+type Verdict string
+
+// The verdicts of a [KindDecision] record.
+const (
+	VerdictAllow Verdict = "allow"
+	VerdictDeny  Verdict = "deny"
+)
+
+// Redacted replaces every argv element that matches one of
+// [Options.Redact].
+const Redacted = "[REDACTED]"
+
+// GenesisPrev is the Prev of the first line of every log file: the hex
+// SHA-256 of the empty string.
+const GenesisPrev = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+// MaxLineSize bounds one encoded record, newline included. [Log.Write]
+// refuses larger records and [Verify] treats a longer line as corruption.
+// It leaves room for a maximal Linux argv (ARG_MAX, 2 MiB by default) after
+// JSON escaping.
+const MaxLineSize = 8 << 20
+
+// Record is one line of the audit log. Time, Seq and Prev are set by
+// [Log.Write]; the caller fills in the rest. Pointer fields distinguish
+// "not applicable" (nil, omitted) from a zero value such as uid 0 or exit
+// code 0; with Go 1.26 write them as new(uint32(uid)).
+//
+// Strings are encoded by encoding/json, which replaces invalid UTF-8 with
+// U+FFFD: a caller that needs the exact bytes of an argument records a hash
+// of it instead.
+type Record struct {
+	// Time is when the record was written, in UTC (RFC 3339 with nanoseconds).
+	Time time.Time `json:"time"`
+	// Seq numbers the records of one file from 1, without gaps.
+	Seq uint64 `json:"seq"`
+	// Kind says what the record describes.
+	Kind Kind `json:"kind"`
+
+	// RequestID ties the records of one API request together.
+	RequestID string `json:"request_id,omitempty"`
+	// UID, GID and PID are the client's SO_PEERCRED identity.
+	UID *uint32 `json:"uid,omitempty"`
+	GID *uint32 `json:"gid,omitempty"`
+	PID int32   `json:"pid,omitempty"`
+	// User is the client's user name, if resolved.
+	User string `json:"user,omitempty"`
+	// Profile is the policy profile the request ran under.
+	Profile string `json:"profile,omitempty"`
+	// Argv is the command, after redaction.
+	Argv []string `json:"argv,omitempty"`
+	// Shell is set when Argv is run through the guest's shell.
+	Shell bool `json:"shell,omitempty"`
+	// Session identifies an interactive session.
+	Session string `json:"session,omitempty"`
+
+	// Verdict, Rule and Reason describe a policy decision.
+	Verdict Verdict `json:"verdict,omitempty"`
+	Rule    string  `json:"rule,omitempty"`
+	Reason  string  `json:"reason,omitempty"`
+
+	// VMID and ImageDigest identify the VM and the image it booted.
+	VMID        string `json:"vm_id,omitempty"`
+	ImageDigest string `json:"image_digest,omitempty"`
+
+	// ExitCode is the command's exit status; nil if it did not exit.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Signal names the signal that killed the command, e.g. "SIGKILL".
+	Signal string `json:"signal,omitempty"`
+	// TimedOut is set when the command was killed at its deadline.
+	TimedOut bool `json:"timed_out,omitempty"`
+	// The byte counts and hashes of the command's streams.
+	StdoutBytes  int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes  int64  `json:"stderr_bytes,omitempty"`
+	StdinBytes   int64  `json:"stdin_bytes,omitempty"`
+	StdoutSHA256 string `json:"stdout_sha256,omitempty"`
+	StderrSHA256 string `json:"stderr_sha256,omitempty"`
+	// Truncated is set when output was cut at the configured limit.
+	Truncated bool `json:"truncated,omitempty"`
+	// DurationMS is the command's run time, BootMS the VM's boot time.
+	DurationMS int64 `json:"duration_ms,omitempty"`
+	BootMS     int64 `json:"boot_ms,omitempty"`
+
+	// Error describes a failure; Message is free text (daemon events).
+	Error   string `json:"error,omitempty"`
+	Message string `json:"message,omitempty"`
+
+	// Prev is the hex SHA-256 of the previous line without its newline,
+	// or GenesisPrev on the first line.
+	Prev string `json:"prev"`
+}
+
+// encode returns r as one line, newline included.
+func encode(r *Record) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(r); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// parseLine decodes one line (without its newline) as a Record.
+func parseLine(line []byte) (Record, error) {
+	var r Record
+	if len(line) == 0 {
+		return r, errors.New("empty line")
+	}
+	if err := json.Unmarshal(line, &r); err != nil {
+		return r, fmt.Errorf("not a record: %w", err)
+	}
+	if r.Time.IsZero() {
+		return r, errors.New("record has no time")
+	}
+	return r, nil
+}
+
+// lineHash is the chain hash of a line without its newline.
+func lineHash(line []byte) string {
+	sum := sha256.Sum256(line)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,134 @@
+package audit
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+)
+
+// ErrChainBroken is wrapped by every error of [Verify] that shows the log
+// is not an intact chain: an unparsable or torn line, a Seq gap or a Prev
+// mismatch.
+var ErrChainBroken = errors.New("audit chain broken")
+
+// Report summarises a verified log, or the part of it before the first
+// broken line.
+type Report struct {
+	// Lines is the number of intact lines.
+	Lines int
+	// FirstSeq and LastSeq are the Seq of the first and last intact line.
+	FirstSeq, LastSeq uint64
+	// FirstTime and LastTime are their times.
+	FirstTime, LastTime time.Time
+	// Head is the hex SHA-256 of the last intact line ([GenesisPrev] if
+	// none); compare it with an anchor from [Log.Head].
+	Head string
+	// BrokenLine is the 1-based number of the first broken line, 0 if
+	// the chain is intact.
+	BrokenLine int
+}
+
+// Verify reads a log from r and checks that every line is a record
+// terminated by a newline, that Seq runs 1, 2, 3, … and that every Prev is
+// the SHA-256 of the line before (GenesisPrev on line 1). It stops at the
+// first broken line and returns an error wrapping [ErrChainBroken] (and
+// [ErrTornLine] for a final line without newline) that names the line and
+// the fault, e.g. "audit chain broken: line 7: prev mismatch …", with a
+// Report of the intact lines before it.
+//
+// A modified line is usually reported on the line after it, whose Prev no
+// longer matches; an edit of the last line, or the removal of the last
+// lines, passes and shows only as a different Report.Head (see the package
+// documentation).
+func Verify(r io.Reader) (Report, error) {
+	rep := Report{Head: GenesisPrev}
+	br := bufio.NewReaderSize(r, 64<<10)
+	for n := 1; ; n++ {
+		line, err := readLine(br)
+		if errors.Is(err, errLineTooLong) {
+			rep.BrokenLine = n
+			return rep, fmt.Errorf("%w: line %d: longer than %d bytes", ErrChainBroken, n, MaxLineSize)
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return rep, fmt.Errorf("audit verify: line %d: %w", n, err)
+		}
+		if len(line) == 0 { // clean EOF
+			return rep, nil
+		}
+		if line[len(line)-1] != '\n' {
+			rep.BrokenLine = n
+			return rep, fmt.Errorf("%w: %w: line %d: %d bytes without newline (a crash in the middle of a write, or a truncated file)",
+				ErrChainBroken, ErrTornLine, n, len(line))
+		}
+		line = line[:len(line)-1]
+		rec, err := parseLine(line)
+		if err != nil {
+			rep.BrokenLine = n
+			return rep, fmt.Errorf("%w: line %d: %w", ErrChainBroken, n, err)
+		}
+		if want := rep.LastSeq + 1; rec.Seq != want {
+			rep.BrokenLine = n
+			return rep, fmt.Errorf("%w: line %d: seq %d, want %d (a line was removed, inserted or moved)",
+				ErrChainBroken, n, rec.Seq, want)
+		}
+		if rec.Prev != rep.Head {
+			rep.BrokenLine = n
+			if n == 1 {
+				return rep, fmt.Errorf("%w: line 1: prev mismatch: prev is %s, want the genesis value %s (the file does not start a chain)",
+					ErrChainBroken, short(rec.Prev), short(GenesisPrev))
+			}
+			return rep, fmt.Errorf("%w: line %d: prev mismatch: prev is %s, want %s, the sha256 of line %d (line %d was modified, or lines were reordered)",
+				ErrChainBroken, n, short(rec.Prev), short(rep.Head), n-1, n-1)
+		}
+		if n == 1 {
+			rep.FirstSeq, rep.FirstTime = rec.Seq, rec.Time
+		}
+		rep.Lines = n
+		rep.LastSeq, rep.LastTime = rec.Seq, rec.Time
+		rep.Head = lineHash(line)
+	}
+}
+
+// VerifyFile runs [Verify] on the file at path.
+func VerifyFile(path string) (Report, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Report{Head: GenesisPrev}, fmt.Errorf("audit verify: %w", err)
+	}
+	defer f.Close()
+	rep, err := Verify(f)
+	if err != nil {
+		return rep, fmt.Errorf("audit verify %s: %w", path, err)
+	}
+	return rep, nil
+}
+
+var errLineTooLong = errors.New("line too long")
+
+// readLine reads up to and including the next newline, or to EOF, refusing
+// lines longer than MaxLineSize. It returns io.EOF with whatever it read
+// before the end.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(line)+len(frag) > MaxLineSize {
+			return nil, errLineTooLong
+		}
+		line = append(line, frag...)
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return line, err
+		}
+	}
+}
+
+// short abbreviates a hash for error messages.
+func short(s string) string {
+	if len(s) > 16 {
+		s = s[:16] + "…"
+	}
+	return fmt.Sprintf("%q", s)
+}

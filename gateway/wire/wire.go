@@ -1,0 +1,200 @@
+// Package wire defines vmgate's local API: HTTP/1.1 + JSON over the gateway's
+// Unix socket, plus the framed stream an exec switches to. It is shared by
+// the daemon (package gateway) and the client (vm-exec); docs/protocol.md
+// describes it for other clients.
+//
+// Exec: the client sends POST /v1/exec with an ExecRequest JSON body and the
+// headers "Connection: Upgrade" and "Upgrade: vmgate-exec/1". Refusals come
+// back as ordinary HTTP responses with a JSON Error body (400 malformed, 403
+// denied by policy, 503 busy or audit unavailable). On acceptance the daemon
+// answers 101 Switching Protocols and both sides exchange frames on the same
+// connection until the daemon sends a final Result or Failure frame.
+//
+// A frame is one type byte, a 4-byte big-endian payload length, and the
+// payload (at most MaxFrame bytes).
+//
+//	client → daemon: 'i' stdin bytes, 'e' stdin EOF, 's' signal name ("INT", "TERM")
+//	daemon → client: 'o' stdout bytes, 'E' stderr bytes, 'r' Result JSON (last),
+//	                 'x' Error JSON (last)
+//
+// Closing the connection before the final frame kills the command and its VM.
+package wire
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Version is the API version prefix of every path.
+const Version = "v1"
+
+// Upgrade is the protocol token of an exec stream.
+const Upgrade = "vmgate-exec/1"
+
+// MaxFrame bounds a frame's payload.
+const MaxFrame = 1 << 20
+
+// MaxRequestBody bounds the JSON body of POST /v1/exec.
+const MaxRequestBody = 1 << 20
+
+// Frame types.
+const (
+	FrameStdin    byte = 'i'
+	FrameStdinEOF byte = 'e'
+	FrameSignal   byte = 's'
+	FrameStdout   byte = 'o'
+	FrameStderr   byte = 'E'
+	FrameResult   byte = 'r'
+	FrameError    byte = 'x'
+)
+
+// ExecRequest is the body of POST /v1/exec.
+type ExecRequest struct {
+	// Argv is the program and its arguments. With Shell set, Argv must hold
+	// exactly one element, the shell string, run as sh -c STRING.
+	Argv  []string `json:"argv"`
+	Shell bool     `json:"shell,omitempty"`
+	// Env holds KEY=VALUE pairs the policy may pass on.
+	Env []string `json:"env,omitempty"`
+	// Dir is the working directory in the guest.
+	Dir string `json:"dir,omitempty"`
+	// TimeoutMS requests a time limit; 0 means the policy default.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Session names a kept VM of the caller's; empty means a fresh VM.
+	Session string `json:"session,omitempty"`
+	// Stdin tells the daemon the client will stream stdin frames; without
+	// it the command gets an empty stdin.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// Result is the final frame of a completed exec.
+type Result struct {
+	RequestID       string `json:"request_id"`
+	VMID            string `json:"vm_id"`
+	Profile         string `json:"profile"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          string `json:"signal,omitempty"`
+	TimedOut        bool   `json:"timed_out"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	StdoutBytes     int64  `json:"stdout_bytes"`
+	StderrBytes     int64  `json:"stderr_bytes"`
+	QueueMS         int64  `json:"queue_ms"`
+	BootMS          int64  `json:"boot_ms"`
+	ExecMS          int64  `json:"exec_ms"`
+	TotalMS         int64  `json:"total_ms"`
+}
+
+// Error codes in Error.Code.
+const (
+	CodeBadRequest = "bad_request"
+	CodeDenied     = "denied"
+	CodeBusy       = "busy"
+	CodeAudit      = "audit_unavailable"
+	CodeVM         = "vm_failed"
+	CodeTimeout    = "timed_out"
+	CodeInternal   = "internal"
+	CodeNotFound   = "not_found"
+	CodeShutdown   = "shutting_down"
+)
+
+// Error is the JSON body of a refusal and the payload of an error frame.
+type Error struct {
+	Code      string `json:"code"`
+	Error     string `json:"error"`
+	Profile   string `json:"profile,omitempty"`
+	Rule      string `json:"rule,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// Session describes a kept VM (GET /v1/sessions).
+type Session struct {
+	Name      string    `json:"name"`
+	VMID      string    `json:"vm_id"`
+	Profile   string    `json:"profile"`
+	Created   time.Time `json:"created"`
+	LastUsed  time.Time `json:"last_used"`
+	ExpiresAt time.Time `json:"expires_at"`
+	Busy      bool      `json:"busy"`
+}
+
+// WriteFrame writes one frame.
+func WriteFrame(w io.Writer, typ byte, payload []byte) error {
+	if len(payload) > MaxFrame {
+		return fmt.Errorf("write frame: payload of %d bytes exceeds %d", len(payload), MaxFrame)
+	}
+	var hdr [5]byte
+	hdr[0] = typ
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	if _, err := w.Write(append(hdr[:], payload...)); err != nil {
+		return fmt.Errorf("write frame: %w", err)
+	}
+	return nil
+}
+
+// ErrFrameTooLarge reports a frame whose declared length exceeds MaxFrame.
+var ErrFrameTooLarge = errors.New("frame too large")
+
+// ReadFrame reads one frame. The payload is freshly allocated.
+func ReadFrame(r io.Reader) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > MaxFrame {
+		return 0, nil, fmt.Errorf("read frame: %w: %d bytes", ErrFrameTooLarge, n)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return 0, nil, fmt.Errorf("read frame: %w", io.ErrUnexpectedEOF)
+	}
+	return hdr[0], p, nil
+}
+
+// WriteJSONFrame marshals v into a frame of type typ.
+func WriteJSONFrame(w io.Writer, typ byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("write frame: %w", err)
+	}
+	return WriteFrame(w, typ, b)
+}
+
+// DecodeExecRequest parses and checks an exec request body strictly:
+// unknown fields, trailing data and structurally invalid requests are
+// errors. Policy decides everything else.
+func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
+	dec := json.NewDecoder(io.LimitReader(r, MaxRequestBody+1))
+	dec.DisallowUnknownFields()
+	var req ExecRequest
+	if err := dec.Decode(&req); err != nil {
+		return nil, fmt.Errorf("exec request: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("exec request: trailing data after the JSON object")
+	}
+	if dec.InputOffset() > MaxRequestBody {
+		return nil, fmt.Errorf("exec request: body exceeds %d bytes", MaxRequestBody)
+	}
+	if len(req.Argv) == 0 {
+		return nil, errors.New("exec request: argv is empty")
+	}
+	if req.Shell && len(req.Argv) != 1 {
+		return nil, errors.New("exec request: a shell request carries exactly one string")
+	}
+	if req.TimeoutMS < 0 {
+		return nil, errors.New("exec request: negative timeout")
+	}
+	for _, s := range append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...) {
+		if strings.IndexByte(s, 0) >= 0 {
+			return nil, errors.New("exec request: NUL byte in a string")
+		}
+	}
+	return &req, nil
+}

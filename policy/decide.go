@@ -1,0 +1,317 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Request size limits that Decide enforces whatever the profile says. They
+// bound the work a request can cause and keep well under the guest's ARG_MAX.
+const (
+	// MaxArgs is the largest number of argv elements.
+	MaxArgs = 4096
+	// MaxArgBytes is the largest single argv element or environment entry.
+	MaxArgBytes = 128 << 10
+	// MaxRequestBytes bounds argv and environment together, each string
+	// counted with its terminating NUL as execve does.
+	MaxRequestBytes = 256 << 10
+	// MaxEnv is the largest number of environment entries.
+	MaxEnv = 256
+)
+
+// ErrDenied is wrapped by [Verdict.Err] for every denial.
+var ErrDenied = errors.New("denied by policy")
+
+// Identity is the caller of a request, as the daemon learnt it from
+// SO_PEERCRED and the user database.
+type Identity struct {
+	UID, GID uint32 // from SO_PEERCRED
+	PID      int32  // from SO_PEERCRED; for the audit log, not for decisions
+	User     string // name of UID; empty if the lookup failed
+	Group    string // name of GID; empty if the lookup failed
+	// Groups holds the names of the user's groups as the user database
+	// lists them (supplementary groups); may be empty.
+	Groups []string
+}
+
+// Request is one exec request, untrusted.
+type Request struct {
+	// Argv is the command. For a shell string (vm-exec -c STRING) it is
+	// ["sh", "-c", STRING] and Shell is true.
+	Argv  []string
+	Shell bool
+	// Session names a session to run in; empty for a one-off VM.
+	Session string
+	// Timeout is the requested timeout; 0 means the profile's default.
+	Timeout time.Duration
+	// Env holds KEY=VALUE entries the client asks to pass.
+	Env []string
+}
+
+// Limits are the resources a request gets.
+type Limits struct {
+	Timeout       time.Duration // for this command
+	OutputLimit   int64         // bytes, per stream (stdout and stderr each)
+	MemoryMiB     int
+	CPUs          int
+	MaxVMs        int           // concurrent VMs of the profile
+	SessionIdle   time.Duration // idle timeout of a session
+	SessionMax    time.Duration // maximum lifetime of a session
+	AllowSessions bool
+}
+
+// Verdict is the outcome of [Policy.Decide].
+//
+// Postcondition: when Allowed is false only Profile (if a profile matched),
+// Rule (if a rule decided) and Reason are set; the rest is zero.
+type Verdict struct {
+	Allowed bool
+	// Profile is the name of the matching profile, empty if none matched.
+	Profile string
+	// Rule is the rule that decided: "deny[0] no-upload", "allow[1]
+	// wget-https", or "default" when the profile has no allow rules. Empty
+	// when the request was refused before rules were consulted or no allow
+	// rule matched.
+	Rule string
+	// Reason explains the verdict in one line, for the caller and the audit
+	// log. Request data in it is quoted and truncated.
+	Reason string
+	Limits Limits
+	// Env is the environment to pass: the request's entries, in order.
+	Env []string
+	// User is the guest user the command runs as: "agent" or "root".
+	User string
+	// Image is the guest image name.
+	Image string
+}
+
+// Err returns nil for an allowed verdict, and otherwise an error that wraps
+// [ErrDenied] and says which profile and rule refused and why.
+func (v Verdict) Err() error {
+	if v.Allowed {
+		return nil
+	}
+	var b strings.Builder
+	if v.Profile != "" {
+		fmt.Fprintf(&b, "profile %q: ", v.Profile)
+	}
+	if v.Rule != "" {
+		b.WriteString(v.Rule)
+		b.WriteString(": ")
+	}
+	b.WriteString(v.Reason)
+	return fmt.Errorf("%w: %s", ErrDenied, b.String())
+}
+
+var sessionNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// ValidSessionName reports whether s is an acceptable session name: 1 to 64
+// of [A-Za-z0-9._-], and not "." or "..", so that it is safe as a file name.
+func ValidSessionName(s string) bool {
+	return sessionNameRE.MatchString(s) && s != "." && s != ".."
+}
+
+// Decide returns the verdict for req from the caller id. It is pure: no I/O,
+// no clock, no mutation; safe for concurrent use. A nil Policy denies
+// everything. Decide never panics on any request.
+//
+// Order: the first profile that matches id; then request checks (see the
+// package doc); then deny rules; then allow rules.
+func (p *Policy) Decide(id Identity, req Request) Verdict {
+	if p == nil {
+		return Verdict{Reason: "no policy loaded"}
+	}
+	prof := p.profileFor(id)
+	if prof == nil {
+		return Verdict{Reason: fmt.Sprintf("no policy profile matches uid %d (%s)", id.UID, userDesc(id.User))}
+	}
+	deny := func(rule, reason string) Verdict {
+		return Verdict{Profile: prof.name, Rule: rule, Reason: reason}
+	}
+	if reason := checkRequest(&req); reason != "" {
+		return deny("", reason)
+	}
+	timeout, reason := prof.check(&req)
+	if reason != "" {
+		return deny("", reason)
+	}
+
+	view := &argvView{argv: req.Argv}
+	for _, r := range prof.deny {
+		if ok, detail := r.match(view); ok {
+			reason := "argv matches deny rule"
+			if detail != "" {
+				reason += ": " + detail
+			}
+			return deny(r.label(), reason)
+		}
+	}
+	rule, why := "default", "allowed: the profile has no allow rules"
+	if len(prof.allow) > 0 {
+		rule = ""
+		for _, r := range prof.allow {
+			if ok, _ := r.match(view); ok {
+				rule, why = r.label(), "allowed by "+r.label()
+				break
+			}
+		}
+		if rule == "" {
+			return deny("", fmt.Sprintf("no allow rule matches argv (program %s)", quote(req.Argv[0])))
+		}
+	}
+
+	limits := prof.limits
+	limits.Timeout = timeout
+	var env []string
+	if len(req.Env) > 0 {
+		env = append(make([]string, 0, len(req.Env)), req.Env...)
+	}
+	return Verdict{
+		Allowed: true,
+		Profile: prof.name,
+		Rule:    rule,
+		Reason:  why,
+		Limits:  limits,
+		Env:     env,
+		User:    prof.user,
+		Image:   prof.image,
+	}
+}
+
+// profileFor returns the first profile matching id, or nil.
+func (p *Policy) profileFor(id Identity) *profile {
+	for _, prof := range p.profiles {
+		if prof.match.matches(id) {
+			return prof
+		}
+	}
+	return nil
+}
+
+func userDesc(user string) string {
+	if user == "" {
+		return "user name unknown"
+	}
+	return "user " + quoteName(user)
+}
+
+var plainNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// quoteName quotes s only if it needs it, so reasons read "user alice".
+func quoteName(s string) string {
+	if plainNameRE.MatchString(s) {
+		return s
+	}
+	return quote(s)
+}
+
+// checkRequest checks the profile-independent shape of req and returns the
+// reason for a denial, or "".
+func checkRequest(req *Request) string {
+	if len(req.Argv) == 0 {
+		return "empty argv"
+	}
+	if len(req.Argv) > MaxArgs {
+		return fmt.Sprintf("argv has %d elements; the limit is %d", len(req.Argv), MaxArgs)
+	}
+	if len(req.Env) > MaxEnv {
+		return fmt.Sprintf("environment has %d entries; the limit is %d", len(req.Env), MaxEnv)
+	}
+	total := 0
+	for i, a := range req.Argv {
+		if len(a) > MaxArgBytes {
+			return fmt.Sprintf("argument %d is %d bytes; the limit is %d", i, len(a), MaxArgBytes)
+		}
+		if strings.IndexByte(a, 0) >= 0 {
+			return fmt.Sprintf("argument %d contains a NUL byte", i)
+		}
+		total += len(a) + 1
+	}
+	for i, e := range req.Env {
+		if len(e) > MaxArgBytes {
+			return fmt.Sprintf("environment entry %d is %d bytes; the limit is %d", i, len(e), MaxArgBytes)
+		}
+		if strings.IndexByte(e, 0) >= 0 {
+			return fmt.Sprintf("environment entry %d contains a NUL byte", i)
+		}
+		total += len(e) + 1
+	}
+	if total > MaxRequestBytes {
+		return fmt.Sprintf("argv and environment total %d bytes; the limit is %d", total, MaxRequestBytes)
+	}
+	if err := checkProgram(req.Argv[0]); err != nil {
+		return fmt.Sprintf("program %s: %v", quote(req.Argv[0]), err)
+	}
+	if req.Shell && (len(req.Argv) != 3 || req.Argv[0] != "sh" || req.Argv[1] != "-c") {
+		return `malformed shell request: argv must be ["sh", "-c", STRING]`
+	}
+	if req.Session != "" && !ValidSessionName(req.Session) {
+		return fmt.Sprintf("session name %s: must be 1 to 64 of [A-Za-z0-9._-], not . or ..", quote(req.Session))
+	}
+	if req.Timeout < 0 {
+		return fmt.Sprintf("timeout %s: must not be negative", formatDuration(req.Timeout))
+	}
+	seen := make(map[string]bool, len(req.Env))
+	for _, e := range req.Env {
+		name, _, ok := strings.Cut(e, "=")
+		switch {
+		case !ok:
+			return fmt.Sprintf("environment entry %s: not KEY=VALUE", quote(e))
+		case name == "":
+			return fmt.Sprintf("environment entry %s: empty name", quote(e))
+		case seen[name]:
+			return fmt.Sprintf("environment variable %s given twice", quote(name))
+		}
+		seen[name] = true
+	}
+	return ""
+}
+
+// check applies the profile's settings to req and returns the timeout to use,
+// or the reason for a denial.
+// Precondition: checkRequest(req) returned "".
+func (prof *profile) check(req *Request) (time.Duration, string) {
+	if req.Shell && !prof.allowShell {
+		return 0, "shell strings (vm-exec -c) are not allowed; run the program directly"
+	}
+	if req.Session != "" && !prof.limits.AllowSessions {
+		return 0, "sessions are not allowed"
+	}
+	timeout := prof.limits.Timeout
+	if req.Timeout > 0 {
+		if req.Timeout > prof.timeoutMax {
+			return 0, fmt.Sprintf("requested timeout %s exceeds the maximum %s", formatDuration(req.Timeout), formatDuration(prof.timeoutMax))
+		}
+		timeout = req.Timeout
+	}
+	for _, e := range req.Env {
+		name, _, _ := strings.Cut(e, "=")
+		if !prof.env.allows(name) {
+			allowed := prof.env.String()
+			if allowed == "" {
+				allowed = "none"
+			}
+			return 0, fmt.Sprintf("environment variable %s is not allowed (allowed: %s)", quote(name), allowed)
+		}
+	}
+	return timeout, ""
+}
+
+// quote returns s quoted for a reason or log line, cut to 64 bytes on a rune
+// boundary, with the full length when cut.
+func quote(s string) string {
+	const maxLen = 64
+	if len(s) <= maxLen {
+		return strconv.Quote(s)
+	}
+	cut := maxLen
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s...(%d bytes)", strconv.Quote(s[:cut]), len(s))
+}

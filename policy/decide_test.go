@@ -1,0 +1,388 @@
+package policy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// decideTOML exercises every kind of match and rule. Profile order matters:
+// "admins" comes first so that a caller in both admins and by-uid gets it.
+const decideTOML = `
+version = 1
+
+[defaults]
+timeout = { default = "30s", max = "10m" }
+
+[[profile]]
+name = "admins"
+match = { groups = ["wheel"] }
+user = "root"
+allow_shell = true
+sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "2h" }
+env = ["LANG", "LC_*"]
+memory_mib = 1024
+cpus = 2
+
+[[profile]]
+name = "by-uid"
+match = { uids = [1001] }
+output_limit = "64KiB"
+  [[profile.deny]]
+  name = "no-rm"
+  program = ["rm"]
+  [[profile.deny]]
+  name = "no-upload"
+  args_any = ["--post-file*", "--post-data*"]
+  [[profile.deny]]
+  args_regex = '(^| )--config( |=|$)'
+
+[[profile]]
+name = "fetch"
+match = { users = ["fetcher"], gids = [2000] }
+  [[profile.deny]]
+  name = "no-end-of-options"
+  args_any = ["--"]
+  [[profile.allow]]
+  name = "wget-ua"
+  program = ["wget"]
+  args = ["-U", "?*", "https://?*"]
+  [[profile.allow]]
+  name = "abs-ls"
+  program = ["/bin/ls"]
+  args = ["..."]
+  [[profile.allow]]
+  name = "echo-hello"
+  program = ["echo"]
+  args = ["hello", "**"]
+  [[profile.allow]]
+  name = "true-bare"
+  program = ["true"]
+  args = []
+  [[profile.allow]]
+  name = "printf-any"
+  program = ["printf"]
+  args = ["..."]
+`
+
+func mustParse(t testing.TB, name, src string) *Policy {
+	t.Helper()
+	p, err := Parse(name, []byte(src))
+	if err != nil {
+		t.Fatalf("Parse(%s): %v", name, err)
+	}
+	return p
+}
+
+var (
+	idAdmin   = Identity{UID: 1000, GID: 1000, PID: 42, User: "alice", Group: "alice", Groups: []string{"alice", "wheel"}}
+	idUID     = Identity{UID: 1001, GID: 1001, User: "bob", Group: "bob"}
+	idFetcher = Identity{UID: 1002, GID: 1002, User: "fetcher", Group: "fetcher"}
+	idGID     = Identity{UID: 1003, GID: 2000, User: "", Group: ""}
+)
+
+func argv(a ...string) []string { return a }
+
+func TestDecide(t *testing.T) {
+	p := mustParse(t, "decide.toml", decideTOML)
+	big := strings.Repeat("a", MaxArgBytes+1)
+	hundredK := strings.Repeat("b", 100<<10)
+	many := make([]string, MaxArgs+1)
+	for i := range many {
+		many[i] = "x"
+	}
+	many[0] = "echo"
+	manyEnv := make([]string, MaxEnv+1)
+	for i := range manyEnv {
+		manyEnv[i] = "LANG=C"
+	}
+
+	tests := []struct {
+		name    string
+		id      Identity
+		req     Request
+		allowed bool
+		profile string
+		rule    string
+		reason  string // substring of Reason
+	}{
+		// Profile selection.
+		{"admin by supplementary group", idAdmin, Request{Argv: argv("ls", "-la")}, true, "admins", "default", "no allow rules"},
+		{"group by primary group name", Identity{UID: 5, GID: 10, Group: "wheel"}, Request{Argv: argv("id")}, true, "admins", "default", ""},
+		{"first profile wins", Identity{UID: 1001, Groups: []string{"wheel"}}, Request{Argv: argv("rm", "x")}, true, "admins", "default", ""},
+		{"uid match", idUID, Request{Argv: argv("ls")}, true, "by-uid", "default", ""},
+		{"user name match", idFetcher, Request{Argv: argv("wget", "-U", "x", "https://example.com/a")}, true, "fetch", "allow[0] wget-ua", "allowed by allow[0] wget-ua"},
+		{"gid match without names", idGID, Request{Argv: argv("wget", "-U", "x", "https://example.com/")}, true, "fetch", "allow[0] wget-ua", ""},
+		{"no match", Identity{UID: 4242, GID: 4242, User: "mallory"}, Request{Argv: argv("ls")}, false, "", "", "no policy profile matches uid 4242 (user mallory)"},
+		{"no match unknown user", Identity{UID: 4243}, Request{Argv: argv("ls")}, false, "", "", "no policy profile matches uid 4243 (user name unknown)"},
+		{"root is not special", Identity{UID: 0, GID: 0, User: "root", Group: "root"}, Request{Argv: argv("ls")}, false, "", "", "uid 0 (user root)"},
+		{"user name is not a group name", Identity{UID: 7, User: "wheel"}, Request{Argv: argv("ls")}, false, "", "", "no policy profile"},
+
+		// Deny rules, deny first.
+		{"deny by program", idUID, Request{Argv: argv("rm", "-rf", "/")}, false, "by-uid", "deny[0] no-rm", "argv matches deny rule"},
+		{"deny by program basename", idUID, Request{Argv: argv("/bin/rm", "x")}, false, "by-uid", "deny[0] no-rm", ""},
+		{"deny args_any across slash", idUID, Request{Argv: argv("wget", "--post-file=/etc/passwd", "https://x")}, false, "by-uid", "deny[1] no-upload", `argument 1 "--post-file=/etc/passwd" matches "--post-file*"`},
+		{"deny args_any later argument", idUID, Request{Argv: argv("curl", "https://x", "--post-data", "a")}, false, "by-uid", "deny[1] no-upload", "argument 2"},
+		{"deny unnamed regex rule", idUID, Request{Argv: argv("wget", "--config=/tmp/x", "https://x")}, false, "by-uid", "deny[2]", ""},
+		{"deny regex at end", idUID, Request{Argv: argv("wget", "--config")}, false, "by-uid", "deny[2]", ""},
+		{"regex does not match substring", idUID, Request{Argv: argv("wget", "--configure")}, true, "by-uid", "default", ""},
+		{"deny-first beats allow", idFetcher, Request{Argv: argv("printf", "--", "x")}, false, "fetch", "deny[0] no-end-of-options", ""},
+		{"allow printf without --", idFetcher, Request{Argv: argv("printf", "%s", "x")}, true, "fetch", "allow[4] printf-any", ""},
+
+		// Allow rules and argument shapes.
+		{"dashdash trick", idFetcher, Request{Argv: argv("wget", "--", "-U", "x", "https://a")}, false, "fetch", "deny[0] no-end-of-options", `argument 1 "--"`},
+		{"missing user agent", idFetcher, Request{Argv: argv("wget", "https://example.com")}, false, "fetch", "", "no allow rule matches"},
+		{"http not https", idFetcher, Request{Argv: argv("wget", "-U", "x", "http://example.com")}, false, "fetch", "", "no allow rule matches"},
+		{"extra argument", idFetcher, Request{Argv: argv("wget", "-U", "x", "https://a", "-O/etc/x")}, false, "fetch", "", "no allow rule matches"},
+		{"empty user agent", idFetcher, Request{Argv: argv("wget", "-U", "", "https://a")}, false, "fetch", "", "no allow rule matches"},
+		{"absolute path matches bare pattern", idFetcher, Request{Argv: argv("/usr/bin/wget", "-U", "x", "https://a")}, true, "fetch", "allow[0] wget-ua", ""},
+		{"absolute pattern needs absolute argv0", idFetcher, Request{Argv: argv("ls", "/")}, false, "fetch", "", "no allow rule matches"},
+		{"absolute pattern exact", idFetcher, Request{Argv: argv("/bin/ls", "-l", "/tmp")}, true, "fetch", "allow[1] abs-ls", ""},
+		{"other absolute path", idFetcher, Request{Argv: argv("/usr/bin/ls", "/")}, false, "fetch", "", "no allow rule matches"},
+		{"rest marker with no rest", idFetcher, Request{Argv: argv("echo", "hello")}, true, "fetch", "allow[2] echo-hello", ""},
+		{"rest marker with rest", idFetcher, Request{Argv: argv("echo", "hello", "a", "b")}, true, "fetch", "allow[2] echo-hello", ""},
+		{"argv shorter than patterns", idFetcher, Request{Argv: argv("echo")}, false, "fetch", "", "no allow rule matches"},
+		{"empty args means none", idFetcher, Request{Argv: argv("true")}, true, "fetch", "allow[3] true-bare", ""},
+		{"empty args rejects one", idFetcher, Request{Argv: argv("true", "x")}, false, "fetch", "", "no allow rule matches"},
+		{"cyrillic look-alike", idFetcher, Request{Argv: argv("wg\u0435t", "-U", "x", "https://a")}, false, "fetch", "", "no allow rule matches"},
+		{"cyrillic look-alike escapes deny", idUID, Request{Argv: argv("\u0433m", "x")}, true, "by-uid", "default", ""},
+
+		// Program names.
+		{"dotdot in absolute path", idFetcher, Request{Argv: argv("/usr/bin/../bin/wget", "-U", "x", "https://a")}, false, "fetch", "", "not clean"},
+		{"relative traversal", idAdmin, Request{Argv: argv("../../bin/sh")}, false, "admins", "", "relative path"},
+		{"dot slash", idAdmin, Request{Argv: argv("./wget")}, false, "admins", "", "relative path"},
+		{"relative with slash", idAdmin, Request{Argv: argv("bin/sh")}, false, "admins", "", "relative path"},
+		{"double slash", idAdmin, Request{Argv: argv("//bin/sh")}, false, "admins", "", "not clean"},
+		{"trailing slash", idAdmin, Request{Argv: argv("/usr/bin/")}, false, "admins", "", "ends with a slash"},
+		{"root dir", idAdmin, Request{Argv: argv("/")}, false, "admins", "", "ends with a slash"},
+		{"empty program", idAdmin, Request{Argv: argv("", "x")}, false, "admins", "", "empty program name"},
+		{"whitespace program", idAdmin, Request{Argv: argv("   ")}, false, "admins", "", "white space"},
+		{"program with trailing space", idAdmin, Request{Argv: argv("ls ")}, false, "admins", "", "white space"},
+		{"zero-width space", idAdmin, Request{Argv: argv("w\u200bget")}, false, "admins", "", "invisible"},
+		{"invalid utf8 program", idAdmin, Request{Argv: argv("\xffls")}, false, "admins", "", "UTF-8"},
+		{"dot program", idAdmin, Request{Argv: argv(".")}, false, "admins", "", "not a program name"},
+		{"dotdot program", idAdmin, Request{Argv: argv("..")}, false, "admins", "", "not a program name"},
+
+		// Request shape.
+		{"empty argv", idAdmin, Request{Argv: []string{}}, false, "admins", "", "empty argv"},
+		{"nil argv", idAdmin, Request{}, false, "admins", "", "empty argv"},
+		{"NUL in program", idAdmin, Request{Argv: argv("ls\x00", "-l")}, false, "admins", "", "argument 0 contains a NUL"},
+		{"NUL in argument", idFetcher, Request{Argv: argv("wget", "-U", "a\x00b", "https://a")}, false, "fetch", "", "argument 2 contains a NUL"},
+		{"too many args", idAdmin, Request{Argv: many}, false, "admins", "", "4097 elements"},
+		{"huge argument", idAdmin, Request{Argv: argv("echo", big)}, false, "admins", "", "argument 1 is 131073 bytes"},
+		{"huge total", idAdmin, Request{Argv: argv("echo", hundredK, hundredK, hundredK)}, false, "admins", "", "total"},
+		{"huge env entry", idAdmin, Request{Argv: argv("ls"), Env: []string{"LANG=" + big}}, false, "admins", "", "environment entry 0 is"},
+		{"too many env", idAdmin, Request{Argv: argv("ls"), Env: manyEnv}, false, "admins", "", "257 entries"},
+
+		// Environment.
+		{"env allowed", idAdmin, Request{Argv: argv("ls"), Env: []string{"LANG=C.UTF-8"}}, true, "admins", "default", ""},
+		{"env prefix allowed", idAdmin, Request{Argv: argv("ls"), Env: []string{"LC_ALL=C", "LANG=C"}}, true, "admins", "default", ""},
+		{"env not allowed", idAdmin, Request{Argv: argv("ls"), Env: []string{"LANG=C", "LD_PRELOAD=/x.so"}}, false, "admins", "", `environment variable "LD_PRELOAD" is not allowed (allowed: LANG, LC_*)`},
+		{"env none allowed", idUID, Request{Argv: argv("ls"), Env: []string{"LANG=C"}}, false, "by-uid", "", "(allowed: none)"},
+		{"env without equals", idAdmin, Request{Argv: argv("ls"), Env: []string{"LANG"}}, false, "admins", "", "not KEY=VALUE"},
+		{"env empty name", idAdmin, Request{Argv: argv("ls"), Env: []string{"=x"}}, false, "admins", "", "empty name"},
+		{"env NUL in value", idAdmin, Request{Argv: argv("ls"), Env: []string{"LANG=a\x00b"}}, false, "admins", "", "NUL"},
+		{"env twice", idAdmin, Request{Argv: argv("ls"), Env: []string{"LANG=C", "LANG=D"}}, false, "admins", "", "given twice"},
+		{"env prefix is not a name", idAdmin, Request{Argv: argv("ls"), Env: []string{"LC=x"}}, false, "admins", "", "not allowed"},
+
+		// Timeouts.
+		{"timeout default", idAdmin, Request{Argv: argv("ls")}, true, "admins", "default", ""},
+		{"timeout within max", idAdmin, Request{Argv: argv("ls"), Timeout: 5 * time.Minute}, true, "admins", "default", ""},
+		{"timeout at max", idAdmin, Request{Argv: argv("ls"), Timeout: 10 * time.Minute}, true, "admins", "default", ""},
+		{"timeout above max", idAdmin, Request{Argv: argv("ls"), Timeout: 11 * time.Minute}, false, "admins", "", "requested timeout 11m exceeds the maximum 10m"},
+		{"timeout negative", idAdmin, Request{Argv: argv("ls"), Timeout: -time.Second}, false, "admins", "", "must not be negative"},
+
+		// Shell strings.
+		{"shell allowed", idAdmin, Request{Argv: argv("sh", "-c", "ls | wc -l"), Shell: true}, true, "admins", "default", ""},
+		{"shell disallowed", idUID, Request{Argv: argv("sh", "-c", "ls"), Shell: true}, false, "by-uid", "", "shell strings (vm-exec -c) are not allowed"},
+		{"shell malformed", idAdmin, Request{Argv: argv("bash", "-c", "ls"), Shell: true}, false, "admins", "", "malformed shell request"},
+		{"shell missing string", idAdmin, Request{Argv: argv("sh", "-c"), Shell: true}, false, "admins", "", "malformed shell request"},
+		{"shell NUL", idAdmin, Request{Argv: argv("sh", "-c", "ls\x00rm"), Shell: true}, false, "admins", "", "NUL"},
+		{"shell must pass allow rules", idFetcher, Request{Argv: argv("sh", "-c", "ls"), Shell: true}, false, "fetch", "", "not allowed"},
+
+		// Sessions.
+		{"session allowed", idAdmin, Request{Argv: argv("ls"), Session: "work-1.a_b"}, true, "admins", "default", ""},
+		{"session disallowed", idUID, Request{Argv: argv("ls"), Session: "s"}, false, "by-uid", "", "sessions are not allowed"},
+		{"session traversal", idAdmin, Request{Argv: argv("ls"), Session: "../x"}, false, "admins", "", "session name"},
+		{"session dotdot", idAdmin, Request{Argv: argv("ls"), Session: ".."}, false, "admins", "", "session name"},
+		{"session too long", idAdmin, Request{Argv: argv("ls"), Session: strings.Repeat("s", 65)}, false, "admins", "", "session name"},
+		{"session space", idAdmin, Request{Argv: argv("ls"), Session: "a b"}, false, "admins", "", "session name"},
+	}
+	if len(tests) < 40 {
+		t.Fatalf("only %d cases", len(tests))
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := p.Decide(tt.id, tt.req)
+			if v.Allowed != tt.allowed || v.Profile != tt.profile || v.Rule != tt.rule || !strings.Contains(v.Reason, tt.reason) {
+				t.Fatalf("Decide = {Allowed:%v Profile:%q Rule:%q Reason:%q}\nwant     {Allowed:%v Profile:%q Rule:%q Reason:~%q}",
+					v.Allowed, v.Profile, v.Rule, v.Reason, tt.allowed, tt.profile, tt.rule, tt.reason)
+			}
+			checkVerdict(t, p, tt.req, v)
+		})
+	}
+}
+
+// checkVerdict checks the invariants every verdict keeps.
+func checkVerdict(t testing.TB, p *Policy, req Request, v Verdict) {
+	t.Helper()
+	if v.Reason == "" {
+		t.Fatalf("verdict without reason: %+v", v)
+	}
+	if !v.Allowed {
+		if !errors.Is(v.Err(), ErrDenied) {
+			t.Fatalf("Err() = %v, want ErrDenied", v.Err())
+		}
+		if v.Limits != (Limits{}) || v.Env != nil || v.User != "" || v.Image != "" {
+			t.Fatalf("denied verdict carries grants: %+v", v)
+		}
+		return
+	}
+	if v.Err() != nil {
+		t.Fatalf("allowed verdict has Err() = %v", v.Err())
+	}
+	var prof *profile
+	for _, pr := range p.profiles {
+		if pr.name == v.Profile {
+			prof = pr
+			break
+		}
+	}
+	if prof == nil {
+		t.Fatalf("allowed by unknown profile %q", v.Profile)
+	}
+	l := v.Limits
+	if l.Timeout <= 0 || l.Timeout > prof.timeoutMax {
+		t.Fatalf("timeout %s outside (0, %s]", l.Timeout, prof.timeoutMax)
+	}
+	if req.Timeout == 0 && l.Timeout != prof.limits.Timeout {
+		t.Fatalf("timeout %s, want default %s", l.Timeout, prof.limits.Timeout)
+	}
+	want := prof.limits
+	want.Timeout = l.Timeout
+	if l != want {
+		t.Fatalf("limits %+v, want %+v", l, want)
+	}
+	if v.User != prof.user || v.Image != prof.image || v.Rule == "" {
+		t.Fatalf("verdict %+v does not match profile %q", v, prof.name)
+	}
+	if req.Shell && !prof.allowShell || req.Session != "" && !l.AllowSessions {
+		t.Fatalf("allowed shell/session the profile refuses: %+v", v)
+	}
+	if len(v.Env) != len(req.Env) {
+		t.Fatalf("env %q, want %q", v.Env, req.Env)
+	}
+	for i, e := range v.Env {
+		name, _, _ := strings.Cut(e, "=")
+		if e != req.Env[i] || !prof.env.allows(name) || strings.IndexByte(e, 0) >= 0 {
+			t.Fatalf("env entry %q not from the request or not allowed", e)
+		}
+	}
+	if err := checkProgram(req.Argv[0]); err != nil {
+		t.Fatalf("allowed program %q: %v", req.Argv[0], err)
+	}
+	for _, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			t.Fatalf("allowed argv with NUL: %q", req.Argv)
+		}
+	}
+}
+
+func TestDecideLimits(t *testing.T) {
+	p := mustParse(t, "decide.toml", decideTOML)
+	v := p.Decide(idAdmin, Request{Argv: argv("ls"), Timeout: 90 * time.Second, Env: []string{"LANG=C"}})
+	want := Limits{
+		Timeout:       90 * time.Second,
+		OutputLimit:   1 << 20,
+		MemoryMiB:     1024,
+		CPUs:          2,
+		MaxVMs:        2,
+		SessionIdle:   5 * time.Minute,
+		SessionMax:    2 * time.Hour,
+		AllowSessions: true,
+	}
+	if !v.Allowed || v.Limits != want || v.User != "root" || v.Image != "default" || len(v.Env) != 1 || v.Env[0] != "LANG=C" {
+		t.Fatalf("verdict %+v\nwant limits %+v, user root, image default, env [LANG=C]", v, want)
+	}
+	v = p.Decide(idUID, Request{Argv: argv("ls")})
+	if v.Limits.OutputLimit != 64<<10 || v.Limits.AllowSessions || v.User != "agent" {
+		t.Fatalf("by-uid verdict %+v", v)
+	}
+}
+
+func TestDecideDoesNotAliasRequest(t *testing.T) {
+	p := mustParse(t, "decide.toml", decideTOML)
+	env := []string{"LANG=C"}
+	v := p.Decide(idAdmin, Request{Argv: argv("ls"), Env: env})
+	env[0] = "LD_PRELOAD=x"
+	if v.Env[0] != "LANG=C" {
+		t.Fatalf("verdict env changed with the request: %q", v.Env)
+	}
+}
+
+func TestVerdictErr(t *testing.T) {
+	p := mustParse(t, "decide.toml", decideTOML)
+	v := p.Decide(idUID, Request{Argv: argv("rm", "x")})
+	err := v.Err()
+	if !errors.Is(err, ErrDenied) {
+		t.Fatalf("Err() = %v", err)
+	}
+	const want = `denied by policy: profile "by-uid": deny[0] no-rm: argv matches deny rule`
+	if err.Error() != want {
+		t.Fatalf("Err() = %q, want %q", err, want)
+	}
+	v = p.Decide(Identity{UID: 9}, Request{Argv: argv("ls")})
+	if got := v.Err().Error(); got != "denied by policy: no policy profile matches uid 9 (user name unknown)" {
+		t.Fatalf("Err() = %q", got)
+	}
+}
+
+func TestDecideNilPolicy(t *testing.T) {
+	var p *Policy
+	v := p.Decide(idAdmin, Request{Argv: argv("ls")})
+	if v.Allowed || v.Reason == "" {
+		t.Fatalf("nil policy verdict %+v", v)
+	}
+	if err := p.Validate(); err == nil {
+		t.Fatal("nil policy validates")
+	}
+	if (&Policy{}).Decide(idAdmin, Request{Argv: argv("ls")}).Allowed {
+		t.Fatal("zero policy allows")
+	}
+	if p.Explain() == "" {
+		t.Fatal("nil policy has no explanation")
+	}
+}
+
+func TestReasonQuotesHostileInput(t *testing.T) {
+	p := mustParse(t, "decide.toml", decideTOML)
+	name := "X\n\x1b[31mEVIL" + strings.Repeat("A", 1000)
+	v := p.Decide(idAdmin, Request{Argv: argv("ls"), Env: []string{name + "=1"}})
+	if v.Allowed || strings.ContainsAny(v.Reason, "\n\x1b") || len(v.Reason) > 300 {
+		t.Fatalf("reason not sanitised: %q", v.Reason)
+	}
+}
+
+func TestValidSessionName(t *testing.T) {
+	for s, want := range map[string]bool{
+		"a": true, "A.b_c-1": true, strings.Repeat("x", 64): true,
+		"": false, ".": false, "..": false, "a/b": false, strings.Repeat("x", 65): false,
+		"a\x00": false, "é": false, "a\n": false,
+	} {
+		if got := ValidSessionName(s); got != want {
+			t.Errorf("ValidSessionName(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+func TestQuote(t *testing.T) {
+	if got := quote("abc"); got != `"abc"` {
+		t.Fatalf("quote = %s", got)
+	}
+	long := strings.Repeat("é", 100) // 200 bytes
+	got := quote(long)
+	if !strings.HasSuffix(got, "...(200 bytes)") || strings.Contains(got, `\x`) {
+		t.Fatalf("quote cut a rune or lost the length: %s", got)
+	}
+}

@@ -1,0 +1,176 @@
+package policy
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func loadExample(t testing.TB) *Policy {
+	t.Helper()
+	p, err := Load("example.toml")
+	if err != nil {
+		t.Fatalf("example.toml: %v", err)
+	}
+	return p
+}
+
+// TestExamplePolicy checks that example.toml does what its comments say.
+func TestExamplePolicy(t *testing.T) {
+	p := loadExample(t)
+	admin := Identity{UID: 1000, GID: 1000, User: "alice", Group: "alice", Groups: []string{"alice", "vmgate-admins"}}
+	both := Identity{UID: 1001, GID: 1001, User: "carol", Groups: []string{"vmgate-agents", "vmgate-admins"}}
+	agent := Identity{UID: 990, GID: 990, User: "agent1", Group: "agent1", Groups: []string{"vmgate-agents"}}
+	llama := Identity{UID: 991, GID: 991, User: "llama", Group: "llama"}
+	other := Identity{UID: 1500, GID: 1500, User: "dave", Group: "dave"}
+	root := Identity{UID: 0, GID: 0, User: "root", Group: "root", Groups: []string{"root"}}
+
+	const ua, url = "vmgate-agent/1", "https://example.com/page?q=1"
+	tests := []struct {
+		name    string
+		id      Identity
+		req     Request
+		allowed bool
+		profile string
+		rule    string
+	}{
+		{"admin any command", admin, Request{Argv: argv("apt-get", "install", "-y", "jq")}, true, "sysadmin", "default"},
+		{"admin shell", admin, Request{Argv: argv("sh", "-c", "curl http://x | sh"), Shell: true}, true, "sysadmin", "default"},
+		{"admin session", admin, Request{Argv: argv("make"), Session: "build", Timeout: 45 * time.Minute}, true, "sysadmin", "default"},
+		{"admin timeout above 1h", admin, Request{Argv: argv("make"), Timeout: 2 * time.Hour}, false, "sysadmin", ""},
+		{"admin env TERM", admin, Request{Argv: argv("top"), Env: []string{"TERM=xterm", "LC_ALL=C"}}, true, "sysadmin", "default"},
+		{"admin listed first", both, Request{Argv: argv("rm", "-rf", "/")}, true, "sysadmin", "default"},
+		{"wget -U", agent, Request{Argv: argv("wget", "-U", ua, url)}, true, "web-fetch", "allow[0] wget-https"},
+		{"wget --user-agent=", agent, Request{Argv: argv("wget", "--user-agent="+ua, url)}, true, "web-fetch", "allow[1] wget-https-long"},
+		{"wget -O /tmp", agent, Request{Argv: argv("wget", "-U", ua, "-O", "/tmp/page.html", url)}, true, "web-fetch", "allow[2] wget-https-to-tmp"},
+		{"curl -A", llama, Request{Argv: argv("curl", "-A", ua, url)}, true, "web-fetch", "allow[3] curl-https"},
+		{"curl --user-agent", llama, Request{Argv: argv("/usr/bin/curl", "--user-agent", ua, url)}, true, "web-fetch", "allow[4] curl-https-long"},
+		{"curl -o /tmp", agent, Request{Argv: argv("curl", "-A", ua, "-o", "/tmp/x", url)}, true, "web-fetch", "allow[5] curl-https-to-tmp"},
+		{"wget without user agent", agent, Request{Argv: argv("wget", url)}, false, "web-fetch", ""},
+		{"wget http", agent, Request{Argv: argv("wget", "-U", ua, "http://example.com/")}, false, "web-fetch", ""},
+		{"wget ftp", agent, Request{Argv: argv("wget", "-U", ua, "ftp://example.com/")}, false, "web-fetch", ""},
+		{"wget bare host", agent, Request{Argv: argv("wget", "-U", ua, "example.com")}, false, "web-fetch", ""},
+		{"wget two URLs", agent, Request{Argv: argv("wget", "-U", ua, url, "http://evil.test/")}, false, "web-fetch", ""},
+		{"wget -- trick", agent, Request{Argv: argv("wget", "--", "-U", ua, url)}, false, "web-fetch", "deny[0] no-end-of-options"},
+		{"wget -O outside tmp", agent, Request{Argv: argv("wget", "-U", ua, "-O", "/etc/cron.d/x", url)}, false, "web-fetch", ""},
+		{"wget -O traversal", agent, Request{Argv: argv("wget", "-U", ua, "-O", "/tmp/../etc/passwd", url)}, false, "web-fetch", "deny[1] no-dot-dot"},
+		{"wget post", agent, Request{Argv: argv("wget", "-U", ua, "--post-file=/etc/passwd", url)}, false, "web-fetch", ""},
+		{"wget execute", agent, Request{Argv: argv("wget", "-U", ua, "-e", "robots=off", url)}, false, "web-fetch", ""},
+		{"curl -U is not user agent", agent, Request{Argv: argv("curl", "-U", ua, url)}, false, "web-fetch", ""},
+		{"curl config", agent, Request{Argv: argv("curl", "-K", "/tmp/x", url)}, false, "web-fetch", ""},
+		{"wget look-alike", agent, Request{Argv: argv("wg\u0435t", "-U", ua, url)}, false, "web-fetch", ""},
+		{"wget unclean path", agent, Request{Argv: argv("/usr/bin/../bin/wget", "-U", ua, url)}, false, "web-fetch", ""},
+		{"other program", agent, Request{Argv: argv("sh", "-c", "id")}, false, "web-fetch", ""},
+		{"agent shell string", agent, Request{Argv: argv("sh", "-c", "wget -U x "+url), Shell: true}, false, "web-fetch", ""},
+		{"agent session", agent, Request{Argv: argv("wget", "-U", ua, url), Session: "s"}, false, "web-fetch", ""},
+		{"agent timeout above 2m", agent, Request{Argv: argv("wget", "-U", ua, url), Timeout: 3 * time.Minute}, false, "web-fetch", ""},
+		{"agent env LANG", agent, Request{Argv: argv("wget", "-U", ua, url), Env: []string{"LANG=C.UTF-8"}}, true, "web-fetch", "allow[0] wget-https"},
+		{"agent env proxy", agent, Request{Argv: argv("wget", "-U", ua, url), Env: []string{"https_proxy=http://evil.test"}}, false, "web-fetch", ""},
+		{"agent env WGETRC", agent, Request{Argv: argv("wget", "-U", ua, url), Env: []string{"WGETRC=/tmp/rc"}}, false, "web-fetch", ""},
+		{"other user", other, Request{Argv: argv("ls")}, false, "", ""},
+		{"root", root, Request{Argv: argv("ls")}, false, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := p.Decide(tt.id, tt.req)
+			if v.Allowed != tt.allowed || v.Profile != tt.profile || v.Rule != tt.rule {
+				t.Fatalf("Decide = {Allowed:%v Profile:%q Rule:%q Reason:%q}, want {%v %q %q}",
+					v.Allowed, v.Profile, v.Rule, v.Reason, tt.allowed, tt.profile, tt.rule)
+			}
+			checkVerdict(t, p, tt.req, v)
+		})
+	}
+
+	v := p.Decide(admin, Request{Argv: argv("id")})
+	if v.User != "root" || v.Limits.MemoryMiB != 2048 || v.Limits.CPUs != 2 || v.Limits.MaxVMs != 4 ||
+		v.Limits.Timeout != 30*time.Second || !v.Limits.AllowSessions || v.Limits.SessionMax != 8*time.Hour {
+		t.Errorf("sysadmin verdict %+v", v)
+	}
+	v = p.Decide(agent, Request{Argv: argv("wget", "-U", ua, url)})
+	if v.User != "agent" || v.Limits.MemoryMiB != 512 || v.Limits.OutputLimit != 1<<20 || v.Limits.AllowSessions {
+		t.Errorf("web-fetch verdict %+v", v)
+	}
+	if v := p.Decide(other, Request{Argv: argv("ls")}); v.Reason != "no policy profile matches uid 1500 (user dave)" {
+		t.Errorf("no-match reason %q", v.Reason)
+	}
+}
+
+func TestExampleExplain(t *testing.T) {
+	got := loadExample(t).Explain()
+	for _, want := range []string{
+		`profile "sysadmin" (1 of 2)`,
+		"matches:  members of group vmgate-admins",
+		"! commands run as root in the guest",
+		"! shell strings (vm-exec -c) allowed",
+		"! sessions allowed",
+		`profile "web-fetch" (2 of 2)`,
+		"matches:  user llama; or members of group vmgate-agents",
+		"timeout 30s by default, at most 2m",
+		"shell:    not allowed",
+		`deny[0] no-end-of-options: some argument matches "--"`,
+		`allow[0] wget-https: program wget; and arguments exactly "-U" "?*" "https://?*"`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Explain lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+func TestDefaultPolicy(t *testing.T) {
+	p := Default()
+	if p != Default() {
+		t.Fatal("Default is not shared")
+	}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []Identity{{UID: 0, User: "root"}, {UID: 1000}, {UID: 65534, GID: 65534}} {
+		v := p.Decide(id, Request{Argv: argv("sh", "-c", "uname -a"), Shell: true, Session: "s1"})
+		want := Limits{
+			Timeout:       30 * time.Second,
+			OutputLimit:   1 << 20,
+			MemoryMiB:     512,
+			CPUs:          1,
+			MaxVMs:        2,
+			SessionIdle:   10 * time.Minute,
+			SessionMax:    time.Hour,
+			AllowSessions: true,
+		}
+		if !v.Allowed || v.Profile != "default" || v.Rule != "default" || v.Limits != want || v.User != "agent" || v.Image != "default" {
+			t.Fatalf("Default().Decide(%+v) = %+v", id, v)
+		}
+	}
+	if v := p.Decide(Identity{}, Request{Argv: argv("ls"), Timeout: 11 * time.Minute}); v.Allowed {
+		t.Fatalf("timeout above 10m allowed: %+v", v)
+	}
+	if v := p.Decide(Identity{}, Request{Argv: argv("ls"), Env: []string{"A=b"}}); v.Allowed {
+		t.Fatalf("env allowed: %+v", v)
+	}
+	if p.profiles[0].network != networkNone {
+		t.Fatal("default policy has a network")
+	}
+	ex := p.Explain()
+	for _, want := range []string{"matches ANY caller, including root", "network none", "any (no rules)"} {
+		if !strings.Contains(ex, want) {
+			t.Errorf("Explain lacks %q:\n%s", want, ex)
+		}
+	}
+}
+
+// TestDocExamples keeps the package doc's key list in step with the schema:
+// every "key =" the doc shows in its format section is known.
+func TestDocExamples(t *testing.T) {
+	src, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"image", "user", "memory_mib", "cpus", "max_vms", "output_limit", "allow_shell", "env", "timeout", "sessions", "network"} {
+		if !strings.Contains(string(src), "//\t"+key+" ") {
+			t.Errorf("doc.go does not document %s", key)
+		}
+		if !schemaKeys.has([]string{"profile", key}) || !schemaKeys.has([]string{"defaults", key}) {
+			t.Errorf("schema lacks %s", key)
+		}
+	}
+}

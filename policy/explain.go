@@ -1,0 +1,220 @@
+package policy
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Explain describes the policy for a person, as `vmgated policy check FILE`
+// prints it: each profile in order, whom it matches, its guest and limits,
+// its argv rules, and a "relaxations" list that names every setting that
+// widens what callers can do.
+func (p *Policy) Explain() string {
+	if p == nil {
+		return "no policy: every request is denied\n"
+	}
+	var b strings.Builder
+	n := len(p.profiles)
+	fmt.Fprintf(&b, "policy %s: version 1, %d %s.\n", p.source, n, plural(n, "profile", "profiles"))
+	b.WriteString("Profiles are tried in order; the first whose match fits the caller decides.\n")
+	b.WriteString("A caller that no profile matches is denied.\n")
+	for i, prof := range p.profiles {
+		b.WriteString("\n")
+		prof.explain(&b, i, n)
+	}
+	return b.String()
+}
+
+func (prof *profile) explain(b *strings.Builder, i, n int) {
+	l := &prof.limits
+	fmt.Fprintf(b, "%s (%d of %d)\n", prof.label(), i+1, n)
+	fmt.Fprintf(b, "  matches:  %s\n", prof.match.describe())
+	fmt.Fprintf(b, "  guest:    image %q, user %s, %d %s, %d MiB memory, network %s\n",
+		prof.image, prof.user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, prof.network)
+	fmt.Fprintf(b, "  limits:   timeout %s by default, at most %s; output %s per stream; at most %d %s at once\n",
+		formatDuration(l.Timeout), formatDuration(prof.timeoutMax), formatSize(l.OutputLimit), l.MaxVMs, plural(l.MaxVMs, "VM", "VMs"))
+	fmt.Fprintf(b, "  shell:    %s\n", yesNo(prof.allowShell, "allowed (vm-exec -c)", "not allowed"))
+	if l.AllowSessions {
+		fmt.Fprintf(b, "  sessions: allowed; idle timeout %s, max lifetime %s\n", formatDuration(l.SessionIdle), formatDuration(l.SessionMax))
+	} else {
+		b.WriteString("  sessions: not allowed\n")
+	}
+	env := prof.env.String()
+	if env == "" {
+		env = "none pass"
+	} else {
+		env = "may pass " + env
+	}
+	fmt.Fprintf(b, "  env:      %s\n", env)
+
+	switch {
+	case len(prof.deny) == 0 && len(prof.allow) == 0:
+		b.WriteString("  argv:     any (no rules)\n")
+	default:
+		b.WriteString("  argv:     deny rules first (any match denies), then ")
+		if len(prof.allow) == 0 {
+			b.WriteString("anything else is allowed (no allow rules)\n")
+		} else {
+			b.WriteString("an allow rule must match\n")
+		}
+		for _, r := range prof.deny {
+			fmt.Fprintf(b, "    %s: %s\n", r.label(), r.describe())
+		}
+		for _, r := range prof.allow {
+			fmt.Fprintf(b, "    %s: %s\n", r.label(), r.describe())
+		}
+	}
+
+	var relax, notes []string
+	if prof.match.any {
+		relax = append(relax, "matches ANY caller, including root (uid 0): write explicit profiles for your users")
+	}
+	if prof.user == userRoot {
+		relax = append(relax, "commands run as root in the guest")
+	}
+	if prof.allowShell {
+		relax = append(relax, "shell strings (vm-exec -c) allowed")
+		if len(prof.allow) > 0 {
+			notes = append(notes, `shell strings are checked as ["sh", "-c", STRING] and need an allow rule for sh`)
+		}
+	}
+	if l.AllowSessions {
+		relax = append(relax, "sessions allowed: a VM and its files persist across commands")
+	}
+	if len(prof.allow) == 0 {
+		relax = append(relax, "any argv that no deny rule matches is allowed (no allow rules)")
+		if !prof.allowShell {
+			notes = append(notes, `allow_shell = false refuses vm-exec -c only: with no allow rules, argv such as ["sh", "-c", …] is still allowed`)
+		}
+	}
+	switch {
+	case prof.env.all:
+		relax = append(relax, "any environment variable passes")
+	case len(prof.env.prefixes) > 0 || len(prof.env.names) > 0:
+		relax = append(relax, "environment variables pass: "+prof.env.String())
+	}
+	if len(relax) > 0 {
+		b.WriteString("  relaxations:\n")
+		for _, r := range relax {
+			fmt.Fprintf(b, "    ! %s\n", r)
+		}
+	}
+	for _, nt := range notes {
+		fmt.Fprintf(b, "  note: %s\n", nt)
+	}
+}
+
+func (m *matcher) describe() string {
+	if m.any {
+		return "any caller"
+	}
+	var parts []string
+	if len(m.uids) > 0 {
+		parts = append(parts, plural(len(m.uids), "uid ", "uids ")+joinIDs(m.uids))
+	}
+	if len(m.users) > 0 {
+		parts = append(parts, plural(len(m.users), "user ", "users ")+joinNames(m.users))
+	}
+	if len(m.gids) > 0 {
+		parts = append(parts, plural(len(m.gids), "gid ", "gids ")+joinIDs(m.gids))
+	}
+	if len(m.groups) > 0 {
+		parts = append(parts, "members of "+plural(len(m.groups), "group ", "groups ")+joinNames(m.groups))
+	}
+	if len(parts) == 0 {
+		return "nobody"
+	}
+	return strings.Join(parts, "; or ")
+}
+
+func (r *rule) describe() string {
+	var parts []string
+	if r.programs != nil {
+		parts = append(parts, "program "+joinNames(r.programs))
+	}
+	if r.hasArgs {
+		srcs := make([]string, len(r.args))
+		for i, g := range r.args {
+			srcs[i] = strconv.Quote(g.src)
+		}
+		switch {
+		case r.argsRest && len(srcs) == 0:
+			parts = append(parts, "any arguments")
+		case r.argsRest:
+			parts = append(parts, "arguments start "+strings.Join(srcs, " ")+" then any")
+		case len(srcs) == 0:
+			parts = append(parts, "no arguments")
+		default:
+			parts = append(parts, "arguments exactly "+strings.Join(srcs, " "))
+		}
+	}
+	if r.argsAny != nil {
+		srcs := make([]string, len(r.argsAny))
+		for i, g := range r.argsAny {
+			srcs[i] = strconv.Quote(g.src)
+		}
+		parts = append(parts, "some argument matches "+strings.Join(srcs, " or "))
+	}
+	if r.argsRegex != nil {
+		parts = append(parts, "argv joined by spaces matches regexp "+strconv.Quote(r.argsRegex.String()))
+	}
+	return strings.Join(parts, "; and ")
+}
+
+func joinIDs(ids []uint32) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+func joinNames(names []string) string {
+	s := make([]string, len(names))
+	for i, n := range names {
+		s[i] = quoteName(n)
+	}
+	return strings.Join(s, ", ")
+}
+
+// formatSize prints a byte count in the largest binary unit that divides it.
+func formatSize(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d %s", n, plural(int(n), "byte", "bytes"))
+}
+
+// formatDuration prints d as time.Duration does, without trailing zero
+// units: "10m", not "10m0s".
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func yesNo(b bool, yes, no string) string {
+	if b {
+		return yes
+	}
+	return no
+}

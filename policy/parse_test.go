@@ -1,0 +1,249 @@
+package policy
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp/syntax"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// minimal is a valid policy that test cases extend.
+const minimal = "version = 1\n[[profile]]\nname = \"p\"\nmatch = { any = true }\n"
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		want []string // substrings of the error, all required
+	}{
+		{"unknown key with line", minimal + "bogus = 1\n", []string{"x.toml:5: unknown key profile.bogus"}},
+		{"unknown top-level key", "version = 1\nfoo = 2\n" + minimal[12:], []string{"x.toml:2: unknown key foo"}},
+		{"unknown key in inline table", minimal + "timeout = { max = \"1m\", defualt = \"1s\" }\n", []string{"x.toml:5: unknown key profile.timeout.defualt", "did you mean profile.timeout.default?"}},
+		{"unknown key in rule", minimal + "[[profile.allow]]\nprogram = [\"ls\"]\nargz = []\n", []string{"x.toml:7: unknown key profile.allow.argz", "did you mean profile.allow.args?"}},
+		{"unknown table reported once", minimal + "[profile.limits]\nmemory = 1\ncpus = 2\n", []string{"x.toml:5: unknown key profile.limits"}},
+		{"case differs", minimal + "CPUs = 2\n", []string{"x.toml:5: unknown key profile.CPUs", "did you mean profile.cpus?"}},
+		{"top-level table after profile", minimal + "[timeout]\nmax = \"1m\"\n", []string{"x.toml:5: unknown key timeout", "did you mean [profile.timeout]?"}},
+		{"unknown key in two profiles", minimal + "colour = 1\n[[profile]]\nname = \"q\"\nmatch = { uids = [1] }\ncolour = 2\n", []string{"x.toml:5: unknown key profile.colour\n", "x.toml:9: unknown key profile.colour"}},
+		{"case differs with sibling", minimal + "Name = \"q\"\n", []string{"x.toml:5: unknown key profile.Name (did you mean profile.name?)"}},
+		{"type error in earlier profile", "version = 1\n[[profile]]\nname = \"a\"\nmatch = { uids = [1] }\ncpus = \"two\"\n[[profile]]\nname = \"b\"\nmatch = { uids = [2] }\ncpus = 2\n", []string{"x.toml:5: profile.cpus: incompatible types"}},
+		{"type error in earlier rule", "version = 1\n[[profile]]\nname = \"a\"\nmatch = { uids = [1] }\n[[profile.deny]]\nname = 1\n[[profile]]\nname = \"b\"\nmatch = { uids = [2] }\n", []string{"x.toml:6: profile.deny.name: incompatible types"}},
+		{"size type error in earlier profile", "version = 1\n[[profile]]\nname = \"a\"\nmatch = { uids = [1] }\noutput_limit = 1.5\n[[profile]]\nname = \"b\"\nmatch = { uids = [2] }\noutput_limit = 2\n", []string{"x.toml:5:", "output_limit: expected an integer"}},
+		{"several unknown keys", minimal + "a1 = 1\n[defaults]\nb2 = 2\n", []string{"x.toml:5: unknown key profile.a1", "x.toml:7: unknown key defaults.b2"}},
+		{"type error with line", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { any = true }\ncpus = \"two\"\n", []string{"x.toml:5: profile.cpus: incompatible types"}},
+		{"type error in list", minimal + "env = [\"A\", 1]\n", []string{"x.toml:5:", "profile.env"}},
+		{"type error of version", "version = \"1\"\n", []string{"x.toml:1: version: incompatible types"}},
+		{"output_limit type", minimal + "output_limit = true\n", []string{"x.toml:5:", "output_limit", "expected an integer number of bytes"}},
+		{"syntax error", "version = 1\n[[profile]]\nname = \"p\nmatch = 1\n", []string{"x.toml:3:", "3 | name = \"p"}},
+		{"duplicate key", "version = 1\nversion = 1\n", []string{"x.toml:2:", "already been defined", "2 | version = 1"}},
+		{"missing version", "[[profile]]\nname = \"p\"\nmatch = { any = true }\n", []string{"x.toml: version: missing"}},
+		{"version 2", "version = 2\n" + minimal[12:], []string{"x.toml: version 2: not supported"}},
+		{"no profiles", "version = 1\n", []string{"no [[profile]]"}},
+		{"duplicate profile names", minimal + "[[profile]]\nname = \"p\"\nmatch = { uids = [1] }\n", []string{`profile[1]: name "p": already used by profile[0]`}},
+		{"bad profile name", "version = 1\n[[profile]]\nname = \"Web_Fetch\"\nmatch = { uids = [1] }\n", []string{`profile[0]: name "Web_Fetch": must be`}},
+		{"missing profile name", "version = 1\n[[profile]]\nmatch = { uids = [1] }\n", []string{"profile[0]: name: missing"}},
+		{"missing match", "version = 1\n[[profile]]\nname = \"p\"\n", []string{`profile "p": match: missing`}},
+		{"empty match", "version = 1\n[[profile]]\nname = \"p\"\nmatch = {}\n", []string{`profile "p": match: empty`}},
+		{"any false", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { any = false }\n", []string{"match.any false"}},
+		{"any with uids", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { any = true, uids = [0] }\n", []string{"any = true cannot be combined"}},
+		{"bad uid", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { uids = [-1, 4294967295] }\n", []string{"match.uids: -1: not a valid id", "match.uids: 4294967295: not a valid id"}},
+		{"empty groups", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { groups = [] }\n", []string{"match.groups: empty list"}},
+		{"bad group name", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { groups = [\"a b\"] }\n", []string{`match.groups: "a b": not a valid`}},
+		{"unreachable profile", minimal + "[[profile]]\nname = \"q\"\nmatch = { uids = [1] }\n", []string{`profile "q": unreachable: profile "p" before it matches any caller`}},
+		{"bad duration", minimal + "timeout = { max = \"5x\" }\n", []string{`profile "p": timeout.max "5x": invalid duration`}},
+		{"bad duration in defaults", minimal + "[defaults]\ntimeout = { default = \"soon\" }\n", []string{`defaults: timeout.default "soon": invalid duration`}},
+		{"integer duration", minimal + "timeout = { max = 5 }\n", []string{"x.toml:5: profile.timeout.max: incompatible types"}},
+		{"negative duration", minimal + "timeout = { max = \"-5s\" }\n", []string{`timeout.max "-5s": must be positive`}},
+		{"zero duration", minimal + "sessions = { idle_timeout = \"0s\" }\n", []string{`sessions.idle_timeout "0s": must be positive`}},
+		{"default above max", minimal + "timeout = { default = \"1h\", max = \"10m\" }\n", []string{`profile "p": timeout.default 1h is above timeout.max 10m`}},
+		{"default above inherited max", minimal + "timeout = { default = \"20m\" }\n", []string{`profile "p": timeout.default 20m is above timeout.max 10m`}},
+		{"defaults default above max", minimal + "[defaults]\ntimeout = { max = \"1s\" }\n", []string{"defaults: timeout.default 30s is above timeout.max 1s"}},
+		{"idle above lifetime", minimal + "sessions = { allowed = true, idle_timeout = \"2h\" }\n", []string{"sessions.idle_timeout 2h is above sessions.max_lifetime 1h"}},
+		{"negative memory", minimal + "memory_mib = -1\n", []string{`profile "p": memory_mib -1: must be between 64 and 1048576`}},
+		{"zero cpus", minimal + "cpus = 0\n", []string{"cpus 0: must be between 1 and 64"}},
+		{"negative max_vms", minimal + "max_vms = -3\n", []string{"max_vms -3: must be between 1 and 1024"}},
+		{"negative output_limit", minimal + "output_limit = -1\n", []string{"output_limit -1: must be between 1 byte and 1GiB"}},
+		{"output_limit too large", minimal + "output_limit = \"2GiB\"\n", []string{`output_limit "2GiB": must be between`}},
+		{"output_limit overflow", minimal + "output_limit = \"99999999999999999999KiB\"\n", []string{"must be between"}},
+		{"output_limit bad unit", minimal + "output_limit = \"1MB\"\n", []string{`output_limit "1MB": invalid size`}},
+		{"network mode", minimal + "network = { mode = \"nat\" }\n", []string{`network.mode "nat": the guest network is not available yet`}},
+		{"guest user", minimal + "user = \"admin\"\n", []string{`user "admin": must be "agent" or "root"`}},
+		{"image name", minimal + "image = \"../x\"\n", []string{`image "../x": must be`}},
+		{"env name", minimal + "env = [\"A-B\", \"LANG\", \"LANG\"]\n", []string{`env: "A-B": not a variable name`, `env: "LANG" listed twice`}},
+		{"bad regex", minimal + "[[profile.deny]]\nargs_regex = '('\n", []string{`profile "p": deny[0]: args_regex "(": error parsing regexp`}},
+		{"empty regex", minimal + "[[profile.deny]]\nargs_regex = ''\n", []string{"args_regex: empty pattern"}},
+		{"bad glob", minimal + "[[profile.allow]]\nargs = [\"[\"]\n", []string{`profile "p": allow[0]: args[0] "[": syntax error in pattern`}},
+		{"bad glob in args_any", minimal + "[[profile.deny]]\nargs_any = [\"a\\\\\"]\n", []string{`deny[0]: args_any[0] "a\\": syntax error in pattern`}},
+		{"inverted range", minimal + "[[profile.deny]]\nargs_any = [\"[z-a]\"]\n", []string{"range 'z'-'a' is empty"}},
+		{"rest not last", minimal + "[[profile.allow]]\nargs = [\"...\", \"x\"]\n", []string{`args[0] "...": only allowed as the last element`}},
+		{"empty rule", minimal + "[[profile.deny]]\nname = \"nothing\"\n", []string{`profile "p": deny[0]: no condition`}},
+		{"empty program list", minimal + "[[profile.deny]]\nprogram = []\n", []string{"program: empty list"}},
+		{"unclean program", minimal + "[[profile.deny]]\nprogram = [\"/usr/bin/../bin/rm\"]\n", []string{`program "/usr/bin/../bin/rm": path is not clean`}},
+		{"relative program", minimal + "[[profile.deny]]\nprogram = [\"./rm\"]\n", []string{`program "./rm": relative path`}},
+		{"duplicate rule names", minimal + "[[profile.deny]]\nname = \"r\"\nprogram = [\"a\"]\n[[profile.allow]]\nname = \"r\"\nprogram = [\"b\"]\n", []string{`allow[0]: name "r": already used by deny[0] r`}},
+		{"bad rule name", minimal + "[[profile.deny]]\nname = \"No Good\"\nprogram = [\"a\"]\n", []string{`deny[0]: name "No Good": must be`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Parse("x.toml", []byte(tt.src))
+			if err == nil {
+				t.Fatalf("Parse succeeded:\n%s", p.Explain())
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestParseReportsAllProblems checks that validation goes on after the first
+// problem and joins them all.
+func TestParseReportsAllProblems(t *testing.T) {
+	src := `version = 1
+[[profile]]
+name = "web-fetch"
+match = { users = ["llama"] }
+timeout = { max = "5x" }
+memory_mib = 1
+network = { mode = "allowlist" }
+[[profile.allow]]
+args = ["["]
+[[profile]]
+name = "web-fetch"
+match = { any = true }
+`
+	_, err := Parse("p.toml", []byte(src))
+	if err == nil {
+		t.Fatal("Parse succeeded")
+	}
+	want := []string{
+		`p.toml: profile "web-fetch": memory_mib 1: must be between`,
+		`p.toml: profile "web-fetch": timeout.max "5x": invalid duration`,
+		`p.toml: profile "web-fetch": network.mode "allowlist": the guest network is not available yet`,
+		`p.toml: profile "web-fetch": allow[0]: args[0] "[": syntax error in pattern`,
+		`p.toml: profile[1]: name "web-fetch": already used by profile[0]`,
+	}
+	lines := strings.Split(err.Error(), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("got %d problems, want %d:\n%v", len(lines), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("problem %d = %q, want prefix %q", i, lines[i], w)
+		}
+	}
+	if !errors.Is(err, path.ErrBadPattern) {
+		t.Errorf("errors.Is(err, path.ErrBadPattern) = false")
+	}
+}
+
+func TestParseErrorTypes(t *testing.T) {
+	_, err := Parse("x.toml", []byte("version = 1\nversion = 2\n"))
+	var perr toml.ParseError
+	if !errors.As(err, &perr) || perr.Position.Line != 2 {
+		t.Fatalf("syntax error does not wrap toml.ParseError at line 2: %v", err)
+	}
+	_, err = Parse("x.toml", []byte(minimal+"[[profile.deny]]\nargs_regex = '(?P<'\n"))
+	var serr *syntax.Error
+	if !errors.As(err, &serr) {
+		t.Fatalf("regexp error not wrapped: %v", err)
+	}
+}
+
+func TestParseSettings(t *testing.T) {
+	src := `version = 1
+[defaults]
+memory_mib = 1024
+timeout = { default = "1m", max = "20m" }
+sessions = { allowed = true, max_lifetime = "3h" }
+output_limit = 2048
+env = ["A"]
+
+[[profile]]
+name = "inherits"
+match = { uids = [1] }
+
+[[profile]]
+name = "overrides"
+match = { gids = [2] }
+memory_mib = 256
+timeout = { max = "1h" }
+sessions = { idle_timeout = "1m" }
+output_limit = "512KiB"
+env = []
+`
+	p := mustParse(t, "s.toml", src)
+	inh, ovr := p.profiles[0], p.profiles[1]
+	if inh.limits.MemoryMiB != 1024 || inh.limits.Timeout != time.Minute || inh.timeoutMax != 20*time.Minute ||
+		!inh.limits.AllowSessions || inh.limits.SessionMax != 3*time.Hour || inh.limits.SessionIdle != builtinSessionIdle ||
+		inh.limits.OutputLimit != 2048 || !inh.env.allows("A") || inh.limits.CPUs != builtinCPUs || inh.allowShell {
+		t.Errorf("inherits: %+v", inh)
+	}
+	if ovr.limits.MemoryMiB != 256 || ovr.limits.Timeout != time.Minute || ovr.timeoutMax != time.Hour ||
+		!ovr.limits.AllowSessions || ovr.limits.SessionIdle != time.Minute || ovr.limits.SessionMax != 3*time.Hour ||
+		ovr.limits.OutputLimit != 512<<10 || ovr.env.allows("A") {
+		t.Errorf("overrides: %+v", ovr)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{
+		"1": 1, "1B": 1, "512KiB": 512 << 10, "1MiB": 1 << 20, "1 MiB": 1 << 20, "1GiB": 1 << 30, "1073741824": 1 << 30,
+	} {
+		got, err := parseSize(sizeValue{s: in, isText: true})
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "0B", "1KB", "1mib", "-1", "1.5MiB", "2GiB", "1073741825", " 1", "1  MiB"} {
+		if got, err := parseSize(sizeValue{s: in, isText: true}); err == nil {
+			t.Errorf("parseSize(%q) = %d, want error", in, got)
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	_, err := Load(filepath.Join(dir, "missing.toml"))
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Load(missing) = %v, want fs.ErrNotExist", err)
+	}
+	file := filepath.Join(dir, "vmgate.toml")
+	if err := os.WriteFile(file, []byte(minimal+"bogus = true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Load(file)
+	if err == nil || !strings.HasPrefix(err.Error(), file+":5: unknown key profile.bogus") {
+		t.Fatalf("Load = %v, want %s:5: unknown key", err, file)
+	}
+	if err := os.WriteFile(file, []byte(minimal), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(file)
+	if err != nil || p.Source() != file {
+		t.Fatalf("Load = %v, %v", p, err)
+	}
+}
+
+func TestSchemaMatchesDocument(t *testing.T) {
+	// Every key example.toml uses is known, and a few keys that exist only
+	// deeper in the tree are not known at the top.
+	for _, k := range []toml.Key{{"version"}, {"defaults", "timeout", "max"}, {"profile", "deny", "args_any"}, {"profile", "memory_mib"}, {"profile", "match", "groups"}} {
+		if !schemaKeys.has(k) {
+			t.Errorf("schema lacks %s", k)
+		}
+	}
+	for _, k := range []toml.Key{{"name"}, {"defaults", "name"}, {"defaults", "deny"}, {"profile", "cpus", "x"}, {"profile", "Name"}} {
+		if schemaKeys.has(k) {
+			t.Errorf("schema has %s", k)
+		}
+	}
+}

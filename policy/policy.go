@@ -1,0 +1,104 @@
+package policy
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+)
+
+// Policy is a validated operator policy. It is immutable and safe for
+// concurrent use; obtain one from [Parse], [Load] or [Default].
+type Policy struct {
+	source   string    // file name, for messages
+	doc      *document // as decoded, for Validate
+	profiles []*profile
+}
+
+// profile is a compiled [[profile]] with its settings resolved.
+type profile struct {
+	index      int
+	name       string // "" only while compiling an invalid profile
+	match      matcher
+	image      string
+	user       string
+	network    string
+	limits     Limits // Timeout holds timeout.default
+	timeoutMax time.Duration
+	allowShell bool
+	env        envAllow
+	deny       []*rule
+	allow      []*rule
+}
+
+// label names prof in messages: `profile "web-fetch"`.
+func (prof *profile) label() string {
+	if prof.name == "" {
+		return fmt.Sprintf("profile[%d]", prof.index)
+	}
+	return fmt.Sprintf("profile %q", prof.name)
+}
+
+// Parse decodes and validates a policy. name (usually the file name) prefixes
+// every error. Decoding is strict: a syntax error, a type error or an
+// unknown key is reported with name:line; then every validation problem is
+// reported at once (errors.Join), each naming its key path. A syntax error
+// wraps toml.ParseError.
+func Parse(name string, data []byte) (*Policy, error) {
+	doc, err := decode(name, data)
+	if err != nil {
+		return nil, err
+	}
+	return compile(name, doc)
+}
+
+// Load reads and parses the policy file at path. If the file does not exist
+// the error wraps fs.ErrNotExist; the daemon then uses [Default].
+func Load(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load policy: %w", err)
+	}
+	return Parse(path, data)
+}
+
+//go:embed default.toml
+var defaultTOML []byte
+
+var defaultPolicy = sync.OnceValue(func() *Policy {
+	p, err := Parse("built-in default.toml", defaultTOML)
+	if err != nil {
+		panic(fmt.Sprintf("policy: embedded default.toml is invalid: %v", err))
+	}
+	return p
+})
+
+// Default returns the built-in policy, used when no policy file exists: one
+// profile, "default", that matches every caller (root included; operators
+// should write explicit profiles) with conservative limits — no network, 30s
+// default and 10m maximum timeout, 1 MiB of output per stream, 512 MiB and
+// one CPU — and any argv, shell strings and sessions allowed. Its source,
+// with the reason for each value, is default.toml in this package.
+func Default() *Policy {
+	return defaultPolicy()
+}
+
+// Validate checks the policy again and reports every problem. It returns nil
+// for any Policy from Parse, Load or Default.
+func (p *Policy) Validate() error {
+	if p == nil || p.doc == nil {
+		return errors.New("validate policy: no policy")
+	}
+	_, err := compile(p.source, p.doc)
+	return err
+}
+
+// Source returns the name the policy was parsed under (its file name).
+func (p *Policy) Source() string {
+	if p == nil {
+		return ""
+	}
+	return p.source
+}

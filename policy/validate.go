@@ -1,0 +1,557 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Built-in values of settings that neither a profile nor [defaults] sets.
+// Each is the conservative choice; default.toml relaxes some of them, visibly.
+const (
+	builtinImage          = "default"
+	builtinUser           = userAgent
+	builtinMemoryMiB      = 512
+	builtinCPUs           = 1
+	builtinMaxVMs         = 2
+	builtinOutputLimit    = 1 << 20
+	builtinAllowShell     = false
+	builtinTimeoutDefault = 30 * time.Second
+	builtinTimeoutMax     = 10 * time.Minute
+	builtinSessions       = false
+	builtinSessionIdle    = 10 * time.Minute
+	builtinSessionMax     = time.Hour
+	builtinNetwork        = networkNone
+)
+
+// Accepted ranges of numeric settings. They catch typos ("memory_mib = 5"),
+// not operator intent.
+const (
+	minMemoryMiB   = 64
+	maxMemoryMiB   = 1 << 20
+	maxCPUs        = 64
+	maxMaxVMs      = 1024
+	maxOutputLimit = 1 << 30
+	maxNameLen     = 64
+)
+
+const (
+	userAgent   = "agent"
+	userRoot    = "root"
+	networkNone = "none"
+)
+
+var (
+	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+	imageRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	sizeRE    = regexp.MustCompile(`^([0-9]+) ?(B|KiB|MiB|GiB)?$`)
+)
+
+// compiler validates a document and builds the Policy it describes. Checks
+// append to errs and go on, so that one run reports every problem.
+type compiler struct {
+	errs []error
+}
+
+func (c *compiler) errorf(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf(format, args...))
+}
+
+// docCheck is one step of validation over the whole document.
+type docCheck func(c *compiler, d *document, p *Policy)
+
+// docChecks run in order; each reports all it finds.
+var docChecks = []docCheck{
+	checkVersion,
+	checkProfiles,
+	checkUniqueNames,
+	checkReachable,
+}
+
+// compile validates d and returns the Policy. The error joins every problem,
+// each prefixed with source.
+func compile(source string, d *document) (*Policy, error) {
+	c := &compiler{}
+	p := &Policy{source: source, doc: d}
+	for _, check := range docChecks {
+		check(c, d, p)
+	}
+	if len(c.errs) > 0 {
+		errs := make([]error, len(c.errs))
+		for i, err := range c.errs {
+			errs[i] = fmt.Errorf("%s: %w", source, err)
+		}
+		return nil, errors.Join(errs...)
+	}
+	return p, nil
+}
+
+func checkVersion(c *compiler, d *document, _ *Policy) {
+	switch {
+	case d.Version == nil:
+		c.errorf("version: missing; the first line of a policy must be version = 1")
+	case *d.Version != 1:
+		c.errorf("version %d: not supported; this vmgated reads version 1", *d.Version)
+	}
+}
+
+func checkProfiles(c *compiler, d *document, p *Policy) {
+	defaults := c.settings("defaults", d.Defaults)
+	c.crossCheck("defaults", defaults.merge(settings{}))
+	if len(d.Profiles) == 0 {
+		c.errorf("no [[profile]]: every request would be denied; add at least one profile")
+	}
+	for i := range d.Profiles {
+		p.profiles = append(p.profiles, c.profile(i, &d.Profiles[i], defaults))
+	}
+}
+
+func checkUniqueNames(c *compiler, _ *document, p *Policy) {
+	first := map[string]int{}
+	for _, prof := range p.profiles {
+		if prof.name == "" {
+			continue
+		}
+		if j, ok := first[prof.name]; ok {
+			c.errorf("profile[%d]: name %q: already used by profile[%d]", prof.index, prof.name, j)
+			continue
+		}
+		first[prof.name] = prof.index
+	}
+}
+
+func checkReachable(c *compiler, _ *document, p *Policy) {
+	for i, prof := range p.profiles {
+		if prof.match.any && i < len(p.profiles)-1 {
+			for _, later := range p.profiles[i+1:] {
+				c.errorf("%s: unreachable: %s before it matches any caller (first match wins)", later.label(), prof.label())
+			}
+			return
+		}
+	}
+}
+
+// profile validates one [[profile]] and returns it compiled. Invalid values
+// are reported and replaced by built-ins so that later checks still run.
+func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
+	p := &profile{index: i}
+	label := fmt.Sprintf("profile[%d]", i)
+	switch {
+	case d.Name == nil:
+		c.errorf("%s: name: missing", label)
+	case !nameRE.MatchString(*d.Name):
+		c.errorf("%s: name %q: must be 1 to %d of [a-z0-9-], starting with a letter or digit", label, *d.Name, maxNameLen)
+	default:
+		p.name = *d.Name
+		label = p.label()
+	}
+	p.match = c.match(label, d.Match)
+
+	own := c.settings(label, &d.settingsDoc)
+	s := own.merge(defaults)
+	if own.timeoutDefault != nil || own.timeoutMax != nil || own.sessionIdle != nil || own.sessionMax != nil {
+		c.crossCheck(label, s)
+	}
+	p.image = pick(builtinImage, s.image)
+	p.user = pick(builtinUser, s.user)
+	p.network = pick(builtinNetwork, s.network)
+	p.allowShell = pick(builtinAllowShell, s.allowShell)
+	p.env = pick(envAllow{}, s.env)
+	p.timeoutMax = pick(builtinTimeoutMax, s.timeoutMax)
+	p.limits = Limits{
+		Timeout:       pick(builtinTimeoutDefault, s.timeoutDefault),
+		OutputLimit:   pick(builtinOutputLimit, s.outputLimit),
+		MemoryMiB:     pick(builtinMemoryMiB, s.memoryMiB),
+		CPUs:          pick(builtinCPUs, s.cpus),
+		MaxVMs:        pick(builtinMaxVMs, s.maxVMs),
+		SessionIdle:   pick(builtinSessionIdle, s.sessionIdle),
+		SessionMax:    pick(builtinSessionMax, s.sessionMax),
+		AllowSessions: pick(builtinSessions, s.sessions),
+	}
+
+	ruleNames := map[string]string{}
+	for j := range d.Deny {
+		p.deny = append(p.deny, c.rule(label, "deny", j, &d.Deny[j], ruleNames))
+	}
+	for j := range d.Allow {
+		p.allow = append(p.allow, c.rule(label, "allow", j, &d.Allow[j], ruleNames))
+	}
+	return p
+}
+
+func (c *compiler) match(label string, d *matchDoc) matcher {
+	var m matcher
+	if d == nil {
+		c.errorf("%s: match: missing; set uids, users, gids, groups, or any = true", label)
+		return m
+	}
+	m.any = d.Any != nil && *d.Any
+	if d.Any != nil && !*d.Any {
+		c.errorf("%s: match.any false: remove it; only any = true has a meaning", label)
+	}
+	m.uids = c.ids(label, "match.uids", d.UIDs)
+	m.gids = c.ids(label, "match.gids", d.GIDs)
+	m.users = c.names(label, "match.users", d.Users)
+	m.groups = c.names(label, "match.groups", d.Groups)
+	others := d.UIDs != nil || d.GIDs != nil || d.Users != nil || d.Groups != nil
+	switch {
+	case m.any && others:
+		c.errorf("%s: match: any = true cannot be combined with uids, users, gids or groups", label)
+	case !m.any && !others && d.Any == nil:
+		c.errorf("%s: match: empty; set uids, users, gids, groups, or any = true", label)
+	}
+	return m
+}
+
+func (c *compiler) ids(label, key string, v *[]int64) []uint32 {
+	if v == nil {
+		return nil
+	}
+	if len(*v) == 0 {
+		c.errorf("%s: %s: empty list matches nobody; remove the key", label, key)
+	}
+	out := make([]uint32, 0, len(*v))
+	for _, id := range *v {
+		// 4294967295 is (uid_t)-1, "no id", which the kernel never reports.
+		if id < 0 || id >= math.MaxUint32 {
+			c.errorf("%s: %s: %d: not a valid id (0..%d)", label, key, id, uint32(math.MaxUint32-1))
+			continue
+		}
+		out = append(out, uint32(id))
+	}
+	return out
+}
+
+func (c *compiler) names(label, key string, v *[]string) []string {
+	if v == nil {
+		return nil
+	}
+	if len(*v) == 0 {
+		c.errorf("%s: %s: empty list matches nobody; remove the key", label, key)
+	}
+	out := make([]string, 0, len(*v))
+	for _, n := range *v {
+		if n == "" || strings.ContainsFunc(n, isUnsafeRune) || strings.ContainsRune(n, ':') {
+			c.errorf("%s: %s: %q: not a valid user or group name", label, key, n)
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// settings is a parsed settingsDoc: nil means unset (or invalid, already
+// reported).
+type settings struct {
+	image, user, network       *string
+	memoryMiB, cpus, maxVMs    *int
+	outputLimit                *int64
+	allowShell, sessions       *bool
+	env                        *envAllow
+	timeoutDefault, timeoutMax *time.Duration
+	sessionIdle, sessionMax    *time.Duration
+	badTimeout, badSessions    bool
+}
+
+// merge returns s with its unset keys taken from d.
+func (s settings) merge(d settings) settings {
+	m := s
+	m.image = first(s.image, d.image)
+	m.user = first(s.user, d.user)
+	m.network = first(s.network, d.network)
+	m.memoryMiB = first(s.memoryMiB, d.memoryMiB)
+	m.cpus = first(s.cpus, d.cpus)
+	m.maxVMs = first(s.maxVMs, d.maxVMs)
+	m.outputLimit = first(s.outputLimit, d.outputLimit)
+	m.allowShell = first(s.allowShell, d.allowShell)
+	m.sessions = first(s.sessions, d.sessions)
+	m.env = first(s.env, d.env)
+	m.timeoutDefault = first(s.timeoutDefault, d.timeoutDefault)
+	m.timeoutMax = first(s.timeoutMax, d.timeoutMax)
+	m.sessionIdle = first(s.sessionIdle, d.sessionIdle)
+	m.sessionMax = first(s.sessionMax, d.sessionMax)
+	m.badTimeout = s.badTimeout || d.badTimeout
+	m.badSessions = s.badSessions || d.badSessions
+	return m
+}
+
+func first[T any](a, b *T) *T {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func pick[T any](builtin T, v *T) T {
+	if v != nil {
+		return *v
+	}
+	return builtin
+}
+
+// crossCheck checks relations between keys of merged settings s.
+func (c *compiler) crossCheck(label string, s settings) {
+	if !s.badTimeout {
+		def := pick(builtinTimeoutDefault, s.timeoutDefault)
+		maxT := pick(builtinTimeoutMax, s.timeoutMax)
+		if def > maxT {
+			c.errorf("%s: timeout.default %s is above timeout.max %s", label, formatDuration(def), formatDuration(maxT))
+		}
+	}
+	if !s.badSessions {
+		idle := pick(builtinSessionIdle, s.sessionIdle)
+		life := pick(builtinSessionMax, s.sessionMax)
+		if idle > life {
+			c.errorf("%s: sessions.idle_timeout %s is above sessions.max_lifetime %s", label, formatDuration(idle), formatDuration(life))
+		}
+	}
+}
+
+func (c *compiler) settings(label string, d *settingsDoc) settings {
+	var s settings
+	if d == nil {
+		return s
+	}
+	if d.Image != nil {
+		if imageRE.MatchString(*d.Image) {
+			s.image = d.Image
+		} else {
+			c.errorf("%s: image %q: must be 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit", label, *d.Image)
+		}
+	}
+	if d.User != nil {
+		switch *d.User {
+		case userAgent, userRoot:
+			s.user = d.User
+		default:
+			c.errorf("%s: user %q: must be %q or %q", label, *d.User, userAgent, userRoot)
+		}
+	}
+	s.memoryMiB = c.intIn(label, "memory_mib", d.MemoryMiB, minMemoryMiB, maxMemoryMiB)
+	s.cpus = c.intIn(label, "cpus", d.CPUs, 1, maxCPUs)
+	s.maxVMs = c.intIn(label, "max_vms", d.MaxVMs, 1, maxMaxVMs)
+	if d.OutputLimit != nil {
+		n, err := parseSize(*d.OutputLimit)
+		if err != nil {
+			c.errorf("%s: output_limit %s: %w", label, d.OutputLimit, err)
+		} else {
+			s.outputLimit = &n
+		}
+	}
+	s.allowShell = d.AllowShell
+	if d.Env != nil {
+		s.env = c.env(label, *d.Env)
+	}
+	if t := d.Timeout; t != nil {
+		before := len(c.errs)
+		s.timeoutDefault = c.duration(label, "timeout.default", t.Default)
+		s.timeoutMax = c.duration(label, "timeout.max", t.Max)
+		s.badTimeout = len(c.errs) > before
+	}
+	if ss := d.Sessions; ss != nil {
+		before := len(c.errs)
+		s.sessions = ss.Allowed
+		s.sessionIdle = c.duration(label, "sessions.idle_timeout", ss.IdleTimeout)
+		s.sessionMax = c.duration(label, "sessions.max_lifetime", ss.MaxLifetime)
+		s.badSessions = len(c.errs) > before
+	}
+	if n := d.Network; n != nil && n.Mode != nil {
+		if *n.Mode == networkNone {
+			s.network = n.Mode
+		} else {
+			c.errorf("%s: network.mode %q: the guest network is not available yet; only %q is supported", label, *n.Mode, networkNone)
+		}
+	}
+	return s
+}
+
+func (c *compiler) intIn(label, key string, v *int64, lo, hi int64) *int {
+	if v == nil {
+		return nil
+	}
+	if *v < lo || *v > hi {
+		c.errorf("%s: %s %d: must be between %d and %d", label, key, *v, lo, hi)
+		return nil
+	}
+	n := int(*v)
+	return &n
+}
+
+func (c *compiler) duration(label, key string, v *string) *time.Duration {
+	if v == nil {
+		return nil
+	}
+	d, err := time.ParseDuration(*v)
+	switch {
+	case err != nil:
+		c.errorf("%s: %s %q: invalid duration; write a Go duration such as \"30s\" or \"1h30m\"", label, key, *v)
+		return nil
+	case d <= 0:
+		c.errorf("%s: %s %q: must be positive", label, key, *v)
+		return nil
+	}
+	return &d
+}
+
+// parseSize converts an output_limit value to bytes.
+func parseSize(v sizeValue) (int64, error) {
+	n, mult := v.n, int64(1)
+	if v.isText {
+		m := sizeRE.FindStringSubmatch(v.s)
+		if m == nil {
+			return 0, errors.New(`invalid size; write bytes as an integer or a string such as "512KiB", "1MiB", "1GiB"`)
+		}
+		var err error
+		if n, err = strconv.ParseInt(m[1], 10, 64); err != nil {
+			n = math.MaxInt64 // only overflow is possible: report as too large
+		}
+		switch m[2] {
+		case "KiB":
+			mult = 1 << 10
+		case "MiB":
+			mult = 1 << 20
+		case "GiB":
+			mult = 1 << 30
+		}
+	}
+	if n < 1 || n > maxOutputLimit/mult {
+		return 0, fmt.Errorf("must be between 1 byte and 1GiB")
+	}
+	return n * mult, nil
+}
+
+// envAllow is a profile's environment allowlist.
+type envAllow struct {
+	names    []string // exact names
+	prefixes []string // from "PREFIX*"
+	all      bool     // from "*"
+	list     []string // as written, for Explain
+}
+
+func (e *envAllow) allows(name string) bool {
+	if e.all {
+		return true
+	}
+	for _, n := range e.names {
+		if n == name {
+			return true
+		}
+	}
+	for _, p := range e.prefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// String lists the allowlist as written, or "" if empty.
+func (e *envAllow) String() string {
+	return strings.Join(e.list, ", ")
+}
+
+func (c *compiler) env(label string, list []string) *envAllow {
+	e := &envAllow{}
+	seen := map[string]bool{}
+	for _, v := range list {
+		if seen[v] {
+			c.errorf("%s: env: %q listed twice", label, v)
+			continue
+		}
+		seen[v] = true
+		e.list = append(e.list, v)
+		switch {
+		case v == "*":
+			e.all = true
+		case strings.HasSuffix(v, "*") && envNameRE.MatchString(strings.TrimSuffix(v, "*")):
+			e.prefixes = append(e.prefixes, strings.TrimSuffix(v, "*"))
+		case envNameRE.MatchString(v):
+			e.names = append(e.names, v)
+		default:
+			c.errorf("%s: env: %q: not a variable name ([A-Za-z_][A-Za-z0-9_]*, optionally ending in *)", label, v)
+		}
+	}
+	return e
+}
+
+// rule validates and compiles one argv rule. names maps rule names already
+// used in this profile to their labels.
+func (c *compiler) rule(profLabel, kind string, j int, d *ruleDoc, names map[string]string) *rule {
+	r := &rule{kind: kind, index: j}
+	label := fmt.Sprintf("%s: %s[%d]", profLabel, kind, j)
+	if d.Name != nil {
+		switch prev, dup := names[*d.Name]; {
+		case !nameRE.MatchString(*d.Name):
+			c.errorf("%s: name %q: must be 1 to %d of [a-z0-9-], starting with a letter or digit", label, *d.Name, maxNameLen)
+		case dup:
+			c.errorf("%s: name %q: already used by %s", label, *d.Name, prev)
+		default:
+			r.name = *d.Name
+			names[r.name] = r.label()
+		}
+	}
+	if d.Program == nil && d.Args == nil && d.ArgsAny == nil && d.ArgsRegex == nil {
+		c.errorf("%s: no condition; set program, args, args_any or args_regex", label)
+	}
+	if d.Program != nil {
+		if len(*d.Program) == 0 {
+			c.errorf("%s: program: empty list matches nothing", label)
+		}
+		for _, prog := range *d.Program {
+			if err := checkProgram(prog); err != nil {
+				c.errorf("%s: program %q: %w", label, prog, err)
+				continue
+			}
+			r.programs = append(r.programs, prog)
+		}
+	}
+	if d.Args != nil {
+		r.hasArgs = true
+		args := *d.Args
+		for k, a := range args {
+			if a == restMarker || a == restMarkerAlt {
+				if k != len(args)-1 {
+					c.errorf("%s: args[%d] %q: only allowed as the last element", label, k, a)
+				}
+				r.argsRest = true
+				continue
+			}
+			g, err := compileGlob(a)
+			if err != nil {
+				c.errorf("%s: args[%d] %q: %w", label, k, a, err)
+				continue
+			}
+			r.args = append(r.args, g)
+		}
+	}
+	if d.ArgsAny != nil {
+		if len(*d.ArgsAny) == 0 {
+			c.errorf("%s: args_any: empty list matches nothing", label)
+		}
+		for k, a := range *d.ArgsAny {
+			g, err := compileGlob(a)
+			if err != nil {
+				c.errorf("%s: args_any[%d] %q: %w", label, k, a, err)
+				continue
+			}
+			r.argsAny = append(r.argsAny, g)
+		}
+	}
+	if d.ArgsRegex != nil {
+		re, err := regexp.Compile(*d.ArgsRegex)
+		switch {
+		case *d.ArgsRegex == "":
+			c.errorf("%s: args_regex: empty pattern matches everything; remove it", label)
+		case err != nil:
+			c.errorf("%s: args_regex %q: %w", label, *d.ArgsRegex, err)
+		default:
+			r.argsRegex = re
+		}
+	}
+	return r
+}
