@@ -9,3 +9,5 @@ require (
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.48.0
 )
+
+require github.com/coreos/go-systemd/v22 v22.6.0 // indirect

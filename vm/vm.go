@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -359,7 +360,13 @@ func (v *VM) connect(ctx context.Context, img *imageFiles) error {
 			return fmt.Errorf("agent handshake: %w", r.err)
 		}
 		v.client = ssh.NewClient(r.c, r.chans, r.reqs)
-		v.push(v.client.Close)
+		v.push(func() error {
+			// After the VM died the connection is already gone.
+			if err := v.client.Close(); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.EOF) {
+				return fmt.Errorf("close agent connection: %w", err)
+			}
+			return nil
+		})
 		return nil
 	case <-v.exited:
 		conn.Close()

@@ -1,51 +1,227 @@
 package cli
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/exitcode"
 )
 
-// DefaultSocket is the gateway's socket; VMGATE_SOCKET overrides it.
-const DefaultSocket = "/run/vmgate/vmgate.sock"
-
-const vmexecUsage = `usage: vm-exec [--socket PATH] [--timeout D] [--] PROG ARGS…
-Runs PROG in a fresh disposable VM through the vmgated gateway.
+const vmexecUsage = `usage: vm-exec [flags] [--] PROG ARGS…
+       vm-exec [flags] -c 'SHELL STRING'
+       vm-exec --list-sessions | --end-session NAME
+Runs PROG in a fresh disposable VM (or in session NAME) through vmgated.
+Flags:
+  --socket PATH     gateway socket (default $VMGATE_SOCKET or /run/vmgate/vmgate.sock)
+  --timeout D       time limit, e.g. 30s (default: the policy's)
+  --session NAME    run in the caller's kept VM NAME (created on first use)
+  --json            print one JSON result object (with stdout/stderr) instead of streaming
+  -i                send stdin even when it is a terminal (default: only when it is not)
+  -C DIR            working directory in the guest
+  -e KEY=VALUE      environment variable (repeatable; the policy must allow it)
 Exit status: the command's, 128+N for signal N, or
-  201 denied by policy, 202 busy, 203 timed out, 204 gateway unreachable, 205 VM failure.
+  201 denied by policy, 202 busy, 203 timed out, 204 gateway unreachable, 205 VM failure, 200 other.
 `
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return fmt.Sprint(*m) }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// vmexecOpts is the parsed vm-exec command line.
+type vmexecOpts struct {
+	socket, session, endSession, shell, dir string
+	timeout                                 time.Duration
+	jsonOut, list, forceStdin, shellMode    bool
+	env                                     multiFlag
+	argv                                    []string
+}
+
+// parseVMExec parses the vm-exec command line (pure; fuzzed).
+func parseVMExec(args []string) (*vmexecOpts, error) {
+	o := &vmexecOpts{}
+	fs := flag.NewFlagSet("vm-exec", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.socket, "socket", "", "")
+	fs.DurationVar(&o.timeout, "timeout", 0, "")
+	fs.StringVar(&o.session, "session", "", "")
+	fs.StringVar(&o.endSession, "end-session", "", "")
+	fs.BoolVar(&o.list, "list-sessions", false, "")
+	fs.BoolVar(&o.jsonOut, "json", false, "")
+	fs.BoolVar(&o.forceStdin, "i", false, "")
+	fs.StringVar(&o.shell, "c", "", "")
+	fs.StringVar(&o.dir, "C", "", "")
+	fs.Var(&o.env, "e", "")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	o.argv = fs.Args()
+	shellSet := false
+	fs.Visit(func(f *flag.Flag) { shellSet = shellSet || f.Name == "c" })
+	switch {
+	case o.list || o.endSession != "":
+		if len(o.argv) > 0 || shellSet {
+			return nil, errors.New("--list-sessions and --end-session take no command")
+		}
+	case shellSet:
+		if len(o.argv) > 0 {
+			return nil, errors.New("-c takes one shell string and no further arguments")
+		}
+		o.argv = []string{o.shell}
+		o.shellMode = true
+	case len(o.argv) == 0:
+		return nil, errors.New("no command given")
+	}
+	if o.timeout < 0 {
+		return nil, errors.New("--timeout must not be negative")
+	}
+	return o, nil
+}
 
 // VMExec runs the vm-exec command line and returns the process exit code.
 func VMExec(args []string) int {
-	fs := flag.NewFlagSet("vm-exec", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(os.Stderr, vmexecUsage) }
-	def := DefaultSocket
-	if s := os.Getenv("VMGATE_SOCKET"); s != "" {
-		def = s
-	}
-	socket := fs.String("socket", def, "gateway socket")
-	_ = fs.Duration("timeout", 0, "command time limit")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+	for _, a := range args {
+		if a == "-h" || a == "--help" || a == "-help" {
+			fmt.Fprint(os.Stdout, vmexecUsage)
 			return 0
 		}
-		return exitcode.Usage
+		if a == "--" {
+			break
+		}
 	}
-	if fs.NArg() == 0 {
-		fmt.Fprint(os.Stderr, vmexecUsage)
-		return exitcode.Usage
-	}
-	c, err := net.DialTimeout("unix", *socket, 5*time.Second)
+	o, err := parseVMExec(args)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "vm-exec: cannot reach the gateway at %s: %v\nIs vmgated running? (set VMGATE_SOCKET or --socket to use another socket)\n", *socket, err)
-		return exitcode.Unreachable
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\n%s", err, vmexecUsage)
+		return exitcode.Usage
 	}
-	c.Close()
-	fmt.Fprintf(os.Stderr, "vm-exec: the gateway at %s does not speak the exec protocol this client needs (gateway protocol /v1 is not available in this build); use `vmgated debug run -- PROG ARGS…`\n", *socket)
+	c := client.New(o.socket)
+	ctx := context.Background()
+	switch {
+	case o.list:
+		ss, err := c.Sessions(ctx)
+		if err != nil {
+			return reportErr(err)
+		}
+		for _, s := range ss {
+			fmt.Printf("%s\tvm=%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, s.VMID, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
+		}
+		return 0
+	case o.endSession != "":
+		if err := c.EndSession(ctx, o.endSession); err != nil {
+			return reportErr(err)
+		}
+		return 0
+	}
+	return runExec(ctx, c, o)
+}
+
+func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
+	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode,
+		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds()}
+	var sio client.ExecIO
+	var outBuf, errBuf bytes.Buffer
+	if o.jsonOut {
+		sio.Stdout, sio.Stderr = &outBuf, &errBuf
+	} else {
+		sio.Stdout, sio.Stderr = os.Stdout, os.Stderr
+	}
+	if o.forceStdin || !isTerminal(os.Stdin) {
+		sio.Stdin = os.Stdin
+	}
+	// Ctrl-C / SIGTERM are forwarded to the command; a second one drops
+	// the connection, which makes the gateway kill the command and its VM.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigc)
+	fwd := make(chan string, 4)
+	sio.Signals = fwd
+	go func() {
+		n := 0
+		for s := range sigc {
+			n++
+			if n > 1 {
+				cancel()
+				return
+			}
+			name := map[os.Signal]string{os.Interrupt: "INT", syscall.SIGTERM: "TERM", syscall.SIGHUP: "HUP"}[s]
+			select {
+			case fwd <- name:
+			default:
+			}
+		}
+	}()
+	res, err := c.Exec(ctx, req, sio)
+	if err != nil {
+		return reportErr(err)
+	}
+	code := res.ExitCode
+	if res.Signal != "" {
+		code = 128 + signalNum(res.Signal)
+	}
+	if res.TimedOut {
+		code = exitcode.TimedOut
+	}
+	if o.jsonOut {
+		out := struct {
+			*wire.Result
+			Stdout string `json:"stdout"`
+			Stderr string `json:"stderr"`
+		}{res, outBuf.String(), errBuf.String()}
+		enc := json.NewEncoder(os.Stdout)
+		_ = enc.Encode(out)
+		return code
+	}
+	if res.TimedOut {
+		fmt.Fprintf(os.Stderr, "vm-exec: timed out after %v; the command was killed\n", time.Duration(res.ExecMS)*time.Millisecond)
+	}
+	if res.StdoutTruncated || res.StderrTruncated {
+		fmt.Fprintf(os.Stderr, "vm-exec: output truncated by the policy's output limit (stdout %d bytes, stderr %d bytes produced)\n", res.StdoutBytes, res.StderrBytes)
+	}
+	return code
+}
+
+func signalNum(name string) int {
+	for n, s := range []string{"", "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2", "PIPE", "ALRM", "TERM"} {
+		if s == name {
+			return n
+		}
+	}
+	return 0
+}
+
+// reportErr prints err and maps it to vm-exec's exit codes.
+func reportErr(err error) int {
+	fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
+	var ue *client.UnreachableError
+	var ae *client.APIError
+	var fe *client.ExecFailedError
+	switch {
+	case errors.As(err, &ue):
+		return exitcode.Unreachable
+	case errors.Is(err, client.ErrDenied):
+		return exitcode.Denied
+	case errors.Is(err, client.ErrBusy):
+		return exitcode.Busy
+	case errors.As(err, &ae):
+		if ae.Body.Code == wire.CodeVM {
+			return exitcode.VMFailed
+		}
+		return exitcode.Internal
+	case errors.As(err, &fe):
+		return exitcode.VMFailed
+	}
 	return exitcode.Internal
 }

@@ -19,6 +19,10 @@ import (
 )
 
 const vmgatedUsage = `usage:
+  vmgated serve [--config FILE] [--socket PATH] [--image DIR] [--state-dir DIR] [--allow-root]
+                [--max-vms N] [--queue N] [--queue-wait D] [--grace D] [--audit-log FILE]
+  vmgated policy check FILE
+  vmgated audit verify FILE
   vmgated image build [--out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
   vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
                     [--cpus N] [--timeout D] [--user U] -- PROG ARGS…
@@ -34,7 +38,17 @@ func Vmgated(args []string) int {
 	defer stop()
 	var err error
 	code := 0
-	switch verb := strings.Join(args[:min(2, len(args))], " "); verb {
+	verb := args[0]
+	if len(args) > 1 && (verb == "policy" || verb == "audit" || verb == "image" || verb == "debug") {
+		verb += " " + args[1]
+	}
+	switch verb {
+	case "serve":
+		err = serve(ctx, args[1:])
+	case "policy check":
+		err = policyCheck(args[2:])
+	case "audit verify":
+		err = auditVerify(args[2:])
 	case "image build":
 		err = imageBuild(ctx, args[2:])
 	case "debug run":

@@ -1,0 +1,315 @@
+// Package client talks to vmgated over its Unix socket (package wire): it
+// runs commands with streamed I/O and manages sessions. Errors are typed:
+// *APIError for refusals (denied, busy, bad request) and *UnreachableError
+// when the socket cannot be reached.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/wire"
+)
+
+// DefaultSocket is used when neither an explicit path nor VMGATE_SOCKET is set.
+const DefaultSocket = "/run/vmgate/vmgate.sock"
+
+// SocketPath returns explicit, else $VMGATE_SOCKET, else DefaultSocket.
+func SocketPath(explicit string) string {
+	if explicit != "" {
+		return explicit
+	}
+	if s := os.Getenv("VMGATE_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+// Client is a vmgated client. The zero value is not usable; use New.
+type Client struct {
+	Socket string
+}
+
+// New returns a client for the socket at path (see SocketPath).
+func New(path string) *Client { return &Client{Socket: SocketPath(path)} }
+
+// UnreachableError reports that the gateway socket could not be reached.
+type UnreachableError struct {
+	Socket string
+	Err    error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("cannot reach vmgated at %s: %v (is vmgated running? set VMGATE_SOCKET or --socket for another socket)", e.Socket, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
+// APIError is a refusal from the gateway.
+type APIError struct {
+	Status int
+	Body   wire.Error
+}
+
+func (e *APIError) Error() string {
+	switch e.Body.Code {
+	case wire.CodeDenied:
+		msg := "denied by policy"
+		if e.Body.Profile != "" {
+			msg += " profile " + e.Body.Profile
+		}
+		if e.Body.Rule != "" {
+			msg += ": rule " + e.Body.Rule
+		}
+		return msg + ": " + e.Body.Error
+	case wire.CodeBusy:
+		return "gateway busy: " + e.Body.Error
+	}
+	return e.Body.Error
+}
+
+// Is lets errors.Is match ErrDenied and ErrBusy.
+func (e *APIError) Is(target error) bool {
+	switch target {
+	case ErrDenied:
+		return e.Body.Code == wire.CodeDenied
+	case ErrBusy:
+		return e.Body.Code == wire.CodeBusy
+	}
+	return false
+}
+
+// Sentinels matched by *APIError.
+var (
+	ErrDenied = errors.New("denied by policy")
+	ErrBusy   = errors.New("gateway busy")
+)
+
+// ExecFailedError is a failure after the command was accepted (VM died,
+// gateway shutting down).
+type ExecFailedError struct{ Body wire.Error }
+
+func (e *ExecFailedError) Error() string { return "exec failed: " + e.Body.Error }
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.Socket)
+	if err != nil {
+		return nil, &UnreachableError{Socket: c.Socket, Err: err}
+	}
+	return conn, nil
+}
+
+func (c *Client) httpClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return c.dial(ctx)
+	}}}
+}
+
+func apiError(resp *http.Response) error {
+	var e wire.Error
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(body, &e) != nil || e.Error == "" {
+		e = wire.Error{Code: wire.CodeInternal, Error: fmt.Sprintf("unexpected answer %s: %s", resp.Status, bytes.TrimSpace(body))}
+	}
+	return &APIError{Status: resp.StatusCode, Body: e}
+}
+
+// ExecIO wires a command's streams. Nil readers/writers mean empty stdin and
+// discarded output. Signals forwards signal names ("INT", "TERM").
+type ExecIO struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	Signals        <-chan string
+}
+
+// Exec runs req and streams its I/O. It returns the result record; a
+// non-nil error means the command's outcome is unknown or it never ran.
+// Cancelling ctx closes the connection, which makes the gateway kill the
+// command.
+func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*wire.Result, error) {
+	req.Stdin = sio.Stdin != nil
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+
+	hreq, err := http.NewRequest(http.MethodPost, "http://vmgated/v1/exec", bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Connection", "Upgrade")
+	hreq.Header.Set("Upgrade", wire.Upgrade)
+	if err := hreq.Write(conn); err != nil {
+		return nil, ctxOr(ctx, fmt.Errorf("exec: send request: %w", err))
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, hreq)
+	if err != nil {
+		return nil, ctxOr(ctx, fmt.Errorf("exec: read response: %w", err))
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		defer resp.Body.Close()
+		return nil, apiError(resp)
+	}
+
+	var wmu sync.Mutex
+	send := func(typ byte, p []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return wire.WriteFrame(conn, typ, p)
+	}
+	if sio.Stdin != nil {
+		go func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := sio.Stdin.Read(buf)
+				if n > 0 && send(wire.FrameStdin, buf[:n]) != nil {
+					return
+				}
+				if err != nil {
+					_ = send(wire.FrameStdinEOF, nil)
+					return
+				}
+			}
+		}()
+	}
+	if sio.Signals != nil {
+		go func() {
+			for {
+				select {
+				case sig, ok := <-sio.Signals:
+					if !ok {
+						return
+					}
+					_ = send(wire.FrameSignal, []byte(sig))
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	for {
+		typ, p, err := wire.ReadFrame(br)
+		if err != nil {
+			return nil, ctxOr(ctx, fmt.Errorf("exec: connection to vmgated lost: %w", err))
+		}
+		switch typ {
+		case wire.FrameStdout:
+			if sio.Stdout != nil {
+				_, _ = sio.Stdout.Write(p)
+			}
+		case wire.FrameStderr:
+			if sio.Stderr != nil {
+				_, _ = sio.Stderr.Write(p)
+			}
+		case wire.FrameResult:
+			var r wire.Result
+			if err := json.Unmarshal(p, &r); err != nil {
+				return nil, fmt.Errorf("exec: bad result frame: %w", err)
+			}
+			return &r, nil
+		case wire.FrameError:
+			var e wire.Error
+			if err := json.Unmarshal(p, &e); err != nil {
+				return nil, fmt.Errorf("exec: bad error frame: %w", err)
+			}
+			return nil, &ExecFailedError{Body: e}
+		}
+	}
+}
+
+func ctxOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("exec: %w", ctx.Err())
+	}
+	return err
+}
+
+// Sessions lists the caller's sessions.
+func (c *Client) Sessions(ctx context.Context) ([]wire.Session, error) {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://vmgated/v1/sessions", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.httpClient().Do(hreq)
+	if err != nil {
+		return nil, unwrapDial(c, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, apiError(resp)
+	}
+	var out []wire.Session
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
+	}
+	return out, nil
+}
+
+// EndSession destroys the caller's session name.
+func (c *Client) EndSession(ctx context.Context, name string) error {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodDelete, "http://vmgated/v1/sessions/"+url.PathEscape(name), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.httpClient().Do(hreq)
+	if err != nil {
+		return unwrapDial(c, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return apiError(resp)
+	}
+	return nil
+}
+
+// Status returns the gateway's status document.
+func (c *Client) Status(ctx context.Context) (map[string]any, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://vmgated/v1/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.httpClient().Do(hreq)
+	if err != nil {
+		return nil, unwrapDial(c, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, apiError(resp)
+	}
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return out, nil
+}
+
+func unwrapDial(c *Client, err error) error {
+	var ue *UnreachableError
+	if errors.As(err, &ue) {
+		return ue
+	}
+	return err
+}

@@ -1,0 +1,463 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/vm"
+)
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/exec", s.handleExec)
+	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
+	mux.HandleFunc("DELETE /v1/sessions/{name}", s.handleEndSession)
+	mux.HandleFunc("GET /v1/status", s.handleStatus)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
+	})
+	return mux
+}
+
+func writeError(w http.ResponseWriter, status int, e wire.Error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func newRequestID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	if _, err := identityFrom(r.Context()); err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	used, waiting := s.slots.stats()
+	health := "ok"
+	if err := s.audit.Healthy(); err != nil {
+		health = err.Error()
+	}
+	writeJSON(w, map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()})
+}
+
+func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	out := s.listSessions(id.UID)
+	if out == nil {
+		out = []wire.Session{}
+	}
+	writeJSON(w, out)
+}
+
+func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	name := r.PathValue("name")
+	s.mu.Lock()
+	ss := s.sessions[sessionKey{id.UID, name}]
+	s.mu.Unlock()
+	if ss == nil {
+		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q for uid %d", name, id.UID)})
+		return
+	}
+	s.destroySession(ss, "ended by client")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// execState collects what the audit record of one exec needs.
+type execState struct {
+	reqID   string
+	id      policy.Identity
+	argv    []string
+	req     *wire.ExecRequest
+	verdict policy.Verdict
+	start   time.Time
+}
+
+func (s *Server) auditDecision(st *execState) error {
+	uid, gid := st.id.UID, st.id.GID
+	v := audit.VerdictDeny
+	if st.verdict.Allowed {
+		v = audit.VerdictAllow
+	}
+	return s.audit.Write(audit.Record{
+		Kind: audit.KindDecision, RequestID: st.reqID, UID: &uid, GID: &gid, PID: st.id.PID, User: st.id.User,
+		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
+		Verdict: v, Rule: st.verdict.Rule, Reason: st.verdict.Reason,
+	})
+}
+
+func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
+	st := &execState{reqID: newRequestID(), start: time.Now()}
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "cannot identify the caller: " + err.Error()})
+		return
+	}
+	st.id = id
+	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
+	if s.stopping.Load() {
+		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeShutdown, Error: "vmgated is shutting down"})
+		return
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), wire.Upgrade) {
+		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: "exec needs the header Upgrade: " + wire.Upgrade})
+		return
+	}
+	req, err := wire.DecodeExecRequest(r.Body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error(), RequestID: st.reqID})
+		return
+	}
+	st.req = req
+	st.argv = req.Argv
+	if req.Shell {
+		st.argv = []string{"sh", "-c", req.Argv[0]}
+	}
+	if err := s.audit.Healthy(); err != nil {
+		log.Error("refusing request: audit log unavailable", "err", err)
+		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID})
+		return
+	}
+	st.verdict = s.policy.Load().Decide(id, policy.Request{
+		Argv: st.argv, Shell: req.Shell, Session: req.Session,
+		Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, Env: req.Env,
+	})
+	if err := s.auditDecision(st); err != nil {
+		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID})
+		return
+	}
+	if !st.verdict.Allowed {
+		log.Info("denied", "profile", st.verdict.Profile, "rule", st.verdict.Rule, "reason", st.verdict.Reason)
+		writeError(w, http.StatusForbidden, wire.Error{Code: wire.CodeDenied, Error: st.verdict.Reason,
+			Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID})
+		return
+	}
+
+	// Find or make the VM before switching protocols, so that busy and
+	// session errors are plain HTTP answers.
+	target, err := s.acquireVM(r.Context(), st)
+	if err != nil {
+		status, code := http.StatusServiceUnavailable, wire.CodeBusy
+		var ue userError
+		if errors.As(err, &ue) {
+			status, code = ue.status, ue.code
+		}
+		s.auditExec(st, nil, nil, "", err)
+		writeError(w, status, wire.Error{Code: code, Error: err.Error(), Profile: st.verdict.Profile, RequestID: st.reqID})
+		return
+	}
+	s.running.Add(1)
+	defer s.running.Done()
+
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		target.done(false)
+		log.Error("hijack", "err", err)
+		return
+	}
+	defer conn.Close()
+	_, _ = fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nVmgate-Request-Id: %s\r\n\r\n", wire.Upgrade, st.reqID)
+	if err := brw.Flush(); err != nil {
+		target.done(false)
+		return
+	}
+	s.serveExec(log, conn, brw.Reader, st, target)
+}
+
+// userError is an error with its HTTP status and wire code.
+type userError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e userError) Error() string { return e.msg }
+
+// vmTarget is the VM an exec runs in: fresh (destroyed afterwards) or a
+// session's (kept).
+type vmTarget struct {
+	vm      *vm.VM
+	boot    time.Duration
+	queue   time.Duration
+	session *session
+	done    func(ok bool)
+}
+
+func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error) {
+	v := st.verdict
+	if st.req.Session != "" {
+		return s.sessionVM(ctx, st)
+	}
+	t0 := time.Now()
+	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
+	if err != nil {
+		return nil, userError{http.StatusServiceUnavailable, wire.CodeBusy, fmt.Sprintf("busy: no VM slot free within %v (max %d VMs, profile %q max %d)", s.cfg.QueueWait, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs)}
+	}
+	queue := time.Since(t0)
+	t1 := time.Now()
+	m, err := s.startVM(ctx, v)
+	if err != nil {
+		release()
+		return nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
+	}
+	return &vmTarget{vm: m, boot: time.Since(t1), queue: queue, done: func(bool) {
+		if err := m.Close(); err != nil {
+			s.log.Error("destroy vm", "vm", m.ID, "err", err)
+		}
+		release()
+	}}, nil
+}
+
+func (s *Server) startVM(ctx context.Context, v policy.Verdict) (*vm.VM, error) {
+	// A boot is not tied to the HTTP request: a client that gives up while
+	// queued does not leave a half-booted VM, Start cleans up on error.
+	return vm.Start(ctx, vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir,
+		MemoryMiB: v.Limits.MemoryMiB, CPUs: v.Limits.CPUs, Accel: s.cfg.Accel, Log: s.log})
+}
+
+func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
+	key := sessionKey{st.id.UID, st.req.Session}
+	s.mu.Lock()
+	ss := s.sessions[key]
+	if ss != nil {
+		ss.mu.Lock()
+		if ss.busy || ss.closed {
+			ss.mu.Unlock()
+			s.mu.Unlock()
+			return nil, userError{http.StatusConflict, wire.CodeBusy, fmt.Sprintf("session %q is running another command", key.name)}
+		}
+		ss.busy = true
+		ss.mu.Unlock()
+		s.mu.Unlock()
+		return &vmTarget{vm: ss.vm, session: ss, done: s.sessionDone(ss)}, nil
+	}
+	s.mu.Unlock()
+
+	v := st.verdict
+	t0 := time.Now()
+	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
+	if err != nil {
+		return nil, userError{http.StatusServiceUnavailable, wire.CodeBusy, fmt.Sprintf("busy: no VM slot free within %v", s.cfg.QueueWait)}
+	}
+	queue := time.Since(t0)
+	t1 := time.Now()
+	m, err := s.startVM(ctx, v)
+	if err != nil {
+		release()
+		return nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
+	}
+	now := time.Now()
+	ss = &session{key: key, profile: v.Profile, vm: m, release: release, created: now, lastUsed: now,
+		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, busy: true}
+	s.mu.Lock()
+	if other := s.sessions[key]; other != nil {
+		// Two first requests raced: keep the first, drop ours.
+		s.mu.Unlock()
+		_ = m.Close()
+		release()
+		return nil, userError{http.StatusConflict, wire.CodeBusy, fmt.Sprintf("session %q is being created by another request", key.name)}
+	}
+	s.sessions[key] = ss
+	s.mu.Unlock()
+	uid := key.uid
+	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, RequestID: st.reqID, UID: &uid, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"})
+	return &vmTarget{vm: m, session: ss, boot: time.Since(t1), queue: queue, done: s.sessionDone(ss)}, nil
+}
+
+func (s *Server) sessionDone(ss *session) func(bool) {
+	return func(ok bool) {
+		ss.mu.Lock()
+		ss.busy = false
+		ss.lastUsed = time.Now()
+		ss.mu.Unlock()
+		if !ok {
+			s.destroySession(ss, "vm failed")
+		}
+	}
+}
+
+// frameWriter turns writes into frames of one type on a shared connection
+// and hashes what it sends.
+type frameWriter struct {
+	mu  *sync.Mutex
+	w   io.Writer
+	typ byte
+	h   hash.Hash
+	err error
+}
+
+func (f *frameWriter) Write(p []byte) (int, error) {
+	f.h.Write(p)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return 0, f.err
+	}
+	for rest := p; len(rest) > 0; {
+		n := min(len(rest), wire.MaxFrame)
+		if err := wire.WriteFrame(f.w, f.typ, rest[:n]); err != nil {
+			f.err = err
+			return 0, err
+		}
+		rest = rest[n:]
+	}
+	return len(p), nil
+}
+
+func (s *Server) serveExec(log interface {
+	Info(string, ...any)
+	Warn(string, ...any)
+}, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
+	ctx, cancel := context.WithCancel(s.execCtx)
+	defer cancel()
+
+	// Client → daemon frames. A read error means the client is gone:
+	// cancel the command.
+	var stdinR *io.PipeReader
+	var stdinW *io.PipeWriter
+	if st.req.Stdin {
+		stdinR, stdinW = io.Pipe()
+	}
+	signals := make(chan string, 8)
+	var stdinBytes int64
+	clientGone := make(chan struct{})
+	go func() {
+		defer close(clientGone)
+		for {
+			typ, p, err := wire.ReadFrame(br)
+			if err != nil {
+				if stdinW != nil {
+					stdinW.CloseWithError(errors.New("client disconnected"))
+				}
+				cancel()
+				return
+			}
+			switch typ {
+			case wire.FrameStdin:
+				if stdinW != nil {
+					stdinBytes += int64(len(p))
+					if _, err := stdinW.Write(p); err != nil {
+						stdinW = nil // command closed its stdin; drop the rest
+					}
+				}
+			case wire.FrameStdinEOF:
+				if stdinW != nil {
+					stdinW.Close()
+					stdinW = nil
+				}
+			case wire.FrameSignal:
+				select {
+				case signals <- string(p):
+				default:
+				}
+			}
+		}
+	}()
+
+	var mu sync.Mutex
+	stdout := &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout, h: sha256.New()}
+	stderr := &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr, h: sha256.New()}
+	var stdin io.Reader
+	if stdinR != nil {
+		stdin = stdinR
+	}
+	t0 := time.Now()
+	res, err := target.vm.Exec(ctx, vm.ExecRequest{
+		Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
+		Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: signals,
+	})
+	execDur := time.Since(t0)
+	if stdinR != nil {
+		stdinR.Close()
+	}
+	vmOK := err == nil || !errors.Is(err, vm.ErrVMDied)
+	select {
+	case <-clientGone:
+		if err == nil {
+			err = errors.New("client disconnected")
+		}
+	default:
+	}
+	target.done(vmOK && err == nil || target.session != nil && vmOK)
+	hashes := [2]string{hex.EncodeToString(stdout.h.Sum(nil)), hex.EncodeToString(stderr.h.Sum(nil))}
+	res2 := s.auditExec(st, res, target, hashes[0]+" "+hashes[1], err, stdinBytes, execDur)
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil {
+		log.Warn("exec failed", "err", err)
+		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: wire.CodeVM, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
+		return
+	}
+	log.Info("exec done", "vm", target.vm.ID, "exit", res.ExitCode, "signal", res.Signal, "timed_out", res.TimedOut, "ms", res2.TotalMS)
+	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res2)
+}
+
+// auditExec writes the exec record and returns the wire result.
+func (s *Server) auditExec(st *execState, res *vm.ExecResult, target *vmTarget, hashes string, execErr error, extra ...any) wire.Result {
+	uid, gid := st.id.UID, st.id.GID
+	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID, UID: &uid, GID: &gid, PID: st.id.PID, User: st.id.User,
+		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
+		ImageDigest: s.digest, DurationMS: time.Since(st.start).Milliseconds()}
+	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: rec.DurationMS}
+	if target != nil {
+		rec.VMID, rec.BootMS = target.vm.ID, target.boot.Milliseconds()
+		out.VMID, out.BootMS, out.QueueMS = target.vm.ID, target.boot.Milliseconds(), target.queue.Milliseconds()
+	}
+	if len(extra) == 2 {
+		rec.StdinBytes = extra[0].(int64)
+		out.ExecMS = extra[1].(time.Duration).Milliseconds()
+	}
+	if h := strings.Fields(hashes); len(h) == 2 {
+		rec.StdoutSHA256, rec.StderrSHA256 = h[0], h[1]
+	}
+	if res != nil {
+		code := res.ExitCode
+		rec.ExitCode, rec.Signal, rec.TimedOut = &code, res.Signal, res.TimedOut
+		rec.StdoutBytes, rec.StderrBytes = res.StdoutBytes, res.StderrBytes
+		rec.Truncated = res.StdoutTruncated || res.StderrTruncated
+		out.ExitCode, out.Signal, out.TimedOut = res.ExitCode, res.Signal, res.TimedOut
+		out.StdoutTruncated, out.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
+		out.StdoutBytes, out.StderrBytes = res.StdoutBytes, res.StderrBytes
+	}
+	if execErr != nil {
+		rec.Error = execErr.Error()
+	}
+	if err := s.audit.Write(rec); err != nil {
+		s.log.Error("audit exec record", "req", st.reqID, "err", err)
+	}
+	return out
+}

@@ -1,0 +1,361 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/activation"
+	"github.com/coreos/go-systemd/v22/daemon"
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/image"
+)
+
+// Config configures the daemon. Zero values get the documented defaults.
+type Config struct {
+	// Socket is the Unix socket path (default /run/vmgate/vmgate.sock).
+	// Ignored under systemd socket activation.
+	Socket string
+	// SocketGroup, if set, owns the socket (mode 0660).
+	SocketGroup string
+	// SocketMode defaults to 0660.
+	SocketMode os.FileMode
+	// PolicyPath is the TOML policy. When empty or, for the default path,
+	// missing, the embedded default policy is used.
+	PolicyPath string
+	// PolicyExplicit makes a missing PolicyPath an error.
+	PolicyExplicit bool
+	// StateDir holds VM directories and the daemon lock.
+	StateDir string
+	// ImageDir is the guest image (default STATE/image).
+	ImageDir string
+	// AuditPath is the audit log (JSON lines, hash-chained).
+	AuditPath string
+	// MaxVMs bounds live VMs across all callers (default 4).
+	MaxVMs int
+	// QueueLen bounds requests waiting for a VM slot (default 16; negative
+	// means no queue: busy at once when all slots are taken);
+	// QueueWait bounds how long each waits (default 30s).
+	QueueLen  int
+	QueueWait time.Duration
+	// Grace is how long running commands may finish after SIGTERM before
+	// they are killed (default 10s).
+	Grace time.Duration
+	// Accel is the QEMU accelerator (auto, kvm, tcg).
+	Accel vm.Accel
+	// AllowRoot permits running as uid 0.
+	AllowRoot bool
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+	// Ready, if set, is called once the daemon accepts requests.
+	Ready func()
+}
+
+// DefaultSocket is the gateway socket path.
+const DefaultSocket = "/run/vmgate/vmgate.sock"
+
+func (c *Config) setDefaults() {
+	if c.Socket == "" {
+		c.Socket = DefaultSocket
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = 0o660
+	}
+	if c.ImageDir == "" {
+		c.ImageDir = filepath.Join(c.StateDir, "image")
+	}
+	if c.AuditPath == "" {
+		c.AuditPath = filepath.Join(c.StateDir, "audit.jsonl")
+	}
+	if c.MaxVMs == 0 {
+		c.MaxVMs = 4
+	}
+	switch {
+	case c.QueueLen == 0:
+		c.QueueLen = 16
+	case c.QueueLen < 0:
+		c.QueueLen = 0
+	}
+	if c.QueueWait == 0 {
+		c.QueueWait = 30 * time.Second
+	}
+	if c.Grace == 0 {
+		c.Grace = 10 * time.Second
+	}
+	if c.Accel == "" {
+		c.Accel = vm.AccelAuto
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+}
+
+// Server is a running gateway.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	policy atomic.Pointer[policy.Policy]
+	audit  *audit.Log
+	digest string
+	slots  *slots
+
+	// execCtx is cancelled when the grace period after shutdown ends.
+	execCtx    context.Context
+	execCancel context.CancelFunc
+	running    sync.WaitGroup
+	stopping   atomic.Bool
+
+	mu       sync.Mutex
+	sessions map[sessionKey]*session
+}
+
+// Run starts the daemon and serves until ctx is cancelled or SIGTERM/SIGINT
+// arrives; SIGHUP reloads the policy. It returns after every VM is destroyed
+// and the socket is removed.
+func Run(ctx context.Context, cfg Config) error {
+	cfg.setDefaults()
+	log := cfg.Log
+	if os.Geteuid() == 0 && !cfg.AllowRoot {
+		return errors.New("refusing to run as root: run vmgated as its own unprivileged user (vmgate), or pass --allow-root")
+	}
+	if os.Geteuid() == 0 {
+		log.Warn("RELAXATION: running as root (--allow-root); QEMU and VM files are owned by root")
+	}
+	if cfg.StateDir == "" {
+		return errors.New("no state directory")
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	unlock, err := lockState(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if n, err := vm.CleanupStale(cfg.StateDir, log); err != nil {
+		return fmt.Errorf("clean up leftovers: %w", err)
+	} else if n > 0 {
+		log.Warn("removed VMs left by a previous run", "count", n)
+	}
+
+	pol, err := loadPolicy(cfg, log)
+	if err != nil {
+		return err
+	}
+	m, err := image.ReadManifest(cfg.ImageDir)
+	if err != nil {
+		return err
+	}
+	if err := m.Verify(cfg.ImageDir, true); err != nil {
+		return err
+	}
+	al, err := audit.Open(audit.Options{Path: cfg.AuditPath, Logger: log})
+	if err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	defer al.Close()
+
+	s := &Server{cfg: cfg, log: log, audit: al, digest: m.Artifacts[image.BaseFile].SHA256,
+		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}}
+	s.policy.Store(pol)
+	s.execCtx, s.execCancel = context.WithCancel(context.Background())
+	defer s.execCancel()
+
+	ln, err := listen(cfg, log)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: s.routes(), ConnContext: connContext, ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+
+	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.digest})
+	log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", pol.Source(), "image", cfg.ImageDir, "audit", cfg.AuditPath, "max_vms", cfg.MaxVMs)
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		log.Warn("sd_notify READY", "err", err)
+	}
+	if cfg.Ready != nil {
+		cfg.Ready()
+	}
+	stopReaper := s.startReaper()
+	defer stopReaper()
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	var runErr error
+loop:
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				s.reload()
+				continue
+			}
+			log.Info("shutting down", "signal", sig.String())
+			break loop
+		case <-ctx.Done():
+			log.Info("shutting down", "reason", ctx.Err())
+			break loop
+		case err := <-serveErr:
+			runErr = fmt.Errorf("serve: %w", err)
+			break loop
+		}
+	}
+	s.shutdown(srv)
+	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "stopped"})
+	return runErr
+}
+
+func (s *Server) shutdown(srv *http.Server) {
+	s.stopping.Store(true)
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	// Stop accepting; hijacked exec connections are not tracked by srv.
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.Grace)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	done := make(chan struct{})
+	go func() { s.running.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.cfg.Grace):
+		s.log.Warn("grace period over, killing running commands", "grace", s.cfg.Grace)
+		s.execCancel()
+		<-done
+	}
+	s.closeAllSessions("daemon shutdown")
+	if s.cfg.Socket != "" && !activated {
+		_ = os.Remove(s.cfg.Socket)
+	}
+}
+
+func (s *Server) reload() {
+	p, err := loadPolicy(s.cfg, s.log)
+	if err != nil {
+		s.log.Error("policy reload failed, keeping the old policy", "err", err)
+		_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reload failed", Error: err.Error()})
+		return
+	}
+	s.policy.Store(p)
+	s.log.Info("policy reloaded", "source", p.Source())
+	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reloaded: " + p.Source()})
+}
+
+func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {
+	if cfg.PolicyPath == "" {
+		log.Info("no policy file configured, using the embedded default policy")
+		return policy.Default(), nil
+	}
+	p, err := policy.Load(cfg.PolicyPath)
+	if errors.Is(err, fs.ErrNotExist) && !cfg.PolicyExplicit {
+		log.Info("policy file not found, using the embedded default policy", "path", cfg.PolicyPath)
+		return policy.Default(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return p, nil
+}
+
+// activated is set when the listener came from systemd.
+var activated bool
+
+// listen returns the socket-activated listener or creates the socket.
+func listen(cfg Config, log *slog.Logger) (net.Listener, error) {
+	lns, err := activation.Listeners()
+	if err != nil {
+		return nil, fmt.Errorf("socket activation: %w", err)
+	}
+	switch len(lns) {
+	case 0:
+	case 1:
+		if lns[0] == nil {
+			return nil, errors.New("socket activation: the passed socket is not a listener")
+		}
+		activated = true
+		log.Info("using the socket passed by systemd", "addr", lns[0].Addr().String())
+		return lns[0], nil
+	default:
+		return nil, fmt.Errorf("socket activation: want 1 socket, got %d", len(lns))
+	}
+	if len(cfg.Socket) >= 108 {
+		return nil, fmt.Errorf("socket path %s is too long (max 107 bytes)", cfg.Socket)
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
+		return nil, fmt.Errorf("socket dir: %w", err)
+	}
+	// A socket file that nobody answers on is stale; one that answers
+	// belongs to a running daemon, which we must not steal it from.
+	if c, err := net.DialTimeout("unix", cfg.Socket, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("another vmgated is already listening on %s", cfg.Socket)
+	}
+	if st, err := os.Lstat(cfg.Socket); err == nil {
+		if st.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket; refusing to remove it", cfg.Socket)
+		}
+		if err := os.Remove(cfg.Socket); err != nil {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+		log.Info("removed stale socket", "path", cfg.Socket)
+	}
+	old := unix.Umask(0o177)
+	ln, err := net.Listen("unix", cfg.Socket)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	gid := -1
+	if cfg.SocketGroup != "" {
+		g, err := user.LookupGroup(cfg.SocketGroup)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("socket group: %w", err)
+		}
+		gid, _ = strconv.Atoi(g.Gid)
+	}
+	if gid >= 0 {
+		if err := os.Chown(cfg.Socket, -1, gid); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("socket group: %w", err)
+		}
+	}
+	if err := os.Chmod(cfg.Socket, cfg.SocketMode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	return ln, nil
+}
+
+// lockState makes sure only one daemon owns a state directory (it cleans
+// up VM directories it finds there at start).
+func lockState(dir string) (func(), error) {
+	p := filepath.Join(dir, "vmgated.lock")
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another vmgated uses the state directory %s (lock %s held)", dir, p)
+	}
+	return func() { f.Close() }, nil
+}

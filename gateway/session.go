@@ -1,0 +1,138 @@
+package gateway
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/vm"
+)
+
+type sessionKey struct {
+	uid  uint32
+	name string
+}
+
+// session is a VM kept for one caller across commands.
+type session struct {
+	key     sessionKey
+	profile string
+	vm      *vm.VM
+	release func() // its VM slot
+	created time.Time
+	idle    time.Duration
+	max     time.Duration
+
+	mu       sync.Mutex
+	busy     bool
+	lastUsed time.Time
+	closed   bool
+}
+
+func (ss *session) expiry() time.Time {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	e := ss.lastUsed.Add(ss.idle)
+	if m := ss.created.Add(ss.max); m.Before(e) {
+		e = m
+	}
+	return e
+}
+
+func (ss *session) info() wire.Session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	e := ss.lastUsed.Add(ss.idle)
+	if m := ss.created.Add(ss.max); m.Before(e) {
+		e = m
+	}
+	return wire.Session{Name: ss.key.name, VMID: ss.vm.ID, Profile: ss.profile, Created: ss.created,
+		LastUsed: ss.lastUsed, ExpiresAt: e, Busy: ss.busy}
+}
+
+// destroy closes the session's VM and frees its slot (once).
+func (s *Server) destroySession(ss *session, why string) {
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		return
+	}
+	ss.closed = true
+	ss.mu.Unlock()
+	s.mu.Lock()
+	if s.sessions[ss.key] == ss {
+		delete(s.sessions, ss.key)
+	}
+	s.mu.Unlock()
+	if err := ss.vm.Close(); err != nil {
+		s.log.Error("destroy session vm", "session", ss.key.name, "err", err)
+	}
+	ss.release()
+	uid := ss.key.uid
+	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, UID: &uid, Session: ss.key.name, VMID: ss.vm.ID, Profile: ss.profile, Message: "ended: " + why})
+	s.log.Info("session ended", "session", ss.key.name, "uid", uid, "vm", ss.vm.ID, "why", why)
+}
+
+func (s *Server) closeAllSessions(why string) {
+	s.mu.Lock()
+	all := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range all {
+		s.destroySession(ss, why)
+	}
+}
+
+// startReaper ends idle or expired sessions and those whose VM died.
+func (s *Server) startReaper() func() {
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-t.C:
+				s.mu.Lock()
+				var expired []*session
+				for _, ss := range s.sessions {
+					ss.mu.Lock()
+					busy := ss.busy
+					ss.mu.Unlock()
+					select {
+					case <-ss.vm.Exited():
+						expired = append(expired, ss)
+						continue
+					default:
+					}
+					if !busy && now.After(ss.expiry()) {
+						expired = append(expired, ss)
+					}
+				}
+				s.mu.Unlock()
+				for _, ss := range expired {
+					s.destroySession(ss, "expired or vm gone")
+				}
+			}
+		}
+	}()
+	return func() { close(stop) }
+}
+
+func (s *Server) listSessions(uid uint32) []wire.Session {
+	s.mu.Lock()
+	var out []wire.Session
+	for k, ss := range s.sessions {
+		if k.uid == uid {
+			out = append(out, ss.info())
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

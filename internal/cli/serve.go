@@ -1,0 +1,91 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/vm"
+)
+
+// DefaultConfig is the policy file vmgated serve reads when --config is not
+// given; when it does not exist the embedded default policy applies.
+const DefaultConfig = "/etc/vmgate/vmgate.toml"
+
+func serve(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("vmgated serve", flag.ContinueOnError)
+	config := fs.String("config", "", "policy file (default "+DefaultConfig+" if it exists, else the embedded default policy)")
+	socket := fs.String("socket", "", "socket path (default "+gateway.DefaultSocket+"; ignored under socket activation)")
+	group := fs.String("socket-group", "", "group owning the socket (mode 0660)")
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	imgDir := fs.String("image", "", "image directory (default STATE/image)")
+	auditPath := fs.String("audit-log", "", "audit log (default /var/log/vmgate/audit.jsonl if writable, else STATE/audit.jsonl)")
+	maxVMs := fs.Int("max-vms", 4, "maximum live VMs")
+	queue := fs.Int("queue", 16, "maximum requests waiting for a VM")
+	queueWait := fs.Duration("queue-wait", 30*time.Second, "how long a request waits for a VM before it gets busy")
+	grace := fs.Duration("grace", 10*time.Second, "how long running commands may finish on shutdown")
+	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	allowRoot := fs.Bool("allow-root", false, "allow running as root (tests, containers)")
+	level := fs.String("log-level", "info", "log level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	lvl, err := parseLogLevel(*level)
+	if err != nil {
+		return err
+	}
+	a, err := vm.ParseAccel(*accel)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	cfg := gateway.Config{
+		Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
+		MaxVMs: *maxVMs, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
+		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "",
+	}
+	if cfg.PolicyPath == "" {
+		cfg.PolicyPath = DefaultConfig
+	}
+	if cfg.AuditPath == "" {
+		if writable("/var/log/vmgate") {
+			cfg.AuditPath = "/var/log/vmgate/audit.jsonl"
+		} else {
+			cfg.AuditPath = filepath.Join(*state, "audit.jsonl")
+		}
+	}
+	return gateway.Run(ctx, cfg)
+}
+
+func policyCheck(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("%w: vmgated policy check FILE", errUsage)
+	}
+	p, err := policy.Load(args[0])
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s: valid\n\n%s", args[0], p.Explain())
+	return nil
+}
+
+func auditVerify(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("%w: vmgated audit verify FILE", errUsage)
+	}
+	rep, err := audit.VerifyFile(args[0])
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s: %d records, seq %d..%d, %s .. %s, chain intact (head %s)\n", args[0], rep.Lines, rep.FirstSeq, rep.LastSeq,
+		rep.FirstTime.Format(time.RFC3339), rep.LastTime.Format(time.RFC3339), rep.Head)
+	return nil
+}
