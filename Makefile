@@ -33,7 +33,7 @@ image: build
 
 # Fresh machine to a first command in a VM.
 demo: deps image
-	$(BIN)/vmgated debug run --image $(IMAGE_DIR) --state-dir $(STATE_DIR) -- uname -a
+	BIN=$(BIN) STATE_DIR=$(STATE_DIR) IMAGE_DIR=$(IMAGE_DIR) ./contrib/demo.sh
 
 # The whole test suite: unit tests and integration tests that boot real VMs
 # from the shared image.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -175,7 +176,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &ue) {
 			status, code = ue.status, ue.code
 		}
-		s.auditExec(st, nil, nil, "", err)
+		s.auditExec(st, execOutcome{err: err})
 		writeError(w, status, wire.Error{Code: code, Error: err.Error(), Profile: st.verdict.Profile, RequestID: st.reqID})
 		return
 	}
@@ -221,31 +222,38 @@ func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error
 	if st.req.Session != "" {
 		return s.sessionVM(ctx, st)
 	}
-	t0 := time.Now()
-	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
+	t, release, err := s.bootVM(ctx, v)
 	if err != nil {
-		return nil, userError{http.StatusServiceUnavailable, wire.CodeBusy, fmt.Sprintf("busy: no VM slot free within %v (max %d VMs, profile %q max %d)", s.cfg.QueueWait, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs)}
+		return nil, err
 	}
-	queue := time.Since(t0)
-	t1 := time.Now()
-	m, err := s.startVM(ctx, v)
-	if err != nil {
-		release()
-		return nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
-	}
-	return &vmTarget{vm: m, boot: time.Since(t1), queue: queue, done: func(bool) {
+	m := t.vm
+	t.done = func(bool) {
 		if err := m.Close(); err != nil {
 			s.log.Error("destroy vm", "vm", m.ID, "err", err)
 		}
 		release()
-	}}, nil
+	}
+	return t, nil
 }
 
-func (s *Server) startVM(ctx context.Context, v policy.Verdict) (*vm.VM, error) {
-	// A boot is not tied to the HTTP request: a client that gives up while
-	// queued does not leave a half-booted VM, Start cleans up on error.
-	return vm.Start(ctx, vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir,
+// bootVM takes a VM slot (waiting in the bounded queue) and boots a fresh
+// VM shaped by the verdict. The caller owns release. If the client goes
+// away while queued or booting, ctx ends and vm.Start cleans up.
+func (s *Server) bootVM(ctx context.Context, v policy.Verdict) (*vmTarget, func(), error) {
+	t0 := time.Now()
+	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
+	if err != nil {
+		return nil, nil, userError{http.StatusServiceUnavailable, wire.CodeBusy, fmt.Sprintf("busy: no VM slot free within %v (max %d VMs, profile %q max %d)", s.cfg.QueueWait, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs)}
+	}
+	queue := time.Since(t0)
+	t1 := time.Now()
+	m, err := vm.Start(ctx, vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir,
 		MemoryMiB: v.Limits.MemoryMiB, CPUs: v.Limits.CPUs, Accel: s.cfg.Accel, Log: s.log})
+	if err != nil {
+		release()
+		return nil, nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
+	}
+	return &vmTarget{vm: m, boot: time.Since(t1), queue: queue}, release, nil
 }
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
@@ -267,18 +275,11 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	s.mu.Unlock()
 
 	v := st.verdict
-	t0 := time.Now()
-	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
+	t, release, err := s.bootVM(ctx, v)
 	if err != nil {
-		return nil, userError{http.StatusServiceUnavailable, wire.CodeBusy, fmt.Sprintf("busy: no VM slot free within %v", s.cfg.QueueWait)}
+		return nil, err
 	}
-	queue := time.Since(t0)
-	t1 := time.Now()
-	m, err := s.startVM(ctx, v)
-	if err != nil {
-		release()
-		return nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
-	}
+	m := t.vm
 	now := time.Now()
 	ss = &session{key: key, profile: v.Profile, vm: m, release: release, created: now, lastUsed: now,
 		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, busy: true}
@@ -294,7 +295,8 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	s.mu.Unlock()
 	uid := key.uid
 	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, RequestID: st.reqID, UID: &uid, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"})
-	return &vmTarget{vm: m, session: ss, boot: time.Since(t1), queue: queue, done: s.sessionDone(ss)}, nil
+	t.session, t.done = ss, s.sessionDone(ss)
+	return t, nil
 }
 
 func (s *Server) sessionDone(ss *session) func(bool) {
@@ -337,10 +339,7 @@ func (f *frameWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (s *Server) serveExec(log interface {
-	Info(string, ...any)
-	Warn(string, ...any)
-}, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
+func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
 	ctx, cancel := context.WithCancel(s.execCtx)
 	defer cancel()
 
@@ -412,9 +411,9 @@ func (s *Server) serveExec(log interface {
 		}
 	default:
 	}
-	target.done(vmOK && err == nil || target.session != nil && vmOK)
-	hashes := [2]string{hex.EncodeToString(stdout.h.Sum(nil)), hex.EncodeToString(stderr.h.Sum(nil))}
-	res2 := s.auditExec(st, res, target, hashes[0]+" "+hashes[1], err, stdinBytes, execDur)
+	target.done(vmOK) // a session whose VM died is ended; a fresh VM always goes
+	res2 := s.auditExec(st, execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes, execDur: execDur,
+		stdoutSHA: hex.EncodeToString(stdout.h.Sum(nil)), stderrSHA: hex.EncodeToString(stderr.h.Sum(nil))})
 	mu.Lock()
 	defer mu.Unlock()
 	if err != nil {
@@ -426,24 +425,29 @@ func (s *Server) serveExec(log interface {
 	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res2)
 }
 
+// execOutcome is what an exec produced, for its audit record and result.
+type execOutcome struct {
+	res                  *vm.ExecResult // nil when the command did not complete
+	target               *vmTarget      // nil when no VM was obtained
+	err                  error
+	stdinBytes           int64
+	execDur              time.Duration
+	stdoutSHA, stderrSHA string
+}
+
 // auditExec writes the exec record and returns the wire result.
-func (s *Server) auditExec(st *execState, res *vm.ExecResult, target *vmTarget, hashes string, execErr error, extra ...any) wire.Result {
+func (s *Server) auditExec(st *execState, o execOutcome) wire.Result {
 	uid, gid := st.id.UID, st.id.GID
 	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID, UID: &uid, GID: &gid, PID: st.id.PID, User: st.id.User,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
-		ImageDigest: s.digest, DurationMS: time.Since(st.start).Milliseconds()}
-	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: rec.DurationMS}
-	if target != nil {
-		rec.VMID, rec.BootMS = target.vm.ID, target.boot.Milliseconds()
-		out.VMID, out.BootMS, out.QueueMS = target.vm.ID, target.boot.Milliseconds(), target.queue.Milliseconds()
+		ImageDigest: s.digest, DurationMS: time.Since(st.start).Milliseconds(),
+		StdinBytes: o.stdinBytes, StdoutSHA256: o.stdoutSHA, StderrSHA256: o.stderrSHA}
+	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: rec.DurationMS, ExecMS: o.execDur.Milliseconds()}
+	if t := o.target; t != nil {
+		rec.VMID, rec.BootMS = t.vm.ID, t.boot.Milliseconds()
+		out.VMID, out.BootMS, out.QueueMS = t.vm.ID, t.boot.Milliseconds(), t.queue.Milliseconds()
 	}
-	if len(extra) == 2 {
-		rec.StdinBytes = extra[0].(int64)
-		out.ExecMS = extra[1].(time.Duration).Milliseconds()
-	}
-	if h := strings.Fields(hashes); len(h) == 2 {
-		rec.StdoutSHA256, rec.StderrSHA256 = h[0], h[1]
-	}
+	res, execErr := o.res, o.err
 	if res != nil {
 		code := res.ExitCode
 		rec.ExitCode, rec.Signal, rec.TimedOut = &code, res.Signal, res.TimedOut

@@ -48,6 +48,9 @@ type Config struct {
 	ImageDir string
 	// AuditPath is the audit log (JSON lines, hash-chained).
 	AuditPath string
+	// AuditRedact are regular expressions; argv elements matching one are
+	// written to the audit log as "[REDACTED]".
+	AuditRedact []string
 	// MaxVMs bounds live VMs across all callers (default 4).
 	MaxVMs int
 	// QueueLen bounds requests waiting for a VM slot (default 16; negative
@@ -166,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := m.Verify(cfg.ImageDir, true); err != nil {
 		return err
 	}
-	al, err := audit.Open(audit.Options{Path: cfg.AuditPath, Logger: log})
+	al, err := audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log})
 	if err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}

@@ -34,6 +34,12 @@ type session struct {
 func (ss *session) expiry() time.Time {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	return ss.expiryLocked()
+}
+
+// expiryLocked is when the session ends unless used again: idle timeout or
+// lifetime, whichever comes first. Precondition: ss.mu held.
+func (ss *session) expiryLocked() time.Time {
 	e := ss.lastUsed.Add(ss.idle)
 	if m := ss.created.Add(ss.max); m.Before(e) {
 		e = m
@@ -44,12 +50,8 @@ func (ss *session) expiry() time.Time {
 func (ss *session) info() wire.Session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	e := ss.lastUsed.Add(ss.idle)
-	if m := ss.created.Add(ss.max); m.Before(e) {
-		e = m
-	}
 	return wire.Session{Name: ss.key.name, VMID: ss.vm.ID, Profile: ss.profile, Created: ss.created,
-		LastUsed: ss.lastUsed, ExpiresAt: e, Busy: ss.busy}
+		LastUsed: ss.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.busy}
 }
 
 // destroy closes the session's VM and frees its slot (once).

@@ -247,20 +247,8 @@ func ctxOr(ctx context.Context, err error) error {
 
 // Sessions lists the caller's sessions.
 func (c *Client) Sessions(ctx context.Context) ([]wire.Session, error) {
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://vmgated/v1/sessions", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.httpClient().Do(hreq)
-	if err != nil {
-		return nil, unwrapDial(c, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, apiError(resp)
-	}
 	var out []wire.Session
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+	if err := c.call(ctx, http.MethodGet, "/v1/sessions", http.StatusOK, &out); err != nil {
 		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	return out, nil
@@ -268,17 +256,8 @@ func (c *Client) Sessions(ctx context.Context) ([]wire.Session, error) {
 
 // EndSession destroys the caller's session name.
 func (c *Client) EndSession(ctx context.Context, name string) error {
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodDelete, "http://vmgated/v1/sessions/"+url.PathEscape(name), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.httpClient().Do(hreq)
-	if err != nil {
-		return unwrapDial(c, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return apiError(resp)
+	if err := c.call(ctx, http.MethodDelete, "/v1/sessions/"+url.PathEscape(name), http.StatusNoContent, nil); err != nil {
+		return fmt.Errorf("end session %s: %w", name, err)
 	}
 	return nil
 }
@@ -287,23 +266,32 @@ func (c *Client) EndSession(ctx context.Context, name string) error {
 func (c *Client) Status(ctx context.Context) (map[string]any, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://vmgated/v1/status", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.httpClient().Do(hreq)
-	if err != nil {
-		return nil, unwrapDial(c, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, apiError(resp)
-	}
 	var out map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+	if err := c.call(ctx, http.MethodGet, "/v1/status", http.StatusOK, &out); err != nil {
 		return nil, fmt.Errorf("status: %w", err)
 	}
 	return out, nil
+}
+
+// call makes a plain API request and decodes a JSON answer into out (if
+// non-nil) when the status is want.
+func (c *Client) call(ctx context.Context, method, path string, want int, out any) error {
+	hreq, err := http.NewRequestWithContext(ctx, method, "http://vmgated"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.httpClient().Do(hreq)
+	if err != nil {
+		return unwrapDial(c, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != want {
+		return apiError(resp)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 func unwrapDial(c *Client, err error) error {

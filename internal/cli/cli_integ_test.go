@@ -178,3 +178,19 @@ func TestDebugRun(t *testing.T) {
 		t.Fatalf("no program: exit %d", code)
 	}
 }
+
+func TestPolicyCheck(t *testing.T) {
+	bin := binary(t, "vmgated")
+	so, se, code := runCmd(t, nil, bin, "policy", "check", "../../contrib/policy/example.toml")
+	if code != 0 || !strings.Contains(so, "valid") || !strings.Contains(so, "web-fetch") {
+		t.Fatalf("example policy: %d %q %q", code, so, se)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	if err := os.WriteFile(bad, []byte("version = 1\n\n[[profile]]\nname = \"x\"\nmatch = { any = true }\ntimeout = 5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, se, code = runCmd(t, nil, bin, "policy", "check", bad)
+	if code == 0 || !strings.Contains(se, "bad.toml:6") {
+		t.Fatalf("type error should name line 6: %d %q", code, se)
+	}
+}

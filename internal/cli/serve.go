@@ -31,7 +31,10 @@ func serve(ctx context.Context, args []string) error {
 	queueWait := fs.Duration("queue-wait", 30*time.Second, "how long a request waits for a VM before it gets busy")
 	grace := fs.Duration("grace", 10*time.Second, "how long running commands may finish on shutdown")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	builtin := fs.Bool("builtin-policy", false, "use the embedded default policy, ignore "+DefaultConfig)
 	allowRoot := fs.Bool("allow-root", false, "allow running as root (tests, containers)")
+	var redact multiFlag
+	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
 	level := fs.String("log-level", "info", "log level")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -50,9 +53,14 @@ func serve(ctx context.Context, args []string) error {
 	cfg := gateway.Config{
 		Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
 		MaxVMs: *maxVMs, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
-		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "",
+		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact,
 	}
-	if cfg.PolicyPath == "" {
+	switch {
+	case *builtin && *config != "":
+		return fmt.Errorf("%w: --builtin-policy and --config exclude each other", errUsage)
+	case *builtin:
+		cfg.PolicyPath = ""
+	case cfg.PolicyPath == "":
 		cfg.PolicyPath = DefaultConfig
 	}
 	if cfg.AuditPath == "" {

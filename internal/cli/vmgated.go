@@ -19,7 +19,7 @@ import (
 )
 
 const vmgatedUsage = `usage:
-  vmgated serve [--config FILE] [--socket PATH] [--image DIR] [--state-dir DIR] [--allow-root]
+  vmgated serve [--config FILE | --builtin-policy] [--socket PATH] [--image DIR] [--state-dir DIR] [--allow-root]
                 [--max-vms N] [--queue N] [--queue-wait D] [--grace D] [--audit-log FILE]
   vmgated policy check FILE
   vmgated audit verify FILE

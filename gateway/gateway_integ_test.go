@@ -1,0 +1,402 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+const testPolicy = `version = 1
+
+[[profile]]
+name = "test"
+match = { any = true }
+user = "root"
+max_vms = 4
+allow_shell = true
+env = ["GREETING"]
+output_limit = "1MiB"
+[profile.timeout]
+default = "60s"
+max = "5m"
+[profile.sessions]
+allowed = true
+idle_timeout = "5m"
+max_lifetime = "30m"
+
+[[profile.deny]]
+name = "no-rm"
+program = ["rm"]
+`
+
+type testDaemon struct {
+	socket, state, audit, policy string
+	cancel                       context.CancelFunc
+	done                         chan error
+	c                            *client.Client
+}
+
+// startDaemon runs the real gateway in-process on a socket in a temp dir.
+func startDaemon(t *testing.T, mutate func(*Config)) *testDaemon {
+	t.Helper()
+	img := testutil.RequiresImage(t)
+	dir := t.TempDir()
+	d := &testDaemon{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"),
+		audit: filepath.Join(dir, "audit.jsonl"), policy: filepath.Join(dir, "policy.toml"), done: make(chan error, 1)}
+	if err := os.WriteFile(d.policy, []byte(testPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	cfg := Config{Socket: d.socket, SocketMode: 0o666, StateDir: d.state, ImageDir: img, AuditPath: d.audit,
+		PolicyPath: d.policy, PolicyExplicit: true, MaxVMs: 2, Accel: "auto", AllowRoot: true, Grace: 2 * time.Second,
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Ready: func() { close(ready) }}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	go func() { d.done <- Run(ctx, cfg) }()
+	select {
+	case <-ready:
+	case err := <-d.done:
+		t.Fatalf("daemon exited: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon not ready")
+	}
+	d.c = client.New(d.socket)
+	t.Cleanup(func() { d.stop(t) })
+	return d
+}
+
+func (d *testDaemon) stop(t *testing.T) {
+	t.Helper()
+	if d.cancel == nil {
+		return
+	}
+	d.cancel()
+	d.cancel = nil
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("daemon did not stop")
+	}
+	if ents, _ := os.ReadDir(filepath.Join(d.state, "vms")); len(ents) != 0 {
+		t.Errorf("VM directories left after shutdown: %v", ents)
+	}
+	if _, err := os.Stat(d.socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket not removed: %v", err)
+	}
+}
+
+func (d *testDaemon) exec(t *testing.T, req wire.ExecRequest, stdin io.Reader) (*wire.Result, string, string, error) {
+	t.Helper()
+	var so, se bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := d.c.Exec(ctx, req, client.ExecIO{Stdin: stdin, Stdout: &so, Stderr: &se})
+	return res, so.String(), se.String(), err
+}
+
+func (d *testDaemon) mustExec(t *testing.T, req wire.ExecRequest, stdin io.Reader) (*wire.Result, string, string) {
+	t.Helper()
+	res, so, se, err := d.exec(t, req, stdin)
+	if err != nil {
+		t.Fatalf("exec %q: %v", req.Argv, err)
+	}
+	return res, so, se
+}
+
+func TestGateway_ExecPaths(t *testing.T) {
+	d := startDaemon(t, nil)
+
+	t.Run("uname", func(t *testing.T) {
+		res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"uname", "-a"}}, nil)
+		if res.ExitCode != 0 || !strings.HasPrefix(so, "Linux vmgate ") || res.VMID == "" || res.Profile != "test" {
+			t.Fatalf("%+v %q", res, so)
+		}
+	})
+	t.Run("exit code and env", func(t *testing.T) {
+		res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{`echo "$GREETING"; exit 7`}, Shell: true, Env: []string{"GREETING=hi there"}}, nil)
+		if res.ExitCode != 7 || so != "hi there\n" {
+			t.Fatalf("%+v %q", res, so)
+		}
+	})
+	t.Run("stdin streaming", func(t *testing.T) {
+		data := make([]byte, 300<<10)
+		_, _ = rand.Read(data)
+		res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"sha256sum"}}, bytes.NewReader(data))
+		if res.ExitCode != 0 || !strings.HasPrefix(so, sha256hex(data)) {
+			t.Fatalf("%+v %q", res, so)
+		}
+	})
+	t.Run("denied", func(t *testing.T) {
+		_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"rm", "-rf", "/"}}, nil)
+		var ae *client.APIError
+		if !errors.Is(err, client.ErrDenied) || !errors.As(err, &ae) || ae.Body.Rule == "" || ae.Status != http.StatusForbidden {
+			t.Fatalf("got %v", err)
+		}
+		if !strings.Contains(err.Error(), "no-rm") {
+			t.Errorf("denial does not name the rule: %v", err)
+		}
+		_, _, _, err = d.exec(t, wire.ExecRequest{Argv: []string{"env"}, Env: []string{"SECRET=x"}}, nil)
+		if !errors.Is(err, client.ErrDenied) {
+			t.Fatalf("env outside the allowlist: %v", err)
+		}
+	})
+	t.Run("malformed requests keep the daemon up", func(t *testing.T) {
+		for name, body := range map[string]string{
+			"not json":      "{nope",
+			"unknown field": `{"argv":["true"],"evil":1}`,
+			"empty argv":    `{"argv":[]}`,
+			"nul":           "{\"argv\":[\"a\\u0000b\"]}",
+			"huge":          `{"argv":["` + strings.Repeat("a", 2<<20) + `"]}`,
+			"trailing":      `{"argv":["true"]} {}`,
+		} {
+			status := rawPost(t, d.socket, "/v1/exec", body, true)
+			if status != http.StatusBadRequest {
+				t.Errorf("%s: status %d, want 400", name, status)
+			}
+		}
+		if status := rawPost(t, d.socket, "/v1/exec", `{"argv":["true"]}`, false); status != http.StatusBadRequest {
+			t.Errorf("no upgrade header: %d", status)
+		}
+		if _, err := d.c.Status(context.Background()); err != nil {
+			t.Fatalf("daemon down after malformed requests: %v", err)
+		}
+	})
+	t.Run("sessions", func(t *testing.T) {
+		d.mustExec(t, wire.ExecRequest{Argv: []string{"echo state > /root/mark"}, Shell: true, Session: "s1"}, nil)
+		_, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"cat", "/root/mark"}, Session: "s1"}, nil)
+		if so != "state\n" {
+			t.Fatalf("state lost within the session: %q", so)
+		}
+		ss, err := d.c.Sessions(context.Background())
+		if err != nil || len(ss) != 1 || ss[0].Name != "s1" {
+			t.Fatalf("sessions: %v %v", ss, err)
+		}
+		// Another uid sees no session and cannot end ours.
+		out, code := asNobody(t, d.socket, "--list-sessions")
+		if code != 0 || strings.TrimSpace(out) != "" {
+			t.Fatalf("nobody lists sessions: code %d out %q", code, out)
+		}
+		if _, code := asNobody(t, d.socket, "--end-session", "s1"); code == 0 {
+			t.Fatal("another uid ended our session")
+		}
+		if err := d.c.EndSession(context.Background(), "s1"); err != nil {
+			t.Fatal(err)
+		}
+		if ss, _ := d.c.Sessions(context.Background()); len(ss) != 0 {
+			t.Fatalf("session still listed: %v", ss)
+		}
+		// A fresh VM has no state from the session.
+		res, _, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"test", "-e", "/root/mark"}}, nil)
+		if res.ExitCode != 1 {
+			t.Fatalf("state leaked into a fresh VM: %+v", res)
+		}
+	})
+
+	d.stop(t)
+	rep, err := audit.VerifyFile(d.audit)
+	if err != nil {
+		t.Fatalf("audit chain: %v", err)
+	}
+	b, _ := os.ReadFile(d.audit)
+	log := string(b)
+	for _, want := range []string{`"verdict":"deny"`, `"rule":"deny[0] no-rm"`, `"exit_code":7`, `"kind":"session"`, `"stdout_sha256"`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("audit log lacks %s", want)
+		}
+	}
+	t.Logf("audit: %d records", rep.Lines)
+	// Tampering is detected.
+	lines := strings.Split(strings.TrimSpace(log), "\n")
+	lines[2] = strings.Replace(lines[2], `"uid":`, `"uid":1`, 1)
+	tampered := filepath.Join(t.TempDir(), "t.jsonl")
+	_ = os.WriteFile(tampered, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+	if _, err := audit.VerifyFile(tampered); !errors.Is(err, audit.ErrChainBroken) {
+		t.Fatalf("tampered log verified: %v", err)
+	}
+}
+
+func sha256hex(b []byte) string {
+	return hexSum(b)
+}
+
+// rawPost sends a hand-made request and returns the status code.
+func rawPost(t *testing.T, socket, path, body string, upgrade bool) int {
+	t.Helper()
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req, _ := http.NewRequest(http.MethodPost, "http://x"+path, strings.NewReader(body))
+	if upgrade {
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", wire.Upgrade)
+	}
+	// The daemon may answer (and close) before a huge body is sent: write
+	// concurrently and judge by the answer.
+	go func() { _ = req.Write(conn) }()
+	resp, err := http.ReadResponse(bufioReader(conn), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// asNobody runs the built vm-exec as uid/gid 65534.
+func asNobody(t *testing.T, socket string, args ...string) (string, int) {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	bin := os.Getenv("VMGATE_TEST_BIN")
+	if bin == "" {
+		t.Skip("VMGATE_TEST_BIN not set")
+	}
+	cmd := exec.Command(filepath.Join(bin, "vm-exec"), append([]string{"--socket", socket}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	// The socket lives in 0700 test directories: let nobody through.
+	_ = os.Chmod(filepath.Dir(socket), 0o755)
+	_ = os.Chmod(filepath.Dir(filepath.Dir(socket)), 0o755)
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(out), ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+// TestGateway_BusyAndDisconnect fills the only VM slot, checks the next
+// request is refused as busy, then disconnects the first client and checks
+// that its VM is destroyed.
+func TestGateway_BusyAndDisconnect(t *testing.T) {
+	d := startDaemon(t, func(c *Config) { c.MaxVMs = 1; c.QueueLen = -1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var firstErr error
+	started := &firstWrite{ch: make(chan struct{})}
+	go func() {
+		defer wg.Done()
+		_, firstErr = d.c.Exec(ctx, wire.ExecRequest{Argv: []string{"echo started; exec sleep 600"}, Shell: true}, client.ExecIO{Stdout: started})
+	}()
+	select {
+	case <-started.ch:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the first command never started")
+	}
+	if n := len(vmDirs(d.state)); n != 1 {
+		t.Fatalf("%d VM directories, want 1", n)
+	}
+	_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	if !errors.Is(err, client.ErrBusy) {
+		t.Fatalf("second request: want busy, got %v", err)
+	}
+	cancel()
+	wg.Wait()
+	if firstErr == nil {
+		t.Fatal("cancelled exec returned no error")
+	}
+	waitFor(t, 30*time.Second, "the VM of the disconnected client to go", func() bool { return len(vmDirs(d.state)) == 0 })
+	if out, err := exec.Command("pgrep", "-f", "qemu-system.*"+d.state).Output(); err == nil {
+		t.Fatalf("qemu still running: %s", out)
+	}
+}
+
+// TestGateway_ReloadKeepsOldPolicyOnError sends SIGHUP with a new policy,
+// then with a broken one.
+func TestGateway_ReloadKeepsOldPolicyOnError(t *testing.T) {
+	d := startDaemon(t, nil)
+	if err := os.WriteFile(d.policy, []byte(strings.Replace(testPolicy, `program = ["rm"]`, `program = ["rm", "true"]`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	waitFor(t, 10*time.Second, "the reload", func() bool {
+		_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+		return errors.Is(err, client.ErrDenied)
+	})
+	if err := os.WriteFile(d.policy, []byte("version = 1\nbogus = true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	time.Sleep(500 * time.Millisecond)
+	_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	if !errors.Is(err, client.ErrDenied) {
+		t.Fatalf("after a broken reload the old policy should still deny true: %v", err)
+	}
+	if _, err := d.c.Status(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGateway_RefusesBadStart(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.toml")
+	_ = os.WriteFile(bad, []byte("version = 1\n[[profile]]\nname = \"x\"\nmatch = { any = true }\nbogus = 1\n"), 0o644)
+	err := Run(context.Background(), Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img,
+		PolicyPath: bad, PolicyExplicit: true, AllowRoot: true})
+	if err == nil || !strings.Contains(err.Error(), "bogus") {
+		t.Fatalf("invalid policy: %v", err)
+	}
+	if os.Geteuid() == 0 {
+		err = Run(context.Background(), Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img})
+		if err == nil || !strings.Contains(err.Error(), "--allow-root") {
+			t.Fatalf("root without --allow-root: %v", err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "s.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("a refused start left a socket")
+	}
+}
+
+func vmDirs(state string) []os.DirEntry {
+	ents, _ := os.ReadDir(filepath.Join(state, "vms"))
+	return ents
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// firstWrite closes ch on the first write.
+type firstWrite struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (f *firstWrite) Write(p []byte) (int, error) {
+	f.once.Do(func() { close(f.ch) })
+	return len(p), nil
+}

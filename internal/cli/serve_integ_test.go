@@ -1,0 +1,190 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+const servePolicy = `version = 1
+[[profile]]
+name = "cli"
+match = { any = true }
+allow_shell = true
+max_vms = 4
+[profile.timeout]
+default = "2m"
+max = "10m"
+[[profile.deny]]
+name = "no-rm"
+program = ["rm"]
+`
+
+type served struct {
+	cmd    *exec.Cmd
+	socket string
+	state  string
+	audit  string
+	exited chan error
+}
+
+
+// startServe runs the built `vmgated serve` and waits until it accepts.
+func startServe(t *testing.T, dir string) *served {
+	t.Helper()
+	img := testutil.RequiresImage(t)
+	bin := binary(t, "vmgated")
+	pol := filepath.Join(dir, "policy.toml")
+	if err := os.WriteFile(pol, []byte(servePolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &served{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"), audit: filepath.Join(dir, "audit.jsonl"), exited: make(chan error, 1)}
+	s.cmd = exec.Command(bin, "serve", "--config", pol, "--socket", s.socket, "--state-dir", s.state, "--image", img,
+		"--audit-log", s.audit, "--allow-root", "--grace", "2s", "--max-vms", "2")
+	pr, err := s.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		once := false
+		for sc.Scan() {
+			if !once && strings.Contains(sc.Text(), "vmgated ready") {
+				once = true
+				close(ready)
+			}
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	go func() { s.exited <- s.cmd.Wait() }()
+	select {
+	case <-ready:
+	case err := <-s.exited:
+		t.Fatalf("vmgated serve exited: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("vmgated serve not ready")
+	}
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Kill()
+	})
+	return s
+}
+
+func vmExec(t *testing.T, socket string, args ...string) (string, string, int) {
+	t.Helper()
+	return runCmd(t, append(os.Environ(), "VMGATE_SOCKET="+socket), binary(t, "vm-exec"), args...)
+}
+
+// TestServe_Acceptance is the issue's acceptance list through the real
+// binaries, then SIGTERM with a command running.
+func TestServe_Acceptance(t *testing.T) {
+	s := startServe(t, t.TempDir())
+	so, se, code := vmExec(t, s.socket, "uname", "-a")
+	if code != 0 || !strings.HasPrefix(so, "Linux vmgate ") {
+		t.Fatalf("uname: %d %q %q", code, so, se)
+	}
+	if _, se, code := vmExec(t, s.socket, "false"); code != 1 {
+		t.Fatalf("false: %d %q", code, se)
+	}
+	if _, se, code := vmExec(t, s.socket, "sh", "-c", "exit 7"); code != 7 {
+		t.Fatalf("sh -c 'exit 7': %d %q", code, se)
+	}
+	_, se, code = vmExec(t, s.socket, "rm", "-rf", "/")
+	if code != 201 || !strings.Contains(se, "denied by policy") || !strings.Contains(se, "no-rm") {
+		t.Fatalf("denied: %d %q", code, se)
+	}
+	_, se, code = runCmd(t, append(os.Environ(), "VMGATE_SOCKET="+filepath.Join(t.TempDir(), "none.sock")), binary(t, "vm-exec"), "true")
+	if code != 204 || !strings.Contains(se, "is vmgated running") {
+		t.Fatalf("unreachable: %d %q", code, se)
+	}
+
+	// A command is running when SIGTERM arrives: after the grace period it
+	// is killed, its VM destroyed, the socket removed, and the daemon exits 0.
+	long := exec.Command(binary(t, "vm-exec"), "--socket", s.socket, "sleep", "600")
+	if err := long.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitVMs(t, s.state, 1, 3*time.Minute)
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-s.exited:
+		if err != nil {
+			t.Fatalf("daemon exit after SIGTERM: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon did not exit after SIGTERM")
+	}
+	if err := long.Wait(); err == nil {
+		t.Error("the running command reported success after shutdown")
+	}
+	waitVMs(t, s.state, 0, 10*time.Second)
+	if _, err := os.Stat(s.socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left behind: %v", err)
+	}
+	so, se, code = runCmd(t, nil, binary(t, "vmgated"), "audit", "verify", s.audit)
+	if code != 0 || !strings.Contains(so, "chain intact") {
+		t.Fatalf("audit verify: %d %q %q", code, so, se)
+	}
+}
+
+// TestServe_RestartAfterKill kills the daemon with SIGKILL while a VM runs;
+// the next start removes what it left.
+func TestServe_RestartAfterKill(t *testing.T) {
+	dir := t.TempDir()
+	s := startServe(t, dir)
+	long := exec.Command(binary(t, "vm-exec"), "--socket", s.socket, "sleep", "600")
+	if err := long.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitVMs(t, s.state, 1, 3*time.Minute)
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	_ = long.Wait()
+	if n := len(readDir(filepath.Join(s.state, "vms"))); n != 1 {
+		t.Fatalf("expected the killed daemon's VM directory to remain, found %d", n)
+	}
+	s2 := startServe(t, dir)
+	waitVMs(t, s2.state, 0, 10*time.Second)
+	if out, err := exec.Command("pgrep", "-f", "qemu-system.*"+s.state).Output(); err == nil {
+		t.Fatalf("qemu of the killed daemon still running: %s", out)
+	}
+	if _, se, code := vmExec(t, s2.socket, "true"); code != 0 {
+		t.Fatalf("after restart: %d %q", code, se)
+	}
+	_ = s2.cmd.Process.Signal(syscall.SIGTERM)
+	<-s2.exited
+}
+
+func readDir(p string) []os.DirEntry {
+	e, _ := os.ReadDir(p)
+	return e
+}
+
+func waitVMs(t *testing.T, state string, n int, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for len(readDir(filepath.Join(state, "vms"))) != n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("want %d VM directories, have %d", n, len(readDir(filepath.Join(state, "vms"))))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,72 @@
+package cli
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+var parseCases = []struct {
+	args    []string
+	argv    []string
+	shell   bool
+	wantErr bool
+}{
+	{[]string{"uname", "-a"}, []string{"uname", "-a"}, false, false},
+	{[]string{"--", "-weird", "--timeout"}, []string{"-weird", "--timeout"}, false, false},
+	{[]string{"--timeout", "5s", "wget", "-U", "Mozilla", "https://x"}, []string{"wget", "-U", "Mozilla", "https://x"}, false, false},
+	{[]string{"-c", "echo hi | wc -c"}, []string{"echo hi | wc -c"}, true, false},
+	{[]string{"-c", ""}, []string{""}, true, false},
+	{[]string{"-c", "x", "extra"}, nil, false, true},
+	{[]string{}, nil, false, true},
+	{[]string{"--timeout", "-1s", "true"}, nil, false, true},
+	{[]string{"--timeout", "banana", "true"}, nil, false, true},
+	{[]string{"--list-sessions"}, nil, false, false},
+	{[]string{"--list-sessions", "ls"}, nil, false, true},
+	{[]string{"--end-session", "s1"}, nil, false, false},
+	{[]string{"--session", "s1", "-e", "A=1", "-e", "B=2", "env"}, []string{"env"}, false, false},
+	{[]string{"--nonsense", "true"}, nil, false, true},
+}
+
+func TestParseVMExec(t *testing.T) {
+	for _, c := range parseCases {
+		o, err := parseVMExec(c.args)
+		if (err != nil) != c.wantErr {
+			t.Errorf("%q: err=%v wantErr=%v", c.args, err, c.wantErr)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if c.argv != nil && !reflect.DeepEqual(o.argv, c.argv) {
+			t.Errorf("%q: argv %q want %q", c.args, o.argv, c.argv)
+		}
+		if o.shellMode != c.shell {
+			t.Errorf("%q: shell %v", c.args, o.shellMode)
+		}
+	}
+	o, _ := parseVMExec([]string{"--session", "s1", "-e", "A=1", "-e", "B=2", "--timeout", "2m", "env"})
+	if o.session != "s1" || len(o.env) != 2 || o.timeout != 2*time.Minute {
+		t.Fatalf("%+v", o)
+	}
+}
+
+func FuzzParseVMExec(f *testing.F) {
+	for _, c := range parseCases {
+		f.Add(strings.Join(c.args, "\x00"))
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		args := strings.Split(s, "\x00")
+		o, err := parseVMExec(args)
+		if err != nil {
+			return
+		}
+		if !o.list && o.endSession == "" && len(o.argv) == 0 {
+			t.Fatalf("accepted %q without a command", args)
+		}
+		if o.shellMode && len(o.argv) != 1 {
+			t.Fatalf("shell mode with argv %q", o.argv)
+		}
+	})
+}
