@@ -129,10 +129,16 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 	st.id = id
 	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
-	if s.stopping.Load() {
+	if !s.begin() {
 		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeShutdown, Error: "vmgated is shutting down"})
 		return
 	}
+	defer s.end()
+	// Booting and running end when the client goes away or when the
+	// shutdown grace period is over, whichever comes first.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(s.execCtx, cancel)()
 	if !strings.EqualFold(r.Header.Get("Upgrade"), wire.Upgrade) {
 		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: "exec needs the header Upgrade: " + wire.Upgrade})
 		return
@@ -169,7 +175,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 
 	// Find or make the VM before switching protocols, so that busy and
 	// session errors are plain HTTP answers.
-	target, err := s.acquireVM(r.Context(), st)
+	target, err := s.acquireVM(ctx, st)
 	if err != nil {
 		status, code := http.StatusServiceUnavailable, wire.CodeBusy
 		var ue userError
@@ -180,9 +186,6 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, wire.Error{Code: code, Error: err.Error(), Profile: st.verdict.Profile, RequestID: st.reqID})
 		return
 	}
-	s.running.Add(1)
-	defer s.running.Done()
-
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		target.done(false)

@@ -122,8 +122,13 @@ type Server struct {
 	// execCtx is cancelled when the grace period after shutdown ends.
 	execCtx    context.Context
 	execCancel context.CancelFunc
-	running    sync.WaitGroup
-	stopping   atomic.Bool
+
+	// Requests in flight (from decision to final frame), so that shutdown
+	// can wait for them; guarded by activeMu.
+	activeMu sync.Mutex
+	active   int
+	stopping bool
+	idle     chan struct{} // closed when stopping and active reaches 0
 
 	mu       sync.Mutex
 	sessions map[sessionKey]*session
@@ -176,7 +181,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer al.Close()
 
 	s := &Server{cfg: cfg, log: log, audit: al, digest: m.Artifacts[image.BaseFile].SHA256,
-		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}}
+		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
 	s.policy.Store(pol)
 	s.execCtx, s.execCancel = context.WithCancel(context.Background())
 	defer s.execCancel()
@@ -228,24 +233,54 @@ loop:
 }
 
 func (s *Server) shutdown(srv *http.Server) {
-	s.stopping.Store(true)
-	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
-	// Stop accepting; hijacked exec connections are not tracked by srv.
-	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.Grace)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	done := make(chan struct{})
-	go func() { s.running.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(s.cfg.Grace):
-		s.log.Warn("grace period over, killing running commands", "grace", s.cfg.Grace)
-		s.execCancel()
-		<-done
+	s.activeMu.Lock()
+	s.stopping = true
+	if s.active == 0 {
+		close(s.idle)
 	}
+	s.activeMu.Unlock()
+	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	grace := time.NewTimer(s.cfg.Grace)
+	defer grace.Stop()
+	// Stop accepting and serve what is queued; hijacked exec connections
+	// are not tracked by srv but by begin/end.
+	go func() {
+		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.Grace)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	select {
+	case <-s.idle:
+	case <-grace.C:
+		s.log.Warn("grace period over, killing running commands and booting VMs", "grace", s.cfg.Grace)
+		s.execCancel()
+		<-s.idle
+	}
+	_ = srv.Close()
 	s.closeAllSessions("daemon shutdown")
 	if s.cfg.Socket != "" && !activated {
 		_ = os.Remove(s.cfg.Socket)
+	}
+}
+
+// begin registers a request in flight; it fails once shutdown started.
+func (s *Server) begin() bool {
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	if s.stopping {
+		return false
+	}
+	s.active++
+	return true
+}
+
+// end unregisters a request begun with begin.
+func (s *Server) end() {
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	s.active--
+	if s.stopping && s.active == 0 {
+		close(s.idle)
 	}
 }
 

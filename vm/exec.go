@@ -31,12 +31,21 @@ type ExecRequest struct {
 	// OutputLimit caps the bytes delivered per stream; 0 means unlimited.
 	// Output beyond it is read and discarded, so the guest never blocks.
 	OutputLimit int64
+	// PTY runs the command on a pseudo-terminal of the given size (stdout
+	// and stderr then arrive merged on Stdout, as on a terminal).
+	PTY *PTY
 	// Signals, when non-nil, carries RFC 4254 signal names ("INT", "TERM")
 	// to deliver to the command's process group while it runs.
 	Signals <-chan string
 	// KillGrace is how long the command may take to die after SIGKILL is
 	// sent before the VM itself is killed (default 5s).
 	KillGrace time.Duration
+}
+
+// PTY describes a requested pseudo-terminal.
+type PTY struct {
+	Term          string // default "xterm"
+	Columns, Rows uint32 // default 80x24
 }
 
 // ExecResult is the outcome of a command.
@@ -176,6 +185,24 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		}
 	}()
 
+	if p := req.PTY; p != nil {
+		term, cols, rows := p.Term, p.Columns, p.Rows
+		if term == "" {
+			term = "xterm"
+		}
+		if cols == 0 || rows == 0 {
+			cols, rows = 80, 24
+		}
+		// RFC 4254 §6.2: term, columns, rows, width px, height px, modes.
+		ok, err := ch.SendRequest("pty-req", true, ssh.Marshal(struct {
+			Term                string
+			Columns, Rows, W, H uint32
+			Modes               string
+		}{term, cols, rows, 0, 0, ""}))
+		if err != nil || !ok {
+			return nil, fmt.Errorf("exec: pty request refused (%v)", err)
+		}
+	}
 	spec := agentproto.ExecSpec{Argv: req.Argv, Env: req.Env, Dir: req.Dir, User: req.User}
 	js, _ := json.Marshal(spec)
 	ok, err := ch.SendRequest(agentproto.ExecRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: string(js)}))

@@ -129,6 +129,16 @@ func TestVM_Exec(t *testing.T) {
 			t.Fatalf("default user: got %q", o.stdout)
 		}
 	})
+	t.Run("pty", func(t *testing.T) {
+		o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "tty; stty size"}, PTY: &PTY{Columns: 100, Rows: 30}})
+		if !strings.HasPrefix(o.stdout, "/dev/pts/") || !strings.Contains(o.stdout, "30 100") {
+			t.Fatalf("got %q %q", o.stdout, o.stderr)
+		}
+		o = run(t, v, ExecRequest{Argv: []string{"tty"}})
+		if o.res.ExitCode == 0 {
+			t.Fatalf("no pty requested but tty says %q", o.stdout)
+		}
+	})
 	t.Run("guest clock set from host", func(t *testing.T) {
 		o := run(t, v, ExecRequest{Argv: []string{"date", "+%s"}})
 		var guest int64
