@@ -400,3 +400,23 @@ func (f *firstWrite) Write(p []byte) (int, error) {
 	f.once.Do(func() { close(f.ch) })
 	return len(p), nil
 }
+
+// TestGateway_SessionIdleExpiry checks that an idle session is ended and
+// its VM destroyed.
+func TestGateway_SessionIdleExpiry(t *testing.T) {
+	d := startDaemon(t, nil)
+	pol := strings.Replace(testPolicy, `idle_timeout = "5m"`, `idle_timeout = "2s"`, 1)
+	if err := os.WriteFile(d.policy, []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	time.Sleep(time.Second)
+	d.mustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "short"}, nil)
+	if ss, _ := d.c.Sessions(context.Background()); len(ss) != 1 {
+		t.Fatalf("session not created: %v", ss)
+	}
+	waitFor(t, 30*time.Second, "the idle session to end", func() bool {
+		ss, _ := d.c.Sessions(context.Background())
+		return len(ss) == 0 && len(vmDirs(d.state)) == 0
+	})
+}

@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := m.Verify(cfg.ImageDir, true); err != nil {
 		return err
 	}
-	al, err := audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log})
+	al, err := audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror()})
 	if err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
@@ -186,6 +186,11 @@ func Run(ctx context.Context, cfg Config) error {
 	s.execCtx, s.execCancel = context.WithCancel(context.Background())
 	defer s.execCancel()
 
+	// Signals are caught before READY, so that a reload sent right after
+	// readiness cannot kill the daemon with the default action.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
 	ln, err := listen(cfg, log)
 	if err != nil {
 		return err
@@ -205,9 +210,6 @@ func Run(ctx context.Context, cfg Config) error {
 	stopReaper := s.startReaper()
 	defer stopReaper()
 
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
 	var runErr error
 loop:
 	for {

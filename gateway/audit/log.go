@@ -45,6 +45,11 @@ type Options struct {
 	// Logger receives the Log's own events (open, failure); nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// Mirror, if set, receives each record after it was written to the
+	// file, redacted and with Time, Seq and Prev filled in (e.g. to send it
+	// to the journal). It runs outside the Log's locks; the file stays the
+	// record of truth.
+	Mirror func(Record)
 }
 
 // Log is an open audit log. Create it with [Open]; it is safe for
@@ -53,6 +58,7 @@ type Log struct {
 	path     string
 	logger   *slog.Logger
 	redact   []*regexp.Regexp
+	mirror   func(Record)
 	interval time.Duration // < 0: fsync in Write
 	now      func() time.Time
 
@@ -92,6 +98,7 @@ func open(opts Options, openf opener) (*Log, error) {
 	l := &Log{
 		path:     opts.Path,
 		logger:   opts.Logger,
+		mirror:   opts.Mirror,
 		interval: opts.SyncInterval,
 		now:      time.Now,
 	}
@@ -206,6 +213,17 @@ func lastLine(f io.ReaderAt, size int64) (line []byte, off int64, torn bool, err
 // call, wraps [ErrUnavailable] and the underlying cause. A partly written
 // line is truncated away so that the file remains a valid chain.
 func (l *Log) Write(r Record) error {
+	if err := l.write(&r); err != nil {
+		return err
+	}
+	if l.mirror != nil {
+		l.mirror(r)
+	}
+	return nil
+}
+
+// write fills in and appends r; the filled-in record is left in *r.
+func (l *Log) write(r *Record) error {
 	if !r.Kind.valid() {
 		return fmt.Errorf("audit write: invalid kind %q", r.Kind)
 	}
@@ -224,7 +242,7 @@ func (l *Log) Write(r Record) error {
 	r.Time = l.now().UTC()
 	r.Seq = l.seq + 1
 	r.Prev = l.head
-	line, err := encode(&r)
+	line, err := encode(r)
 	if err != nil {
 		return fmt.Errorf("audit write: encode: %w", err)
 	}

@@ -492,3 +492,22 @@ func TestLog_Close(t *testing.T) {
 		}
 	}
 }
+
+func TestLog_Mirror(t *testing.T) {
+	var got []Record
+	l, err := Open(Options{Path: filepath.Join(t.TempDir(), "a.jsonl"), Redact: []string{"^secret$"},
+		Mirror: func(r Record) { got = append(got, r) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := l.Write(Record{Kind: KindExec, Argv: []string{"echo", "secret"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Write(Record{Kind: "bogus"}); err == nil {
+		t.Fatal("invalid record accepted")
+	}
+	if len(got) != 1 || got[0].Seq != 1 || got[0].Argv[1] != Redacted || got[0].Prev != GenesisPrev {
+		t.Fatalf("mirror got %+v", got)
+	}
+}

@@ -3,8 +3,10 @@ package cli
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,13 +33,13 @@ program = ["rm"]
 `
 
 type served struct {
+	notify *net.UnixConn // receives sd_notify messages
 	cmd    *exec.Cmd
 	socket string
 	state  string
 	audit  string
 	exited chan error
 }
-
 
 // startServe runs the built `vmgated serve` and waits until it accepts.
 func startServe(t *testing.T, dir string) *served {
@@ -51,6 +53,14 @@ func startServe(t *testing.T, dir string) *served {
 	s := &served{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"), audit: filepath.Join(dir, "audit.jsonl"), exited: make(chan error, 1)}
 	s.cmd = exec.Command(bin, "serve", "--config", pol, "--socket", s.socket, "--state-dir", s.state, "--image", img,
 		"--audit-log", s.audit, "--allow-root", "--grace", "2s", "--max-vms", "2")
+	// Stand in for systemd's notification socket.
+	ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify.sock"), Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	s.notify = ns
+	s.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+filepath.Join(dir, "notify.sock"))
 	pr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +94,22 @@ func startServe(t *testing.T, dir string) *served {
 	return s
 }
 
+// notified waits for an sd_notify datagram containing want.
+func (s *served) notified(t *testing.T, want string) {
+	t.Helper()
+	buf := make([]byte, 4096)
+	_ = s.notify.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for {
+		n, err := s.notify.Read(buf)
+		if err != nil {
+			t.Fatalf("no %s notification: %v", want, err)
+		}
+		if strings.Contains(string(buf[:n]), want) {
+			return
+		}
+	}
+}
+
 func vmExec(t *testing.T, socket string, args ...string) (string, string, int) {
 	t.Helper()
 	return runCmd(t, append(os.Environ(), "VMGATE_SOCKET="+socket), binary(t, "vm-exec"), args...)
@@ -93,6 +119,7 @@ func vmExec(t *testing.T, socket string, args ...string) (string, string, int) {
 // binaries, then SIGTERM with a command running.
 func TestServe_Acceptance(t *testing.T) {
 	s := startServe(t, t.TempDir())
+	s.notified(t, "READY=1")
 	so, se, code := vmExec(t, s.socket, "uname", "-a")
 	if code != 0 || !strings.HasPrefix(so, "Linux vmgate ") {
 		t.Fatalf("uname: %d %q %q", code, so, se)
@@ -102,6 +129,16 @@ func TestServe_Acceptance(t *testing.T) {
 	}
 	if _, se, code := vmExec(t, s.socket, "sh", "-c", "exit 7"); code != 7 {
 		t.Fatalf("sh -c 'exit 7': %d %q", code, se)
+	}
+	so, se, code = vmExec(t, s.socket, "--json", "-c", "echo out; echo err >&2; exit 3")
+	var jr struct {
+		ExitCode int    `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+		Stderr   string `json:"stderr"`
+		VMID     string `json:"vm_id"`
+	}
+	if err := json.Unmarshal([]byte(so), &jr); err != nil || code != 3 || jr.ExitCode != 3 || jr.Stdout != "out\n" || jr.Stderr != "err\n" || jr.VMID == "" {
+		t.Fatalf("--json -c: code %d, %q (%v), stderr %q", code, so, err, se)
 	}
 	_, se, code = vmExec(t, s.socket, "rm", "-rf", "/")
 	if code != 201 || !strings.Contains(se, "denied by policy") || !strings.Contains(se, "no-rm") {
@@ -130,6 +167,7 @@ func TestServe_Acceptance(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("daemon did not exit after SIGTERM")
 	}
+	s.notified(t, "STOPPING=1")
 	if err := long.Wait(); err == nil {
 		t.Error("the running command reported success after shutdown")
 	}
