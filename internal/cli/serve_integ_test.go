@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -225,4 +226,63 @@ func waitVMs(t *testing.T, state string, n int, d time.Duration) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// TestServe_SocketActivation starts vmgated the way systemd's .socket unit
+// does, with the listening socket passed as fd 3 (LISTEN_FDS).
+func TestServe_SocketActivation(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	act, err := exec.LookPath("systemd-socket-activate")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI: systemd-socket-activate not installed (package systemd)")
+		}
+		t.Skip("systemd-socket-activate not installed")
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "act.sock")
+	ignored := filepath.Join(dir, "ignored.sock")
+	cmd := exec.Command(act, "-l", sock, binary(t, "vmgated"), "serve", "--builtin-policy", "--socket", ignored,
+		"--state-dir", filepath.Join(dir, "state"), "--image", img, "--audit-log", filepath.Join(dir, "audit.jsonl"), "--allow-root")
+	var logs strings.Builder
+	cmd.Stderr = &syncWriter{w: &logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		so, se, code := vmExec(t, sock, "--list-sessions")
+		if code == 0 {
+			if so != "" {
+				t.Fatalf("unexpected sessions: %q", so)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("activated daemon never answered: %d %q\n%s", code, se, logs.String())
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if _, err := os.Stat(ignored); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("daemon created its own socket despite activation: %v", err)
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Wait()
+	if !strings.Contains(logs.String(), "using the socket passed by systemd") {
+		t.Fatalf("no activation in the log:\n%s", logs.String())
+	}
+}
+
+// syncWriter serialises writes from the exec package's copying goroutine
+// with reads in the test.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
