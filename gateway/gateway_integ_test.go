@@ -420,3 +420,53 @@ func TestGateway_SessionIdleExpiry(t *testing.T) {
 		return len(ss) == 0 && len(vmDirs(d.state)) == 0
 	})
 }
+
+// TestGateway_AuditFullFailsClosed puts the audit log on a tiny tmpfs: once
+// it is full, every request is refused with audit_unavailable (no VM runs
+// unaudited) and the daemon stays up.
+func TestGateway_AuditFullFailsClosed(t *testing.T) {
+	testutil.RequiresRoot(t)
+	mnt := filepath.Join(t.TempDir(), "auditfs")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=8k"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	d := startDaemon(t, func(c *Config) { c.AuditPath = filepath.Join(mnt, "audit.jsonl") })
+	var last error
+	for i := 0; i < 200; i++ {
+		_, _, _, last = d.exec(t, wire.ExecRequest{Argv: []string{"rm", strings.Repeat("x", 200)}}, nil)
+		var ae *client.APIError
+		if errors.As(last, &ae) && ae.Body.Code == wire.CodeAudit {
+			break
+		}
+		if !errors.Is(last, client.ErrDenied) {
+			t.Fatalf("request %d: %v", i, last)
+		}
+	}
+	var ae *client.APIError
+	if !errors.As(last, &ae) || ae.Body.Code != wire.CodeAudit || ae.Status != http.StatusServiceUnavailable {
+		t.Fatalf("audit never reported full: %v", last)
+	}
+	if !strings.Contains(last.Error(), "no space left") {
+		t.Errorf("error does not say why: %v", last)
+	}
+	// An allowed command is refused too, before any VM starts.
+	_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeAudit {
+		t.Fatalf("allowed command while audit is down: %v", err)
+	}
+	if n := len(vmDirs(d.state)); n != 0 {
+		t.Fatalf("%d VMs started while the audit log was down", n)
+	}
+	st, err := d.c.Status(context.Background())
+	if err != nil || !strings.Contains(st["audit"].(string), "unavailable") {
+		t.Fatalf("status: %v %v", st, err)
+	}
+	d.stop(t)
+	if _, err := audit.VerifyFile(filepath.Join(mnt, "audit.jsonl")); err != nil {
+		t.Fatalf("what was written must still verify: %v", err)
+	}
+}
