@@ -54,7 +54,9 @@ func startServe(t *testing.T, dir string) *served {
 	s := &served{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"), audit: filepath.Join(dir, "audit.jsonl"), exited: make(chan error, 1)}
 	s.cmd = exec.Command(bin, "serve", "--config", pol, "--socket", s.socket, "--state-dir", s.state, "--image", img,
 		"--audit-log", s.audit, "--allow-root", "--grace", "2s", "--max-vms", "2")
-	// Stand in for systemd's notification socket.
+	// Stand in for systemd's notification socket (a restart in the same
+	// dir gets a new one).
+	_ = os.Remove(filepath.Join(dir, "notify.sock"))
 	ns, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: filepath.Join(dir, "notify.sock"), Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)
