@@ -63,6 +63,8 @@ type Config struct {
 	Grace time.Duration
 	// Accel is the QEMU accelerator (auto, kvm, tcg).
 	Accel vm.Accel
+	// Seccomp is the jail's filter mode: "required" (default) or "off".
+	Seccomp string
 	// AllowRoot permits running as uid 0.
 	AllowRoot bool
 	// Log defaults to slog.Default().
@@ -146,6 +148,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if os.Geteuid() == 0 {
 		log.Warn("RELAXATION: running as root (--allow-root); QEMU and VM files are owned by root")
 	}
+	if cfg.Seccomp == "off" {
+		log.Warn("RELAXATION: SECCOMP WARNING: the jail's seccomp filter is off (--seccomp off)")
+	}
+	log.Warn("RELAXATION: jail cgroup limits (memory, pids, cpu) are not applied yet; QEMU is bounded by rlimits (address space, open files) only")
 	if cfg.StateDir == "" {
 		return errors.New("no state directory")
 	}

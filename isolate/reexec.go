@@ -1,17 +1,12 @@
-// Package isolate runs parts of vmgated in re-executed child processes.
-//
-// This file holds the re-exec registry: a child role is registered under a
-// name with [Register], and [MaybeRunChild], the first call in main, runs the
+package isolate
+
+// The re-exec registry: a child role is registered under a name with
+// [Register], and [MaybeRunChild], the first call in main, runs the
 // registered function when the process was started as that role. The role
 // travels in the environment variable [ChildEnv], never as a user-visible
 // command-line verb, and is removed from the environment before the role's
-// function runs, so grandchildren do not inherit it.
-//
-// Threat model: the registry itself grants nothing. A role runs with the
-// privileges of whoever started the binary; each role validates its own
-// inputs (which arrive on inherited fds or files named by its parent) as
-// untrusted data.
-package isolate
+// function runs, so grandchildren do not inherit it. The registry grants
+// nothing: each role validates its own inputs as untrusted data.
 
 import (
 	"fmt"

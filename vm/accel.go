@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -110,12 +109,18 @@ func runProbe(ctx context.Context, spec LaunchSpec, timeout time.Duration) (bool
 		return false, err.Error()
 	}
 	var out bytes.Buffer
-	cmd := exec.Command(argv[0], argv[1:]...)
+	// The probe runs in the same jail as every VM.
+	cmd, err := jailedCommand(argv, spec.Dir, []string{filepath.Dir(spec.Kernel), filepath.Dir(spec.Initrd)}, spec.Accel, spec.MemoryMiB, "")
+	if err != nil {
+		return false, err.Error()
+	}
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
 		return false, "start qemu: " + err.Error()
+	}
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
 	}
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()

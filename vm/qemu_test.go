@@ -149,3 +149,14 @@ func TestShellExitCode(t *testing.T) {
 		}
 	}
 }
+
+func TestParseLDD(t *testing.T) {
+	out := "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n"
+	got, err := ParseLDD(out)
+	if err != nil || strings.Join(got, ",") != "/lib/x86_64-linux-gnu/libz.so.1,/lib64/ld-linux-x86-64.so.2" {
+		t.Fatalf("%v %v", got, err)
+	}
+	if _, err := ParseLDD("\tlibfoo.so.1 => not found\n"); err == nil {
+		t.Fatal("missing library accepted")
+	}
+}

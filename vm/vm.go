@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/vm/agentproto"
 	"github.com/vmgate/vmgate/vm/image"
 )
@@ -49,6 +50,9 @@ type Options struct {
 	BootTimeout time.Duration
 	// Log defaults to slog.Default().
 	Log *slog.Logger
+	// Seccomp is the jail's filter mode: "required" (default) or "off"
+	// (a logged relaxation). QEMU always runs in the jail (package isolate).
+	Seccomp string
 }
 
 func (o *Options) setDefaults() {
@@ -151,7 +155,14 @@ func Start(ctx context.Context, opts Options) (_ *VM, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := v.launch(argv); err != nil {
+	cmd, err := jailedCommand(argv, v.Dir, []string{filepath.Dir(img.base)}, accel, opts.MemoryMiB, opts.Seccomp)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Seccomp == "off" {
+		v.log.Warn("SECCOMP WARNING: the jail's seccomp filter is off by configuration")
+	}
+	if err := v.launch(cmd, argv); err != nil {
 		return nil, err
 	}
 	bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
@@ -164,7 +175,11 @@ func Start(ctx context.Context, opts Options) (_ *VM, err error) {
 	if err := v.setClock(); err != nil {
 		v.log.Warn("set guest clock", "err", err)
 	}
-	v.log.Info("vm ready", "accel", accel, "boot_ms", v.bootTime.Milliseconds())
+	if rep, err := v.JailReport(); err == nil {
+		v.log.Info("vm ready", "accel", accel, "boot_ms", v.bootTime.Milliseconds(), "jail", rep.String())
+	} else {
+		v.log.Warn("vm ready, jail report unavailable", "accel", accel, "boot_ms", v.bootTime.Milliseconds(), "err", err)
+	}
 	return v, nil
 }
 
@@ -255,21 +270,21 @@ func (v *VM) push(fn func() error) {
 	v.mu.Unlock()
 }
 
-func (v *VM) launch(argv []string) error {
+func (v *VM) launch(cmd *exec.Cmd, argv []string) error {
 	logf, err := os.OpenFile(filepath.Join(v.Dir, QEMULog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("start qemu: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = v.Dir
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
-	// The VM dies with the daemon: a crash leaves at most files, which
-	// CleanupStale removes on the next start.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// The jail's command dies with the daemon (Pdeathsig): a crash leaves
+	// at most files, which CleanupStale removes on the next start.
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start qemu: %w", err)
+	}
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
 	}
 	v.cmd = cmd
 	_ = os.WriteFile(filepath.Join(v.Dir, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)
@@ -496,3 +511,6 @@ func pidIsQEMUOf(pid int, dir string) bool {
 	}
 	return bytes.Contains(b, []byte(dir+"/"))
 }
+
+// JailReport describes the confinement of the VM's QEMU process.
+func (v *VM) JailReport() (*isolate.Report, error) { return isolate.ReadReport(v.Pid()) }

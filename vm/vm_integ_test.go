@@ -6,9 +6,11 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +73,28 @@ func TestVM_Exec(t *testing.T) {
 	state := t.TempDir()
 	v := startTestVM(t, state)
 
+	t.Run("jailed", func(t *testing.T) {
+		rep, err := v.JailReport()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("jail: %s", rep)
+		for _, ns := range []string{"user", "mnt", "pid", "net", "ipc", "uts"} {
+			if !slices.Contains(rep.NewNamespaces, ns) {
+				t.Errorf("QEMU shares the %s namespace with the host", ns)
+			}
+		}
+		zero := "0000000000000000"
+		if rep.CapEff != zero || rep.CapPrm != zero || rep.CapBnd != zero || rep.CapAmb != zero {
+			t.Errorf("QEMU holds capabilities: %s", rep)
+		}
+		if !rep.NoNewPrivs || rep.SeccompMode != 2 || rep.SeccompFilter < 2 {
+			t.Errorf("want no_new_privs and our filter plus QEMU's: %s", rep)
+		}
+		if want := fmt.Sprintf("1000 %d 1", os.Getuid()); rep.UIDMap != want {
+			t.Errorf("uid_map %q, want %q", rep.UIDMap, want)
+		}
+	})
 	t.Run("echo", func(t *testing.T) {
 		o := run(t, v, ExecRequest{Argv: []string{"echo", "hello", "world"}})
 		if o.stdout != "hello world\n" || o.res.ExitCode != 0 || o.stderr != "" {

@@ -31,6 +31,7 @@ func serve(ctx context.Context, args []string) error {
 	queueWait := fs.Duration("queue-wait", 30*time.Second, "how long a request waits for a VM before it gets busy")
 	grace := fs.Duration("grace", 10*time.Second, "how long running commands may finish on shutdown")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	seccompMode := fs.String("seccomp", "required", "jail seccomp filter: required or off (a logged relaxation)")
 	builtin := fs.Bool("builtin-policy", false, "use the embedded default policy, ignore "+DefaultConfig)
 	allowRoot := fs.Bool("allow-root", false, "allow running as root (tests, containers)")
 	var redact multiFlag
@@ -53,7 +54,7 @@ func serve(ctx context.Context, args []string) error {
 	cfg := gateway.Config{
 		Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
 		MaxVMs: *maxVMs, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
-		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact,
+		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
 	}
 	switch {
 	case *builtin && *config != "":

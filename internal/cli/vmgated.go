@@ -25,7 +25,7 @@ const vmgatedUsage = `usage:
   vmgated audit verify FILE
   vmgated image build [--out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
   vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
-                    [--cpus N] [--timeout D] [--user U] -- PROG ARGS…
+                    [--cpus N] [--timeout D] [--user U] [--jail-report] [--seccomp required|off] -- PROG ARGS…
 `
 
 // Vmgated runs the vmgated command line and returns the process exit code.
@@ -141,6 +141,8 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 	cpus := fs.Int("cpus", 1, "guest CPUs")
 	timeout := fs.Duration("timeout", 0, "command time limit (0: none)")
 	user := fs.String("user", "", "guest user: root (default) or agent")
+	jailReport := fs.Bool("jail-report", false, "print the QEMU process's confinement (namespaces, uid map, caps, seccomp) to stderr")
+	seccomp := fs.String("seccomp", "required", "jail seccomp filter: required or off (a logged relaxation)")
 	level := fs.String("log-level", "warn", "log level")
 	if err := fs.Parse(args); err != nil {
 		return exitcode.Usage, err
@@ -160,7 +162,7 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 		*imgDir = defaultImageDir(*state)
 	}
 	log := newLogger(os.Stderr, lvl)
-	v, err := vm.Start(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log})
+	v, err := vm.Start(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log, Seccomp: *seccomp})
 	if err != nil {
 		return exitcode.VMFailed, err
 	}
@@ -169,6 +171,13 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 			log.Error("destroy vm", "err", err)
 		}
 	}()
+	if *jailReport {
+		rep, err := v.JailReport()
+		if err != nil {
+			return exitcode.VMFailed, err
+		}
+		fmt.Fprintf(os.Stderr, "vmgated: jail: %s\n", rep)
+	}
 	var stdin io.Reader
 	if !isTerminal(os.Stdin) {
 		stdin = os.Stdin

@@ -1,0 +1,170 @@
+package vm
+
+import (
+	"bufio"
+	"debug/elf"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/isolate/seccomp"
+)
+
+// The jail loads this package's filter as its last step before exec.
+func init() {
+	isolate.SeccompInstaller = func(accel string, network bool, log *slog.Logger) error {
+		return seccomp.Install(seccomp.Options{Accel: accel, Network: network}, log)
+	}
+}
+
+// QEMU's data the jail must show it: loadable modules (the TCG accelerator
+// is one on Debian) and firmware (microvm's qboot).
+var qemuDataDirs = []string{
+	"/usr/lib/x86_64-linux-gnu/qemu", "/usr/share/qemu", "/usr/share/seabios", "/usr/share/qboot",
+}
+
+// Jail ids inside the user namespace (mapped to the daemon's own ids).
+const (
+	jailUID = 1000
+	jailGID = 1000
+)
+
+var (
+	libsMu    sync.Mutex
+	libsCache = map[string][]string{}
+)
+
+// sharedLibs lists the shared libraries (and the dynamic loader) of the
+// binary at path, from ldd, cached per binary.
+func sharedLibs(path string) ([]string, error) {
+	libsMu.Lock()
+	defer libsMu.Unlock()
+	if l, ok := libsCache[path]; ok {
+		return l, nil
+	}
+	out, err := exec.Command("ldd", path).Output()
+	if err != nil {
+		// ldd fails on static binaries (such as the escape probe).
+		if strings.Contains(string(out), "not a dynamic executable") || isStatic(path) {
+			libsCache[path] = nil
+			return nil, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %w", path, err)
+	}
+	libs, err := ParseLDD(string(out))
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", path, err)
+	}
+	libsCache[path] = libs
+	return libs, nil
+}
+
+func isStatic(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseLDD extracts absolute library paths from ldd output; a "not found"
+// library is an error.
+func ParseLDD(out string) ([]string, error) {
+	var libs []string
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "linux-vdso") || strings.HasPrefix(line, "statically linked") {
+			continue
+		}
+		if strings.Contains(line, "=> not found") {
+			return nil, fmt.Errorf("missing library: %s", line)
+		}
+		var p string
+		if _, rest, ok := strings.Cut(line, "=> "); ok {
+			p, _, _ = strings.Cut(rest, " ")
+		} else {
+			p, _, _ = strings.Cut(line, " ")
+		}
+		if filepath.IsAbs(p) {
+			libs = append(libs, p)
+		}
+	}
+	return libs, sc.Err()
+}
+
+// JailSpec builds the jail for a QEMU command line: the binary, its
+// libraries and data, the image files read-only, the VM directory
+// read-write, and the devices QEMU opens.
+func JailSpec(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int) (isolate.Spec, error) {
+	bin, err := exec.LookPath(argv[0])
+	if err != nil {
+		return isolate.Spec{}, fmt.Errorf("jail: qemu: %w", err)
+	}
+	bin, err = filepath.Abs(bin)
+	if err != nil {
+		return isolate.Spec{}, fmt.Errorf("jail: %w", err)
+	}
+	libs, err := sharedLibs(bin)
+	if err != nil {
+		return isolate.Spec{}, fmt.Errorf("jail: %w", err)
+	}
+	ro := append([]string{bin}, libs...)
+	for _, d := range qemuDataDirs {
+		if _, err := os.Stat(d); err == nil {
+			ro = append(ro, d)
+		}
+	}
+	ro = append(ro, readOnly...)
+	devs := []string{"/dev/null", "/dev/zero", "/dev/urandom", "/dev/full"}
+	if accel == AccelKVM {
+		devs = append(devs, "/dev/kvm")
+	}
+	full := append([]string{bin}, argv[1:]...)
+	return isolate.Spec{
+		Argv: full, ReadOnly: dedupe(ro), ReadWrite: []string{vmDir}, Devices: devs,
+		UID: jailUID, GID: jailGID,
+		// Guest RAM plus TCG's translation cache and QEMU's own mappings.
+		AddressSpace: uint64(memMiB)<<20 + 6<<30,
+		OpenFiles:    1024,
+		// Counted per user namespace (so per jail) when the daemon is not
+		// root; QEMU needs a few dozen threads at most.
+		Processes: 256,
+		Seccomp:   "required", SeccompAccel: string(accel),
+	}, nil
+}
+
+func dedupe(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// jailedCommand returns the command that runs argv in a jail.
+func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string) (*exec.Cmd, error) {
+	spec, err := JailSpec(argv, vmDir, readOnly, accel, memMiB)
+	if err != nil {
+		return nil, err
+	}
+	if seccomp != "" {
+		spec.Seccomp = seccomp
+	}
+	return isolate.Command(spec)
+}
