@@ -223,7 +223,8 @@ func TestGateway_ExecPaths(t *testing.T) {
 	}
 	b, _ := os.ReadFile(d.audit)
 	log := string(b)
-	for _, want := range []string{`"verdict":"deny"`, `"rule":"deny[0] no-rm"`, `"exit_code":7`, `"kind":"session"`, `"stdout_sha256"`} {
+	for _, want := range []string{`"verdict":"deny"`, `"rule":"deny[0] no-rm"`, `"exit_code":7`, `"kind":"session"`, `"stdout_sha256"`,
+		`new namespaces [user mnt pid net ipc uts cgroup]`, `no_new_privs=true; seccomp mode 2`} {
 		if !strings.Contains(log, want) {
 			t.Errorf("audit log lacks %s", want)
 		}

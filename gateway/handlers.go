@@ -214,6 +214,7 @@ func (e userError) Error() string { return e.msg }
 // session's (kept).
 type vmTarget struct {
 	vm      *vm.VM
+	jail    string // the confinement of its QEMU, read from /proc while it runs
 	boot    time.Duration
 	queue   time.Duration
 	session *session
@@ -256,7 +257,7 @@ func (s *Server) bootVM(ctx context.Context, v policy.Verdict) (*vmTarget, func(
 		release()
 		return nil, nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
 	}
-	return &vmTarget{vm: m, boot: time.Since(t1), queue: queue}, release, nil
+	return &vmTarget{vm: m, boot: time.Since(t1), queue: queue, jail: jailOf(m)}, release, nil
 }
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
@@ -273,7 +274,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 		ss.busy = true
 		ss.mu.Unlock()
 		s.mu.Unlock()
-		return &vmTarget{vm: ss.vm, session: ss, done: s.sessionDone(ss)}, nil
+		return &vmTarget{vm: ss.vm, session: ss, done: s.sessionDone(ss), jail: jailOf(ss.vm)}, nil
 	}
 	s.mu.Unlock()
 
@@ -300,6 +301,15 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, RequestID: st.reqID, UID: &uid, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"})
 	t.session, t.done = ss, s.sessionDone(ss)
 	return t, nil
+}
+
+// jailOf describes the confinement of m's QEMU process.
+func jailOf(m *vm.VM) string {
+	rep, err := m.JailReport()
+	if err != nil {
+		return "unavailable: " + err.Error()
+	}
+	return rep.String()
 }
 
 func (s *Server) sessionDone(ss *session) func(bool) {
@@ -448,6 +458,9 @@ func (s *Server) auditExec(st *execState, o execOutcome) wire.Result {
 	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: rec.DurationMS, ExecMS: o.execDur.Milliseconds()}
 	if t := o.target; t != nil {
 		rec.VMID, rec.BootMS = t.vm.ID, t.boot.Milliseconds()
+		if t.jail != "" {
+			rec.Message = "jail: " + t.jail
+		}
 		out.VMID, out.BootMS, out.QueueMS = t.vm.ID, t.boot.Milliseconds(), t.queue.Milliseconds()
 	}
 	res, execErr := o.res, o.err
