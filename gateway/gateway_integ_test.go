@@ -191,6 +191,10 @@ func TestGateway_ExecPaths(t *testing.T) {
 		if so != "state\n" {
 			t.Fatalf("state lost within the session: %q", so)
 		}
+		_, so, _ = d.mustExec(t, wire.ExecRequest{Argv: []string{"tty; stty size"}, Shell: true, Session: "s1", TTY: &wire.TTY{Cols: 100, Rows: 30}}, nil)
+		if !strings.HasPrefix(so, "/dev/pts/") || !strings.Contains(so, "30 100") {
+			t.Fatalf("tty: %q", so)
+		}
 		ss, err := d.c.Sessions(context.Background())
 		if err != nil || len(ss) != 1 || ss[0].Name != "s1" {
 			t.Fatalf("sessions: %v %v", ss, err)
@@ -329,25 +333,33 @@ func TestGateway_BusyAndDisconnect(t *testing.T) {
 }
 
 // TestGateway_ReloadKeepsOldPolicyOnError sends SIGHUP with a new policy,
-// then with a broken one.
+// then with a broken one. The policies differ in a deny rule's name, so
+// every probe is a denial and no VM boots.
 func TestGateway_ReloadKeepsOldPolicyOnError(t *testing.T) {
 	d := startDaemon(t, nil)
-	if err := os.WriteFile(d.policy, []byte(strings.Replace(testPolicy, `program = ["rm"]`, `program = ["rm", "true"]`, 1)), 0o644); err != nil {
+	ruleOf := func() string {
+		_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"rm", "x"}}, nil)
+		var ae *client.APIError
+		if !errors.As(err, &ae) {
+			t.Fatalf("rm not denied: %v", err)
+		}
+		return ae.Body.Rule
+	}
+	if r := ruleOf(); r != "deny[0] no-rm" {
+		t.Fatalf("initial rule %q", r)
+	}
+	if err := os.WriteFile(d.policy, []byte(strings.Replace(testPolicy, `name = "no-rm"`, `name = "no-rm-v2"`, 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	waitFor(t, 10*time.Second, "the reload", func() bool {
-		_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
-		return errors.Is(err, client.ErrDenied)
-	})
+	waitFor(t, 10*time.Second, "the reload", func() bool { return ruleOf() == "deny[0] no-rm-v2" })
 	if err := os.WriteFile(d.policy, []byte("version = 1\nbogus = true\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	time.Sleep(500 * time.Millisecond)
-	_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
-	if !errors.Is(err, client.ErrDenied) {
-		t.Fatalf("after a broken reload the old policy should still deny true: %v", err)
+	time.Sleep(time.Second)
+	if r := ruleOf(); r != "deny[0] no-rm-v2" {
+		t.Fatalf("after a broken reload the old policy should still apply, rule %q", r)
 	}
 	if _, err := d.c.Status(context.Background()); err != nil {
 		t.Fatal(err)
@@ -405,13 +417,11 @@ func (f *firstWrite) Write(p []byte) (int, error) {
 // TestGateway_SessionIdleExpiry checks that an idle session is ended and
 // its VM destroyed.
 func TestGateway_SessionIdleExpiry(t *testing.T) {
-	d := startDaemon(t, nil)
-	pol := strings.Replace(testPolicy, `idle_timeout = "5m"`, `idle_timeout = "2s"`, 1)
-	if err := os.WriteFile(d.policy, []byte(pol), 0o644); err != nil {
+	short := filepath.Join(t.TempDir(), "short-idle.toml")
+	if err := os.WriteFile(short, []byte(strings.Replace(testPolicy, `idle_timeout = "5m"`, `idle_timeout = "2s"`, 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	time.Sleep(time.Second)
+	d := startDaemon(t, func(c *Config) { c.PolicyPath = short })
 	d.mustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "short"}, nil)
 	if ss, _ := d.c.Sessions(context.Background()); len(ss) != 1 {
 		t.Fatalf("session not created: %v", ss)

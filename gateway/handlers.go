@@ -406,8 +406,12 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 	if stdinR != nil {
 		stdin = stdinR
 	}
+	var pty *vm.PTY
+	if t := st.req.TTY; t != nil {
+		pty = &vm.PTY{Term: t.Term, Columns: t.Cols, Rows: t.Rows}
+	}
 	t0 := time.Now()
-	res, err := target.vm.Exec(ctx, vm.ExecRequest{
+	res, err := target.vm.Exec(ctx, vm.ExecRequest{PTY: pty,
 		Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: signals,

@@ -70,6 +70,16 @@ type ExecRequest struct {
 	// Stdin tells the daemon the client will stream stdin frames; without
 	// it the command gets an empty stdin.
 	Stdin bool `json:"stdin,omitempty"`
+	// TTY runs the command on a pseudo-terminal (stdout and stderr then
+	// arrive merged as stdout frames).
+	TTY *TTY `json:"tty,omitempty"`
+}
+
+// TTY is a requested terminal.
+type TTY struct {
+	Term string `json:"term,omitempty"`
+	Cols uint32 `json:"cols,omitempty"`
+	Rows uint32 `json:"rows,omitempty"`
 }
 
 // Result is the final frame of a completed exec.
@@ -190,6 +200,11 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 	}
 	if req.TimeoutMS < 0 {
 		return nil, errors.New("exec request: negative timeout")
+	}
+	if t := req.TTY; t != nil {
+		if t.Cols > 4096 || t.Rows > 4096 || len(t.Term) > 64 || strings.ContainsAny(t.Term, "\x00\n") {
+			return nil, errors.New("exec request: unreasonable tty size or terminal name")
+		}
 	}
 	for _, s := range append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...) {
 		if strings.IndexByte(s, 0) >= 0 {

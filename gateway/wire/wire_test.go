@@ -25,6 +25,8 @@ var decodeCases = []struct {
 	{`{"argv":"true"}`, false},
 	{`[]`, false},
 	{``, false},
+	{`{"argv":["x"],"tty":{"term":"xterm","cols":80,"rows":24}}`, true},
+	{`{"argv":["x"],"tty":{"cols":99999}}`, false},
 	{`{"argv":["x"],"session":"s","stdin":true,"dir":"/tmp","env":["A=b"],"timeout_ms":100}`, true},
 }
 

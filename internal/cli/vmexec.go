@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/exitcode"
@@ -28,6 +30,8 @@ Flags:
   --session NAME    run in the caller's kept VM NAME (created on first use)
   --json            print one JSON result object (with stdout/stderr) instead of streaming
   -i                send stdin even when it is a terminal (default: only when it is not)
+  -t                run on a pseudo-terminal in the VM (stderr merges into stdout); with -i and a
+                    terminal on stdin, the local terminal is put in raw mode meanwhile
   -C DIR            working directory in the guest
   -e KEY=VALUE      environment variable (repeatable; the policy must allow it)
 Exit status: the command's, 128+N for signal N, or
@@ -44,6 +48,7 @@ type vmexecOpts struct {
 	socket, session, endSession, shell, dir string
 	timeout                                 time.Duration
 	jsonOut, list, forceStdin, shellMode    bool
+	tty                                     bool
 	env                                     multiFlag
 	argv                                    []string
 }
@@ -60,6 +65,7 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	fs.BoolVar(&o.list, "list-sessions", false, "")
 	fs.BoolVar(&o.jsonOut, "json", false, "")
 	fs.BoolVar(&o.forceStdin, "i", false, "")
+	fs.BoolVar(&o.tty, "t", false, "")
 	fs.StringVar(&o.shell, "c", "", "")
 	fs.StringVar(&o.dir, "C", "", "")
 	fs.Var(&o.env, "e", "")
@@ -138,6 +144,17 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	}
 	if o.forceStdin || !isTerminal(os.Stdin) {
 		sio.Stdin = os.Stdin
+	}
+	if o.tty {
+		req.TTY = &wire.TTY{Term: os.Getenv("TERM")}
+		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+			req.TTY.Cols, req.TTY.Rows = uint32(w), uint32(h)
+		}
+		if sio.Stdin != nil && isTerminal(os.Stdin) {
+			if old, err := term.MakeRaw(int(os.Stdin.Fd())); err == nil {
+				defer func() { _ = term.Restore(int(os.Stdin.Fd()), old) }()
+			}
+		}
 	}
 	// Ctrl-C / SIGTERM are forwarded to the command; a second one drops
 	// the connection, which makes the gateway kill the command and its VM.
