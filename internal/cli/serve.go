@@ -37,13 +37,7 @@ func serve(ctx context.Context, args []string) error {
 	var redact multiFlag
 	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
 	level := fs.String("log-level", "info", "log level")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	lvl, err := parseLogLevel(*level)
+	lvl, err := parseFlags(fs, args, level)
 	if err != nil {
 		return err
 	}

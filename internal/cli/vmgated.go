@@ -74,6 +74,18 @@ func Vmgated(args []string) int {
 
 var errUsage = errors.New("usage")
 
+// parseFlags parses a verb's flags, which take no positional arguments,
+// and the log level flag they define.
+func parseFlags(fs *flag.FlagSet, args []string, level *string) (slog.Level, error) {
+	if err := fs.Parse(args); err != nil {
+		return 0, err
+	}
+	if fs.NArg() > 0 {
+		return 0, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return parseLogLevel(*level)
+}
+
 func parseLogLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
@@ -93,13 +105,7 @@ func imageBuild(ctx context.Context, args []string) error {
 	agent := fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)")
 	diskMiB := fs.Int("disk-size", 4096, "guest root filesystem size in MiB")
 	level := fs.String("log-level", "info", "log level")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	lvl, err := parseLogLevel(*level)
+	lvl, err := parseFlags(fs, args, level)
 	if err != nil {
 		return err
 	}
