@@ -416,9 +416,14 @@ func (f *firstWrite) Write(p []byte) (int, error) {
 
 // TestGateway_SessionIdleExpiry checks that an idle session is ended and
 // its VM destroyed.
+//
+// The same VM also shows that the policy's [isolate] seccomp reaches the
+// jail: with "off" only QEMU's own filter is loaded (the audit record's jail
+// report says 1 filter instead of 2).
 func TestGateway_SessionIdleExpiry(t *testing.T) {
 	short := filepath.Join(t.TempDir(), "short-idle.toml")
-	if err := os.WriteFile(short, []byte(strings.Replace(testPolicy, `idle_timeout = "5m"`, `idle_timeout = "2s"`, 1)), 0o644); err != nil {
+	pol := strings.Replace(testPolicy, `idle_timeout = "5m"`, `idle_timeout = "2s"`, 1) + "\n[isolate]\nseccomp = \"off\"\n"
+	if err := os.WriteFile(short, []byte(pol), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, func(c *Config) { c.PolicyPath = short })
@@ -430,6 +435,14 @@ func TestGateway_SessionIdleExpiry(t *testing.T) {
 		ss, _ := d.c.Sessions(context.Background())
 		return len(ss) == 0 && len(vmDirs(d.state)) == 0
 	})
+	d.stop(t)
+	b, err := os.ReadFile(d.audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "seccomp mode 2 with 1 filters") {
+		t.Fatalf("isolate.seccomp = off did not reach the jail:\n%s", b)
+	}
 }
 
 // TestGateway_AuditFullFailsClosed puts the audit log on a tiny tmpfs: once

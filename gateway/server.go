@@ -63,7 +63,8 @@ type Config struct {
 	Grace time.Duration
 	// Accel is the QEMU accelerator (auto, kvm, tcg).
 	Accel vm.Accel
-	// Seccomp is the jail's filter mode: "required" (default) or "off".
+	// Seccomp overrides the policy's [isolate] seccomp ("required" or
+	// "off"); empty means the policy decides (default required).
 	Seccomp string
 	// AllowRoot permits running as uid 0.
 	AllowRoot bool
@@ -148,8 +149,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if os.Geteuid() == 0 {
 		log.Warn("RELAXATION: running as root (--allow-root); QEMU and VM files are owned by root")
 	}
-	if cfg.Seccomp == "off" {
+	switch cfg.Seccomp {
+	case "", "required":
+	case "off":
 		log.Warn("RELAXATION: SECCOMP WARNING: the jail's seccomp filter is off (--seccomp off)")
+	default:
+		return fmt.Errorf("seccomp %q: want required or off", cfg.Seccomp)
 	}
 	log.Warn("RELAXATION: jail cgroup limits (memory, pids, cpu) are not applied yet; QEMU is bounded by rlimits (address space, open files) only")
 	if cfg.StateDir == "" {
@@ -189,6 +194,9 @@ func Run(ctx context.Context, cfg Config) error {
 	s := &Server{cfg: cfg, log: log, audit: al, digest: m.Artifacts[image.BaseFile].SHA256,
 		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
 	s.policy.Store(pol)
+	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
+		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")
+	}
 	s.execCtx, s.execCancel = context.WithCancel(context.Background())
 	defer s.execCancel()
 
@@ -290,6 +298,14 @@ func (s *Server) end() {
 	if s.stopping && s.active == 0 {
 		close(s.idle)
 	}
+}
+
+// seccompMode is the jail's filter mode for new VMs.
+func (s *Server) seccompMode() string {
+	if s.cfg.Seccomp != "" {
+		return s.cfg.Seccomp
+	}
+	return s.policy.Load().Seccomp()
 }
 
 func (s *Server) reload() {

@@ -20,6 +20,12 @@ type document struct {
 	Version  *int64       `toml:"version"`
 	Defaults *settingsDoc `toml:"defaults"`
 	Profiles []profileDoc `toml:"profile"`
+	Isolate  *isolateDoc  `toml:"isolate"`
+}
+
+// isolateDoc is the [isolate] table: how the daemon jails QEMU.
+type isolateDoc struct {
+	Seccomp *string `toml:"seccomp"`
 }
 
 // settingsDoc holds the keys shared by [defaults] and [[profile]].

@@ -146,4 +146,13 @@
 // programs "--" ends the options, so "wget -- -U x" passes "-U" as a URL, not
 // an option: a rule that requires an option with args_any can be fooled that
 // way. Deny "--" (as example.toml does) or write exact shapes with args.
+//
+// # The [isolate] table
+//
+//	[isolate]
+//	seccomp = "required"   # default; "off" runs QEMU's jail without the
+//	                       # seccomp allowlist (a logged relaxation)
+//
+// It configures how vmgated jails QEMU for every VM; requests cannot change
+// it. vmgated serve --seccomp overrides it.
 package policy

@@ -20,6 +20,11 @@ func (p *Policy) Explain() string {
 	fmt.Fprintf(&b, "policy %s: version 1, %d %s.\n", p.source, n, plural(n, "profile", "profiles"))
 	b.WriteString("Profiles are tried in order; the first whose match fits the caller decides.\n")
 	b.WriteString("A caller that no profile matches is denied.\n")
+	if p.Seccomp() == "off" {
+		b.WriteString("RELAXATION: isolate.seccomp = \"off\": QEMU runs in its jail without the seccomp allowlist.\n")
+	} else {
+		b.WriteString("QEMU runs jailed with the seccomp allowlist (isolate.seccomp = \"required\").\n")
+	}
 	for i, prof := range p.profiles {
 		b.WriteString("\n")
 		prof.explain(&b, i, n)

@@ -247,3 +247,24 @@ func TestSchemaMatchesDocument(t *testing.T) {
 		}
 	}
 }
+
+func TestIsolateSeccomp(t *testing.T) {
+	base := "version = 1\n[[profile]]\nname = \"a\"\nmatch = { any = true }\n"
+	p, err := Parse("p.toml", []byte(base))
+	if err != nil || p.Seccomp() != "required" {
+		t.Fatalf("default: %v %v", p.Seccomp(), err)
+	}
+	p, err = Parse("p.toml", []byte(base+"[isolate]\nseccomp = \"off\"\n"))
+	if err != nil || p.Seccomp() != "off" || !strings.Contains(p.Explain(), "RELAXATION") {
+		t.Fatalf("off: %v %v", p, err)
+	}
+	if _, err := Parse("p.toml", []byte(base+"[isolate]\nseccomp = \"maybe\"\n")); err == nil || !strings.Contains(err.Error(), "isolate.seccomp") {
+		t.Fatalf("bad value: %v", err)
+	}
+	if _, err := Parse("p.toml", []byte(base+"[isolate]\nbogus = 1\n")); err == nil {
+		t.Fatal("unknown isolate key accepted")
+	}
+	if Default().Seccomp() != "required" {
+		t.Fatal("embedded default must require seccomp")
+	}
+}

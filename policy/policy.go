@@ -15,6 +15,16 @@ type Policy struct {
 	source   string    // file name, for messages
 	doc      *document // as decoded, for Validate
 	profiles []*profile
+	seccomp  string // [isolate] seccomp: "required" or "off"
+}
+
+// Seccomp is the jail's seccomp mode from [isolate] seccomp: "required"
+// (the default: QEMU does not start without the filter) or "off".
+func (p *Policy) Seccomp() string {
+	if p == nil || p.seccomp == "" {
+		return "required"
+	}
+	return p.seccomp
 }
 
 // profile is a compiled [[profile]] with its settings resolved.

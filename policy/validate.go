@@ -71,6 +71,21 @@ var docChecks = []docCheck{
 	checkProfiles,
 	checkUniqueNames,
 	checkReachable,
+	checkIsolate,
+}
+
+// checkIsolate validates the [isolate] table.
+func checkIsolate(c *compiler, d *document, p *Policy) {
+	p.seccomp = "required"
+	if d.Isolate == nil || d.Isolate.Seccomp == nil {
+		return
+	}
+	switch v := *d.Isolate.Seccomp; v {
+	case "required", "off":
+		p.seccomp = v
+	default:
+		c.errorf("isolate.seccomp %q: want \"required\" or \"off\"", v)
+	}
 }
 
 // compile validates d and returns the Policy. The error joins every problem,

@@ -31,7 +31,7 @@ func serve(ctx context.Context, args []string) error {
 	queueWait := fs.Duration("queue-wait", 30*time.Second, "how long a request waits for a VM before it gets busy")
 	grace := fs.Duration("grace", 10*time.Second, "how long running commands may finish on shutdown")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
-	seccompMode := fs.String("seccomp", "required", "jail seccomp filter: required or off (a logged relaxation)")
+	seccompMode := fs.String("seccomp", "", "override the policy's [isolate] seccomp: required or off (a logged relaxation)")
 	builtin := fs.Bool("builtin-policy", false, "use the embedded default policy, ignore "+DefaultConfig)
 	allowRoot := fs.Bool("allow-root", false, "allow running as root (tests, containers)")
 	var redact multiFlag
