@@ -19,5 +19,5 @@ for _ in $(seq 1 300); do
     kill -0 $pid 2>/dev/null || { echo "vmgated did not start:"; cat "$log"; exit 1; }
     sleep 0.2
 done
-echo "+ vm-exec uname -a    (fresh VM; ~20 s under TCG)"
+echo "+ vm-exec uname -a    (fresh VM; ~30 s under TCG)"
 VMGATE_SOCKET="$sock" "$BIN/vm-exec" uname -a
