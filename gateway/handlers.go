@@ -252,7 +252,7 @@ func (s *Server) bootVM(ctx context.Context, v policy.Verdict) (*vmTarget, func(
 	queue := time.Since(t0)
 	t1 := time.Now()
 	m, err := vm.Start(ctx, vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir,
-		MemoryMiB: v.Limits.MemoryMiB, CPUs: v.Limits.CPUs, Accel: s.cfg.Accel, Log: s.log, Seccomp: s.seccompMode()})
+		MemoryMiB: v.Limits.MemoryMiB, CPUs: v.Limits.CPUs, Accel: s.cfg.Accel, Log: s.log, Seccomp: s.seccompMode(), Cgroups: s.cgroups})
 	if err != nil {
 		release()
 		return nil, nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}

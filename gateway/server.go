@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/image"
@@ -121,6 +122,8 @@ type Server struct {
 	audit  *audit.Log
 	digest string
 	slots  *slots
+	// cgroups holds the jails' cgroups; nil means rlimits only.
+	cgroups *cgroup.Manager
 
 	// execCtx is cancelled when the grace period after shutdown ends.
 	execCtx    context.Context
@@ -156,7 +159,6 @@ func Run(ctx context.Context, cfg Config) error {
 	default:
 		return fmt.Errorf("seccomp %q: want required or off", cfg.Seccomp)
 	}
-	log.Warn("RELAXATION: jail cgroup limits (memory, pids, cpu) are not applied yet; QEMU is bounded by rlimits (address space, open files) only")
 	if cfg.StateDir == "" {
 		return errors.New("no state directory")
 	}
@@ -178,6 +180,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	cgm, err := cgroup.OpenMode(pol.Cgroups(), cgroup.GroupName(cfg.StateDir), log)
+	if err != nil {
+		return err
+	}
+	if cgm != nil {
+		// Registered before anything that runs VMs, so it runs after
+		// every VM (and its group) is gone.
+		defer func() {
+			if err := cgm.Close(); err != nil {
+				log.Warn("remove the jails' cgroup", "err", err)
+			}
+		}()
+	}
 	m, err := image.ReadManifest(cfg.ImageDir)
 	if err != nil {
 		return err
@@ -193,6 +208,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	s := &Server{cfg: cfg, log: log, audit: al, digest: m.Artifacts[image.BaseFile].SHA256,
 		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
+	s.cgroups = cgm
 	s.policy.Store(pol)
 	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
 		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")

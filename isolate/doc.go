@@ -30,8 +30,12 @@
 //     old root, remount the new root read-only.
 //  4. rlimits: address space, open files, processes, no core dumps.
 //  5. cgroup: when the daemon has a delegated cgroup (systemd Delegate=yes)
-//     the jail joins a child cgroup with memory, pids and cpu limits;
-//     otherwise this is logged as a relaxation.
+//     the jail runs in a child cgroup of its own with memory, pids and cpu
+//     limits (package isolate/cgroup). The daemon moves the child there
+//     right after clone, before sending the Spec, so the child has done
+//     nothing yet; steps 2–9 all run inside the group. Without a usable
+//     cgroup this is logged as a relaxation, or the daemon refuses to start
+//     when the policy says isolate.cgroups = "required".
 //  6. Capabilities: bounding, ambient, effective, permitted and inheritable
 //     sets are all emptied; securebits lock that state.
 //  7. PR_SET_NO_NEW_PRIVS.

@@ -3,6 +3,7 @@ package isolate_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -14,12 +15,16 @@ import (
 
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/isolate/escapeprobe/attempts"
 	"github.com/vmgate/vmgate/vm"
 )
 
 // escapeRunner runs as an unprivileged host user (as vmgated does) and
-// starts the jail from there: args are the spec file.
+// starts the jail from there: args are the spec file, then the delegated
+// cgroup directories it first moves itself into (as systemd starts a
+// Delegate=yes service in its own cgroup). From there it takes a cgroup for
+// the jail exactly as the daemon does.
 func escapeRunner(args []string) error {
 	b, err := os.ReadFile(args[0])
 	if err != nil {
@@ -29,19 +34,37 @@ func escapeRunner(args []string) error {
 	if err := json.Unmarshal(b, &spec); err != nil {
 		return err
 	}
-	cmd, err := isolate.Command(spec)
+	for _, d := range args[1:] {
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
+			return fmt.Errorf("join delegated cgroup: %w", err)
+		}
+	}
+	m, err := cgroup.Open(cgroup.GroupName(filepath.Dir(args[0])), nil)
 	if err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	if err := cmd.Start(); err != nil {
+	defer m.Close()
+	g, err := m.New("escape", vm.JailLimits(escapeMemMiB, 1))
+	if err != nil {
 		return err
 	}
-	for _, f := range cmd.ExtraFiles {
-		f.Close()
+	defer g.Remove()
+	fmt.Printf("runner: jail cgroup %v with %+v in %s\n", g.Dirs(), g.Limits(), m)
+	j, err := isolate.Command(spec)
+	if err != nil {
+		return err
 	}
-	return cmd.Wait()
+	j.Cmd.Stdout, j.Cmd.Stderr = os.Stdout, os.Stderr
+	if err := j.Start(g); err != nil {
+		return err
+	}
+	err = j.Cmd.Wait()
+	fmt.Printf("runner: jail cgroup usage %v\n", g.Stat())
+	return err
 }
+
+// escapeMemMiB is the guest memory the probe's jail is sized for.
+const escapeMemMiB = 512
 
 func init() { isolate.Register("escape-runner", escapeRunner) }
 
@@ -69,7 +92,18 @@ const nobody = 65534
 
 func TestEscape_Isolated(t *testing.T) {
 	img := testutil.RequiresImage(t)
-	testutil.RequiresRoot(t)
+	// The jail's cgroup comes from a group delegated to the unprivileged
+	// daemon user, as systemd's Delegate=yes gives vmgated one.
+	cgm := testutil.RequiresCgroups(t)
+	delegated, undelegate, err := cgm.Delegate("service", nobody, nobody)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := undelegate(); err != nil {
+			t.Errorf("remove delegated cgroup: %v", err)
+		}
+	}()
 	probe := buildProbe(t)
 	// The daemon's own files live apart from the VM directories, as in
 	// /var/lib/vmgate; the jail runs as an unprivileged host user (nobody),
@@ -117,7 +151,7 @@ func TestEscape_Isolated(t *testing.T) {
 	}()
 
 	qemuArgv := []string{"qemu-system-x86_64", "-nodefaults"}
-	spec, err := vm.JailSpec(qemuArgv, mine, []string{img}, vm.AccelTCG, 512)
+	spec, err := vm.JailSpec(qemuArgv, mine, []string{img}, vm.AccelTCG, escapeMemMiB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +178,7 @@ func TestEscape_Isolated(t *testing.T) {
 	if err := os.WriteFile(specFile, sb, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(runner, specFile)
+	cmd := exec.Command(runner, append([]string{specFile}, delegated...)...)
 	cmd.Env = []string{isolate.ChildEnv + "=escape-runner"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

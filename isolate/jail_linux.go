@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/isolate/cgroup"
 )
 
 // JailRole is the re-exec role of the jail's init.
@@ -24,12 +26,21 @@ func init() { Register(JailRole, jailInit) }
 // specFD is the inherited fd carrying the Spec as JSON.
 const specFD = 3
 
-// Command returns a stopped command that, when started, runs spec.Argv in
-// a new jail. stdout/stderr of the command receive the jail's own
-// diagnostics (one line, prefixed "vmgate-jail:") and then the program's.
+// Jail is a jailed command that has not started yet.
+type Jail struct {
+	// Cmd is the re-exec of vmgated that builds the jail and execs the
+	// program. Set Stdout, Stderr and Dir before Start; Wait on it after.
+	Cmd  *exec.Cmd
+	spec []byte
+	w    *os.File
+}
+
+// Command returns a jail that, when started, runs spec.Argv. stdout/stderr
+// of its Cmd receive the jail's own diagnostics (one line, prefixed
+// "vmgate-jail:") and then the program's.
 //
 // Precondition: spec is valid (Command validates it again).
-func Command(spec Spec) (*exec.Cmd, error) {
+func Command(spec Spec) (*Jail, error) {
 	hostUID, hostGID := os.Getuid(), os.Getgid()
 	if err := spec.Validate(); err != nil {
 		return nil, err
@@ -46,14 +57,6 @@ func Command(spec Spec) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("jail: %w", err)
 	}
-	// The spec is small (well under the pipe buffer): write it now and
-	// close, so the child reads it to EOF.
-	if _, err := w.Write(js); err != nil {
-		r.Close()
-		w.Close()
-		return nil, fmt.Errorf("jail: %w", err)
-	}
-	w.Close()
 	cmd := exec.Command(self)
 	cmd.Args = []string{"vmgate-jail"}
 	cmd.Env = []string{ChildEnv + "=" + JailRole}
@@ -70,8 +73,41 @@ func Command(spec Spec) (*exec.Cmd, error) {
 		Pdeathsig:   syscall.SIGKILL,
 		Setpgid:     true,
 	}
-	// The caller closes ExtraFiles (the spec pipe's read end) after Start.
-	return cmd, nil
+	return &Jail{Cmd: cmd, spec: js, w: w}, nil
+}
+
+// Start starts the jail. With a non-nil group the child joins it before it
+// builds anything: it blocks reading its spec, which is written only after
+// the group holds it, so every page and thread QEMU ever has is charged to
+// the group. On error nothing is left running.
+func (j *Jail) Start(g *cgroup.Group) error {
+	defer j.w.Close()
+	err := j.Cmd.Start()
+	for _, f := range j.Cmd.ExtraFiles {
+		f.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("jail: %w", err)
+	}
+	fail := func(err error) error {
+		_ = j.Cmd.Process.Kill()
+		_ = j.Cmd.Wait()
+		return fmt.Errorf("jail: %w", err)
+	}
+	if g != nil {
+		if err := g.Add(j.Cmd.Process.Pid); err != nil {
+			return fail(err)
+		}
+	}
+	// The spec is small (well under the pipe buffer); closing the write
+	// end lets the child read it to EOF.
+	if _, err := j.w.Write(j.spec); err != nil {
+		return fail(fmt.Errorf("send spec: %w", err))
+	}
+	if err := j.w.Close(); err != nil {
+		return fail(fmt.Errorf("send spec: %w", err))
+	}
+	return nil
 }
 
 // jailInit is the child: it builds the jail and execs the program. It only

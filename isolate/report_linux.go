@@ -23,6 +23,9 @@ type Report struct {
 	SeccompMode   int      `json:"seccomp_mode"` // 0 off, 1 strict, 2 filter
 	SeccompFilter int      `json:"seccomp_filters"`
 	Root          string   `json:"root"` // the process's root as seen from here
+	// Cgroups lists the process's cgroups other than the root one, as
+	// "controllers:path" ("0::path" on v2), seen from the caller.
+	Cgroups []string `json:"cgroups,omitempty"`
 }
 
 // ReadReport inspects pid.
@@ -50,7 +53,23 @@ func ReadReport(pid int) (*Report, error) {
 	}
 	parseStatus(string(st), r)
 	r.Root, _ = os.Readlink(base + "/root")
+	if b, err := os.ReadFile(base + "/cgroup"); err == nil {
+		r.Cgroups = parseCgroups(string(b))
+	}
 	return r, nil
+}
+
+// parseCgroups keeps the lines of /proc/PID/cgroup that are not "/",
+// without their hierarchy ids.
+func parseCgroups(s string) []string {
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && parts[2] != "/" {
+			out = append(out, parts[1]+":"+parts[2])
+		}
+	}
+	return out
 }
 
 func parseStatus(st string, r *Report) {
@@ -81,6 +100,10 @@ func parseStatus(st string, r *Report) {
 
 // String renders the report for people.
 func (r *Report) String() string {
-	return fmt.Sprintf("pid %d: new namespaces %v (shared %v); uid_map %q; caps eff=%s prm=%s bnd=%s amb=%s; no_new_privs=%v; seccomp mode %d with %d filters",
-		r.PID, r.NewNamespaces, r.SharedNS, r.UIDMap, r.CapEff, r.CapPrm, r.CapBnd, r.CapAmb, r.NoNewPrivs, r.SeccompMode, r.SeccompFilter)
+	cg := "none"
+	if len(r.Cgroups) > 0 {
+		cg = strings.Join(r.Cgroups, " ")
+	}
+	return fmt.Sprintf("pid %d: new namespaces %v (shared %v); uid_map %q; caps eff=%s prm=%s bnd=%s amb=%s; no_new_privs=%v; seccomp mode %d with %d filters; cgroups %s",
+		r.PID, r.NewNamespaces, r.SharedNS, r.UIDMap, r.CapEff, r.CapPrm, r.CapBnd, r.CapAmb, r.NoNewPrivs, r.SeccompMode, r.SeccompFilter, cg)
 }

@@ -49,3 +49,14 @@ func TestParseStatus(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+func TestParseCgroups(t *testing.T) {
+	got := parseCgroups("9:name=systemd:/\n8:pids:/vmgate-1/vm-a\n4:memory:/x/vmgate-1/vm-a\n0::/\n")
+	want := []string{"pids:/vmgate-1/vm-a", "memory:/x/vmgate-1/vm-a"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("got %q", got)
+	}
+	if got := parseCgroups("0::/system.slice/vmgated.service/vmgate-2/vm-b\n"); len(got) != 1 || got[0] != ":/system.slice/vmgated.service/vmgate-2/vm-b" {
+		t.Fatalf("v2: got %q", got)
+	}
+}

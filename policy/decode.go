@@ -26,6 +26,7 @@ type document struct {
 // isolateDoc is the [isolate] table: how the daemon jails QEMU.
 type isolateDoc struct {
 	Seccomp *string `toml:"seccomp"`
+	Cgroups *string `toml:"cgroups"`
 }
 
 // settingsDoc holds the keys shared by [defaults] and [[profile]].

@@ -152,7 +152,12 @@
 //	[isolate]
 //	seccomp = "required"   # default; "off" runs QEMU's jail without the
 //	                       # seccomp allowlist (a logged relaxation)
+//	cgroups = "auto"       # default: a cgroup per VM (memory, pids, cpu)
+//	                       # when vmgated has a delegated cgroup, else
+//	                       # rlimits only (logged); "required" refuses to
+//	                       # start without one; "off" is a logged relaxation
 //
 // It configures how vmgated jails QEMU for every VM; requests cannot change
-// it. vmgated serve --seccomp overrides it.
+// it. vmgated serve --seccomp overrides the seccomp key. The cgroups key is
+// read when the daemon starts (a reload does not change it).
 package policy

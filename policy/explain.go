@@ -25,6 +25,14 @@ func (p *Policy) Explain() string {
 	} else {
 		b.WriteString("QEMU runs jailed with the seccomp allowlist (isolate.seccomp = \"required\").\n")
 	}
+	switch p.Cgroups() {
+	case "off":
+		b.WriteString("RELAXATION: isolate.cgroups = \"off\": QEMU's memory, tasks and CPU are bounded by rlimits only.\n")
+	case "required":
+		b.WriteString("Each VM's jail gets a cgroup with memory, pids and cpu limits; vmgated does not start without one (isolate.cgroups = \"required\").\n")
+	default:
+		b.WriteString("Each VM's jail gets a cgroup with memory, pids and cpu limits when vmgated has a delegated cgroup; otherwise rlimits only, logged at start (isolate.cgroups = \"auto\").\n")
+	}
 	for i, prof := range p.profiles {
 		b.WriteString("\n")
 		prof.explain(&b, i, n)

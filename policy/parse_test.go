@@ -268,3 +268,26 @@ func TestIsolateSeccomp(t *testing.T) {
 		t.Fatal("embedded default must require seccomp")
 	}
 }
+
+func TestIsolateCgroups(t *testing.T) {
+	base := "version = 1\n[[profile]]\nname = \"a\"\nmatch = { any = true }\n"
+	for _, c := range []struct{ doc, want, explain string }{
+		{base, "auto", "when vmgated has a delegated cgroup"},
+		{base + "[isolate]\ncgroups = \"required\"\n", "required", "does not start without one"},
+		{base + "[isolate]\ncgroups = \"off\"\nseccomp = \"required\"\n", "off", "RELAXATION: isolate.cgroups"},
+	} {
+		p, err := Parse("p.toml", []byte(c.doc))
+		if err != nil || p.Cgroups() != c.want || !strings.Contains(p.Explain(), c.explain) {
+			t.Errorf("%q: got %q, %v", c.doc, p.Cgroups(), err)
+		}
+	}
+	if _, err := Parse("p.toml", []byte(base+"[isolate]\ncgroups = true\n")); err == nil {
+		t.Error("a boolean cgroups value was accepted")
+	}
+	if _, err := Parse("p.toml", []byte(base+"[isolate]\ncgroups = \"yes\"\n")); err == nil || !strings.Contains(err.Error(), "isolate.cgroups") {
+		t.Errorf("bad value: %v", err)
+	}
+	if Default().Cgroups() != "auto" {
+		t.Error("embedded default must be auto")
+	}
+}

@@ -16,6 +16,18 @@ type Policy struct {
 	doc      *document // as decoded, for Validate
 	profiles []*profile
 	seccomp  string // [isolate] seccomp: "required" or "off"
+	cgroups  string // [isolate] cgroups: "auto", "required" or "off"
+}
+
+// Cgroups is the jail's cgroup mode from [isolate] cgroups: "auto" (the
+// default: a cgroup per VM when the daemon has a delegated one, otherwise
+// rlimits only, logged as a relaxation), "required" (the daemon does not
+// start without one) or "off". It is read when the daemon starts.
+func (p *Policy) Cgroups() string {
+	if p == nil || p.cgroups == "" {
+		return "auto"
+	}
+	return p.cgroups
 }
 
 // Seccomp is the jail's seccomp mode from [isolate] seccomp: "required"

@@ -76,15 +76,25 @@ var docChecks = []docCheck{
 
 // checkIsolate validates the [isolate] table.
 func checkIsolate(c *compiler, d *document, p *Policy) {
-	p.seccomp = "required"
-	if d.Isolate == nil || d.Isolate.Seccomp == nil {
+	p.seccomp, p.cgroups = "required", "auto"
+	if d.Isolate == nil {
 		return
 	}
-	switch v := *d.Isolate.Seccomp; v {
-	case "required", "off":
-		p.seccomp = v
-	default:
-		c.errorf("isolate.seccomp %q: want \"required\" or \"off\"", v)
+	if d.Isolate.Seccomp != nil {
+		switch v := *d.Isolate.Seccomp; v {
+		case "required", "off":
+			p.seccomp = v
+		default:
+			c.errorf("isolate.seccomp %q: want \"required\" or \"off\"", v)
+		}
+	}
+	if d.Isolate.Cgroups != nil {
+		switch v := *d.Isolate.Cgroups; v {
+		case "auto", "required", "off":
+			p.cgroups = v
+		default:
+			c.errorf("isolate.cgroups %q: want \"auto\", \"required\" or \"off\"", v)
+		}
 	}
 }
 

@@ -110,17 +110,17 @@ func runProbe(ctx context.Context, spec LaunchSpec, timeout time.Duration) (bool
 	}
 	var out bytes.Buffer
 	// The probe runs in the same jail as every VM.
-	cmd, err := jailedCommand(argv, spec.Dir, []string{filepath.Dir(spec.Kernel), filepath.Dir(spec.Initrd)}, spec.Accel, spec.MemoryMiB, "")
+	// It is bounded in time, not by a cgroup: it runs once per daemon
+	// before any VM and powers off at once.
+	j, err := jailedCommand(argv, spec.Dir, []string{filepath.Dir(spec.Kernel), filepath.Dir(spec.Initrd)}, spec.Accel, spec.MemoryMiB, "")
 	if err != nil {
 		return false, err.Error()
 	}
+	cmd := j.Cmd
 	cmd.Stdout, cmd.Stderr = &out, &out
 	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	if err := j.Start(nil); err != nil {
 		return false, "start qemu: " + err.Error()
-	}
-	for _, f := range cmd.ExtraFiles {
-		f.Close()
 	}
 	waitc := make(chan error, 1)
 	go func() { waitc <- cmd.Wait() }()

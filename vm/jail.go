@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/isolate/seccomp"
 )
 
@@ -140,7 +141,7 @@ func JailSpec(argv []string, vmDir string, readOnly []string, accel Accel, memMi
 		OpenFiles:    1024,
 		// Counted per user namespace (so per jail) when the daemon is not
 		// root; QEMU needs a few dozen threads at most.
-		Processes: 256,
+		Processes: jailProcesses,
 		Seccomp:   "required", SeccompAccel: string(accel),
 	}, nil
 }
@@ -157,8 +158,28 @@ func dedupe(in []string) []string {
 	return out
 }
 
-// jailedCommand returns the command that runs argv in a jail.
-func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string) (*exec.Cmd, error) {
+// JailLimits are the cgroup limits of a VM's jail: guest RAM plus what
+// QEMU needs beside it (TCG's translation cache, device buffers, its own
+// heap), as many tasks as RLIMIT_NPROC allows, and one CPU more than the
+// guest has for QEMU's main loop and I/O threads.
+func JailLimits(memMiB, cpus int) cgroup.Limits {
+	return cgroup.Limits{
+		MemoryBytes: uint64(memMiB)<<20 + qemuOverhead,
+		Pids:        jailProcesses,
+		CPUs:        float64(cpus + 1),
+	}
+}
+
+// qemuOverhead is QEMU's memory beside guest RAM: TCG's translation cache
+// (QEMU's default of up to 1 GiB is mapped but only touched as code is
+// translated) and its own heap.
+const qemuOverhead = 1 << 30
+
+// jailProcesses bounds QEMU's threads (RLIMIT_NPROC and pids.max).
+const jailProcesses = 256
+
+// jailedCommand returns the jail that runs argv.
+func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string) (*isolate.Jail, error) {
 	spec, err := JailSpec(argv, vmDir, readOnly, accel, memMiB)
 	if err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/vm/agentproto"
 	"github.com/vmgate/vmgate/vm/image"
 )
@@ -53,6 +54,10 @@ type Options struct {
 	// Seccomp is the jail's filter mode: "required" (default) or "off"
 	// (a logged relaxation). QEMU always runs in the jail (package isolate).
 	Seccomp string
+	// Cgroups, when set, puts each VM's jail in its own cgroup with
+	// JailLimits; nil leaves QEMU bounded by rlimits only (the daemon logs
+	// that as a relaxation).
+	Cgroups *cgroup.Manager
 }
 
 func (o *Options) setDefaults() {
@@ -91,6 +96,7 @@ type VM struct {
 	exitErr  error         // valid after exited is closed
 	client   *ssh.Client
 	bootTime time.Duration
+	cgroup   *cgroup.Group // nil without cgroups
 
 	mu       sync.Mutex
 	closed   bool
@@ -155,14 +161,23 @@ func Start(ctx context.Context, opts Options) (_ *VM, err error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd, err := jailedCommand(argv, v.Dir, []string{filepath.Dir(img.base)}, accel, opts.MemoryMiB, opts.Seccomp)
+	j, err := jailedCommand(argv, v.Dir, []string{filepath.Dir(img.base)}, accel, opts.MemoryMiB, opts.Seccomp)
 	if err != nil {
 		return nil, err
 	}
 	if opts.Seccomp == "off" {
 		v.log.Warn("SECCOMP WARNING: the jail's seccomp filter is off by configuration")
 	}
-	if err := v.launch(cmd, argv); err != nil {
+	if opts.Cgroups != nil {
+		g, err := opts.Cgroups.New(id, JailLimits(opts.MemoryMiB, opts.CPUs))
+		if err != nil {
+			return nil, fmt.Errorf("start vm: %w", err)
+		}
+		// Pushed before QEMU's kill, so it runs after QEMU has exited.
+		v.push(g.Remove)
+		v.cgroup = g
+	}
+	if err := v.launch(j, argv); err != nil {
 		return nil, err
 	}
 	bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
@@ -270,7 +285,8 @@ func (v *VM) push(fn func() error) {
 	v.mu.Unlock()
 }
 
-func (v *VM) launch(cmd *exec.Cmd, argv []string) error {
+func (v *VM) launch(j *isolate.Jail, argv []string) error {
+	cmd := j.Cmd
 	logf, err := os.OpenFile(filepath.Join(v.Dir, QEMULog), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("start qemu: %w", err)
@@ -280,11 +296,8 @@ func (v *VM) launch(cmd *exec.Cmd, argv []string) error {
 	cmd.Dir = v.Dir
 	// The jail's command dies with the daemon (Pdeathsig): a crash leaves
 	// at most files, which CleanupStale removes on the next start.
-	if err := cmd.Start(); err != nil {
+	if err := j.Start(v.cgroup); err != nil {
 		return fmt.Errorf("start qemu: %w", err)
-	}
-	for _, f := range cmd.ExtraFiles {
-		f.Close()
 	}
 	v.cmd = cmd
 	_ = os.WriteFile(filepath.Join(v.Dir, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)+"\n"), 0o600)

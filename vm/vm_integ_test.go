@@ -23,7 +23,13 @@ func startTestVM(t *testing.T, state string) *VM {
 	img := testutil.RequiresImage(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	v, err := Start(ctx, Options{ImageDir: img, StateDir: state, Accel: AccelAuto})
+	opts := Options{ImageDir: img, StateDir: state, Accel: AccelAuto}
+	// As root a cgroup is always at hand (under CI its absence fails);
+	// as a plain user the VM runs with rlimits only, as vmgated would.
+	if os.Geteuid() == 0 {
+		opts.Cgroups = testutil.RequiresCgroups(t)
+	}
+	v, err := Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("start vm: %v", err)
 	}
@@ -94,6 +100,30 @@ func TestVM_Exec(t *testing.T) {
 		if want := fmt.Sprintf("1000 %d 1", os.Getuid()); rep.UIDMap != want {
 			t.Errorf("uid_map %q, want %q", rep.UIDMap, want)
 		}
+	})
+	t.Run("cgroup", func(t *testing.T) {
+		if v.cgroup == nil {
+			t.Skip("no cgroup manager (not root)")
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", v.Pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(b), "/vm-"+v.ID+"\n"); n != len(v.cgroup.Dirs()) {
+			t.Errorf("QEMU is in %d of its groups %v:\n%s", n, v.cgroup.Dirs(), b)
+		}
+		want := JailLimits(512, 1)
+		if got := v.cgroup.Limits(); got != want {
+			t.Errorf("limits %+v, want %+v", got, want)
+		}
+		for _, d := range v.cgroup.Dirs() {
+			for f, w := range map[string]string{"pids.max": "256", "memory.max": fmt.Sprint(want.MemoryBytes), "memory.limit_in_bytes": fmt.Sprint(want.MemoryBytes)} {
+				if got, err := os.ReadFile(filepath.Join(d, f)); err == nil && strings.TrimSpace(string(got)) != w {
+					t.Errorf("%s/%s = %q, want %s", d, f, got, w)
+				}
+			}
+		}
+		t.Logf("usage: %v", v.cgroup.Stat())
 	})
 	t.Run("echo", func(t *testing.T) {
 		o := run(t, v, ExecRequest{Argv: []string{"echo", "hello", "world"}})
@@ -241,6 +271,13 @@ func TestVM_Exec(t *testing.T) {
 	}
 	if err := v.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
+	}
+	if v.cgroup != nil {
+		for _, d := range v.cgroup.Dirs() {
+			if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cgroup %s left after close: %v", d, err)
+			}
+		}
 	}
 	if _, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"true"}}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("exec after close: %v", err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/exitcode"
+	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/image"
 )
@@ -149,6 +150,7 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 	user := fs.String("user", "", "guest user: root (default) or agent")
 	jailReport := fs.Bool("jail-report", false, "print the QEMU process's confinement (namespaces, uid map, caps, seccomp) to stderr")
 	seccomp := fs.String("seccomp", "required", "jail seccomp filter: required or off (a logged relaxation)")
+	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto (use a delegated cgroup when there is one), required or off")
 	level := fs.String("log-level", "warn", "log level")
 	if err := fs.Parse(args); err != nil {
 		return exitcode.Usage, err
@@ -168,7 +170,14 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 		*imgDir = defaultImageDir(*state)
 	}
 	log := newLogger(os.Stderr, lvl)
-	v, err := vm.Start(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log, Seccomp: *seccomp})
+	cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
+	if err != nil {
+		return exitcode.Internal, err
+	}
+	if cgm != nil {
+		defer cgm.Close()
+	}
+	v, err := vm.Start(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log, Seccomp: *seccomp, Cgroups: cgm})
 	if err != nil {
 		return exitcode.VMFailed, err
 	}

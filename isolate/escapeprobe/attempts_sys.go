@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -186,52 +187,49 @@ func noNewPrivs(*config) outcome {
 }
 
 const (
-	forkBombLimit    = 2000
-	forkBombTimeout  = 60 * time.Second
-	sleeperMaxLife   = 2 * time.Minute
-	sleeperArgv0     = "escapeprobe-sleeper"
-	sleeperEnvMarker = modeEnv + "=sleeper"
+	forkBombLimit   = 2000
+	forkBombTimeout = 60 * time.Second
 )
 
-// sleeperMain is a fork-bomb child: it blocks reading stdin, a pipe whose
-// write end only the probe holds, and exits at EOF (the probe closed it or
-// died), on any error, or after sleeperMaxLife. The probe also gives it a
-// parent-death SIGKILL and kills it when done.
-func sleeperMain() {
-	go func() {
-		time.Sleep(sleeperMaxLife)
-		os.Exit(0)
-	}()
-	buf := make([]byte, 1)
+// A seccomp filter without execve still lets a process fork (QEMU must
+// create threads, and clone's thread flags are not a boundary), so the
+// fork bomb and the memory hog fork raw copies of the probe that never
+// exec: the child runs only the raw system calls below, on the forking
+// thread's stack, without entering the Go runtime.
+
+// forkSleeper forks a child that closes wfd and blocks reading rfd until
+// EOF (when every write end is closed), then exits. It returns the child's
+// pid in the parent.
+//
+//go:nosplit
+//go:norace
+func forkSleeper(rfd, wfd int) (int, syscall.Errno) {
+	r1, _, e := syscall.RawSyscall6(syscall.SYS_CLONE, uintptr(syscall.SIGCHLD), 0, 0, 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	if r1 != 0 {
+		return int(r1), 0
+	}
+	syscall.RawSyscall(syscall.SYS_CLOSE, uintptr(wfd), 0, 0)
+	var b [1]byte
 	for {
-		n, err := syscall.Read(0, buf)
-		if err == syscall.EINTR {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(rfd), uintptr(unsafe.Pointer(&b[0])), 1)
+		if e == syscall.EINTR {
 			continue
 		}
-		if n <= 0 || err != nil {
-			os.Exit(0)
+		if e != 0 || n == 0 {
+			syscall.RawSyscall(syscall.SYS_EXIT_GROUP, 0, 0, 0)
 		}
 	}
 }
 
-// forkBomb starts up to forkBombLimit sleeping copies of the probe and
-// counts them; all are killed and reaped before it returns. It runs on the
-// main goroutine, locked to the main thread (see init), which outlives the
-// children as their parent-death signal requires.
+// forkBomb forks up to forkBombLimit sleeping copies of the probe and
+// counts them; all are killed and reaped before it returns.
 func forkBomb(*config) outcome {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return outcome{blocked: false, detail: "pipe: " + errText(err) + "; nothing tried"}
-	}
-	files := []uintptr{r.Fd()}
-	if null, err := os.OpenFile("/dev/null", os.O_RDWR, 0); err == nil {
-		defer null.Close()
-		files = append(files, null.Fd(), null.Fd())
-	}
-	attr := &syscall.ProcAttr{
-		Env:   []string{sleeperEnvMarker, "GOMAXPROCS=1"},
-		Files: files,
-		Sys:   &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	}
 	deadline := time.Now().Add(forkBombTimeout)
 	pids := make([]int, 0, forkBombLimit)
@@ -242,9 +240,9 @@ func forkBomb(*config) outcome {
 			timedOut = true
 			break
 		}
-		pid, err := syscall.ForkExec("/proc/self/exe", []string{sleeperArgv0}, attr)
-		if err != nil {
-			stopErr = err
+		pid, e := forkSleeper(int(r.Fd()), int(w.Fd()))
+		if e != 0 {
+			stopErr = e
 			break
 		}
 		pids = append(pids, pid)
@@ -271,19 +269,109 @@ func forkBomb(*config) outcome {
 	n := len(pids)
 	cleanup := fmt.Sprintf("all %d killed and reaped", n)
 	if len(reapErrs) > 0 {
-		cleanup += "; " + strings.Join(reapErrs, "; ")
+		// The jail's filter has neither kill nor wait4: the children end
+		// at the pipe's EOF and their zombies go with the pid namespace.
+		cleanup = fmt.Sprintf("%d of %d not reaped (first: %s); they exit at the pipe's EOF", len(reapErrs), n, reapErrs[0])
 	}
-	var nproc unix.Rlimit
-	unix.Getrlimit(unix.RLIMIT_NPROC, &nproc)
-	limits := fmt.Sprintf("RLIMIT_NPROC %s/%s", limitString(nproc.Cur), limitString(nproc.Max))
 	switch {
 	case stopErr != nil:
-		return outcome{blocked: true, detail: fmt.Sprintf("started %d of %d sleeping processes, then: %s (%s); %s", n, forkBombLimit, errText(stopErr), limits, cleanup)}
+		return outcome{blocked: n < forkBombLimit, detail: fmt.Sprintf("forked %d of %d sleeping processes, then: %s (a pids cgroup or RLIMIT_NPROC); %s", n, forkBombLimit, errText(stopErr), cleanup)}
 	case timedOut:
-		return outcome{blocked: false, detail: fmt.Sprintf("started %d of %d sleeping processes before the probe's own %v time limit; no limit stopped them (%s); %s", n, forkBombLimit, forkBombTimeout, limits, cleanup)}
+		return outcome{blocked: false, detail: fmt.Sprintf("forked %d of %d sleeping processes before the probe's own %v time limit; no limit stopped them; %s", n, forkBombLimit, forkBombTimeout, cleanup)}
 	default:
-		return outcome{blocked: false, detail: fmt.Sprintf("started all %d sleeping processes; no limit stopped them (%s); %s", n, limits, cleanup)}
+		return outcome{blocked: false, detail: fmt.Sprintf("forked all %d sleeping processes; no limit stopped them; %s", n, cleanup)}
 	}
+}
+
+const (
+	hogTotal = 4 << 30
+	hogChunk = 64 << 20
+)
+
+// forkHog forks a child that maps hogTotal bytes, 64 MiB at a time, and
+// fills each chunk by reading /dev/zero (fd zero) into it, which faults in
+// and charges every page. It reports on the pipe (closing rfd, writing to
+// wfd): '.' per chunk, then 'D' when done, 'M' if a mapping was refused,
+// 'R' if reading failed. A memory cgroup kills it with SIGKILL before it is
+// done. The status pipe, not wait4, tells the parent what happened: the
+// jail's filter has no wait4.
+//
+//go:nosplit
+//go:norace
+func forkHog(zero, rfd, wfd int) (int, syscall.Errno) {
+	r1, _, e := syscall.RawSyscall6(syscall.SYS_CLONE, uintptr(syscall.SIGCHLD), 0, 0, 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	if r1 != 0 {
+		return int(r1), 0
+	}
+	syscall.RawSyscall(syscall.SYS_CLOSE, uintptr(rfd), 0, 0)
+	msg := [4]byte{'.', 'D', 'M', 'R'}
+	for done := uintptr(0); done < hogTotal; done += hogChunk {
+		p, _, e := syscall.RawSyscall6(syscall.SYS_MMAP, 0, hogChunk, syscall.PROT_READ|syscall.PROT_WRITE,
+			syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS, ^uintptr(0), 0)
+		if e != 0 {
+			syscall.RawSyscall(syscall.SYS_WRITE, uintptr(wfd), uintptr(unsafe.Pointer(&msg[2])), 1)
+			syscall.RawSyscall(syscall.SYS_EXIT_GROUP, 0, 0, 0)
+		}
+		for off := uintptr(0); off < hogChunk; {
+			n, _, e := syscall.RawSyscall(syscall.SYS_READ, uintptr(zero), p+off, hogChunk-off)
+			if e == syscall.EINTR {
+				continue
+			}
+			if e != 0 || n == 0 {
+				syscall.RawSyscall(syscall.SYS_WRITE, uintptr(wfd), uintptr(unsafe.Pointer(&msg[3])), 1)
+				syscall.RawSyscall(syscall.SYS_EXIT_GROUP, 0, 0, 0)
+			}
+			off += n
+		}
+		syscall.RawSyscall(syscall.SYS_WRITE, uintptr(wfd), uintptr(unsafe.Pointer(&msg[0])), 1)
+	}
+	syscall.RawSyscall(syscall.SYS_WRITE, uintptr(wfd), uintptr(unsafe.Pointer(&msg[1])), 1)
+	syscall.RawSyscall(syscall.SYS_EXIT_GROUP, 0, 0, 0)
+	return 0, 0
+}
+
+// memoryHog runs forkHog's child (so only the child dies) and reports what
+// stopped it.
+func memoryHog(*config) outcome {
+	zero, err := os.Open("/dev/zero")
+	if err != nil {
+		return outcome{blocked: false, detail: "open /dev/zero: " + errText(err) + "; nothing tried"}
+	}
+	defer zero.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return outcome{blocked: false, detail: "pipe: " + errText(err) + "; nothing tried"}
+	}
+	defer r.Close()
+	pid, e := forkHog(int(zero.Fd()), int(r.Fd()), int(w.Fd()))
+	w.Close()
+	if e != 0 {
+		return outcome{blocked: false, detail: "could not fork the hog child: " + errText(e) + "; nothing tried"}
+	}
+	status, err := io.ReadAll(r) // EOF when the child is gone
+	// Reap where the filter allows it (outside a jail); inside, the
+	// zombie goes with the jail's pid namespace.
+	var ws syscall.WaitStatus
+	how := ""
+	if _, werr := syscall.Wait4(pid, &ws, 0, nil); werr == nil {
+		how = "; " + describeStatus(ws)
+	}
+	chunks := strings.Count(string(status), ".")
+	touched := fmt.Sprintf("%d MiB touched", chunks*hogChunk>>20)
+	switch {
+	case err != nil:
+		return outcome{blocked: false, detail: "read the hog's status: " + errText(err)}
+	case strings.HasSuffix(string(status), "D"):
+		return outcome{blocked: false, detail: "the child touched 4 GiB: no memory limit stopped it" + how}
+	case strings.HasSuffix(string(status), "M"):
+		return outcome{blocked: true, detail: "a mapping was refused (RLIMIT_AS) after " + touched + how}
+	case strings.HasSuffix(string(status), "R"):
+		return outcome{blocked: false, detail: "reading /dev/zero failed after " + touched + "; the test is inconclusive" + how}
+	}
+	return outcome{blocked: true, detail: "the child died after " + touched + " of 4096, before finishing (the memory cgroup's OOM kill)" + how}
 }
 
 func mmap1TiB(*config) outcome {

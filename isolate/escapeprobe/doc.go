@@ -64,9 +64,11 @@
 //   - Network connects leave the namespace only if it is empty (no
 //     interface but lo), where nothing can leave it; otherwise no connect is
 //     made and the attempt is reported as not blocked.
-//   - The fork bomb is bounded at 2000 sleeping copies of this binary, each
-//     with a parent-death signal, a pipe whose EOF ends it and a time
-//     limit; all are killed and reaped before the attempt returns.
+//   - The fork bomb is bounded at 2000 raw forks (no exec) that block on a
+//     pipe whose EOF ends them; all are killed and reaped before the
+//     attempt returns.
+//   - The memory hog is one raw fork that touches at most 4 GiB and is
+//     reaped before the attempt returns.
 //   - mmap of 1 TiB uses MAP_NORESERVE and is unmapped without touching a
 //     page.
 package main

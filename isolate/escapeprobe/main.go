@@ -15,8 +15,8 @@ import (
 	"github.com/vmgate/vmgate/isolate/escapeprobe/attempts"
 )
 
-// modeEnv selects a helper mode when the probe re-executes itself: "sleeper"
-// for the fork bomb's children, "exit" for exec-self.
+// modeEnv selects a helper mode when the probe re-executes itself: "exit"
+// for exec-self.
 const modeEnv = "VMGATE_ESCAPEPROBE_MODE"
 
 func init() {
@@ -24,7 +24,7 @@ func init() {
 	// throw-away goroutine (see onThrowawayThread) can ever land on it: the
 	// main thread cannot exit, and a thread whose credentials, namespaces or
 	// ptrace links were changed must exit. This also keeps the fork bomb's
-	// parent thread alive, which its children's parent-death signal needs.
+	// parent thread alive.
 	runtime.LockOSThread()
 }
 
@@ -107,6 +107,7 @@ var impls = map[string]attemptFunc{
 	"capeff-zero":              capEffZero,
 	"no-new-privs":             noNewPrivs,
 	"fork-bomb":                forkBomb,
+	"memory-hog":               memoryHog,
 	"mmap-1tib":                mmap1TiB,
 	"io-uring-setup":           ioUringSetup,
 	"bpf-prog-load":            bpfProgLoad,
@@ -127,9 +128,6 @@ var impls = map[string]attemptFunc{
 
 func main() {
 	switch os.Getenv(modeEnv) {
-	case "sleeper":
-		sleeperMain()
-		return
 	case "exit":
 		os.Exit(0)
 	}
