@@ -261,10 +261,13 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	for {
 		select {
 		case e := <-exitc:
-			// Output sent before the exit record is already queued; wait for EOF.
-			select {
-			case <-streams:
-			case <-time.After(req.KillGrace):
+			// Output sent before the exit record is already queued; wait for
+			// EOF unless it came first (streams is then nil).
+			if streams != nil {
+				select {
+				case <-streams:
+				case <-time.After(req.KillGrace):
+				}
 			}
 			res.ExitCode, res.Signal = e.code, e.signal
 			res.Duration = time.Since(start)

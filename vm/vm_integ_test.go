@@ -131,6 +131,19 @@ func TestVM_Exec(t *testing.T) {
 			t.Fatalf("got %+v stdout=%q stderr=%q", o.res, o.stdout, o.stderr)
 		}
 	})
+	t.Run("exit after EOF does not wait out the kill grace", func(t *testing.T) {
+		// The agent sends EOF before the exit record; the exit must not
+		// then wait for a grace period meant for stuck output. With an
+		// hour's grace, a regression hangs here until the test's deadline.
+		for i := 0; i < 5; i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			res, err := v.Exec(ctx, ExecRequest{Argv: []string{"true"}, KillGrace: time.Hour})
+			cancel()
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("run %d: %+v, %v", i, res, err)
+			}
+		}
+	})
 	t.Run("exit codes", func(t *testing.T) {
 		for _, code := range []string{"0", "1", "42"} {
 			o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "exit " + code}})
