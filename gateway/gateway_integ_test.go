@@ -67,6 +67,8 @@ func startDaemon(t *testing.T, mutate func(*Config)) *testDaemon {
 	ready := make(chan struct{})
 	cfg := Config{Socket: d.socket, SocketMode: 0o666, StateDir: d.state, ImageDir: img, AuditPath: d.audit,
 		PolicyPath: d.policy, PolicyExplicit: true, MaxVMs: 2, Accel: "auto", AllowRoot: true, Grace: 2 * time.Second,
+		// Cold boots unless a test turns the fast path on (TestGateway_FastPath).
+		NoTemplate: true,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Ready: func() { close(ready) }}
 	if mutate != nil {
 		mutate(&cfg)
@@ -492,5 +494,64 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 	d.stop(t)
 	if _, err := audit.VerifyFile(filepath.Join(mnt, "audit.jsonl")); err != nil {
 		t.Fatalf("what was written must still verify: %v", err)
+	}
+}
+
+// TestGateway_FastPath runs commands on VMs restored from the shape's
+// template: from the pool, then restored on demand, in a session, all
+// audited with how the VM was made, and nothing left at shutdown.
+func TestGateway_FastPath(t *testing.T) {
+	d := startDaemon(t, func(c *Config) {
+		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 1, testutil.TemplateDir(t)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	waitPool := func() {
+		for {
+			st, err := d.c.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pools, _ := st["pools"].([]any); len(pools) == 1 {
+				if p := pools[0].(map[string]any); p["ready"].(float64) >= 1 {
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("pool never became ready: %v", st)
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	waitPool()
+	res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo fast; hostname"}}, nil)
+	if res.ExitCode != 0 || so != "fast\nvmgate\n" || res.VMStart != "pool" {
+		t.Fatalf("from the pool: %+v %q", res, so)
+	}
+	// Straight after, the pool may still be refilling: either way a fresh
+	// restored VM, never the one just used.
+	res2, _, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	if res2.VMID == res.VMID || (res2.VMStart != "pool" && res2.VMStart != "restore") {
+		t.Fatalf("second command: %+v (first %s)", res2, res.VMID)
+	}
+	waitPool()
+	res3, so3, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo kept > /root/f"}, Session: "s"}, nil)
+	if res3.ExitCode != 0 || res3.VMStart != "pool" {
+		t.Fatalf("session start: %+v %q", res3, so3)
+	}
+	res4, so4, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"cat", "/root/f"}, Session: "s"}, nil)
+	if so4 != "kept\n" || res4.VMID != res3.VMID || res4.VMStart != "" {
+		t.Fatalf("session reuse: %+v %q", res4, so4)
+	}
+	d.stop(t)
+	b, err := os.ReadFile(d.audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"vm_start":"pool"`, `"vm_id":"` + res2.VMID + `"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("audit log lacks %s", want)
+		}
 	}
 }

@@ -63,7 +63,16 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	if err := s.audit.Healthy(); err != nil {
 		health = err.Error()
 	}
-	writeJSON(w, map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()})
+	st := map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()}
+	if s.fast != nil {
+		pools := []map[string]any{}
+		for k, p := range s.fast.stats() {
+			pools = append(pools, map[string]any{"memory_mib": k.mem, "cpus": k.cpus, "seccomp": k.seccomp,
+				"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk})
+		}
+		st["pools"] = pools
+	}
+	writeJSON(w, st)
 }
 
 func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
@@ -216,6 +225,7 @@ type vmTarget struct {
 	vm      *vm.VM
 	jail    string // the confinement of its QEMU, read from /proc while it runs
 	boot    time.Duration
+	start   string // boot, restore or pool
 	queue   time.Duration
 	session *session
 	done    func(ok bool)
@@ -251,13 +261,29 @@ func (s *Server) bootVM(ctx context.Context, v policy.Verdict) (*vmTarget, func(
 	}
 	queue := time.Since(t0)
 	t1 := time.Now()
+	mem, cpus := v.Limits.MemoryMiB, v.Limits.CPUs
+	if mem == 0 {
+		mem = vm.DefaultMemoryMiB
+	}
+	if cpus == 0 {
+		cpus = vm.DefaultCPUs
+	}
+	if s.fast != nil {
+		m, how, err := s.fast.get(ctx, mem, cpus, s.seccompMode())
+		switch {
+		case m != nil:
+			return &vmTarget{vm: m, boot: time.Since(t1), start: how, queue: queue, jail: jailOf(m)}, release, nil
+		case err != nil && ctx.Err() == nil:
+			s.log.Warn("restore from template failed, booting cold", "err", err)
+		}
+	}
 	m, err := vm.Start(ctx, vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir,
-		MemoryMiB: v.Limits.MemoryMiB, CPUs: v.Limits.CPUs, Accel: s.cfg.Accel, Log: s.log, Seccomp: s.seccompMode(), Cgroups: s.cgroups})
+		MemoryMiB: mem, CPUs: cpus, Accel: s.cfg.Accel, Log: s.log, Seccomp: s.seccompMode(), Cgroups: s.cgroups})
 	if err != nil {
 		release()
 		return nil, nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
 	}
-	return &vmTarget{vm: m, boot: time.Since(t1), queue: queue, jail: jailOf(m)}, release, nil
+	return &vmTarget{vm: m, boot: time.Since(t1), start: "boot", queue: queue, jail: jailOf(m)}, release, nil
 }
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
@@ -461,11 +487,11 @@ func (s *Server) auditExec(st *execState, o execOutcome) wire.Result {
 		StdinBytes: o.stdinBytes, StdoutSHA256: o.stdoutSHA, StderrSHA256: o.stderrSHA}
 	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: rec.DurationMS, ExecMS: o.execDur.Milliseconds()}
 	if t := o.target; t != nil {
-		rec.VMID, rec.BootMS = t.vm.ID, t.boot.Milliseconds()
+		rec.VMID, rec.BootMS, rec.VMStart = t.vm.ID, t.boot.Milliseconds(), t.start
 		if t.jail != "" {
 			rec.Message = "jail: " + t.jail
 		}
-		out.VMID, out.BootMS, out.QueueMS = t.vm.ID, t.boot.Milliseconds(), t.queue.Milliseconds()
+		out.VMID, out.BootMS, out.QueueMS, out.VMStart = t.vm.ID, t.boot.Milliseconds(), t.queue.Milliseconds(), t.start
 	}
 	res, execErr := o.res, o.err
 	if res != nil {

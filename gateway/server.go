@@ -67,6 +67,15 @@ type Config struct {
 	// Seccomp overrides the policy's [isolate] seccomp ("required" or
 	// "off"); empty means the policy decides (default required).
 	Seccomp string
+	// NoTemplate turns the fast path off: every VM boots cold. Otherwise
+	// each VM shape gets a template (built in the background on first use;
+	// the default shape at start) and fresh VMs are restored from it.
+	NoTemplate bool
+	// PoolSize is how many restored VMs each shape keeps ready (0: restore
+	// on demand).
+	PoolSize int
+	// TemplateDir holds templates (default STATE/templates).
+	TemplateDir string
 	// AllowRoot permits running as uid 0.
 	AllowRoot bool
 	// Log defaults to slog.Default().
@@ -122,6 +131,8 @@ type Server struct {
 	audit  *audit.Log
 	digest string
 	slots  *slots
+	// fast restores VMs from templates; nil when NoTemplate.
+	fast *fastPath
 	// cgroups holds the jails' cgroups; nil means rlimits only.
 	cgroups *cgroup.Manager
 
@@ -210,6 +221,16 @@ func Run(ctx context.Context, cfg Config) error {
 		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
 	s.cgroups = cgm
 	s.policy.Store(pol)
+	if !cfg.NoTemplate {
+		s.fast = newFastPath(vm.Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log,
+			Cgroups: cgm, TemplateDir: cfg.TemplateDir}, cfg.PoolSize, log)
+		// Runs after the server has stopped and every session is closed,
+		// before the cgroup manager goes.
+		defer s.fast.close()
+		s.fast.warm(vm.DefaultMemoryMiB, vm.DefaultCPUs, s.seccompMode())
+	} else {
+		log.Info("VM templates off: every VM boots cold")
+	}
 	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
 		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")
 	}

@@ -39,9 +39,16 @@ type Jail struct {
 // of its Cmd receive the jail's own diagnostics (one line, prefixed
 // "vmgate-jail:") and then the program's.
 //
+// files are passed to the program as fds 4, 5, … (spec.KeepFDs is set to
+// them); the caller closes its copies after Start.
+//
 // Precondition: spec is valid (Command validates it again).
-func Command(spec Spec) (*Jail, error) {
+func Command(spec Spec, files ...*os.File) (*Jail, error) {
 	hostUID, hostGID := os.Getuid(), os.Getgid()
+	spec.KeepFDs = nil
+	for i := range files {
+		spec.KeepFDs = append(spec.KeepFDs, specFD+1+i)
+	}
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
@@ -60,7 +67,7 @@ func Command(spec Spec) (*Jail, error) {
 	cmd := exec.Command(self)
 	cmd.Args = []string{"vmgate-jail"}
 	cmd.Env = []string{ChildEnv + "=" + JailRole}
-	cmd.ExtraFiles = []*os.File{r}
+	cmd.ExtraFiles = append([]*os.File{r}, files...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
 			syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
@@ -83,9 +90,7 @@ func Command(spec Spec) (*Jail, error) {
 func (j *Jail) Start(g *cgroup.Group) error {
 	defer j.w.Close()
 	err := j.Cmd.Start()
-	for _, f := range j.Cmd.ExtraFiles {
-		f.Close()
-	}
+	j.Cmd.ExtraFiles[0].Close() // the spec pipe's read end; the caller owns the rest
 	if err != nil {
 		return fmt.Errorf("jail: %w", err)
 	}

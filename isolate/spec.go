@@ -37,6 +37,8 @@ type Spec struct {
 	// SeccompAccel and SeccompNetwork shape the filter (see isolate/seccomp).
 	SeccompAccel   string `json:"seccomp_accel"`
 	SeccompNetwork bool   `json:"seccomp_network"`
+	// SeccompIncoming allows what restoring from a migration stream needs.
+	SeccompIncoming bool `json:"seccomp_incoming,omitempty"`
 	// KeepFDs are inherited fds (≥ 4) passed through to the program.
 	KeepFDs []int `json:"keep_fds,omitempty"`
 }

@@ -18,8 +18,8 @@ import (
 
 // The jail loads this package's filter as its last step before exec.
 func init() {
-	isolate.SeccompInstaller = func(accel string, network bool, log *slog.Logger) error {
-		return seccomp.Install(seccomp.Options{Accel: accel, Network: network}, log)
+	isolate.SeccompInstaller = func(accel string, network, incoming bool, log *slog.Logger) error {
+		return seccomp.Install(seccomp.Options{Accel: accel, Network: network, Incoming: incoming}, log)
 	}
 }
 
@@ -179,7 +179,7 @@ const qemuOverhead = 1 << 30
 const jailProcesses = 256
 
 // jailedCommand returns the jail that runs argv.
-func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string) (*isolate.Jail, error) {
+func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string, incoming bool, files ...*os.File) (*isolate.Jail, error) {
 	spec, err := JailSpec(argv, vmDir, readOnly, accel, memMiB)
 	if err != nil {
 		return nil, err
@@ -187,5 +187,6 @@ func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, 
 	if seccomp != "" {
 		spec.Seccomp = seccomp
 	}
-	return isolate.Command(spec)
+	spec.SeccompIncoming = incoming
+	return isolate.Command(spec, files...)
 }

@@ -75,6 +75,14 @@ type LaunchSpec struct {
 	// Probe boots the kernel with vmgate.probe=1 and no disk or agent: the
 	// initramfs powers off as soon as it runs (accelerator probe).
 	Probe bool
+	// RAMPath, when set, backs guest RAM with this file
+	// (memory-backend-file): shared (RAMShared, a template writing its
+	// RAM to the file) or a private copy-on-write mapping (a clone).
+	RAMPath   string
+	RAMShared bool
+	// Incoming starts QEMU waiting for a migration stream (-incoming
+	// defer); the stream is given later with QMP migrate-incoming.
+	Incoming bool
 }
 
 // Cmdline returns the QEMU argv for s (argv[0] is the binary). It is pure:
@@ -92,7 +100,13 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	if s.CPUs < 1 || s.CPUs > 64 {
 		return nil, fmt.Errorf("qemu cmdline: %d CPUs out of range", s.CPUs)
 	}
-	for _, p := range []string{s.Dir, s.Kernel, s.Initrd} {
+	if s.RAMPath != "" && !filepath.IsAbs(s.RAMPath) {
+		return nil, fmt.Errorf("qemu cmdline: RAM path %q is not absolute", s.RAMPath)
+	}
+	if s.Probe && (s.RAMPath != "" || s.Incoming) {
+		return nil, errors.New("qemu cmdline: a probe boot has no RAM file and no incoming state")
+	}
+	for _, p := range []string{s.Dir, s.Kernel, s.Initrd, s.RAMPath} {
 		if strings.ContainsAny(p, ",\n") {
 			return nil, fmt.Errorf("qemu cmdline: path %q contains a comma or newline", p)
 		}
@@ -124,10 +138,14 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	}
 	kargs = append(kargs, s.KernelArgs...)
 	j := func(name string) string { return filepath.Join(s.Dir, name) }
+	machine := "microvm,accel=" + string(s.Accel) + ",rtc=on"
+	if s.RAMPath != "" {
+		machine += ",memory-backend=ram"
+	}
 	argv := []string{
 		qemu,
 		"-nodefaults", "-no-user-config", "-nographic",
-		"-machine", "microvm,accel=" + string(s.Accel) + ",rtc=on",
+		"-machine", machine,
 		"-cpu", cpu,
 		"-m", strconv.Itoa(s.MemoryMiB),
 		"-smp", strconv.Itoa(s.CPUs),
@@ -148,6 +166,16 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 			"-device", "virtserialport,chardev=agent,name=vmgate.agent",
 			"-qmp", "unix:"+j(QMPSocket)+",server=on,wait=off",
 		)
+	}
+	if s.RAMPath != "" {
+		share := "off"
+		if s.RAMShared {
+			share = "on"
+		}
+		argv = append(argv, "-object", fmt.Sprintf("memory-backend-file,id=ram,size=%dM,mem-path=%s,share=%s", s.MemoryMiB, s.RAMPath, share))
+	}
+	if s.Incoming {
+		argv = append(argv, "-incoming", "defer")
 	}
 	argv = append(argv, "-sandbox", SandboxArg)
 	return argv, nil

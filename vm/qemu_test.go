@@ -22,7 +22,11 @@ func TestCmdlineGolden(t *testing.T) {
 	kvm.Accel, kvm.CPUs, kvm.MemoryMiB, kvm.QEMU = AccelKVM, 2, 1024, "/usr/bin/qemu-system-x86_64"
 	probe := baseSpec()
 	probe.Probe, probe.TSCkHz = true, 0
-	for name, s := range map[string]LaunchSpec{"tcg": baseSpec(), "kvm": kvm, "probe": probe} {
+	template := baseSpec()
+	template.RAMPath, template.RAMShared = filepath.Join(template.Dir, "ram"), true
+	clone := baseSpec()
+	clone.RAMPath, clone.Incoming = "/proc/self/fd/4", true
+	for name, s := range map[string]LaunchSpec{"tcg": baseSpec(), "kvm": kvm, "probe": probe, "template": template, "clone": clone} {
 		t.Run(name, func(t *testing.T) {
 			argv, err := s.Cmdline()
 			if err != nil {
@@ -74,6 +78,10 @@ func TestCmdlineRejects(t *testing.T) {
 		"tiny memory":     func(s *LaunchSpec) { s.MemoryMiB = 1 },
 		"zero cpus":       func(s *LaunchSpec) { s.CPUs = 0 },
 		"long socket":     func(s *LaunchSpec) { s.Dir = "/" + strings.Repeat("d", 100) },
+		"relative ram":    func(s *LaunchSpec) { s.RAMPath = "ram" },
+		"comma in ram":    func(s *LaunchSpec) { s.RAMPath = "/a,share=on" },
+		"probe with ram":  func(s *LaunchSpec) { s.Probe, s.RAMPath = true, "/ram" },
+		"probe incoming":  func(s *LaunchSpec) { s.Probe, s.Incoming = true, true },
 	}
 	for name, mod := range cases {
 		s := baseSpec()

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,14 +59,22 @@ type Options struct {
 	// JailLimits; nil leaves QEMU bounded by rlimits only (the daemon logs
 	// that as a relaxation).
 	Cgroups *cgroup.Manager
+	// TemplateDir holds VM templates (default StateDir/templates).
+	TemplateDir string
 }
+
+// Default VM shape.
+const (
+	DefaultMemoryMiB = 512
+	DefaultCPUs      = 1
+)
 
 func (o *Options) setDefaults() {
 	if o.MemoryMiB == 0 {
-		o.MemoryMiB = 512
+		o.MemoryMiB = DefaultMemoryMiB
 	}
 	if o.CPUs == 0 {
-		o.CPUs = 1
+		o.CPUs = DefaultCPUs
 	}
 	if o.Accel == "" {
 		o.Accel = AccelAuto
@@ -97,6 +106,7 @@ type VM struct {
 	client   *ssh.Client
 	bootTime time.Duration
 	cgroup   *cgroup.Group // nil without cgroups
+	phases   []Phase
 
 	mu       sync.Mutex
 	closed   bool
@@ -104,8 +114,25 @@ type VM struct {
 	closeErr error
 }
 
-// BootDuration is the time from QEMU start to the agent's answer.
+// BootDuration is the time from the start request to a VM whose agent
+// answers (a cold boot or a restore).
 func (v *VM) BootDuration() time.Duration { return v.bootTime }
+
+// Phase is one step of starting a VM and its duration.
+type Phase struct {
+	Name string        `json:"name"`
+	Dur  time.Duration `json:"ns"`
+}
+
+// Phases breaks BootDuration down: overlay, jail+qemu launch, state load
+// (restores), agent connection, clock/entropy refresh.
+func (v *VM) Phases() []Phase { return slices.Clone(v.phases) }
+
+func (v *VM) phase(name string, since *time.Time) {
+	now := time.Now()
+	v.phases = append(v.phases, Phase{name, now.Sub(*since)})
+	*since = now
+}
 
 // Exited is closed when the QEMU process has exited.
 func (v *VM) Exited() <-chan struct{} { return v.exited }
@@ -117,16 +144,54 @@ func (v *VM) Pid() int { return v.cmd.Process.Pid }
 // agent answers.
 //
 // Postcondition: on error nothing of the VM is left (no process, no files).
-func Start(ctx context.Context, opts Options) (_ *VM, err error) {
+func Start(ctx context.Context, opts Options) (*VM, error) {
 	opts.setDefaults()
-	img, err := loadImage(opts.ImageDir)
+	img, accel, err := prepare(ctx, opts)
 	if err != nil {
 		return nil, err
+	}
+	return start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: []string{filepath.Dir(img.base)}})
+}
+
+// prepare loads the image and resolves the accelerator.
+func prepare(ctx context.Context, opts Options) (*imageFiles, Accel, error) {
+	img, err := loadImage(opts.ImageDir)
+	if err != nil {
+		return nil, "", err
 	}
 	accel, err := ResolveAccel(ctx, opts.Accel, opts.QEMU, img.kernel, img.initrd, opts.Log)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
+	return img, accel, nil
+}
+
+// ramMode says where guest RAM lives.
+type ramMode int
+
+const (
+	ramAnonymous ramMode = iota // QEMU's own memory (a cold boot)
+	ramSharedFile               // the file RAMFile in the VM directory, shared (a template)
+	ramPrivateFD                // a private copy-on-write mapping of fd 4 (a clone)
+)
+
+// RAMFile is a template VM's guest RAM in its directory.
+const RAMFile = "ram"
+
+// launchMode is what differs between a cold boot, a template and a clone.
+type launchMode struct {
+	backing  string     // the overlay's backing file
+	readOnly []string   // directories the jail shows read-only
+	ram      ramMode    // where guest RAM lives
+	files    []*os.File // passed to QEMU as fds 4, 5, …
+	// restore, when set, is the QMP sequence that loads the migration
+	// stream (on fd 5) into a QEMU started with -incoming defer.
+	restore bool
+}
+
+// start creates the VM directory and overlay, launches QEMU in its jail
+// and waits for the agent.
+func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m launchMode) (_ *VM, err error) {
 	id := newID()
 	v := &VM{ID: id, Accel: accel, log: opts.Log.With("vm", id), exited: make(chan struct{})}
 	defer func() {
@@ -136,6 +201,8 @@ func Start(ctx context.Context, opts Options) (_ *VM, err error) {
 			}
 		}
 	}()
+	t0 := time.Now()
+	tp := t0
 
 	vmsDir := filepath.Join(opts.StateDir, "vms")
 	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
@@ -150,18 +217,26 @@ func Start(ctx context.Context, opts Options) (_ *VM, err error) {
 	}
 	v.push(func() error { return os.RemoveAll(v.Dir) })
 
-	if err := createOverlay(ctx, img.base, filepath.Join(v.Dir, OverlayFile)); err != nil {
+	if err := createOverlay(ctx, m.backing, filepath.Join(v.Dir, OverlayFile)); err != nil {
 		return nil, err
 	}
+	v.phase("overlay", &tp)
 	spec := LaunchSpec{
 		QEMU: opts.QEMU, Dir: v.Dir, Kernel: img.kernel, Initrd: img.initrd,
 		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, TSCkHz: HostTSCkHz(),
 	}
+	switch m.ram {
+	case ramSharedFile:
+		spec.RAMPath, spec.RAMShared = filepath.Join(v.Dir, RAMFile), true
+	case ramPrivateFD:
+		spec.RAMPath = "/proc/self/fd/4"
+	}
+	spec.Incoming = m.restore
 	argv, err := spec.Cmdline()
 	if err != nil {
 		return nil, err
 	}
-	j, err := jailedCommand(argv, v.Dir, []string{filepath.Dir(img.base)}, accel, opts.MemoryMiB, opts.Seccomp)
+	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, m.files...)
 	if err != nil {
 		return nil, err
 	}
@@ -180,22 +255,96 @@ func Start(ctx context.Context, opts Options) (_ *VM, err error) {
 	if err := v.launch(j, argv); err != nil {
 		return nil, err
 	}
+	v.phase("launch", &tp)
 	bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
 	defer cancel()
-	t0 := time.Now()
+	if m.restore {
+		if err := v.loadState(bootCtx); err != nil {
+			return nil, err
+		}
+		v.phase("load_state", &tp)
+	}
 	if err := v.connect(bootCtx, img); err != nil {
 		return nil, err
 	}
-	v.bootTime = time.Since(t0)
-	if err := v.setClock(); err != nil {
+	v.phase("agent", &tp)
+	// A clone wakes with its template's clock and entropy pool: both are
+	// refreshed before it is handed out.
+	if err := v.refresh(m.restore); err != nil {
+		if m.restore {
+			return nil, err
+		}
 		v.log.Warn("set guest clock", "err", err)
 	}
+	v.phase("refresh", &tp)
+	v.bootTime = time.Since(t0)
+	kind := "boot_ms"
+	if m.restore {
+		kind = "restore_ms"
+	}
 	if rep, err := v.JailReport(); err == nil {
-		v.log.Info("vm ready", "accel", accel, "boot_ms", v.bootTime.Milliseconds(), "jail", rep.String())
+		v.log.Info("vm ready", "accel", accel, kind, v.bootTime.Milliseconds(), "phases", phasesString(v.phases), "jail", rep.String())
 	} else {
-		v.log.Warn("vm ready, jail report unavailable", "accel", accel, "boot_ms", v.bootTime.Milliseconds(), "err", err)
+		v.log.Warn("vm ready, jail report unavailable", "accel", accel, kind, v.bootTime.Milliseconds(), "err", err)
 	}
 	return v, nil
+}
+
+func phasesString(ps []Phase) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%dms", p.Name, p.Dur.Milliseconds())
+	}
+	return b.String()
+}
+
+// loadState feeds the migration stream on QEMU's fd 5 into the waiting
+// QEMU and lets the guest run.
+func (v *VM) loadState(ctx context.Context) error {
+	q, err := dialQMP(ctx, filepath.Join(v.Dir, QMPSocket), v.exited)
+	if err != nil {
+		return v.failedRestore(err)
+	}
+	defer q.Close()
+	if _, err := q.run(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
+		return v.failedRestore(err)
+	}
+	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": "fd:5"}); err != nil {
+		return v.failedRestore(err)
+	}
+	for {
+		st, err := q.status(ctx)
+		if err != nil {
+			return v.failedRestore(err)
+		}
+		if st == "paused" || st == "prelaunch" || st == "running" {
+			break
+		}
+		if st != "inmigrate" {
+			return v.failedRestore(fmt.Errorf("unexpected state %q", st))
+		}
+		select {
+		case <-ctx.Done():
+			return v.failedRestore(ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	if _, err := q.run(ctx, "cont", nil); err != nil {
+		return v.failedRestore(err)
+	}
+	return nil
+}
+
+func (v *VM) failedRestore(err error) error {
+	select {
+	case <-v.exited:
+		return v.died("during restore")
+	default:
+	}
+	return fmt.Errorf("restore: %w; %s", err, v.consoleTail())
 }
 
 type imageFiles struct {
@@ -378,7 +527,7 @@ func (v *VM) connect(ctx context.Context, img *imageFiles) error {
 	}
 	done := make(chan result, 1)
 	go func() {
-		c, chans, reqs, err := ssh.NewClientConn(conn, "vmgate-agent", cfg)
+		c, chans, reqs, err := ssh.NewClientConn(&bannerConn{Conn: conn}, "vmgate-agent", cfg)
 		done <- result{c, chans, reqs, err}
 	}()
 	select {
@@ -405,8 +554,18 @@ func (v *VM) connect(ctx context.Context, img *imageFiles) error {
 	}
 }
 
-func (v *VM) setClock() error {
-	b, _ := json.Marshal(agentproto.SetTime{UnixNano: time.Now().UnixNano()})
+// refresh sets the guest clock from the host and, with reseed, mixes 64
+// bytes of host randomness into the guest's entropy pool and reseeds its
+// generator, so that clones of one template never share random numbers.
+func (v *VM) refresh(reseed bool) error {
+	st := agentproto.SetTime{UnixNano: time.Now().UnixNano()}
+	if reseed {
+		st.Entropy = make([]byte, 64)
+		if _, err := rand.Read(st.Entropy); err != nil {
+			return fmt.Errorf("refresh: %w", err)
+		}
+	}
+	b, _ := json.Marshal(st)
 	ok, _, err := v.client.SendRequest(agentproto.SetTimeRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: string(b)}))
 	if err != nil {
 		return fmt.Errorf("set time: %w", err)

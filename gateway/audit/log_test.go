@@ -284,7 +284,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 		Rule: "ru", Reason: "re", VMID: "vm", ImageDigest: "sha256:x", ExitCode: new(0),
 		Signal: "SIGKILL", TimedOut: true, StdoutBytes: 1, StderrBytes: 2, StdinBytes: 3,
 		StdoutSHA256: "o", StderrSHA256: "e", Truncated: true, DurationMS: 4, BootMS: 5,
-		Error: "err", Message: "msg",
+		VMStart: "pool", Error: "err", Message: "msg",
 	}
 	if err := l.Write(full); err != nil {
 		t.Fatal(err)
@@ -299,7 +299,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 		"argv", "boot_ms", "duration_ms", "error", "exit_code", "gid", "image_digest", "kind", "message",
 		"pid", "prev", "profile", "reason", "request_id", "rule", "seq", "session", "shell", "signal",
 		"stderr_bytes", "stderr_sha256", "stdin_bytes", "stdout_bytes", "stdout_sha256", "time",
-		"timed_out", "truncated", "uid", "user", "verdict", "vm_id",
+		"timed_out", "truncated", "uid", "user", "verdict", "vm_id", "vm_start",
 	}
 	if !slices.Equal(keys, want) {
 		t.Errorf("keys = %q\nwant   %q", keys, want)

@@ -115,6 +115,10 @@ type Record struct {
 	// DurationMS is the command's run time, BootMS the VM's boot time.
 	DurationMS int64 `json:"duration_ms,omitempty"`
 	BootMS     int64 `json:"boot_ms,omitempty"`
+	// VMStart says how the VM came to be: "boot" (cold boot), "restore"
+	// (restored from a template for this request) or "pool" (restored
+	// earlier and waiting in the pool); BootMS is that step's time.
+	VMStart string `json:"vm_start,omitempty"`
 
 	// Error describes a failure; Message is free text (daemon events).
 	Error   string `json:"error,omitempty"`

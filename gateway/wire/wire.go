@@ -96,6 +96,8 @@ type Result struct {
 	StderrBytes     int64  `json:"stderr_bytes"`
 	QueueMS         int64  `json:"queue_ms"`
 	BootMS          int64  `json:"boot_ms"`
+	// VMStart is "boot", "restore" or "pool" (see docs/protocol.md).
+	VMStart string `json:"vm_start,omitempty"`
 	ExecMS          int64  `json:"exec_ms"`
 	TotalMS         int64  `json:"total_ms"`
 }

@@ -34,6 +34,9 @@ func serve(ctx context.Context, args []string) error {
 	seccompMode := fs.String("seccomp", "", "override the policy's [isolate] seccomp: required or off (a logged relaxation)")
 	builtin := fs.Bool("builtin-policy", false, "use the embedded default policy, ignore "+DefaultConfig)
 	allowRoot := fs.Bool("allow-root", false, "allow running as root (tests, containers)")
+	noTemplate := fs.Bool("no-template", false, "boot every VM cold (no template snapshot, no pool)")
+	pool := fs.Int("pool", 1, "restored VMs to keep ready per VM shape (0: restore on demand)")
+	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
 	var redact multiFlag
 	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
 	level := fs.String("log-level", "info", "log level")
@@ -49,6 +52,10 @@ func serve(ctx context.Context, args []string) error {
 		Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
 		MaxVMs: *maxVMs, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
 		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
+		NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
+	}
+	if *pool < 0 {
+		return fmt.Errorf("%w: --pool %d: must be 0 or more", errUsage, *pool)
 	}
 	switch {
 	case *builtin && *config != "":

@@ -53,7 +53,7 @@ func startServe(t *testing.T, dir string) *served {
 	}
 	s := &served{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"), audit: filepath.Join(dir, "audit.jsonl"), exited: make(chan error, 1)}
 	s.cmd = exec.Command(bin, "serve", "--config", pol, "--socket", s.socket, "--state-dir", s.state, "--image", img,
-		"--audit-log", s.audit, "--allow-root", "--grace", "2s", "--max-vms", "2")
+		"--audit-log", s.audit, "--allow-root", "--grace", "2s", "--max-vms", "2", "--template-dir", testutil.TemplateDir(t))
 	// Stand in for systemd's notification socket (a restart in the same
 	// dir gets a new one).
 	_ = os.Remove(filepath.Join(dir, "notify.sock"))
@@ -245,7 +245,7 @@ func TestServe_SocketActivation(t *testing.T) {
 	sock := filepath.Join(dir, "act.sock")
 	ignored := filepath.Join(dir, "ignored.sock")
 	cmd := exec.Command(act, "-l", sock, binary(t, "vmgated"), "serve", "--builtin-policy", "--socket", ignored,
-		"--state-dir", filepath.Join(dir, "state"), "--image", img, "--audit-log", filepath.Join(dir, "audit.jsonl"), "--allow-root")
+		"--state-dir", filepath.Join(dir, "state"), "--image", img, "--audit-log", filepath.Join(dir, "audit.jsonl"), "--allow-root", "--no-template")
 	var logs strings.Builder
 	cmd.Stderr = &syncWriter{w: &logs}
 	if err := cmd.Start(); err != nil {

@@ -75,3 +75,14 @@ func RequiresKVM(t testing.TB) {
 	}
 	f.Close()
 }
+
+// TemplateDir is where tests keep VM templates: VMGATE_TEST_TEMPLATES (set
+// by `make test`, so that one template per shape serves the whole run),
+// else a directory of this test's own.
+func TemplateDir(t testing.TB) string {
+	t.Helper()
+	if d := os.Getenv("VMGATE_TEST_TEMPLATES"); d != "" {
+		return d
+	}
+	return t.TempDir()
+}

@@ -41,6 +41,9 @@ type Config struct {
 	// setClock sets the system clock for SetTimeRequest; nil means
 	// setSystemClock. Tests replace it so that they never touch the clock.
 	setClock func(time.Time) error
+	// reseed credits entropy and reseeds the kernel's generator; nil
+	// means reseedKernel. Tests replace it.
+	reseed func([]byte) error
 }
 
 // Serve serves one SSH connection on conn until the connection ends or ctx
@@ -221,6 +224,17 @@ func (s *server) setTime(payload []byte) bool {
 		return false
 	}
 	s.log.Info("clock set", "time", t.UTC())
+	if len(st.Entropy) > 0 {
+		reseed := s.cfg.reseed
+		if reseed == nil {
+			reseed = reseedKernel
+		}
+		if err := reseed(st.Entropy); err != nil {
+			s.log.Warn("reseed", "err", err)
+			return false
+		}
+		s.log.Info("entropy pool reseeded", "bytes", len(st.Entropy))
+	}
 	return true
 }
 
@@ -233,6 +247,9 @@ func decodeSetTime(payload []byte) (agentproto.SetTime, error) {
 	var st agentproto.SetTime
 	if err := decodeJSON([]byte(p.JSON), &st); err != nil {
 		return agentproto.SetTime{}, fmt.Errorf("decode set time: %w", err)
+	}
+	if len(st.Entropy) > agentproto.MaxEntropy {
+		return agentproto.SetTime{}, fmt.Errorf("decode set time: %d bytes of entropy, at most %d", len(st.Entropy), agentproto.MaxEntropy)
 	}
 	if st.UnixNano <= 0 {
 		return agentproto.SetTime{}, fmt.Errorf("decode set time: unix_nano %d is not after the epoch", st.UnixNano)

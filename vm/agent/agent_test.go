@@ -190,6 +190,43 @@ func TestSetTime(t *testing.T) {
 	}
 }
 
+func TestSetTimeReseeds(t *testing.T) {
+	t.Parallel()
+	var (
+		mu    sync.Mutex
+		seeds [][]byte
+	)
+	a := startAgent(t, func(c *Config) {
+		c.setClock = func(time.Time) error { return nil }
+		c.reseed = func(b []byte) error {
+			mu.Lock()
+			defer mu.Unlock()
+			seeds = append(seeds, b)
+			return nil
+		}
+	})
+	c := a.dial(t)
+	seed := []byte("0123456789abcdef0123456789abcdef")
+	doc, _ := json.Marshal(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: seed})
+	if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || !ok {
+		t.Fatalf("set time with entropy: ok=%v err=%v", ok, err)
+	}
+	// No entropy: no reseed. Too much: refused, nothing done.
+	doc, _ = json.Marshal(agentproto.SetTime{UnixNano: 1700000000000000000})
+	if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || !ok {
+		t.Fatalf("set time: ok=%v err=%v", ok, err)
+	}
+	doc, _ = json.Marshal(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: make([]byte, agentproto.MaxEntropy+1)})
+	if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || ok {
+		t.Fatalf("set time with too much entropy: ok=%v err=%v, want refusal", ok, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seeds) != 1 || string(seeds[0]) != string(seed) {
+		t.Fatalf("reseeded with %q, want exactly [%q]", seeds, seed)
+	}
+}
+
 func TestSetTimeFailureRepliesFalse(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, func(c *Config) {

@@ -12,5 +12,7 @@ func setSystemClock(time.Time) error {
 	return errors.ErrUnsupported
 }
 
+func reseedKernel([]byte) error { return errors.ErrUnsupported }
+
 // kernelRelease is only implemented on Linux, the only guest OS.
 func kernelRelease() string { return "" }

@@ -86,7 +86,15 @@ type ExecSpec struct {
 // SetTime is the JSON payload of SetTimeRequest.
 type SetTime struct {
 	UnixNano int64 `json:"unix_nano"`
+	// Entropy, when present (at most MaxEntropy bytes), is host randomness
+	// the agent credits to the guest's entropy pool before it forces the
+	// kernel's generator to reseed: a VM restored from a snapshot would
+	// otherwise continue its template's random stream.
+	Entropy []byte `json:"entropy,omitempty"`
 }
+
+// MaxEntropy bounds SetTime.Entropy.
+const MaxEntropy = 512
 
 // Info is the JSON reply payload of InfoRequest.
 type Info struct {

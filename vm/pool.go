@@ -1,0 +1,266 @@
+package vm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Pool keeps up to Size VMs restored from one template, ready to hand out.
+// Each VM is handed out once (Get removes it); a background filler restores
+// replacements. Size 0 keeps none: every Get restores on demand.
+type Pool struct {
+	tmpl *Template
+	opts Options
+	size int
+
+	ready chan *VM
+	wake  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	stats  PoolStats
+	// lowMemory is the MemAvailable (bytes) below which the pool stops
+	// refilling and gives back its idle VMs.
+	lowMemory int64
+	// memAvailable reads MemAvailable; replaced by tests.
+	memAvailable func() (int64, error)
+}
+
+// PoolStats counts what a pool did.
+type PoolStats struct {
+	Ready    int // VMs waiting now
+	Size     int
+	Hits     int64 // Gets served from the pool
+	Misses   int64 // Gets that restored on demand
+	Restored int64 // VMs the filler restored
+	Failures int64 // filler restores that failed
+	Shrunk   int64 // idle VMs given back under memory pressure
+}
+
+// NewPool starts a pool of size VMs restored from tmpl with opts' Log,
+// Seccomp and Cgroups.
+func NewPool(tmpl *Template, opts Options, size int) *Pool {
+	if size < 0 {
+		size = 0
+	}
+	if opts.Log == nil {
+		opts.Log = tmpl.opts.Log
+	}
+	p := &Pool{
+		tmpl: tmpl, opts: opts, size: size,
+		ready: make(chan *VM, max(size, 1)),
+		wake:  make(chan struct{}, 1),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+		// Keep room for two more VMs of this shape and the host itself.
+		lowMemory:    2*int64(tmpl.Meta.MemoryMiB)<<20 + 512<<20,
+		memAvailable: memAvailable,
+	}
+	p.stats.Size = size
+	go p.fill()
+	p.kick()
+	return p
+}
+
+func (p *Pool) count(f func(*PoolStats)) {
+	p.mu.Lock()
+	f(&p.stats)
+	p.mu.Unlock()
+}
+
+// Stats returns the pool's counters.
+func (p *Pool) Stats() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats
+	s.Ready = len(p.ready)
+	return s
+}
+
+func (p *Pool) kick() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Get returns a fresh VM: a ready one from the pool (its clock and entropy
+// refreshed again, as it may have waited), or one restored now. fromPool
+// says which. The caller owns the VM and closes it.
+func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
+	for {
+		select {
+		case v = <-p.ready:
+		default:
+			v = nil
+		}
+		if v == nil {
+			break
+		}
+		p.kick()
+		select {
+		case <-v.Exited():
+			p.opts.Log.Warn("pooled VM died while idle", "vm", v.ID, "err", v.died("while pooled"))
+			_ = v.Close()
+			continue
+		default:
+		}
+		if err := v.refresh(true); err != nil {
+			p.opts.Log.Warn("pooled VM did not answer", "vm", v.ID, "err", err)
+			_ = v.Close()
+			continue
+		}
+		p.count(func(s *PoolStats) { s.Hits++ })
+		return v, true, nil
+	}
+	p.kick()
+	p.count(func(s *PoolStats) { s.Misses++ })
+	v, err = p.tmpl.Restore(ctx, p.opts)
+	return v, false, err
+}
+
+// fill keeps the pool at size, backing off after failures and shrinking
+// under memory pressure.
+func (p *Pool) fill() {
+	defer close(p.done)
+	backoff := time.Second
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		case <-tick.C:
+		}
+		for !p.pressure() && len(p.ready) < p.size {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-p.stop:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			v, err := p.tmpl.Restore(ctx, p.opts)
+			if err == nil {
+				err = warmUp(ctx, v)
+			}
+			cancel()
+			if err != nil {
+				p.count(func(s *PoolStats) { s.Failures++ })
+				select {
+				case <-p.stop:
+					return
+				default:
+				}
+				p.opts.Log.Warn("pool: restore failed", "err", err, "retry_in", backoff)
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 30*time.Second)
+				continue
+			}
+			backoff = time.Second
+			p.count(func(s *PoolStats) { s.Restored++ })
+			select {
+			case p.ready <- v:
+			case <-p.stop:
+				_ = v.Close()
+				return
+			}
+		}
+	}
+}
+
+// warmUp runs one command in a fresh clone. Under TCG a restored QEMU
+// starts with an empty translation cache, so the first commands after a
+// restore run several times slower than later ones; a pooled VM pays that
+// before it is handed out. On error the VM is closed.
+func warmUp(ctx context.Context, v *VM) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res, err := v.Exec(ctx, ExecRequest{Argv: []string{"true"}})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("warm-up command exited %d", res.ExitCode)
+	}
+	if err != nil {
+		_ = v.Close()
+		return fmt.Errorf("warm up: %w", err)
+	}
+	return nil
+}
+
+// pressure reports low host memory; it then gives back one idle VM.
+func (p *Pool) pressure() bool {
+	p.mu.Lock()
+	read := p.memAvailable
+	p.mu.Unlock()
+	avail, err := read()
+	if err != nil || avail >= p.lowMemory {
+		return false
+	}
+	select {
+	case v := <-p.ready:
+		p.opts.Log.Warn("pool: host memory low, giving back an idle VM", "mem_available_mib", avail>>20, "vm", v.ID)
+		_ = v.Close()
+		p.count(func(s *PoolStats) { s.Shrunk++ })
+	default:
+	}
+	return true
+}
+
+// Close stops the filler and destroys the idle VMs.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	close(p.stop)
+	<-p.done
+	var errs []error
+	for {
+		select {
+		case v := <-p.ready:
+			errs = append(errs, v.Close())
+			continue
+		default:
+		}
+		break
+	}
+	return errors.Join(errs...)
+}
+
+// memAvailable reads MemAvailable from /proc/meminfo, in bytes.
+func memAvailable() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("meminfo: %w", err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("meminfo: no MemAvailable")
+}

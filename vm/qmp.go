@@ -1,0 +1,187 @@
+package vm
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// qmp is a minimal client of QEMU's machine protocol on the VM's QMP
+// socket: one command at a time, events skipped.
+type qmp struct {
+	c *net.UnixConn
+	r *bufio.Reader
+}
+
+// qmpReply is one line QEMU sends: a greeting, an event, a return or an
+// error.
+type qmpReply struct {
+	QMP    json.RawMessage `json:"QMP"`
+	Event  string          `json:"event"`
+	Return json.RawMessage `json:"return"`
+	Error  *struct {
+		Class string `json:"class"`
+		Desc  string `json:"desc"`
+	} `json:"error"`
+}
+
+// parseQMPLine decodes one line from QEMU. QEMU runs the guest, so its
+// output is treated as untrusted: malformed lines are errors, never panics.
+func parseQMPLine(line []byte) (qmpReply, error) {
+	var r qmpReply
+	if err := json.Unmarshal(line, &r); err != nil {
+		return r, fmt.Errorf("qmp: malformed reply %.200q: %w", line, err)
+	}
+	if r.QMP == nil && r.Event == "" && r.Return == nil && r.Error == nil {
+		return r, fmt.Errorf("qmp: reply %.200q is neither greeting, event, return nor error", line)
+	}
+	return r, nil
+}
+
+// dialQMP connects to the QMP socket at path (retrying until it exists,
+// ctx ends or exited is closed) and negotiates capabilities.
+func dialQMP(ctx context.Context, path string, exited <-chan struct{}) (*qmp, error) {
+	for {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			q := &qmp{c: c.(*net.UnixConn), r: bufio.NewReaderSize(c, 64<<10)}
+			if err := q.handshake(ctx); err != nil {
+				c.Close()
+				return nil, err
+			}
+			return q, nil
+		}
+		select {
+		case <-exited:
+			return nil, errors.New("qmp: qemu exited")
+		case <-ctx.Done():
+			return nil, fmt.Errorf("qmp: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func (q *qmp) handshake(ctx context.Context) error {
+	q.deadline(ctx)
+	line, err := q.r.ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("qmp greeting: %w", err)
+	}
+	if r, err := parseQMPLine(line); err != nil || r.QMP == nil {
+		return fmt.Errorf("qmp: no greeting (%v)", err)
+	}
+	_, err = q.run(ctx, "qmp_capabilities", nil)
+	return err
+}
+
+func (q *qmp) deadline(ctx context.Context) {
+	d := time.Now().Add(30 * time.Second)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(d) {
+		d = dl
+	}
+	_ = q.c.SetDeadline(d)
+}
+
+// run executes a command with arguments (nil for none), passing fds with
+// it (SCM_RIGHTS, for getfd), and returns its "return" value.
+func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.RawMessage, error) {
+	q.deadline(ctx)
+	msg := map[string]any{"execute": cmd}
+	if args != nil {
+		msg["arguments"] = args
+	}
+	b, err := json.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := q.c.WriteMsgUnix(append(b, '\n'), oob, nil); err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+	}
+	for {
+		line, err := q.r.ReadBytes('\n')
+		if err != nil {
+			return nil, fmt.Errorf("qmp %s: %w", cmd, err)
+		}
+		r, err := parseQMPLine(line)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case r.Error != nil:
+			return nil, fmt.Errorf("qmp %s: %s: %s", cmd, r.Error.Class, r.Error.Desc)
+		case r.Return != nil:
+			return r.Return, nil
+		}
+		// An event or a stray greeting: keep reading.
+	}
+}
+
+// status returns the VM's run state (query-status), e.g. "running",
+// "paused", "inmigrate", "postmigrate".
+func (q *qmp) status(ctx context.Context) (string, error) {
+	raw, err := q.run(ctx, "query-status", nil)
+	if err != nil {
+		return "", err
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return "", fmt.Errorf("qmp query-status: %w", err)
+	}
+	return st.Status, nil
+}
+
+// migrationStatus returns query-migrate's status ("" before any migration)
+// and its error description when it failed.
+func (q *qmp) migrationStatus(ctx context.Context) (string, string, error) {
+	raw, err := q.run(ctx, "query-migrate", nil)
+	if err != nil {
+		return "", "", err
+	}
+	var st struct {
+		Status string `json:"status"`
+		Error  string `json:"error-desc"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return "", "", fmt.Errorf("qmp query-migrate: %w", err)
+	}
+	return st.Status, st.Error, nil
+}
+
+// waitMigration polls query-migrate until the migration completed.
+func (q *qmp) waitMigration(ctx context.Context) error {
+	for {
+		st, desc, err := q.migrationStatus(ctx)
+		if err != nil {
+			return err
+		}
+		switch st {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", st, desc)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migration: %w (last status %q)", ctx.Err(), st)
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// ignoreShared is the migration capability that leaves shared
+// (file-backed) RAM out of the stream.
+var ignoreShared = map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+
+func (q *qmp) Close() error { return q.c.Close() }

@@ -1,0 +1,472 @@
+package vm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/vm/image"
+)
+
+// A template is a booted, quiesced VM saved once, from which fresh VMs are
+// restored in a fraction of a boot:
+//
+//   - overlay.qcow2: its disk, frozen (read-only); each clone gets a new
+//     overlay on top of it.
+//   - ram: its guest RAM, written through a shared file-backed memory
+//     backend; the migration stream leaves it out (x-ignore-shared).
+//   - state: the device state (QEMU's migration stream, tens of KB).
+//   - template.json: what it was built from (TemplateMeta).
+//
+// Clones must never be able to change the template. The RAM file is not
+// given to them: the daemon copies it once into a sealed memfd
+// (F_SEAL_WRITE|SHRINK|GROW|SEAL) and hands each clone that fd, which QEMU
+// maps private copy-on-write through /proc/self/fd/4. A compromised clone
+// can open it read-write but neither write to it nor map it shared
+// writable; pages it writes are its own. The overlay and state file sit
+// in the template directory, bound read-only into each clone's jail.
+const (
+	TemplateMetaFile  = "template.json"
+	TemplateStateFile = "state"
+	templatesDir      = "templates"
+	// templateFormat changes when the template layout or the devices of
+	// the QEMU command line change, so that old templates are rebuilt.
+	templateFormat = 1
+)
+
+// TemplateMeta describes a built template.
+type TemplateMeta struct {
+	Format       int       `json:"format"`
+	Key          string    `json:"key"`
+	ImageDigest  string    `json:"image_digest"` // base.qcow2 sha256
+	KernelDigest string    `json:"kernel_digest"`
+	InitrdDigest string    `json:"initrd_digest"`
+	MemoryMiB    int       `json:"memory_mib"`
+	CPUs         int       `json:"cpus"`
+	Accel        Accel     `json:"accel"`
+	QEMUVersion  string    `json:"qemu_version"`
+	BuiltAt      time.Time `json:"built_at"`
+	BootMillis   int64     `json:"boot_ms"`
+	SaveMillis   int64     `json:"save_ms"`
+	StateBytes   int64     `json:"state_bytes"`
+	RAMDataBytes int64     `json:"ram_data_bytes"` // allocated (non-hole) bytes of the RAM file
+}
+
+// templateKey names a template by everything a restore depends on: the
+// image, the VM shape, the accelerator, the QEMU build and the layout. It
+// is pure.
+func templateKey(m TemplateMeta) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\naccel=%s\nqemu=%s\n",
+		templateFormat, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.Accel, m.QEMUVersion)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// Template is a loaded template, ready to restore clones from.
+type Template struct {
+	Meta  TemplateMeta
+	Dir   string
+	opts  Options
+	img   *imageFiles
+	accel Accel
+	ram   *os.File // sealed memfd with the template's RAM
+	// Built is true when this call built the template (false: loaded).
+	Built bool
+}
+
+var (
+	qemuVersionMu    sync.Mutex
+	qemuVersionCache = map[string]string{}
+)
+
+// qemuVersion returns the first line of `qemu --version`, cached.
+func qemuVersion(qemu string) (string, error) {
+	qemuVersionMu.Lock()
+	defer qemuVersionMu.Unlock()
+	if v, ok := qemuVersionCache[qemu]; ok {
+		return v, nil
+	}
+	out, err := exec.Command(qemu, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("qemu --version: %w", err)
+	}
+	v, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	qemuVersionCache[qemu] = v
+	return v, nil
+}
+
+// EnsureTemplate loads the template for opts' image and shape, building it
+// first (a full boot, ~20 s under TCG) when it is missing or stale. Stale
+// templates of the same shape are removed.
+func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
+	opts.setDefaults()
+	img, accel, err := prepare(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	man, err := image.ReadManifest(opts.ImageDir)
+	if err != nil {
+		return nil, err
+	}
+	qv, err := qemuVersion(opts.QEMU)
+	if err != nil {
+		return nil, err
+	}
+	want := TemplateMeta{
+		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
+		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
+		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, QEMUVersion: qv,
+	}
+	want.Key = templateKey(want)
+	root := opts.TemplateDir
+	if root == "" {
+		root = filepath.Join(opts.StateDir, templatesDir)
+	}
+	root, err = filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	// One builder per state directory at a time.
+	lock, err := os.OpenFile(filepath.Join(root, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return nil, fmt.Errorf("template: lock: %w", err)
+	}
+	dir := filepath.Join(root, want.Key)
+	t := &Template{Dir: dir, opts: opts, img: img, accel: accel}
+	meta, err := readTemplateMeta(dir)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			opts.Log.Warn("template unusable, rebuilding", "dir", dir, "err", err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, fmt.Errorf("template: %w", err)
+		}
+		meta, err = buildTemplate(ctx, opts, img, accel, want, root)
+		if err != nil {
+			return nil, err
+		}
+		t.Built = true
+	} else if meta.Key != want.Key {
+		return nil, fmt.Errorf("template %s: key %s does not match its directory", dir, meta.Key)
+	}
+	t.Meta = *meta
+	if err := removeStaleTemplates(root, want.Key, opts.MemoryMiB, opts.CPUs); err != nil {
+		opts.Log.Warn("remove stale templates", "err", err)
+	}
+	if t.ram, err = sealedCopy(filepath.Join(dir, RAMFile), int64(opts.MemoryMiB)<<20); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func readTemplateMeta(dir string) (*TemplateMeta, error) {
+	b, err := os.ReadFile(filepath.Join(dir, TemplateMetaFile))
+	if err != nil {
+		return nil, err
+	}
+	var m TemplateMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("template %s: %w", dir, err)
+	}
+	if m.Format != templateFormat {
+		return nil, fmt.Errorf("template %s: format %d, want %d", dir, m.Format, templateFormat)
+	}
+	for _, f := range []string{OverlayFile, RAMFile, TemplateStateFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return nil, fmt.Errorf("template %s: %w", dir, err)
+		}
+	}
+	return &m, nil
+}
+
+// removeStaleTemplates removes templates of the same shape with another
+// key (older image or QEMU) and unfinished builds.
+func removeStaleTemplates(root, keep string, mem, cpus int) error {
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == keep {
+			continue
+		}
+		d := filepath.Join(root, e.Name())
+		if strings.HasPrefix(e.Name(), ".build-") {
+			errs = append(errs, os.RemoveAll(d))
+			continue
+		}
+		if m, err := readTemplateMeta(d); err != nil || (m.MemoryMiB == mem && m.CPUs == cpus) {
+			errs = append(errs, os.RemoveAll(d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// buildTemplate boots a VM with its RAM in a shared file, quiesces it,
+// saves its device state and moves the files into root/<key>.
+func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Accel, meta TemplateMeta, root string) (*TemplateMeta, error) {
+	log := opts.Log.With("template", meta.Key)
+	log.Info("building VM template", "memory_mib", meta.MemoryMiB, "cpus", meta.CPUs, "accel", accel)
+	v, err := start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: []string{filepath.Dir(img.base)}, ram: ramSharedFile})
+	if err != nil {
+		return nil, fmt.Errorf("template boot: %w", err)
+	}
+	defer v.Close()
+	meta.BootMillis = v.BootDuration().Milliseconds()
+	// Quiesce: nothing dirty in the page cache. Caches are kept: dropping
+	// them saved 2 MiB of shared RAM here and made each clone read its
+	// binaries from disk again.
+	var out strings.Builder
+	res, err := v.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "sync"}, Stdout: &out, Stderr: &out, Timeout: time.Minute})
+	if err != nil || res.ExitCode != 0 {
+		return nil, fmt.Errorf("template quiesce: %v %+v: %s", err, res, out.String())
+	}
+	t0 := time.Now()
+	if err := v.save(ctx); err != nil {
+		return nil, err
+	}
+	meta.SaveMillis = time.Since(t0).Milliseconds()
+
+	tmp, err := os.MkdirTemp(root, ".build-")
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	for _, f := range []string{OverlayFile, RAMFile, TemplateStateFile} {
+		if err := os.Rename(filepath.Join(v.Dir, f), filepath.Join(tmp, f)); err != nil {
+			return nil, fmt.Errorf("template: %w", err)
+		}
+		if err := os.Chmod(filepath.Join(tmp, f), 0o400); err != nil {
+			return nil, fmt.Errorf("template: %w", err)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(tmp, TemplateStateFile)); err == nil {
+		meta.StateBytes = st.Size()
+	}
+	meta.RAMDataBytes = allocatedBytes(filepath.Join(tmp, RAMFile))
+	meta.BuiltAt = time.Now().UTC()
+	b, _ := json.MarshalIndent(meta, "", "  ")
+	if err := writeFileSync(filepath.Join(tmp, TemplateMetaFile), append(b, '\n')); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	final := filepath.Join(root, meta.Key)
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	if err := os.Chmod(final, 0o500); err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	log.Info("VM template saved", "dir", final, "boot_ms", meta.BootMillis, "save_ms", meta.SaveMillis,
+		"state_bytes", meta.StateBytes, "ram_data_mib", meta.RAMDataBytes>>20)
+	return &meta, nil
+}
+
+// save detaches from the agent, stops the guest and writes its device
+// state to TemplateStateFile; QEMU then quits.
+func (v *VM) save(ctx context.Context) error {
+	// The agent goes back to waiting for a host connection; each clone
+	// makes a new one. Give it a moment to notice before the guest stops.
+	_ = v.client.Close()
+	time.Sleep(500 * time.Millisecond)
+	q, err := dialQMP(ctx, filepath.Join(v.Dir, QMPSocket), v.exited)
+	if err != nil {
+		return fmt.Errorf("template save: %w", err)
+	}
+	defer q.Close()
+	sf, err := os.OpenFile(filepath.Join(v.Dir, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("template save: %w", err)
+	}
+	defer sf.Close()
+	steps := []struct {
+		cmd  string
+		args any
+		fds  []int
+	}{
+		{"stop", nil, nil},
+		{"migrate-set-capabilities", ignoreShared, nil},
+		{"getfd", map[string]any{"fdname": "state"}, []int{int(sf.Fd())}},
+		{"migrate", map[string]any{"uri": "fd:state"}, nil},
+	}
+	for _, s := range steps {
+		if _, err := q.run(ctx, s.cmd, s.args, s.fds...); err != nil {
+			return fmt.Errorf("template save: %w", err)
+		}
+	}
+	if err := q.waitMigration(ctx); err != nil {
+		return fmt.Errorf("template save: %w", err)
+	}
+	if err := sf.Sync(); err != nil {
+		return fmt.Errorf("template save: %w", err)
+	}
+	_, _ = q.run(ctx, "quit", nil)
+	select {
+	case <-v.exited:
+	case <-time.After(10 * time.Second):
+		_ = v.Kill()
+		<-v.exited
+	}
+	// The RAM file must be complete on disk before it is reused.
+	if f, err := os.Open(filepath.Join(v.Dir, RAMFile)); err == nil {
+		err = f.Sync()
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("template save: %w", err)
+		}
+	}
+	return nil
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// allocatedBytes is the space a (sparse) file takes.
+func allocatedBytes(path string) int64 {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
+// sealedCopy copies the file at path (size bytes, holes skipped) into a new
+// memfd and seals it against any write, resize or further sealing.
+func sealedCopy(path string, size int64) (*os.File, error) {
+	src, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("template ram: %w", err)
+	}
+	defer src.Close()
+	if st, err := src.Stat(); err != nil || st.Size() != size {
+		return nil, fmt.Errorf("template ram: %s is not %d bytes (%v)", path, size, err)
+	}
+	fd, err := unix.MemfdCreate("vmgate-template-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("template ram: memfd: %w", err)
+	}
+	dst := os.NewFile(uintptr(fd), "vmgate-template-ram")
+	fail := func(err error) (*os.File, error) {
+		dst.Close()
+		return nil, fmt.Errorf("template ram: %w", err)
+	}
+	if err := dst.Truncate(size); err != nil {
+		return fail(err)
+	}
+	buf := make([]byte, 1<<20)
+	sfd := int(src.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fail(err)
+		}
+		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fail(err)
+		}
+		for p := data; p < hole; {
+			n := min(int64(len(buf)), hole-p)
+			if _, err := src.ReadAt(buf[:n], p); err != nil && !errors.Is(err, io.EOF) {
+				return fail(err)
+			}
+			if _, err := dst.WriteAt(buf[:n], p); err != nil {
+				return fail(err)
+			}
+			p += n
+		}
+		off = hole
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(dst.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		return fail(fmt.Errorf("seal: %w", err))
+	}
+	return dst, nil
+}
+
+// Close releases the template's RAM copy; running clones keep their own
+// reference.
+func (t *Template) Close() error {
+	if t.ram == nil {
+		return nil
+	}
+	err := t.ram.Close()
+	t.ram = nil
+	return err
+}
+
+// Shape reports the memory and CPUs of the template's VMs.
+func (t *Template) Shape() (memMiB, cpus int) { return t.Meta.MemoryMiB, t.Meta.CPUs }
+
+// Restore starts a fresh VM from the template: a new overlay on the frozen
+// template disk, QEMU started waiting for the saved state, RAM mapped
+// private copy-on-write from the sealed copy, the agent reconnected, the
+// guest clock set and its entropy reseeded from the host. Log, Seccomp and
+// Cgroups come from opts; the shape is the template's.
+//
+// Postcondition: on error nothing of the VM is left.
+func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
+	if t.ram == nil {
+		return nil, errors.New("restore: template closed")
+	}
+	o := t.opts
+	if opts.Log != nil {
+		o.Log = opts.Log
+	}
+	o.Seccomp, o.Cgroups = opts.Seccomp, opts.Cgroups
+	if opts.BootTimeout > 0 {
+		o.BootTimeout = opts.BootTimeout
+	}
+	state, err := os.Open(filepath.Join(t.Dir, TemplateStateFile))
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	defer state.Close()
+	return start(ctx, o, t.img, t.accel, launchMode{
+		backing:  filepath.Join(t.Dir, OverlayFile),
+		readOnly: []string{filepath.Dir(t.img.base), t.Dir},
+		ram:      ramPrivateFD,
+		files:    []*os.File{t.ram, state},
+		restore:  true,
+	})
+}
+
+// String describes the template for logs.
+func (t *Template) String() string {
+	return "template " + t.Meta.Key + " (" + strconv.Itoa(t.Meta.MemoryMiB) + " MiB, " + strconv.Itoa(t.Meta.CPUs) + " CPU)"
+}

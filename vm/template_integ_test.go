@@ -1,0 +1,200 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+// TestTemplate_RestoreClones builds a template, restores two clones from
+// it and checks that each is a fresh, independent VM: it runs commands,
+// its clock and random numbers are its own, its disk writes stay in its
+// own overlay, and the template is unchanged afterwards.
+func TestTemplate_RestoreClones(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	state := t.TempDir()
+	opts := Options{ImageDir: img, StateDir: state, Accel: AccelAuto}
+	if os.Geteuid() == 0 {
+		opts.Cgroups = testutil.RequiresCgroups(t)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	tmpl, err := EnsureTemplate(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmpl.Close()
+	if !tmpl.Built {
+		t.Fatal("a fresh state dir should build the template")
+	}
+	t.Logf("%s: %+v", tmpl, tmpl.Meta)
+	before := map[string][32]byte{}
+	for _, f := range []string{OverlayFile, RAMFile, TemplateStateFile} {
+		before[f] = hashFile(t, filepath.Join(tmpl.Dir, f))
+	}
+
+	// The RAM copy clones map is sealed: nobody can write it.
+	if _, err := tmpl.ram.WriteAt([]byte("x"), 0); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("write to the sealed template RAM: %v, want EPERM", err)
+	}
+
+	clones := make([]*VM, 2)
+	for i := range clones {
+		v, err := tmpl.Restore(ctx, opts)
+		if err != nil {
+			t.Fatalf("restore %d: %v", i, err)
+		}
+		defer v.Close()
+		t.Logf("clone %d: %s restored in %v", i, v.ID, v.BootDuration())
+		clones[i] = v
+	}
+	a, b := clones[0], clones[1]
+	t.Run("jailed", func(t *testing.T) {
+		rep, err := a.JailReport()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rep.NoNewPrivs || rep.SeccompMode != 2 || len(rep.NewNamespaces) < 6 {
+			t.Errorf("clone not jailed: %s", rep)
+		}
+	})
+	t.Run("exec", func(t *testing.T) {
+		o := run(t, a, ExecRequest{Argv: []string{"sh", "-c", "echo hi; exit 3"}})
+		if o.stdout != "hi\n" || o.res.ExitCode != 3 {
+			t.Fatalf("got %+v %q %q", o.res, o.stdout, o.stderr)
+		}
+	})
+	t.Run("clock", func(t *testing.T) {
+		o := run(t, b, ExecRequest{Argv: []string{"date", "+%s"}})
+		guest, err := strconv.ParseInt(strings.TrimSpace(o.stdout), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Now().Unix() - guest; d < -5 || d > 5 {
+			t.Errorf("guest clock off by %d s", d)
+		}
+	})
+	t.Run("random numbers differ", func(t *testing.T) {
+		cmd := ExecRequest{Argv: []string{"sh", "-c", "head -c 32 /dev/urandom | od -An -tx1; cat /proc/sys/kernel/random/uuid"}}
+		ra, rb := run(t, a, cmd), run(t, b, cmd)
+		if ra.stdout == rb.stdout || ra.stdout == "" {
+			t.Errorf("two clones produced the same random bytes:\n%s", ra.stdout)
+		}
+	})
+	t.Run("disks are separate", func(t *testing.T) {
+		run(t, a, ExecRequest{Argv: []string{"sh", "-c", "echo only-a > /root/mark && sync"}})
+		o := run(t, b, ExecRequest{Argv: []string{"cat", "/root/mark"}})
+		if o.res.ExitCode == 0 {
+			t.Errorf("clone b sees clone a's file: %q", o.stdout)
+		}
+		o = run(t, a, ExecRequest{Argv: []string{"cat", "/root/mark"}})
+		if o.stdout != "only-a\n" {
+			t.Errorf("clone a lost its file: %+v %q", o.res, o.stdout)
+		}
+	})
+	t.Run("memory is separate", func(t *testing.T) {
+		run(t, a, ExecRequest{Argv: []string{"sh", "-c", "echo a-was-here > /dev/shm/m"}})
+		o := run(t, b, ExecRequest{Argv: []string{"cat", "/dev/shm/m"}})
+		if o.res.ExitCode == 0 {
+			t.Errorf("clone b sees clone a's tmpfs: %q", o.stdout)
+		}
+	})
+	for _, v := range clones {
+		if err := v.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertNoVMs(t, state)
+	for f, h := range before {
+		if hashFile(t, filepath.Join(tmpl.Dir, f)) != h {
+			t.Errorf("template %s changed", f)
+		}
+	}
+	t.Run("pool", func(t *testing.T) { testPool(t, ctx, tmpl, opts) })
+	assertNoVMs(t, state)
+
+	// A second load finds the template instead of building it.
+	t2, err := EnsureTemplate(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2.Close()
+	if t2.Built || t2.Meta.Key != tmpl.Meta.Key {
+		t.Fatalf("second EnsureTemplate rebuilt: %+v", t2.Meta)
+	}
+}
+
+func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
+	p := NewPool(tmpl, opts, 2)
+	defer p.Close()
+	for p.Stats().Ready < 2 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("pool never filled: %+v", p.Stats())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 2; i++ {
+		v, fromPool, err := p.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fromPool || seen[v.ID] {
+			t.Errorf("get %d: fromPool=%v id=%s (seen %v)", i, fromPool, v.ID, seen)
+		}
+		seen[v.ID] = true
+		if o := run(t, v, ExecRequest{Argv: []string{"true"}}); o.res.ExitCode != 0 {
+			t.Errorf("pooled VM: %+v", o.res)
+		}
+		if err := v.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Under memory pressure the pool gives its idle VMs back and stops
+	// refilling.
+	p.mu.Lock()
+	p.memAvailable = func() (int64, error) { return 0, nil }
+	p.mu.Unlock()
+	p.kick()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		st := p.Stats()
+		if st.Ready == 0 && st.Shrunk > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pool did not shrink: %+v", st)
+		}
+		p.kick()
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Empty pool: Get restores on demand.
+	v, fromPool, err := p.Get(ctx)
+	if err != nil || fromPool {
+		t.Fatalf("get from an empty pool: %v fromPool=%v", err, fromPool)
+	}
+	_ = v.Close()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pool stats: %+v", p.Stats())
+
+	// Size 0 keeps nothing ready.
+	p0 := NewPool(tmpl, opts, 0)
+	time.Sleep(200 * time.Millisecond)
+	if st := p0.Stats(); st.Ready != 0 || st.Restored != 0 {
+		t.Errorf("size-0 pool restored VMs: %+v", st)
+	}
+	if err := p0.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
