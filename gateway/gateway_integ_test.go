@@ -69,7 +69,7 @@ func startDaemon(t *testing.T, mutate func(*Config)) *testDaemon {
 		PolicyPath: d.policy, PolicyExplicit: true, MaxVMs: 2, Accel: "auto", AllowRoot: true, Grace: 2 * time.Second,
 		// Cold boots unless a test turns the fast path on (TestGateway_FastPath).
 		NoTemplate: true,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Ready: func() { close(ready) }}
+		Log:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Ready: func() { close(ready) }}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -170,9 +170,9 @@ func prepare(ctx context.Context, opts Options) (*imageFiles, Accel, error) {
 type ramMode int
 
 const (
-	ramAnonymous ramMode = iota // QEMU's own memory (a cold boot)
-	ramSharedFile               // the file RAMFile in the VM directory, shared (a template)
-	ramPrivateFD                // a private copy-on-write mapping of fd 4 (a clone)
+	ramAnonymous  ramMode = iota // QEMU's own memory (a cold boot)
+	ramSharedFile                // the file RAMFile in the VM directory, shared (a template)
+	ramPrivateFD                 // a private copy-on-write mapping of fd 4 (a clone)
 )
 
 // RAMFile is a template VM's guest RAM in its directory.

@@ -98,8 +98,8 @@ type Result struct {
 	BootMS          int64  `json:"boot_ms"`
 	// VMStart is "boot", "restore" or "pool" (see docs/protocol.md).
 	VMStart string `json:"vm_start,omitempty"`
-	ExecMS          int64  `json:"exec_ms"`
-	TotalMS         int64  `json:"total_ms"`
+	ExecMS  int64  `json:"exec_ms"`
+	TotalMS int64  `json:"total_ms"`
 }
 
 // Error codes in Error.Code.
