@@ -241,11 +241,24 @@ func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error
 		return nil, err
 	}
 	m := t.vm
-	t.done = func(bool) {
+	destroy := func() {
 		if err := m.Close(); err != nil {
 			s.log.Error("destroy vm", "vm", m.ID, "err", err)
 		}
 		release()
+	}
+	// The VM is destroyed after the result is sent, not before: the
+	// caller need not wait for QEMU to exit and its files to go. Its slot
+	// stays taken until then, and shutdown waits for it (begin/end).
+	t.done = func(bool) {
+		if !s.begin() {
+			destroy()
+			return
+		}
+		go func() {
+			defer s.end()
+			destroy()
+		}()
 	}
 	return t, nil
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
 // Pool keeps up to Size VMs restored from one template, ready to hand out.
@@ -35,6 +37,10 @@ type Pool struct {
 	memAvailable func() (int64, error)
 }
 
+// refillDelay is how long after handing out a VM the pool starts
+// restoring its replacement.
+const refillDelay = 500 * time.Millisecond
+
 // PoolStats counts what a pool did.
 type PoolStats struct {
 	Ready    int // VMs waiting now
@@ -55,6 +61,7 @@ func NewPool(tmpl *Template, opts Options, size int) *Pool {
 	if opts.Log == nil {
 		opts.Log = tmpl.opts.Log
 	}
+	opts.Background = true
 	p := &Pool{
 		tmpl: tmpl, opts: opts, size: size,
 		ready: make(chan *VM, max(size, 1)),
@@ -106,13 +113,19 @@ func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
 		if v == nil {
 			break
 		}
-		p.kick()
+		// Refill a little later: on a small host the restore would
+		// otherwise compete with the command this VM is about to run
+		// (measured here: its first command 130 ms instead of 90 ms).
+		time.AfterFunc(refillDelay, p.kick)
 		select {
 		case <-v.Exited():
 			p.opts.Log.Warn("pooled VM died while idle", "vm", v.ID, "err", v.died("while pooled"))
 			_ = v.Close()
 			continue
 		default:
+		}
+		if err := v.Foreground(); err != nil {
+			p.opts.Log.Warn("pooled VM: CPU weight", "vm", v.ID, "err", err)
 		}
 		if err := v.refresh(true); err != nil {
 			p.opts.Log.Warn("pooled VM did not answer", "vm", v.ID, "err", err)
@@ -124,7 +137,9 @@ func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
 	}
 	p.kick()
 	p.count(func(s *PoolStats) { s.Misses++ })
-	v, err = p.tmpl.Restore(ctx, p.opts)
+	o := p.opts
+	o.Background = false
+	v, err = p.tmpl.Restore(ctx, o)
 	return v, false, err
 }
 
@@ -184,16 +199,24 @@ func (p *Pool) fill() {
 	}
 }
 
-// warmUp runs one command in a fresh clone. Under TCG a restored QEMU
-// starts with an empty translation cache, so the first commands after a
-// restore run several times slower than later ones; a pooled VM pays that
-// before it is handed out. On error the VM is closed.
+// warmUp runs a command as root and as the unprivileged user in a fresh
+// clone. Under TCG a restored QEMU starts with an empty translation cache,
+// so the first commands after a restore run several times slower than
+// later ones; a pooled VM pays that before it is handed out. On error the
+// VM is closed.
 func warmUp(ctx context.Context, v *VM) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	res, err := v.Exec(ctx, ExecRequest{Argv: []string{"true"}})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("warm-up command exited %d", res.ExitCode)
+	var err error
+	for _, user := range []string{"root", agentproto.UnprivilegedUser} {
+		var res *ExecResult
+		res, err = v.Exec(ctx, ExecRequest{Argv: []string{"true"}, User: user, Env: []string{"LANG=C.UTF-8"}})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("warm-up command as %s exited %d", user, res.ExitCode)
+		}
+		if err != nil {
+			break
+		}
 	}
 	if err != nil {
 		_ = v.Close()

@@ -44,7 +44,7 @@ const (
 	templatesDir      = "templates"
 	// templateFormat changes when the template layout or the devices of
 	// the QEMU command line change, so that old templates are rebuilt.
-	templateFormat = 1
+	templateFormat = 2
 )
 
 // TemplateMeta describes a built template.
@@ -92,8 +92,8 @@ var (
 	qemuVersionCache = map[string]string{}
 )
 
-// qemuVersion returns the first line of `qemu --version`, cached.
-func qemuVersion(qemu string) (string, error) {
+// QEMUVersion returns the first line of `qemu --version`, cached.
+func QEMUVersion(qemu string) (string, error) {
 	qemuVersionMu.Lock()
 	defer qemuVersionMu.Unlock()
 	if v, ok := qemuVersionCache[qemu]; ok {
@@ -121,7 +121,7 @@ func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
-	qv, err := qemuVersion(opts.QEMU)
+	qv, err := QEMUVersion(opts.QEMU)
 	if err != nil {
 		return nil, err
 	}
@@ -234,11 +234,16 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 	}
 	defer v.Close()
 	meta.BootMillis = v.BootDuration().Milliseconds()
-	// Quiesce: nothing dirty in the page cache. Caches are kept: dropping
-	// them saved 2 MiB of shared RAM here and made each clone read its
-	// binaries from disk again.
+	// Quiesce. The agent answers long before the guest has finished
+	// booting; a template saved then makes every clone finish the boot
+	// (udev workers, service start-up) while it runs commands: wait for
+	// systemd to reach its target ("degraded" is fine: the state is all
+	// that matters here) and for udev to settle, then flush the disk.
+	// Caches are kept: dropping them saved 2 MiB of shared RAM here and
+	// made each clone read its binaries from disk again.
 	var out strings.Builder
-	res, err := v.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "sync"}, Stdout: &out, Stderr: &out, Timeout: time.Minute})
+	quiesce := "systemctl is-system-running --wait >/dev/null; udevadm settle --timeout=60; sync"
+	res, err := v.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", quiesce}, Stdout: &out, Stderr: &out, Timeout: 3 * time.Minute})
 	if err != nil || res.ExitCode != 0 {
 		return nil, fmt.Errorf("template quiesce: %v %+v: %s", err, res, out.String())
 	}

@@ -61,6 +61,10 @@ type Options struct {
 	Cgroups *cgroup.Manager
 	// TemplateDir holds VM templates (default StateDir/templates).
 	TemplateDir string
+	// Background starts the VM at the lowest CPU weight (with cgroups),
+	// so that a pool refilling itself takes only CPU time the VMs running
+	// commands leave; Foreground restores the normal weight.
+	Background bool
 }
 
 // Default VM shape.
@@ -112,6 +116,21 @@ type VM struct {
 	closed   bool
 	cleanups []func() error
 	closeErr error
+}
+
+// CPU weights (cgroup v2 scale) of background and foreground VMs.
+const (
+	backgroundWeight = 1
+	foregroundWeight = 100
+)
+
+// Foreground gives a VM started with Options.Background the normal CPU
+// weight.
+func (v *VM) Foreground() error {
+	if v.cgroup == nil {
+		return nil
+	}
+	return v.cgroup.SetCPUWeight(foregroundWeight)
 }
 
 // BootDuration is the time from the start request to a VM whose agent
@@ -251,6 +270,11 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 		// Pushed before QEMU's kill, so it runs after QEMU has exited.
 		v.push(g.Remove)
 		v.cgroup = g
+		if opts.Background {
+			if err := g.SetCPUWeight(backgroundWeight); err != nil {
+				v.log.Warn("background CPU weight", "err", err)
+			}
+		}
 	}
 	if err := v.launch(j, argv); err != nil {
 		return nil, err
@@ -497,7 +521,34 @@ func (v *VM) consoleTail() string {
 
 // connect dials the agent socket and completes the SSH handshake, which
 // succeeds only once the guest agent runs (the readiness signal).
+// connect makes the agent connection. A failed SSH handshake is retried
+// twice on a new connection: a VM restored from a template can replay
+// bytes of its template's last connection, and reconnecting makes the
+// agent start over.
 func (v *VM) connect(ctx context.Context, img *imageFiles) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		err = v.connectOnce(ctx, img)
+		var he *handshakeError
+		if err == nil || !errors.As(err, &he) {
+			return err
+		}
+		v.log.Info("agent handshake failed, reconnecting", "attempt", attempt+1, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+type handshakeError struct{ err error }
+
+func (e *handshakeError) Error() string { return "agent handshake: " + e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
+
+func (v *VM) connectOnce(ctx context.Context, img *imageFiles) error {
 	path := filepath.Join(v.Dir, AgentSocket)
 	var conn net.Conn
 	for {
@@ -534,7 +585,7 @@ func (v *VM) connect(ctx context.Context, img *imageFiles) error {
 	case r := <-done:
 		if r.err != nil {
 			conn.Close()
-			return fmt.Errorf("agent handshake: %w", r.err)
+			return &handshakeError{r.err}
 		}
 		v.client = ssh.NewClient(r.c, r.chans, r.reqs)
 		v.push(func() error {

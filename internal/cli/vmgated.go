@@ -27,6 +27,8 @@ const vmgatedUsage = `usage:
   vmgated image build [--out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
   vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
                     [--cpus N] [--timeout D] [--user U] [--jail-report] [--seccomp required|off] -- PROG ARGS…
+  vmgated bench exec [--image DIR] [--state-dir DIR] [--runs N] [--cold-runs N] [--concurrency 1,2,4]
+                     [--pool N] [--json]
 `
 
 // Vmgated runs the vmgated command line and returns the process exit code.
@@ -40,7 +42,7 @@ func Vmgated(args []string) int {
 	var err error
 	code := 0
 	verb := args[0]
-	if len(args) > 1 && (verb == "policy" || verb == "audit" || verb == "image" || verb == "debug") {
+	if len(args) > 1 && (verb == "policy" || verb == "audit" || verb == "image" || verb == "debug" || verb == "bench") {
 		verb += " " + args[1]
 	}
 	switch verb {
@@ -54,6 +56,8 @@ func Vmgated(args []string) int {
 		err = imageBuild(ctx, args[2:])
 	case "debug run":
 		code, err = debugRun(ctx, args[2:])
+	case "bench exec":
+		err = benchExec(ctx, args[2:])
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, vmgatedUsage)
 		return 0

@@ -249,6 +249,26 @@ func (m *Manager) New(id string, l Limits) (*Group, error) {
 	return g, nil
 }
 
+// SetCPUWeight sets the group's CPU weight (see WeightWrite); without the
+// cpu controller it does nothing.
+func (g *Group) SetCPUWeight(weight int) error {
+	w, err := WeightWrite(g.version, weight)
+	if err != nil {
+		return err
+	}
+	dir, ok := g.dirs[w.Controller]
+	if g.version == 2 {
+		dir, ok = g.dirs[""], true
+	}
+	if !ok {
+		return nil
+	}
+	if err := writeFile(filepath.Join(dir, w.File), w.Value); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cgroup: set %s=%s: %w", w.File, w.Value, err)
+	}
+	return nil
+}
+
 // Add moves process pid (and its threads) into the group.
 func (g *Group) Add(pid int) error {
 	for _, k := range sortedKeys(g.dirs) {

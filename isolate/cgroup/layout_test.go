@@ -109,6 +109,28 @@ func TestLimitWrites(t *testing.T) {
 	}
 }
 
+func TestWeightWrite(t *testing.T) {
+	for _, c := range []struct {
+		v, w int
+		want Write
+		err  bool
+	}{
+		{2, 1, Write{"cpu", "cpu.weight", "1", false}, false},
+		{2, 100, Write{"cpu", "cpu.weight", "100", false}, false},
+		{1, 100, Write{"cpu", "cpu.shares", "1024", false}, false},
+		{1, 1, Write{"cpu", "cpu.shares", "10", false}, false},
+		{1, 10000, Write{"cpu", "cpu.shares", "102400", false}, false},
+		{2, 0, Write{}, true},
+		{2, 10001, Write{}, true},
+		{3, 100, Write{}, true},
+	} {
+		got, err := WeightWrite(c.v, c.w)
+		if (err != nil) != c.err || got != c.want {
+			t.Errorf("v%d weight %d: got %+v %v", c.v, c.w, got, err)
+		}
+	}
+}
+
 func TestGroupName(t *testing.T) {
 	a, b := GroupName("/var/lib/vmgate"), GroupName("/var/lib/vmgate/")
 	if a != b || len(a) != len("vmgate-")+12 {

@@ -27,6 +27,23 @@ type Write struct {
 	Optional bool
 }
 
+// WeightWrite returns the write that sets a group's CPU weight relative to
+// its siblings: weight is on cgroup v2's scale (1 to 10000, default 100);
+// v1's cpu.shares get the same proportion of their default 1024. It is
+// pure.
+func WeightWrite(v int, weight int) (Write, error) {
+	if weight < 1 || weight > 10000 {
+		return Write{}, fmt.Errorf("cgroup: CPU weight %d out of 1..10000", weight)
+	}
+	switch v {
+	case 2:
+		return Write{"cpu", "cpu.weight", strconv.Itoa(weight), false}, nil
+	case 1:
+		return Write{"cpu", "cpu.shares", strconv.Itoa(max(2, weight*1024/100)), false}, nil
+	}
+	return Write{}, fmt.Errorf("cgroup: unknown version %d", v)
+}
+
 // cpuPeriod is the CFS period both versions use (100 ms).
 const cpuPeriod = 100000
 

@@ -206,6 +206,10 @@ func (s *server) globalRequests(reqs <-chan *ssh.Request) {
 	}
 }
 
+// clockTolerance is how far off the guest clock may be before SetTime
+// changes it.
+const clockTolerance = 100 * time.Millisecond
+
 // setTime handles the payload of a SetTimeRequest and reports whether the
 // clock was set.
 func (s *server) setTime(payload []byte) bool {
@@ -219,11 +223,17 @@ func (s *server) setTime(payload []byte) bool {
 		set = setSystemClock
 	}
 	t := time.Unix(0, st.UnixNano)
-	if err := set(t); err != nil {
-		s.log.Warn("set time", "err", err)
-		return false
+	// Setting the clock wakes everything in the guest that watches it
+	// (systemd re-plans its timers): leave a clock that is already right.
+	if d := time.Until(t); d > -clockTolerance && d < clockTolerance && s.cfg.setClock == nil {
+		s.log.Debug("clock already right", "off_by", d)
+	} else {
+		if err := set(t); err != nil {
+			s.log.Warn("set time", "err", err)
+			return false
+		}
+		s.log.Info("clock set", "time", t.UTC())
 	}
-	s.log.Info("clock set", "time", t.UTC())
 	if len(st.Entropy) > 0 {
 		reseed := s.cfg.reseed
 		if reseed == nil {

@@ -1,0 +1,49 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSummarize(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 20; i++ {
+		d = append(d, time.Duration(21-i)*time.Millisecond)
+	}
+	s := summarize(d)
+	if s.N != 20 || s.P50 != 10 || s.P95 != 19 || s.Min != 1 || s.Max != 20 {
+		t.Fatalf("%+v", s)
+	}
+	if s := summarize(nil); s.N != 0 || s.P50 != 0 {
+		t.Fatalf("empty: %+v", s)
+	}
+	if s := summarize([]time.Duration{1500 * time.Microsecond}); s.P50 != 1.5 || s.P95 != 1.5 {
+		t.Fatalf("one: %+v", s)
+	}
+}
+
+func TestWriteText(t *testing.T) {
+	r := &ExecReport{
+		Machine:         Machine{CPUModel: "cpu", CPUs: 2, MemTotalMiB: 1024, Kernel: "k", QEMU: "q", Accel: "tcg", Cgroups: "none"},
+		ColdBootMS:      Stat{N: 1, P50: 20000, P95: 20000},
+		RestoreMS:       Stat{N: 3, P50: 400, P95: 450},
+		RestorePhasesMS: map[string]Stat{"agent": {P50: 130}, "overlay": {P50: 30}},
+		OneshotPoolMS:   Stat{N: 3, P50: 160, P95: 200}, OneshotPoolPartsMS: map[string]Stat{"vm": {P50: 25}, "exec": {P50: 90}, "daemon_total": {P50: 150}},
+		Throughput:   []Throughput{{Concurrency: 2, Commands: 4, Seconds: 2, PerMinute: 120, FromPool: 2}},
+		IdleRestored: Memory{VMs: 2, RSSMiB: 140, PSSMiB: 100},
+		Ratios:       map[string]float64{"cold_over_restore": 50, "cold_over_oneshot_pool": 125},
+	}
+	var b strings.Builder
+	r.WriteText(&b)
+	out := b.String()
+	for _, want := range []string{
+		"cold: new overlay + boot + first command", "20000.0", "phases (p50 ms): overlay 30, agent 130",
+		"get VM 25, exec 90, whole request 150", "throughput at concurrency 2: 120.0", "PSS 100.0 MiB",
+		"cold_over_oneshot_pool x125.0, cold_over_restore x50.0", "accel tcg",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,554 @@
+// Package bench measures vmgate. Exec measures the exec path: how long a
+// fresh VM takes to become usable by each route (cold boot, restore from a
+// template, the warm pool, through the daemon or not), how many one-shot
+// commands a minute the daemon runs, and what an idle VM costs in memory.
+// Every figure is measured in the same run, on the same image and host,
+// beside the cold-boot baseline, and reported with the machine.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/vm"
+)
+
+// ExecOptions configures Exec.
+type ExecOptions struct {
+	ImageDir    string
+	WorkDir     string // scratch state for the run (removed after)
+	TemplateDir string // templates (kept: a later run reuses them)
+	Runs        int    // samples per latency figure (default 10)
+	ColdRuns    int    // cold boots (default 2; each takes a full boot)
+	Concurrency []int  // throughput levels (default 1, 2, 4)
+	PoolSize    int    // pool size for the pooled figures (default 2)
+	Accel       vm.Accel
+	Log         *slog.Logger
+	// Progress receives one line per step (nil: none).
+	Progress io.Writer
+}
+
+// Stat summarises samples in milliseconds.
+type Stat struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95"`
+	Min float64 `json:"min"`
+	Max float64 `json:"max"`
+}
+
+func summarize(d []time.Duration) Stat {
+	if len(d) == 0 {
+		return Stat{}
+	}
+	ms := make([]float64, len(d))
+	for i, x := range d {
+		ms[i] = float64(x.Microseconds()) / 1000
+	}
+	slices.Sort(ms)
+	return Stat{N: len(ms), P50: percentile(ms, 50), P95: percentile(ms, 95), Min: ms[0], Max: ms[len(ms)-1]}
+}
+
+// percentile of sorted values, nearest rank.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	return sorted[min(max(rank, 1), len(sorted))-1]
+}
+
+// Throughput is one concurrency level of one-shot commands.
+type Throughput struct {
+	Concurrency int     `json:"concurrency"`
+	Commands    int     `json:"commands"`
+	Seconds     float64 `json:"seconds"`
+	PerMinute   float64 `json:"per_minute"`
+	FromPool    int     `json:"from_pool"`
+}
+
+// Memory is the host memory of one idle VM's QEMU, from smaps_rollup.
+type Memory struct {
+	VMs    int     `json:"vms"`
+	RSSMiB float64 `json:"rss_mib"`
+	PSSMiB float64 `json:"pss_mib"`
+}
+
+// Machine describes the host the figures come from.
+type Machine struct {
+	CPUModel    string `json:"cpu_model"`
+	CPUs        int    `json:"cpus"`
+	MemTotalMiB int64  `json:"mem_total_mib"`
+	Kernel      string `json:"kernel"`
+	QEMU        string `json:"qemu"`
+	Accel       string `json:"accel"`
+	Cgroups     string `json:"cgroups"`
+}
+
+// ExecReport holds every figure of one run.
+type ExecReport struct {
+	Machine         Machine         `json:"machine"`
+	When            time.Time       `json:"when"`
+	ColdBootMS      Stat            `json:"cold_boot_ms"`
+	TemplateMS      float64         `json:"template_ms"`
+	TemplateBuilt   bool            `json:"template_built"`
+	TemplateRAMMiB  float64         `json:"template_ram_data_mib"`
+	RestoreMS       Stat            `json:"restore_ms"`
+	RestorePhasesMS map[string]Stat `json:"restore_phases_ms"`
+	RestoreFirstMS  Stat            `json:"restore_first_exec_ms"`
+	ColdPhasesMS    map[string]Stat `json:"cold_phases_ms"`
+	OneshotPoolMS   Stat            `json:"oneshot_pool_ms"`
+	OneshotNoPoolMS Stat            `json:"oneshot_nopool_ms"`
+	// The daemon's own account of each one-shot: getting the VM (boot_ms),
+	// running the command (exec_ms) and its whole handling (total_ms).
+	OneshotPoolPartsMS   map[string]Stat    `json:"oneshot_pool_parts_ms"`
+	OneshotNoPoolPartsMS map[string]Stat    `json:"oneshot_nopool_parts_ms"`
+	SessionExecMS        Stat               `json:"session_exec_ms"`
+	Throughput           []Throughput       `json:"throughput"`
+	IdleRestored         Memory             `json:"idle_restored_vm"`
+	IdleCold             Memory             `json:"idle_cold_vm"`
+	Ratios               map[string]float64 `json:"ratios"`
+	Notes                []string           `json:"notes,omitempty"`
+}
+
+func (o *ExecOptions) defaults() {
+	if o.Runs <= 0 {
+		o.Runs = 10
+	}
+	if o.ColdRuns <= 0 {
+		o.ColdRuns = 2
+	}
+	if len(o.Concurrency) == 0 {
+		o.Concurrency = []int{1, 2, 4}
+	}
+	if o.PoolSize <= 0 {
+		o.PoolSize = 2
+	}
+	if o.Accel == "" {
+		o.Accel = vm.AccelAuto
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+}
+
+// Exec runs the exec-path benchmark.
+func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
+	o.defaults()
+	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	work, err := os.MkdirTemp(o.WorkDir, "bench-")
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer os.RemoveAll(work)
+	rep := &ExecReport{When: time.Now().UTC(), RestorePhasesMS: map[string]Stat{}, ColdPhasesMS: map[string]Stat{}, Ratios: map[string]float64{}}
+	rep.Machine = machine()
+	step := func(format string, args ...any) { fmt.Fprintf(o.Progress, "bench: "+format+"\n", args...) }
+
+	cgm, err := cgroup.OpenMode("auto", cgroup.GroupName(work), o.Log)
+	if err != nil {
+		return nil, err
+	}
+	if cgm != nil {
+		defer cgm.Close()
+		rep.Machine.Cgroups = cgm.String()
+	} else {
+		rep.Machine.Cgroups = "none (rlimits only)"
+	}
+	base := vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
+
+	// 1. The cold path: new overlay, full boot, first command.
+	var cold []time.Duration
+	coldPhases := map[string][]time.Duration{}
+	for i := 0; i < o.ColdRuns; i++ {
+		step("cold boot %d/%d", i+1, o.ColdRuns)
+		t0 := time.Now()
+		v, err := vm.Start(ctx, base)
+		if err != nil {
+			return nil, fmt.Errorf("cold boot: %w", err)
+		}
+		if err := execTrue(ctx, v); err != nil {
+			v.Close()
+			return nil, fmt.Errorf("cold boot: %w", err)
+		}
+		cold = append(cold, time.Since(t0))
+		rep.Machine.Accel = string(v.Accel)
+		for _, p := range v.Phases() {
+			coldPhases[p.Name] = append(coldPhases[p.Name], p.Dur)
+		}
+		if i == o.ColdRuns-1 {
+			rep.IdleCold = idleMemory(ctx, []*vm.VM{v})
+		}
+		if err := v.Close(); err != nil {
+			return nil, err
+		}
+	}
+	rep.ColdBootMS = summarize(cold)
+	for k, d := range coldPhases {
+		rep.ColdPhasesMS[k] = summarize(d)
+	}
+
+	// 2. The template (built unless a previous run left it).
+	step("template")
+	t0 := time.Now()
+	tmpl, err := vm.EnsureTemplate(ctx, base)
+	if err != nil {
+		return nil, err
+	}
+	defer tmpl.Close()
+	rep.TemplateMS = ms(time.Since(t0))
+	rep.TemplateBuilt = tmpl.Built
+	rep.TemplateRAMMiB = float64(tmpl.Meta.RAMDataBytes) / (1 << 20)
+
+	// 3. Restores: request to agent ready, and the first command after.
+	var restores, firsts []time.Duration
+	phases := map[string][]time.Duration{}
+	for i := 0; i < o.Runs; i++ {
+		step("restore %d/%d", i+1, o.Runs)
+		v, err := tmpl.Restore(ctx, base)
+		if err != nil {
+			return nil, err
+		}
+		restores = append(restores, v.BootDuration())
+		for _, p := range v.Phases() {
+			phases[p.Name] = append(phases[p.Name], p.Dur)
+		}
+		t1 := time.Now()
+		err = execTrue(ctx, v)
+		firsts = append(firsts, time.Since(t1))
+		v.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	rep.RestoreMS, rep.RestoreFirstMS = summarize(restores), summarize(firsts)
+	for k, d := range phases {
+		rep.RestorePhasesMS[k] = summarize(d)
+	}
+
+	// 4. Idle memory of restored VMs, and commands in a kept VM.
+	step("idle memory and session exec")
+	var idle []*vm.VM
+	for i := 0; i < 2; i++ {
+		v, err := tmpl.Restore(ctx, base)
+		if err != nil {
+			return nil, err
+		}
+		defer v.Close()
+		if err := execTrue(ctx, v); err != nil {
+			return nil, err
+		}
+		idle = append(idle, v)
+	}
+	rep.IdleRestored = idleMemory(ctx, idle)
+	var sess []time.Duration
+	for i := 0; i < o.Runs; i++ {
+		t1 := time.Now()
+		if err := execTrue(ctx, idle[0]); err != nil {
+			return nil, err
+		}
+		sess = append(sess, time.Since(t1))
+	}
+	rep.SessionExecMS = summarize(sess)
+	for _, v := range idle {
+		v.Close()
+	}
+
+	// 5. Through the daemon: one-shot with a pool, throughput, no pool.
+	step("daemon with a pool of %d", o.PoolSize)
+	err = withDaemon(ctx, o, work, "pool", o.PoolSize, func(c *client.Client, waitPool func() error) error {
+		var d []time.Duration
+		parts := newParts()
+		for i := 0; i < o.Runs; i++ {
+			if err := waitPool(); err != nil {
+				return err
+			}
+			t1 := time.Now()
+			res, err := oneshot(ctx, c)
+			if err != nil {
+				return err
+			}
+			if res.VMStart != "pool" {
+				return fmt.Errorf("one-shot with a full pool got a VM by %q", res.VMStart)
+			}
+			d = append(d, time.Since(t1))
+			parts.add(res)
+		}
+		rep.OneshotPoolMS, rep.OneshotPoolPartsMS = summarize(d), parts.stats()
+		for _, conc := range o.Concurrency {
+			if err := waitPool(); err != nil {
+				return err
+			}
+			step("throughput at concurrency %d", conc)
+			tp, err := throughput(ctx, c, conc, max(o.Runs, 2*conc))
+			if err != nil {
+				return err
+			}
+			rep.Throughput = append(rep.Throughput, tp)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	step("daemon without a pool")
+	err = withDaemon(ctx, o, work, "nopool", 0, func(c *client.Client, waitPool func() error) error {
+		if err := waitPool(); err != nil {
+			return err
+		}
+		var d []time.Duration
+		parts := newParts()
+		for i := 0; i < o.Runs; i++ {
+			t1 := time.Now()
+			res, err := oneshot(ctx, c)
+			if err != nil {
+				return err
+			}
+			if res.VMStart != "restore" {
+				return fmt.Errorf("one-shot without a pool got a VM by %q", res.VMStart)
+			}
+			d = append(d, time.Since(t1))
+			parts.add(res)
+		}
+		rep.OneshotNoPoolMS, rep.OneshotNoPoolPartsMS = summarize(d), parts.stats()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	coldP50 := rep.ColdBootMS.P50
+	ratio := func(name string, x float64) {
+		if x > 0 {
+			rep.Ratios[name] = math.Round(coldP50/x*10) / 10
+		}
+	}
+	ratio("cold_over_restore", rep.RestoreMS.P50)
+	ratio("cold_over_oneshot_pool", rep.OneshotPoolMS.P50)
+	ratio("cold_over_oneshot_nopool", rep.OneshotNoPoolMS.P50)
+	if rep.Machine.Accel == string(vm.AccelTCG) {
+		rep.Notes = append(rep.Notes, "TCG: a restored QEMU starts with an empty translation cache, so the guest's first code paths (the agent's SSH handshake, the first commands) run several times slower than in a settled VM; the pool hides this by running one command in each VM before handing it out")
+	}
+	return rep, nil
+}
+
+// parts collects the daemon's timings of one-shot results.
+type parts map[string][]time.Duration
+
+func newParts() parts { return parts{} }
+
+func (p parts) add(r *wire.Result) {
+	p["vm"] = append(p["vm"], time.Duration(r.BootMS)*time.Millisecond)
+	p["exec"] = append(p["exec"], time.Duration(r.ExecMS)*time.Millisecond)
+	p["daemon_total"] = append(p["daemon_total"], time.Duration(r.TotalMS)*time.Millisecond)
+}
+
+func (p parts) stats() map[string]Stat {
+	out := map[string]Stat{}
+	for k, d := range p {
+		out[k] = summarize(d)
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func execTrue(ctx context.Context, v *vm.VM) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	res, err := v.Exec(ctx, vm.ExecRequest{Argv: []string{"true"}})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("true exited %d", res.ExitCode)
+	}
+	return err
+}
+
+func oneshot(ctx context.Context, c *client.Client) (*wire.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{"true"}}, client.ExecIO{})
+	if err == nil && res.ExitCode != 0 {
+		err = fmt.Errorf("true exited %d", res.ExitCode)
+	}
+	return res, err
+}
+
+// throughput runs n one-shot commands on conc workers.
+func throughput(ctx context.Context, c *client.Client, conc, n int) (Throughput, error) {
+	jobs := make(chan struct{}, n)
+	for i := 0; i < n; i++ {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	var (
+		mu       sync.Mutex
+		firstErr error
+		pooled   int
+	)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for w := 0; w < conc; w++ {
+		wg.Go(func() {
+			for range jobs {
+				res, err := oneshot(ctx, c)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil && res.VMStart == "pool" {
+					pooled++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	secs := time.Since(t0).Seconds()
+	if firstErr != nil {
+		return Throughput{}, fmt.Errorf("throughput at %d: %w", conc, firstErr)
+	}
+	return Throughput{Concurrency: conc, Commands: n, Seconds: math.Round(secs*100) / 100, PerMinute: math.Round(float64(n)/secs*60*10) / 10, FromPool: pooled}, nil
+}
+
+// withDaemon runs the real gateway in-process on its own socket with the
+// given pool size and calls fn with a client and a function that waits
+// until the pool is full.
+func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, fn func(*client.Client, func() error) error) error {
+	dir := filepath.Join(work, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	sock := filepath.Join(dir, "s.sock")
+	ready := make(chan struct{})
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	cfg := gateway.Config{Socket: sock, SocketMode: 0o600, StateDir: filepath.Join(dir, "state"), ImageDir: o.ImageDir,
+		AuditPath: filepath.Join(dir, "audit.jsonl"), MaxVMs: 8, QueueLen: 16, Accel: o.Accel, AllowRoot: os.Geteuid() == 0,
+		Log: o.Log, PoolSize: pool, TemplateDir: o.TemplateDir, Ready: func() { close(ready) }}
+	go func() { done <- gateway.Run(dctx, cfg) }()
+	stop := func() error {
+		cancel()
+		return <-done
+	}
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		return fmt.Errorf("daemon: %w", err)
+	}
+	c := client.New(sock)
+	waitPool := func() error {
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			st, err := c.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if pools, _ := st["pools"].([]any); len(pools) > 0 {
+				if p, _ := pools[0].(map[string]any); p != nil {
+					if r, _ := p["ready"].(float64); int(r) >= pool {
+						return nil
+					}
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("pool not ready after 5 min: %v", st)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	err := fn(c, waitPool)
+	return errors.Join(err, stop())
+}
+
+// idleMemory lets the VMs settle and reads their QEMUs' RSS and PSS.
+func idleMemory(ctx context.Context, vms []*vm.VM) Memory {
+	select {
+	case <-ctx.Done():
+	case <-time.After(3 * time.Second):
+	}
+	var rss, pss float64
+	for _, v := range vms {
+		r, p := smapsRollup(v.Pid())
+		rss += r
+		pss += p
+	}
+	n := float64(len(vms))
+	return Memory{VMs: len(vms), RSSMiB: math.Round(rss/n*10) / 10, PSSMiB: math.Round(pss/n*10) / 10}
+}
+
+// smapsRollup returns Rss and Pss of pid in MiB.
+func smapsRollup(pid int) (rss, pss float64) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "Rss":
+			rss = kb / 1024
+		case "Pss":
+			pss = kb / 1024
+		}
+	}
+	return rss, pss
+}
+
+func machine() Machine {
+	m := Machine{CPUs: runtime.NumCPU()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(l, "MemTotal:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+				m.MemTotalMiB = kb >> 10
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if v, err := vm.QEMUVersion("qemu-system-x86_64"); err == nil {
+		m.QEMU = v
+	}
+	return m
+}

@@ -1,0 +1,71 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// phaseOrder is the order VM start phases happen in.
+var phaseOrder = []string{"overlay", "launch", "load_state", "agent", "refresh"}
+
+// WriteText renders the report as a table for people.
+func (r *ExecReport) WriteText(w io.Writer) {
+	m := r.Machine
+	fmt.Fprintf(w, "vmgate exec benchmark, %s\n", r.When.Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(w, "machine: %s, %d CPUs, %d MiB; kernel %s; %s; accel %s; %s\n\n", m.CPUModel, m.CPUs, m.MemTotalMiB, m.Kernel, m.QEMU, m.Accel, m.Cgroups)
+	fmt.Fprintf(w, "%-44s %9s %9s %4s\n", "", "p50 ms", "p95 ms", "n")
+	row := func(name string, s Stat) {
+		fmt.Fprintf(w, "%-44s %9.1f %9.1f %4d\n", name, s.P50, s.P95, s.N)
+	}
+	row("cold: new overlay + boot + first command", r.ColdBootMS)
+	phases(w, r.ColdPhasesMS)
+	row("restore: request -> agent ready", r.RestoreMS)
+	phases(w, r.RestorePhasesMS)
+	row("first command after a restore", r.RestoreFirstMS)
+	row("one-shot `true` via daemon, warm pool", r.OneshotPoolMS)
+	oneshotParts(w, r.OneshotPoolPartsMS)
+	row("one-shot `true` via daemon, no pool", r.OneshotNoPoolMS)
+	oneshotParts(w, r.OneshotNoPoolPartsMS)
+	row("command in a kept VM (session)", r.SessionExecMS)
+	fmt.Fprintln(w)
+	for _, t := range r.Throughput {
+		fmt.Fprintf(w, "throughput at concurrency %d: %.1f one-shot commands/min (%d in %.1f s, %d from the pool)\n", t.Concurrency, t.PerMinute, t.Commands, t.Seconds, t.FromPool)
+	}
+	fmt.Fprintf(w, "idle VM, restored: RSS %.1f MiB, PSS %.1f MiB (mean of %d)\n", r.IdleRestored.RSSMiB, r.IdleRestored.PSSMiB, r.IdleRestored.VMs)
+	fmt.Fprintf(w, "idle VM, cold-booted: RSS %.1f MiB, PSS %.1f MiB\n", r.IdleCold.RSSMiB, r.IdleCold.PSSMiB)
+	how := "loaded"
+	if r.TemplateBuilt {
+		how = "built"
+	}
+	fmt.Fprintf(w, "template: %s in %.0f ms; %.0f MiB of RAM data shared by its clones\n", how, r.TemplateMS, r.TemplateRAMMiB)
+	var ratios []string
+	for _, k := range slices.Sorted(maps.Keys(r.Ratios)) {
+		ratios = append(ratios, fmt.Sprintf("%s x%.1f", k, r.Ratios[k]))
+	}
+	fmt.Fprintf(w, "ratios (p50): %s\n", strings.Join(ratios, ", "))
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+func oneshotParts(w io.Writer, p map[string]Stat) {
+	if len(p) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "  daemon's account (p50 ms): get VM %.0f, exec %.0f, whole request %.0f\n", p["vm"].P50, p["exec"].P50, p["daemon_total"].P50)
+}
+
+func phases(w io.Writer, p map[string]Stat) {
+	var parts []string
+	for _, k := range phaseOrder {
+		if s, ok := p[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, s.P50))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "  %s\n", "phases (p50 ms): "+strings.Join(parts, ", "))
+	}
+}

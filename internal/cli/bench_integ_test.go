@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vmgate/vmgate/internal/bench"
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+// TestBenchExec runs a short exec benchmark through the real binary and
+// checks that every figure was measured (not that it is fast).
+func TestBenchExec(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	bin := binary(t, "vmgated")
+	state := t.TempDir()
+	so, se, code := runCmd(t, nil, bin, "bench", "exec", "--image", img, "--state-dir", state,
+		"--template-dir", testutil.TemplateDir(t), "--runs", "2", "--cold-runs", "1", "--concurrency", "1,2", "--pool", "1", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d\nstderr: %s", code, se)
+	}
+	var r bench.ExecReport
+	if err := json.Unmarshal([]byte(so), &r); err != nil {
+		t.Fatalf("%v\n%s", err, so)
+	}
+	t.Logf("%s", so)
+	for name, s := range map[string]bench.Stat{
+		"cold_boot_ms": r.ColdBootMS, "restore_ms": r.RestoreMS, "restore_first_exec_ms": r.RestoreFirstMS,
+		"oneshot_pool_ms": r.OneshotPoolMS, "oneshot_nopool_ms": r.OneshotNoPoolMS, "session_exec_ms": r.SessionExecMS,
+	} {
+		want := 2
+		if name == "cold_boot_ms" {
+			want = 1
+		}
+		if s.N != want || s.P50 <= 0 || s.P95 < s.P50 || s.Min > s.P50 || s.Max < s.P95 {
+			t.Errorf("%s: %+v", name, s)
+		}
+	}
+	for _, p := range []string{"overlay", "launch", "load_state", "agent", "refresh"} {
+		if r.RestorePhasesMS[p].N != 2 {
+			t.Errorf("restore phase %s missing: %+v", p, r.RestorePhasesMS)
+		}
+	}
+	if len(r.Throughput) != 2 || r.Throughput[1].Concurrency != 2 || r.Throughput[1].PerMinute <= 0 || r.Throughput[0].Commands < 2 {
+		t.Errorf("throughput: %+v", r.Throughput)
+	}
+	if r.IdleRestored.PSSMiB <= 0 || r.IdleRestored.RSSMiB < r.IdleRestored.PSSMiB || r.IdleCold.PSSMiB <= 0 {
+		t.Errorf("memory: %+v %+v", r.IdleRestored, r.IdleCold)
+	}
+	if r.Ratios["cold_over_oneshot_pool"] <= 0 || r.Machine.CPUs <= 0 || r.Machine.QEMU == "" || r.Machine.Accel == "" {
+		t.Errorf("ratios/machine: %+v %+v", r.Ratios, r.Machine)
+	}
+	// The scratch state is gone; the templates stay for the next run.
+	ents, _ := os.ReadDir(state)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "bench-") {
+			t.Errorf("scratch directory left: %s", filepath.Join(state, e.Name()))
+		}
+	}
+	_, se, code = runCmd(t, nil, bin, "bench", "exec", "--image", img, "--runs", "0")
+	if code != 2 || !strings.Contains(se, "at least 1") {
+		t.Errorf("--runs 0: exit %d, %q", code, se)
+	}
+	_, se, code = runCmd(t, nil, bin, "bench", "exec", "--image", img, "--concurrency", "1,x")
+	if code != 2 || !strings.Contains(se, "concurrency") {
+		t.Errorf("--concurrency 1,x: exit %d, %q", code, se)
+	}
+}
