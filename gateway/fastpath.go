@@ -104,7 +104,8 @@ func (f *fastPath) build(k shapeKey, e *shapeEntry) {
 // ready in the pool, "restore": restored now), or nil when the shape has
 // no template yet (the caller boots cold).
 func (f *fastPath) get(ctx context.Context, mem, cpus int, seccomp string) (*vm.VM, string, error) {
-	e := f.entry(shapeKey{mem, cpus, seccomp})
+	k := shapeKey{mem, cpus, seccomp}
+	e := f.entry(k)
 	f.mu.Lock()
 	ready, pool := e.ready, e.pool
 	f.mu.Unlock()
@@ -113,12 +114,39 @@ func (f *fastPath) get(ctx context.Context, mem, cpus int, seccomp string) (*vm.
 	}
 	v, fromPool, err := pool.Get(ctx)
 	if err != nil {
+		if ctx.Err() == nil {
+			f.discard(k, e, err)
+		}
 		return nil, "", err
 	}
 	if fromPool {
 		return v, "pool", nil
 	}
 	return v, "restore", nil
+}
+
+// discard drops a shape whose restore failed: its pool is closed and its
+// template removed, so the next request of the shape starts a rebuild
+// (and boots cold meanwhile).
+func (f *fastPath) discard(k shapeKey, e *shapeEntry, why error) {
+	f.mu.Lock()
+	if f.shapes[k] != e || !e.ready || f.ctx.Err() != nil {
+		f.mu.Unlock()
+		return
+	}
+	delete(f.shapes, k)
+	f.mu.Unlock()
+	f.log.Error("restore from template failed: discarding the template; it is rebuilt on the next request", "template", e.tmpl.String(), "err", why)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		if err := e.pool.Close(); err != nil {
+			f.log.Warn("close pool", "err", err)
+		}
+		if err := e.tmpl.Discard(); err != nil {
+			f.log.Warn("remove template", "err", err)
+		}
+	}()
 }
 
 // stats returns each ready shape's pool counters.

@@ -555,3 +555,65 @@ func TestGateway_FastPath(t *testing.T) {
 		}
 	}
 }
+
+// lockedBuffer collects log output from the daemon's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestGateway_RestoreFailureFallsBack damages the template's state file
+// under a running daemon: the next command still runs, on a cold-booted
+// VM, the failure is logged with its reason, and the template is removed
+// so that it gets rebuilt.
+func TestGateway_RestoreFailureFallsBack(t *testing.T) {
+	tdir := t.TempDir() // damaged below: never the shared templates
+	var logs lockedBuffer
+	d := startDaemon(t, func(c *Config) {
+		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, tdir
+		c.Log = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, &logs), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	waitFor(t, 5*time.Minute, "the template", func() bool {
+		st, err := d.c.Status(ctx)
+		pools, _ := st["pools"].([]any)
+		return err == nil && len(pools) == 1
+	})
+	res, _, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	if res.VMStart != "restore" {
+		t.Fatalf("with a good template: %+v", res)
+	}
+	states, _ := filepath.Glob(filepath.Join(tdir, "*", "state"))
+	if len(states) != 1 {
+		t.Fatalf("template state files: %v", states)
+	}
+	tmplDir := filepath.Dir(states[0])
+	_ = os.Chmod(tmplDir, 0o700)
+	if err := os.WriteFile(states[0], []byte("not a migration stream"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"echo", "still works"}}, nil)
+	if res.ExitCode != 0 || so != "still works\n" || res.VMStart != "boot" {
+		t.Fatalf("after the damage: %+v %q", res, so)
+	}
+	if l := logs.String(); !strings.Contains(l, "restore from template failed") {
+		t.Errorf("the fallback was not logged:\n%s", l)
+	}
+	waitFor(t, time.Minute, "the damaged template to be removed", func() bool {
+		_, err := os.Stat(tmplDir)
+		return errors.Is(err, os.ErrNotExist)
+	})
+}

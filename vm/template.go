@@ -44,7 +44,7 @@ const (
 	templatesDir      = "templates"
 	// templateFormat changes when the template layout or the devices of
 	// the QEMU command line change, so that old templates are rebuilt.
-	templateFormat = 2
+	templateFormat = 3
 )
 
 // TemplateMeta describes a built template.
@@ -63,6 +63,11 @@ type TemplateMeta struct {
 	SaveMillis   int64     `json:"save_ms"`
 	StateBytes   int64     `json:"state_bytes"`
 	RAMDataBytes int64     `json:"ram_data_bytes"` // allocated (non-hole) bytes of the RAM file
+	// SHA-256 of the frozen files (the RAM file's logical content, holes
+	// read as zeros), checked when the template is loaded.
+	OverlaySHA256 string `json:"overlay_sha256"`
+	StateSHA256   string `json:"state_sha256"`
+	RAMSHA256     string `json:"ram_sha256"`
 }
 
 // templateKey names a template by everything a restore depends on: the
@@ -154,29 +159,89 @@ func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 	dir := filepath.Join(root, want.Key)
 	t := &Template{Dir: dir, opts: opts, img: img, accel: accel}
 	meta, err := readTemplateMeta(dir)
+	if err == nil && meta.Key != want.Key {
+		err = fmt.Errorf("template %s: key %s does not match its directory", dir, meta.Key)
+	}
+	if err == nil {
+		t.ram, err = loadRAM(dir, meta)
+	}
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			opts.Log.Warn("template unusable, rebuilding", "dir", dir, "err", err)
 		}
-		if err := os.RemoveAll(dir); err != nil {
+		if err := removeTemplateDir(dir); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
-		meta, err = buildTemplate(ctx, opts, img, accel, want, root)
-		if err != nil {
+		if meta, err = buildTemplate(ctx, opts, img, accel, want, root); err != nil {
 			return nil, err
 		}
 		t.Built = true
-	} else if meta.Key != want.Key {
-		return nil, fmt.Errorf("template %s: key %s does not match its directory", dir, meta.Key)
+		if t.ram, err = loadRAM(dir, meta); err != nil {
+			return nil, err
+		}
 	}
 	t.Meta = *meta
 	if err := removeStaleTemplates(root, want.Key, opts.MemoryMiB, opts.CPUs); err != nil {
 		opts.Log.Warn("remove stale templates", "err", err)
 	}
-	if t.ram, err = sealedCopy(filepath.Join(dir, RAMFile), int64(opts.MemoryMiB)<<20); err != nil {
+	return t, nil
+}
+
+// loadRAM copies the template's RAM into a sealed memfd and checks it.
+func loadRAM(dir string, m *TemplateMeta) (*os.File, error) {
+	size := int64(m.MemoryMiB) << 20
+	ram, err := sealedCopy(filepath.Join(dir, RAMFile), size)
+	if err != nil {
 		return nil, err
 	}
-	return t, nil
+	sum, err := readerSHA256(io.NewSectionReader(ram, 0, size))
+	if err == nil && sum != m.RAMSHA256 {
+		err = fmt.Errorf("RAM sha256 %s, template.json says %s", sum, m.RAMSHA256)
+	}
+	if err != nil {
+		ram.Close()
+		return nil, fmt.Errorf("template %s: %w", dir, err)
+	}
+	return ram, nil
+}
+
+// removeTemplateDir removes a (read-only) template directory.
+func removeTemplateDir(dir string) error {
+	if err := os.Chmod(dir, 0o700); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// verifyTemplateFiles checks the small frozen files against meta.
+func verifyTemplateFiles(dir string, m *TemplateMeta) error {
+	for _, c := range []struct{ file, want string }{{OverlayFile, m.OverlaySHA256}, {TemplateStateFile, m.StateSHA256}} {
+		got, err := fileSHA256(filepath.Join(dir, c.file))
+		if err != nil {
+			return err
+		}
+		if got != c.want {
+			return fmt.Errorf("%s sha256 %s, template.json says %s", c.file, got, c.want)
+		}
+	}
+	return nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return readerSHA256(f)
+}
+
+func readerSHA256(r io.Reader) (string, error) {
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, r, make([]byte, 1<<20)); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func readTemplateMeta(dir string) (*TemplateMeta, error) {
@@ -196,6 +261,9 @@ func readTemplateMeta(dir string) (*TemplateMeta, error) {
 			return nil, fmt.Errorf("template %s: %w", dir, err)
 		}
 	}
+	if err := verifyTemplateFiles(dir, &m); err != nil {
+		return nil, fmt.Errorf("template %s: %w", dir, err)
+	}
 	return &m, nil
 }
 
@@ -213,11 +281,11 @@ func removeStaleTemplates(root, keep string, mem, cpus int) error {
 		}
 		d := filepath.Join(root, e.Name())
 		if strings.HasPrefix(e.Name(), ".build-") {
-			errs = append(errs, os.RemoveAll(d))
+			errs = append(errs, removeTemplateDir(d))
 			continue
 		}
 		if m, err := readTemplateMeta(d); err != nil || (m.MemoryMiB == mem && m.CPUs == cpus) {
-			errs = append(errs, os.RemoveAll(d))
+			errs = append(errs, removeTemplateDir(d))
 		}
 	}
 	return errors.Join(errs...)
@@ -270,6 +338,14 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 		meta.StateBytes = st.Size()
 	}
 	meta.RAMDataBytes = allocatedBytes(filepath.Join(tmp, RAMFile))
+	for _, h := range []struct {
+		file string
+		sum  *string
+	}{{OverlayFile, &meta.OverlaySHA256}, {TemplateStateFile, &meta.StateSHA256}, {RAMFile, &meta.RAMSHA256}} {
+		if *h.sum, err = fileSHA256(filepath.Join(tmp, h.file)); err != nil {
+			return nil, fmt.Errorf("template: %w", err)
+		}
+	}
 	meta.BuiltAt = time.Now().UTC()
 	b, _ := json.MarshalIndent(meta, "", "  ")
 	if err := writeFileSync(filepath.Join(tmp, TemplateMetaFile), append(b, '\n')); err != nil {
@@ -433,6 +509,28 @@ func (t *Template) Close() error {
 	err := t.ram.Close()
 	t.ram = nil
 	return err
+}
+
+// Discard closes the template and removes its directory: a restore from it
+// failed, so it is not trusted any more and the next EnsureTemplate builds
+// it again. Running clones keep their open files.
+func (t *Template) Discard() error {
+	_ = t.Close()
+	lock, err := os.OpenFile(filepath.Join(filepath.Dir(t.Dir), ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("template: %w", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("template: lock: %w", err)
+	}
+	// Only this template's files: a rebuild under the same key may have
+	// replaced them since (it would carry a newer build time).
+	m, err := readTemplateMeta(t.Dir)
+	if err == nil && !m.BuiltAt.Equal(t.Meta.BuiltAt) {
+		return nil
+	}
+	return removeTemplateDir(t.Dir)
 }
 
 // Shape reports the memory and CPUs of the template's VMs.

@@ -2,8 +2,11 @@ package vm
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // TestTemplate_RestoreClones builds a template, restores two clones from
@@ -135,13 +139,16 @@ func TestTemplate_RestoreClones(t *testing.T) {
 func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	p := NewPool(tmpl, opts, 2)
 	defer p.Close()
-	for p.Stats().Ready < 2 {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("pool never filled: %+v", p.Stats())
-		case <-time.After(100 * time.Millisecond):
+	waitFull := func() {
+		for p.Stats().Ready < 2 {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("pool never filled: %+v", p.Stats())
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 	}
+	waitFull()
 	seen := map[string]bool{}
 	for i := 0; i < 2; i++ {
 		v, fromPool, err := p.Get(ctx)
@@ -161,6 +168,7 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	}
 	// Under memory pressure the pool gives its idle VMs back and stops
 	// refilling.
+	waitFull()
 	p.mu.Lock()
 	p.memAvailable = func() (int64, error) { return 0, nil }
 	p.mu.Unlock()
@@ -196,5 +204,98 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	}
 	if err := p0.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTemplate_ImageChangeAndCorruption checks that a template whose files
+// were damaged is refused when loaded, and that a changed image gets a new
+// template that replaces the old one of the same shape.
+func TestTemplate_ImageChangeAndCorruption(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	tdir := t.TempDir() // this test damages templates: never the shared ones
+	opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: tdir}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	t1, err := EnsureTemplate(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1.Close()
+
+	// A damaged state file or RAM file is detected on load.
+	for _, f := range []string{TemplateStateFile, RAMFile} {
+		p := filepath.Join(t1.Dir, f)
+		orig, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = os.Chmod(t1.Dir, 0o700)
+		_ = os.Chmod(p, 0o600)
+		bad := append([]byte(nil), orig...)
+		bad[len(bad)/2] ^= 0xff
+		if err := os.WriteFile(p, bad, 0o400); err != nil {
+			t.Fatal(err)
+		}
+		m, err := readTemplateMeta(t1.Dir)
+		if err == nil {
+			_, err = loadRAM(t1.Dir, m)
+		}
+		if err == nil || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("damaged %s: %v", f, err)
+		}
+		if err := os.WriteFile(p, orig, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A changed image: the same files but a different initramfs (zero
+	// padding after the cpio trailer, which the kernel ignores).
+	img2 := filepath.Join(t.TempDir(), "image")
+	if out, err := exec.Command("cp", "-al", img, img2).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	initrd := filepath.Join(img2, image.InitrdFile)
+	b, err := os.ReadFile(initrd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, make([]byte, 512)...)
+	if err := os.Remove(initrd); err != nil { // a hard link to the real image
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(initrd, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	man, err := image.ReadManifest(img2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	man.Artifacts[image.InitrdFile] = image.Artifact{SHA256: hex.EncodeToString(sum[:]), Size: int64(len(b))}
+	if err := os.Remove(filepath.Join(img2, image.ManifestFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := image.WriteManifest(img2, man); err != nil {
+		t.Fatal(err)
+	}
+	opts.ImageDir = img2
+	t2, err := EnsureTemplate(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2.Close()
+	if !t2.Built || t2.Meta.Key == t1.Meta.Key {
+		t.Fatalf("changed image: built=%v key %s (old %s)", t2.Built, t2.Meta.Key, t1.Meta.Key)
+	}
+	if _, err := os.Stat(t1.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the old image's template of the same shape was kept: %v", err)
+	}
+	v, err := t2.Restore(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if o := run(t, v, ExecRequest{Argv: []string{"true"}}); o.res.ExitCode != 0 {
+		t.Fatalf("clone of the new template: %+v", o.res)
 	}
 }

@@ -363,10 +363,10 @@ func (v *VM) loadState(ctx context.Context) error {
 }
 
 func (v *VM) failedRestore(err error) error {
-	select {
-	case <-v.exited:
+	// QEMU exits when it cannot load the stream; give it a moment so that
+	// the error says why (from its log) rather than "connection reset".
+	if v.isDead() {
 		return v.died("during restore")
-	default:
 	}
 	return fmt.Errorf("restore: %w; %s", err, v.consoleTail())
 }

@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vmgate/vmgate/internal/bench"
+	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -74,4 +76,51 @@ func parseLevels(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// imageWarm builds (or checks) the VM template of one shape ahead of the
+// daemon, which otherwise builds it in the background at start.
+func imageWarm(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("vmgated image warm", flag.ContinueOnError)
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	imgDir := fs.String("image", "", "image directory (default STATE/image)")
+	templateDir := fs.String("template-dir", "", "template directory (default STATE/templates)")
+	mem := fs.Int("memory", vm.DefaultMemoryMiB, "guest memory in MiB")
+	cpus := fs.Int("cpus", vm.DefaultCPUs, "guest CPUs")
+	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto, required or off")
+	level := fs.String("log-level", "info", "log level")
+	lvl, err := parseFlags(fs, args, level)
+	if err != nil {
+		return err
+	}
+	a, err := vm.ParseAccel(*accel)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *imgDir == "" {
+		*imgDir = defaultImageDir(*state)
+	}
+	log := newLogger(os.Stderr, lvl)
+	cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
+	if err != nil {
+		return err
+	}
+	if cgm != nil {
+		defer cgm.Close()
+	}
+	t0 := time.Now()
+	t, err := vm.EnsureTemplate(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, TemplateDir: *templateDir,
+		MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log, Cgroups: cgm})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	how := "up to date"
+	if t.Built {
+		how = "built"
+	}
+	fmt.Printf("%s: %s in %.1f s (%s, boot %d ms, state %d bytes, %d MiB of RAM data)\n", t, how, time.Since(t0).Seconds(), t.Dir,
+		t.Meta.BootMillis, t.Meta.StateBytes, t.Meta.RAMDataBytes>>20)
+	return nil
 }

@@ -69,3 +69,23 @@ func TestBenchExec(t *testing.T) {
 		t.Errorf("--concurrency 1,x: exit %d, %q", code, se)
 	}
 }
+
+// TestImageWarm builds or finds the default shape's template.
+func TestImageWarm(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	bin := binary(t, "vmgated")
+	tdir := testutil.TemplateDir(t)
+	so, se, code := runCmd(t, nil, bin, "image", "warm", "--image", img, "--state-dir", t.TempDir(), "--template-dir", tdir)
+	if code != 0 || !strings.Contains(so, "(512 MiB, 1 CPU)") || !strings.Contains(so, tdir) {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, so, se)
+	}
+	// Now it is there: a second run only checks it.
+	so, se, code = runCmd(t, nil, bin, "image", "warm", "--image", img, "--state-dir", t.TempDir(), "--template-dir", tdir)
+	if code != 0 || !strings.Contains(so, "up to date") {
+		t.Fatalf("second run: exit %d\nstdout: %s\nstderr: %s", code, so, se)
+	}
+	_, se, code = runCmd(t, nil, bin, "image", "warm", "--image", filepath.Join(t.TempDir(), "none"))
+	if code == 0 || !strings.Contains(se, "image build") {
+		t.Fatalf("missing image: exit %d, %s", code, se)
+	}
+}

@@ -25,6 +25,7 @@ const vmgatedUsage = `usage:
   vmgated policy check FILE
   vmgated audit verify FILE
   vmgated image build [--out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
+  vmgated image warm [--image DIR] [--state-dir DIR] [--template-dir DIR] [--memory MiB] [--cpus N]
   vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
                     [--cpus N] [--timeout D] [--user U] [--jail-report] [--seccomp required|off] -- PROG ARGS…
   vmgated bench exec [--image DIR] [--state-dir DIR] [--runs N] [--cold-runs N] [--concurrency 1,2,4]
@@ -54,6 +55,8 @@ func Vmgated(args []string) int {
 		err = auditVerify(args[2:])
 	case "image build":
 		err = imageBuild(ctx, args[2:])
+	case "image warm":
+		err = imageWarm(ctx, args[2:])
 	case "debug run":
 		code, err = debugRun(ctx, args[2:])
 	case "bench exec":
