@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -88,6 +89,9 @@ func Load(path string) (*Policy, error) {
 
 //go:embed default.toml
 var defaultTOML []byte
+
+// DefaultTOML returns the text of the built-in policy.
+func DefaultTOML() []byte { return bytes.Clone(defaultTOML) }
 
 var defaultPolicy = sync.OnceValue(func() *Policy {
 	p, err := Parse("built-in default.toml", defaultTOML)

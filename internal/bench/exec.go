@@ -8,6 +8,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -441,11 +443,18 @@ func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int,
 		return err
 	}
 	sock := filepath.Join(dir, "s.sock")
+	// The built-in policy, with room for the highest concurrency measured
+	// (it allows two VMs per profile).
+	pol := filepath.Join(dir, "policy.toml")
+	text := bytes.Replace(policy.DefaultTOML(), []byte("\nmax_vms = 2\n"), []byte(fmt.Sprintf("\nmax_vms = %d\n", maxVMs(o))), 1)
+	if err := os.WriteFile(pol, text, 0o600); err != nil {
+		return err
+	}
 	ready := make(chan struct{})
 	dctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	cfg := gateway.Config{Socket: sock, SocketMode: 0o600, StateDir: filepath.Join(dir, "state"), ImageDir: o.ImageDir,
-		AuditPath: filepath.Join(dir, "audit.jsonl"), MaxVMs: 8, QueueLen: 16, Accel: o.Accel, AllowRoot: os.Geteuid() == 0,
+		AuditPath: filepath.Join(dir, "audit.jsonl"), MaxVMs: maxVMs(o), QueueLen: 64, PolicyPath: pol, PolicyExplicit: true, Accel: o.Accel, AllowRoot: os.Geteuid() == 0,
 		Log: o.Log, PoolSize: pool, TemplateDir: o.TemplateDir, Ready: func() { close(ready) }}
 	go func() { done <- gateway.Run(dctx, cfg) }()
 	stop := func() error {
@@ -482,6 +491,10 @@ func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int,
 	err := fn(c, waitPool)
 	return errors.Join(err, stop())
 }
+
+// maxVMs is the daemon's and the bench policy's VM limit: the highest
+// concurrency measured.
+func maxVMs(o ExecOptions) int { return max(slices.Max(o.Concurrency), 1) }
 
 // idleMemory lets the VMs settle and reads their QEMUs' RSS and PSS.
 func idleMemory(ctx context.Context, vms []*vm.VM) Memory {

@@ -27,10 +27,23 @@ func benchExec(ctx context.Context, args []string) error {
 	pool := fs.Int("pool", 2, "pool size for the pooled figures")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
 	level := fs.String("log-level", "warn", "log level")
 	lvl, err := parseFlags(fs, args, level)
 	if err != nil {
 		return err
+	}
+	if *from != "" {
+		b, err := os.ReadFile(*from)
+		if err != nil {
+			return err
+		}
+		var rep bench.ExecReport
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return fmt.Errorf("%s: %w", *from, err)
+		}
+		rep.WriteText(os.Stdout)
+		return nil
 	}
 	a, err := vm.ParseAccel(*accel)
 	if err != nil {

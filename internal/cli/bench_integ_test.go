@@ -60,6 +60,15 @@ func TestBenchExec(t *testing.T) {
 			t.Errorf("scratch directory left: %s", filepath.Join(state, e.Name()))
 		}
 	}
+	// The saved JSON renders as the text table.
+	saved := filepath.Join(t.TempDir(), "r.json")
+	if err := os.WriteFile(saved, []byte(so), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	text, se, code := runCmd(t, nil, bin, "bench", "exec", "--report", saved)
+	if code != 0 || !strings.Contains(text, "one-shot `true` via daemon, warm pool") || !strings.Contains(text, "throughput at concurrency 2") {
+		t.Errorf("--report: exit %d\n%s\n%s", code, text, se)
+	}
 	_, se, code = runCmd(t, nil, bin, "bench", "exec", "--image", img, "--runs", "0")
 	if code != 2 || !strings.Contains(se, "at least 1") {
 		t.Errorf("--runs 0: exit %d, %q", code, se)

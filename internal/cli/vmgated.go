@@ -29,7 +29,7 @@ const vmgatedUsage = `usage:
   vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
                     [--cpus N] [--timeout D] [--user U] [--jail-report] [--seccomp required|off] -- PROG ARGS…
   vmgated bench exec [--image DIR] [--state-dir DIR] [--runs N] [--cold-runs N] [--concurrency 1,2,4]
-                     [--pool N] [--json]
+                     [--pool N] [--json | --report FILE]
 `
 
 // Vmgated runs the vmgated command line and returns the process exit code.
