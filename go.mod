@@ -4,7 +4,9 @@ go 1.26.0
 
 require (
 	github.com/BurntSushi/toml v1.6.0
+	github.com/coreos/go-systemd/v22 v22.6.0
 	github.com/creack/pty v1.1.24
+	github.com/miekg/dns v1.1.72
 	github.com/seccomp/libseccomp-golang v0.11.1
 	golang.org/x/crypto v0.59.0
 	golang.org/x/net v0.62.0
@@ -12,4 +14,8 @@ require (
 	golang.org/x/term v0.48.0
 )
 
-require github.com/coreos/go-systemd/v22 v22.6.0 // indirect
+require (
+	golang.org/x/mod v0.31.0 // indirect
+	golang.org/x/sync v0.19.0 // indirect
+	golang.org/x/tools v0.40.0 // indirect
+)

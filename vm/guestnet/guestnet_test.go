@@ -1,0 +1,193 @@
+package guestnet
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+func TestParseRule(t *testing.T) {
+	cases := []struct {
+		in     string
+		ok     bool
+		name   string
+		suffix bool
+		prefix string
+		port   uint16
+	}{
+		{"example.com:443", true, "example.com", false, "", 443},
+		{"Example.COM.:80", true, "example.com", false, "", 80},
+		{"*.wikipedia.org:443", true, "wikipedia.org", true, "", 443},
+		{"example.com:*", true, "example.com", false, "", 0},
+		{"203.0.113.0/24:80", true, "", false, "203.0.113.0/24", 80},
+		{"203.0.113.7:8080", true, "", false, "203.0.113.7/32", 8080},
+		{"[2001:db8::/32]:443", true, "", false, "2001:db8::/32", 443},
+		{"example.com", false, "", false, "", 0},
+		{"example.com:0", false, "", false, "", 0},
+		{"example.com:65536", false, "", false, "", 0},
+		{"*.com:443", false, "", false, "", 0},
+		{"exa mple.com:443", false, "", false, "", 0},
+		{"-bad.com:443", false, "", false, "", 0},
+		{"2001:db8::1:443", false, "", false, "", 0},
+		{":443", false, "", false, "", 0},
+		{"10.0.0.0/33:1", false, "", false, "", 0},
+	}
+	for _, c := range cases {
+		r, err := ParseRule(c.in)
+		if (err == nil) != c.ok {
+			t.Errorf("%q: err %v", c.in, err)
+			continue
+		}
+		if !c.ok {
+			continue
+		}
+		p := ""
+		if r.Prefix.IsValid() {
+			p = r.Prefix.String()
+		}
+		if r.Name != c.name || r.Suffix != c.suffix || p != c.prefix || r.Port != c.port {
+			t.Errorf("%q: got %+v", c.in, r)
+		}
+	}
+}
+
+func TestRulesMatch(t *testing.T) {
+	rs, err := ParseRules([]string{"*.wikipedia.org:443", "example.com:80", "any.test:*", "198.51.100.0/24:443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		port uint16
+		want bool
+	}{
+		{"en.wikipedia.org", 443, true},
+		{"wikipedia.org", 443, false}, // *. matches subdomains only
+		{"en.wikipedia.org", 80, false},
+		{"evilwikipedia.org", 443, false},
+		{"example.com", 80, true},
+		{"example.com", 443, false},
+		{"www.example.com", 80, false},
+		{"any.test", 22, true},
+		{"example.com", 0, true}, // DNS: allowed on some port
+		{"nope.test", 0, false},
+	} {
+		if _, got := rs.AllowsName(c.name, c.port); got != c.want {
+			t.Errorf("%s:%d = %v", c.name, c.port, got)
+		}
+	}
+	if _, ok := rs.AllowsAddr(netip.MustParseAddr("198.51.100.9"), 443); !ok {
+		t.Error("range rule does not match")
+	}
+	if _, ok := rs.AllowsAddr(netip.MustParseAddr("::ffff:198.51.100.9"), 443); !ok {
+		t.Error("range rule does not match the v4-mapped form")
+	}
+	if _, ok := rs.AllowsAddr(netip.MustParseAddr("198.51.100.9"), 80); ok {
+		t.Error("range rule matches another port")
+	}
+	if _, err := ParseRules([]string{"a.test:1", "bad", "also bad:x"}); err == nil {
+		t.Error("bad rules accepted")
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for addr, want := range map[string]bool{ // special?
+		"127.0.0.1": true, "10.1.2.3": true, "172.16.0.1": true, "172.32.0.1": false, "192.168.1.1": true,
+		"100.64.0.1": true, "169.254.169.254": true, "224.0.0.251": true, "255.255.255.255": true, "0.0.0.0": true,
+		"8.8.8.8": false, "198.51.100.10": false, "203.0.113.5": false,
+		"::1": true, "::": true, "fe80::1": true, "fd00::1": true, "ff02::1": true, "2001:4860::8888": false,
+		"::ffff:127.0.0.1": true, "::ffff:8.8.8.8": false, "64:ff9b::a00:1": true, "64:ff9b::808:808": false,
+		"2002:a00:1::": true, "2002:808:808::": false,
+	} {
+		c := Classify(netip.MustParseAddr(addr))
+		if (c != "") != want {
+			t.Errorf("%s: class %q", addr, c)
+		}
+	}
+	if Classify(netip.Addr{}) == "" {
+		t.Error("the zero address is ordinary")
+	}
+}
+
+// clientHello captures the first flight of a real TLS client.
+func clientHello(t testing.TB, serverName string) []byte {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		c := tls.Client(a, &tls.Config{ServerName: serverName, InsecureSkipVerify: true})
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_ = c.Handshake()
+	}()
+	buf := make([]byte, 4096)
+	_ = b.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := b.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf[:n]
+}
+
+func TestSniffName(t *testing.T) {
+	hello := clientHello(t, "Www.Example.COM")
+	if n, p, err := SniffName(hello); err != nil || p != ProtoTLS || n != "www.example.com" {
+		t.Fatalf("tls: %q %q %v", n, p, err)
+	}
+	for i := 0; i < len(hello); i += 7 {
+		if _, _, err := SniffName(hello[:i]); !errors.Is(err, ErrNeedMore) {
+			t.Fatalf("tls prefix %d: %v", i, err)
+		}
+	}
+	ipHello := clientHello(t, "198.51.100.10") // an IP: no SNI is sent
+	if n, p, err := SniffName(ipHello); err != nil || p != ProtoTLS || n != "" {
+		t.Fatalf("tls without SNI: %q %q %v", n, p, err)
+	}
+	for _, c := range []struct {
+		in, name, proto string
+		err             bool
+	}{
+		{"GET / HTTP/1.1\r\nHost: Example.com:8080\r\nUser-Agent: x\r\n\r\n", "example.com", ProtoHTTP, false},
+		{"POST /x HTTP/1.0\r\nhost: a.test\r\n\r\nbody", "a.test", ProtoHTTP, false},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nUser-Agent: x\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "", ProtoHTTP, true},
+		{"GET /\r\n\r\n", "", ProtoHTTP, true},
+		{"SSH-2.0-OpenSSH\r\n", "", ProtoOther, false},
+		{"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", "", ProtoTLS, true},
+	} {
+		n, p, err := SniffName([]byte(c.in))
+		if n != c.name || p != c.proto || (err != nil) != c.err {
+			t.Errorf("%q: %q %q %v", c.in, n, p, err)
+		}
+	}
+	if _, _, err := SniffName([]byte("GET / HTTP/1.1\r\nHost: a.test\r\n")); !errors.Is(err, ErrNeedMore) {
+		t.Errorf("incomplete head: %v", err)
+	}
+}
+
+func FuzzSniffName(f *testing.F) {
+	f.Add(clientHello(f, "a.example.com"))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+	f.Add([]byte{0x16, 3, 1, 0, 4, 1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, _, err := SniffName(b)
+		if err == nil && n != "" && NormalizeName(n) != n {
+			t.Fatalf("returned an unnormalised name %q", n)
+		}
+	})
+}
+
+func FuzzParseRule(f *testing.F) {
+	for _, s := range []string{"example.com:443", "*.a.b:*", "10.0.0.0/8:80", "[::1/128]:1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseRule(s)
+		if err == nil && r.Name == "" && !r.Prefix.IsValid() {
+			t.Fatalf("%q: a rule that matches nothing", s)
+		}
+	})
+}

@@ -1,0 +1,173 @@
+package guestnet
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Rule allows egress to a name pattern or an address range, on one port
+// or all ports. Syntax: "example.com:443", "*.example.com:443" (any
+// subdomain, not the name itself), "example.com:*", "203.0.113.0/24:80",
+// "[2001:db8::/32]:443".
+type Rule struct {
+	Text   string
+	Name   string // lower case, no trailing dot; "" for a range rule
+	Suffix bool   // Name was "*.name": matches subdomains only
+	Prefix netip.Prefix
+	Port   uint16 // 0: any port
+}
+
+// ParseRule parses one allowlist entry.
+func ParseRule(s string) (Rule, error) {
+	r := Rule{Text: s}
+	host, port, err := splitHostPort(s)
+	if err != nil {
+		return r, fmt.Errorf("network rule %q: %w", s, err)
+	}
+	if port != "*" {
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || n == 0 {
+			return r, fmt.Errorf("network rule %q: port %q: want 1-65535 or *", s, port)
+		}
+		r.Port = uint16(n)
+	}
+	if strings.Contains(host, "/") {
+		p, err := netip.ParsePrefix(host)
+		if err != nil {
+			return r, fmt.Errorf("network rule %q: %w", s, err)
+		}
+		r.Prefix = p.Masked()
+		return r, nil
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		r.Prefix = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		return r, nil
+	}
+	name := strings.ToLower(strings.TrimSuffix(host, "."))
+	if rest, ok := strings.CutPrefix(name, "*."); ok {
+		r.Suffix, name = true, rest
+	}
+	if err := checkName(name); err != nil {
+		return r, fmt.Errorf("network rule %q: %w", s, err)
+	}
+	if strings.Count(name, ".") == 0 && r.Suffix {
+		return r, fmt.Errorf("network rule %q: a wildcard needs at least a second-level name (*.example.com)", s)
+	}
+	r.Name = name
+	return r, nil
+}
+
+func splitHostPort(s string) (host, port string, err error) {
+	if strings.HasPrefix(s, "[") {
+		end := strings.Index(s, "]")
+		if end < 0 || !strings.HasPrefix(s[end+1:], ":") {
+			return "", "", errors.New("want [address]:port")
+		}
+		return s[1:end], s[end+2:], nil
+	}
+	i := strings.LastIndex(s, ":")
+	if i <= 0 || i == len(s)-1 {
+		return "", "", errors.New("want host:port (port may be *)")
+	}
+	if strings.Count(s[:i], ":") > 0 {
+		return "", "", errors.New("write IPv6 addresses in brackets: [2001:db8::/32]:443")
+	}
+	return s[:i], s[i+1:], nil
+}
+
+// checkName accepts DNS names of letters, digits, hyphens and dots.
+func checkName(n string) error {
+	if n == "" || len(n) > 253 {
+		return errors.New("empty or too long name")
+	}
+	for _, label := range strings.Split(n, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("bad name label %q", label)
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return fmt.Errorf("bad character %q in name", c)
+			}
+		}
+	}
+	return nil
+}
+
+// NormalizeName lowers a DNS name and drops its trailing dot; it returns
+// "" for a name that is not a valid DNS name.
+func NormalizeName(n string) string {
+	n = strings.ToLower(strings.TrimSuffix(n, "."))
+	if checkName(n) != nil {
+		return ""
+	}
+	return n
+}
+
+// MatchName reports whether the rule allows name (normalised) on port.
+func (r Rule) MatchName(name string, port uint16) bool {
+	if r.Name == "" || (r.Port != 0 && r.Port != port) {
+		return false
+	}
+	if r.Suffix {
+		return strings.HasSuffix(name, "."+r.Name)
+	}
+	return name == r.Name
+}
+
+// MatchAddr reports whether the rule's range allows a on port.
+func (r Rule) MatchAddr(a netip.Addr, port uint16) bool {
+	return r.Prefix.IsValid() && (r.Port == 0 || r.Port == port) && r.Prefix.Contains(a.Unmap())
+}
+
+// Rules is a profile's allowlist.
+type Rules []Rule
+
+// ParseRules parses every entry, reporting all errors.
+func ParseRules(list []string) (Rules, error) {
+	var rs Rules
+	var errs []error
+	for _, s := range list {
+		r, err := ParseRule(s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rs = append(rs, r)
+	}
+	return rs, errors.Join(errs...)
+}
+
+// AllowsName returns the first rule allowing name on port (any port when
+// port is 0: used for DNS, which answers for names allowed on some port).
+func (rs Rules) AllowsName(name string, port uint16) (Rule, bool) {
+	for _, r := range rs {
+		if r.Name == "" {
+			continue
+		}
+		if port == 0 {
+			rr := r
+			rr.Port = 0
+			if rr.MatchName(name, 0) {
+				return r, true
+			}
+			continue
+		}
+		if r.MatchName(name, port) {
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
+
+// AllowsAddr returns the first range rule allowing a on port.
+func (rs Rules) AllowsAddr(a netip.Addr, port uint16) (Rule, bool) {
+	for _, r := range rs {
+		if r.MatchAddr(a, port) {
+			return r, true
+		}
+	}
+	return Rule{}, false
+}
