@@ -8,8 +8,10 @@
 // The jail is configured by the operator and built by vmgated, never by a
 // request.
 //
-// Jail order (each step in jail_linux.go, in this order; a failure aborts
-// before QEMU runs):
+// Jail order (each step in jail_linux.go, in this order, all on one OS
+// thread locked for the purpose — capabilities, no_new_privs and seccomp
+// are per thread, and execve must come from the thread that dropped them;
+// a failure aborts before QEMU runs):
 //
 //  1. The daemon validates the Spec (absolute paths, non-root uid inside,
 //     program present) and starts a re-exec of itself in role "jail-init"

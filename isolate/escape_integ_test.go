@@ -235,3 +235,46 @@ func runWithContext(ctx context.Context, cmd *exec.Cmd) (string, error) {
 		return out.String(), ctx.Err()
 	}
 }
+
+// TestEscape_CapsDroppedEveryTime starts the jail many times and checks
+// that the program never holds a capability or lacks no_new_privs. Both
+// are per thread: the jail once exec'd the program from a thread other
+// than the one that dropped them, which one run in a few caught.
+func TestEscape_CapsDroppedEveryTime(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	testutil.RequiresRoot(t)
+	probe := buildProbe(t)
+	dir := t.TempDir()
+	spec, err := vm.JailSpec([]string{"qemu-system-x86_64"}, dir, []string{img}, vm.AccelTCG, escapeMemMiB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.ReadOnly = append(spec.ReadOnly, probe)
+	report := filepath.Join(dir, "r.json")
+	spec.Argv = []string{probe, "--out", report, "--only", "capeff-zero", "--only", "no-new-privs"}
+	for i := 0; i < 25; i++ {
+		j, err := isolate.Command(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out safeBuf
+		j.Cmd.Stdout, j.Cmd.Stderr = &out, &out
+		if err := j.Start(nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Cmd.Wait(); err != nil {
+			t.Fatalf("run %d: %v\n%s", i, err, out.String())
+		}
+		b, err := os.ReadFile(report)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep attempts.Report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatal(err)
+		}
+		if f := rep.Failures(); len(f) > 0 || len(rep.Results) != 2 {
+			t.Fatalf("run %d: %+v", i, rep.Results)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -118,6 +119,13 @@ func (j *Jail) Start(g *cgroup.Group) error {
 // jailInit is the child: it builds the jail and execs the program. It only
 // returns on error.
 func jailInit(_ []string) error {
+	// Capabilities, securebits, no_new_privs and the seccomp filter belong
+	// to a thread, not to the process: every step below and the final
+	// execve must run on one OS thread, or the program could be exec'd
+	// from a thread that still holds the set-up's capabilities (the escape
+	// suite caught it: CAP_SYS_ADMIN effective in the probe). Never
+	// unlocked: the thread ends in execve.
+	runtime.LockOSThread()
 	f := os.NewFile(specFD, "spec")
 	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	f.Close()
