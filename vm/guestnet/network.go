@@ -1,0 +1,408 @@
+package guestnet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
+	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// The guest's network, as the guest sees it (the addresses QEMU's user
+// network uses, so that guest images need nothing special).
+var (
+	GatewayAddr = netip.MustParseAddr("10.0.2.2")
+	DNSAddr     = netip.MustParseAddr("10.0.2.3")
+	GuestAddr   = netip.MustParseAddr("10.0.2.15")
+	GuestPrefix = netip.MustParsePrefix("10.0.2.0/24")
+	gatewayMAC  = tcpip.LinkAddress("\x52\x55\x0a\x00\x02\x02")
+)
+
+const nicID = 1
+
+// Config is one VM's network policy and plumbing.
+type Config struct {
+	Rules         Rules          // TCP egress allowlist
+	AllowedRanges []netip.Prefix // special ranges allowed anyway (operator's relaxation)
+	Resolve       Resolver       // DNS lookups for allowed names
+	// MaxConns bounds concurrent connections (default 32); MaxBytes the
+	// bytes of all connections in both directions (default 256 MiB).
+	MaxConns int
+	MaxBytes int64
+	// Dial makes the outbound connection (default: a net.Dialer with a
+	// 10 s timeout).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Audit receives one record per connection attempt and DNS query.
+	Audit func(Record)
+	Log   *slog.Logger
+}
+
+// Record is one audited network event.
+type Record struct {
+	Proto    string // "tcp", "udp", "dns"
+	Name     string // the name the guest resolved or claimed
+	Addr     netip.Addr
+	Port     uint16
+	Allowed  bool
+	Rule     string
+	Reason   string
+	BytesOut int64 // guest → world
+	BytesIn  int64 // world → guest
+	Duration time.Duration
+}
+
+// Network is the user-space network of one VM: an Ethernet segment with
+// a gateway and a DNS server, behind which only allowlisted connections
+// are made, by vmgated itself.
+type Network struct {
+	cfg   Config
+	st    *stack.Stack
+	link  *channel.Endpoint
+	dns   *DNS
+	conns atomic.Int64
+	bytes atomic.Int64
+
+	mu    sync.Mutex
+	names map[netip.Addr]map[string]bool // answered by DNS
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New builds the network; Serve connects it to QEMU.
+func New(cfg Config) (*Network, error) {
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 32
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = 256 << 20
+	}
+	if cfg.Dial == nil {
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		cfg.Dial = d.DialContext
+	}
+	if cfg.Audit == nil {
+		cfg.Audit = func(Record) {}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.dns = &DNS{Rules: cfg.Rules, Allowed: cfg.AllowedRanges, Resolve: cfg.Resolve}
+	n.st = stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
+	})
+	n.link = channel.New(512, 1500+header.EthernetMinimumSize, gatewayMAC)
+	if err := n.st.CreateNIC(nicID, ethernet.New(n.link)); err != nil {
+		return nil, fmt.Errorf("guestnet: nic: %s", err)
+	}
+	for _, a := range []netip.Addr{GatewayAddr, DNSAddr} {
+		pa := tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: tcpip.AddrFromSlice(a.AsSlice()).WithPrefix()}
+		pa.AddressWithPrefix.PrefixLen = GuestPrefix.Bits()
+		if err := n.st.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); err != nil {
+			return nil, fmt.Errorf("guestnet: address: %s", err)
+		}
+	}
+	// Accept packets for any destination: every outbound connection of
+	// the guest ends here and is decided by the forwarders.
+	if err := n.st.SetPromiscuousMode(nicID, true); err != nil {
+		return nil, fmt.Errorf("guestnet: %s", err)
+	}
+	if err := n.st.SetSpoofing(nicID, true); err != nil {
+		return nil, fmt.Errorf("guestnet: %s", err)
+	}
+	n.st.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
+	n.st.SetTransportProtocolHandler(tcp.ProtocolNumber, tcp.NewForwarder(n.st, 0, 64, n.tcp).HandlePacket)
+	n.st.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(n.st, n.udp).HandlePacket)
+	return n, nil
+}
+
+// Serve moves frames between the stack and QEMU's stream netdev on conn
+// until either side ends.
+func (n *Network) Serve(conn net.Conn) error {
+	errc := make(chan error, 2)
+	go func() {
+		buf := make([]byte, MaxFrame)
+		for {
+			frame, err := ReadFrame(conn, buf)
+			if err != nil {
+				errc <- err
+				return
+			}
+			pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), frame...))})
+			n.link.InjectInbound(0, pkt)
+			pkt.DecRef()
+		}
+	}()
+	go func() {
+		var out []byte
+		for {
+			pkt := n.link.ReadContext(n.ctx)
+			if pkt == nil {
+				errc <- n.ctx.Err()
+				return
+			}
+			v := pkt.ToView()
+			out = AppendFrame(out[:0], v.AsSlice())
+			v.Release()
+			pkt.DecRef()
+			if _, err := conn.Write(out); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	err := <-errc
+	conn.Close()
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Close stops the network and every connection it carries.
+func (n *Network) Close() {
+	n.cancel()
+	n.st.Close()
+	n.wg.Wait()
+	n.st.Wait()
+}
+
+func toAddr(a tcpip.Address) netip.Addr {
+	ip, _ := netip.AddrFromSlice(a.AsSlice())
+	return ip.Unmap()
+}
+
+// udp serves DNS on the DNS address and refuses everything else.
+func (n *Network) udp(r *udp.ForwarderRequest) {
+	id := r.ID()
+	dst, port := toAddr(id.LocalAddress), id.LocalPort
+	if dst != DNSAddr || port != 53 {
+		n.cfg.Audit(Record{Proto: "udp", Addr: dst, Port: port, Reason: "UDP is not allowed (only DNS to " + DNSAddr.String() + ")"})
+		return
+	}
+	var wq waiter.Queue
+	ep, err := r.CreateEndpoint(&wq)
+	if err != nil {
+		return
+	}
+	conn := gonet.NewUDPConn(&wq, ep)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer conn.Close()
+		buf := make([]byte, maxQuery+1)
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		k, err := conn.Read(buf)
+		if err != nil {
+			return
+		}
+		resp, v := n.dns.Handle(n.ctx, buf[:k])
+		n.remember(v)
+		rec := Record{Proto: "dns", Name: v.Name, Allowed: v.Allowed && len(v.Addrs) > 0, Rule: v.Rule, Reason: v.Reason}
+		if len(v.Addrs) > 0 {
+			rec.Addr = v.Addrs[0]
+		}
+		n.cfg.Audit(rec)
+		if resp != nil {
+			_, _ = conn.Write(resp)
+		}
+	}()
+}
+
+func (n *Network) remember(v DNSVerdict) {
+	if len(v.Addrs) == 0 {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, a := range v.Addrs {
+		if n.names[a] == nil {
+			n.names[a] = map[string]bool{}
+		}
+		n.names[a][v.Name] = true
+	}
+}
+
+// namesFor returns the names the guest resolved to a.
+func (n *Network) namesFor(a netip.Addr) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for name := range n.names[a] {
+		out = append(out, name)
+	}
+	return out
+}
+
+// decide checks a TCP destination before the connection is accepted: by
+// a name the guest resolved to it, or by an address rule.
+func (n *Network) decide(dst netip.Addr, port uint16) (name string, rule Rule, reason string) {
+	if GuestPrefix.Contains(dst) {
+		return "", Rule{}, "the gateway and the guest network are not reachable"
+	}
+	if c := Classify(dst); c != "" && !n.dns.allowedRange(dst) {
+		return "", Rule{}, "address refused: " + c
+	}
+	for _, nm := range n.namesFor(dst) {
+		if r, ok := n.cfg.Rules.AllowsName(nm, port); ok {
+			return nm, r, ""
+		}
+	}
+	if r, ok := n.cfg.Rules.AllowsAddr(dst, port); ok {
+		return "", r, ""
+	}
+	if names := n.namesFor(dst); len(names) > 0 {
+		return names[0], Rule{}, fmt.Sprintf("port %d is not allowed for %s", port, names[0])
+	}
+	return "", Rule{}, "direct connection to an address no allowed name resolved to"
+}
+
+func (n *Network) tcp(r *tcp.ForwarderRequest) {
+	id := r.ID()
+	dst, port := toAddr(id.LocalAddress), id.LocalPort
+	rec := Record{Proto: "tcp", Addr: dst, Port: port}
+	name, rule, reason := n.decide(dst, port)
+	rec.Name = name
+	if reason == "" && n.conns.Load() >= int64(n.cfg.MaxConns) {
+		reason = fmt.Sprintf("connection limit (%d) reached", n.cfg.MaxConns)
+	}
+	if reason == "" && n.bytes.Load() >= n.cfg.MaxBytes {
+		reason = fmt.Sprintf("byte limit (%d) reached", n.cfg.MaxBytes)
+	}
+	if reason != "" {
+		rec.Reason = reason
+		r.Complete(true)
+		n.cfg.Audit(rec)
+		return
+	}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		rec.Reason = "accept: " + terr.String()
+		n.cfg.Audit(rec)
+		return
+	}
+	r.Complete(false)
+	guest := gonet.NewTCPConn(&wq, ep)
+	n.conns.Add(1)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer n.conns.Add(-1)
+		defer guest.Close()
+		t0 := time.Now()
+		rec.Rule = rule.Text
+		rec.Allowed, rec.Reason = n.proxy(guest, &rec, dst, port)
+		rec.Duration = time.Since(t0)
+		n.cfg.Audit(rec)
+	}()
+}
+
+// proxy checks the name the connection claims, dials out and copies both
+// ways; it returns whether the connection was made and why not.
+func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16) (bool, string) {
+	head := make([]byte, 0, 4096)
+	buf := make([]byte, 4096)
+	_ = guest.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var claimed, proto string
+	for {
+		k, err := guest.Read(buf)
+		head = append(head, buf[:k]...)
+		var serr error
+		claimed, proto, serr = SniffName(head)
+		if serr == nil {
+			break
+		}
+		if !errors.Is(serr, ErrNeedMore) {
+			return false, "malformed " + proto + " start: " + serr.Error()
+		}
+		if err != nil || len(head) >= MaxSniff {
+			if len(head) == 0 && err != nil {
+				return false, "the guest sent nothing"
+			}
+			return false, "could not read the name the connection claims"
+		}
+	}
+	_ = guest.SetReadDeadline(time.Time{})
+	if claimed != "" {
+		// TLS SNI or HTTP Host must be a name the guest resolved to this
+		// address and that is allowed on this port: no domain fronting.
+		resolved := false
+		for _, nm := range n.namesFor(dst) {
+			resolved = resolved || nm == claimed
+		}
+		if _, ok := n.cfg.Rules.AllowsName(claimed, port); !ok || (!resolved && rec.Name != "") {
+			return false, fmt.Sprintf("%s name %q does not match the allowed name for %s", proto, claimed, dst)
+		}
+		rec.Name = claimed
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 15*time.Second)
+	out, err := n.cfg.Dial(ctx, "tcp", netip.AddrPortFrom(dst, port).String())
+	cancel()
+	if err != nil {
+		return false, "dial: " + err.Error()
+	}
+	defer out.Close()
+	if _, err := out.Write(head); err != nil {
+		return true, "write: " + err.Error()
+	}
+	rec.BytesOut += int64(len(head))
+	n.bytes.Add(int64(len(head)))
+	done := make(chan struct{}, 2)
+	count := func(dstc, srcc net.Conn, total *int64) {
+		b := make([]byte, 32<<10)
+		for {
+			k, err := srcc.Read(b)
+			if k > 0 {
+				atomic.AddInt64(total, int64(k))
+				if n.bytes.Add(int64(k)) > n.cfg.MaxBytes {
+					break
+				}
+				if _, werr := dstc.Write(b[:k]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		if c, ok := dstc.(interface{ CloseWrite() error }); ok {
+			_ = c.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go count(out, guest, &rec.BytesOut)
+	go count(guest, out, &rec.BytesIn)
+	select {
+	case <-done:
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+		}
+	case <-n.ctx.Done():
+	}
+	return true, ""
+}

@@ -1,0 +1,282 @@
+package guestnet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
+	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+)
+
+// guest is a second, real TCP/IP stack playing the VM: it is wired to the
+// Network through QEMU's stream framing over a socket pair.
+type guest struct {
+	st     *stack.Stack
+	cancel context.CancelFunc
+}
+
+func newGuest(t *testing.T, conn net.Conn) *guest {
+	t.Helper()
+	st := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
+	})
+	link := channel.New(512, 1514, tcpip.LinkAddress("\x52\x54\x00\x12\x34\x56"))
+	if err := st.CreateNIC(1, ethernet.New(link)); err != nil {
+		t.Fatal(err)
+	}
+	addr := tcpip.AddrFromSlice(GuestAddr.AsSlice()).WithPrefix()
+	addr.PrefixLen = 24
+	if err := st.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: addr}, stack.AddressProperties{}); err != nil {
+		t.Fatal(err)
+	}
+	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{10, 0, 2, 0}), tcpip.MaskFromBytes([]byte{255, 255, 255, 0}))
+	st.SetRouteTable([]tcpip.Route{
+		{Destination: sub, NIC: 1},
+		{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFromSlice(GatewayAddr.AsSlice()), NIC: 1},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		buf := make([]byte, MaxFrame)
+		for {
+			f, err := ReadFrame(conn, buf)
+			if err != nil {
+				return
+			}
+			pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), f...))})
+			link.InjectInbound(0, pkt)
+			pkt.DecRef()
+		}
+	}()
+	go func() {
+		for {
+			pkt := link.ReadContext(ctx)
+			if pkt == nil {
+				return
+			}
+			v := pkt.ToView()
+			_, err := conn.Write(AppendFrame(nil, v.AsSlice()))
+			v.Release()
+			pkt.DecRef()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	g := &guest{st: st, cancel: cancel}
+	t.Cleanup(func() { cancel(); st.Close() })
+	return g
+}
+
+func (g *guest) resolve(t *testing.T, name string) (int, []netip.Addr) {
+	t.Helper()
+	c, err := gonet.DialUDP(g.st, nil, &tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(DNSAddr.AsSlice()), Port: 53}, ipv4.ProtocolNumber)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := new(dns.Msg)
+	m.SetQuestion(name+".", dns.TypeA)
+	b, _ := m.Pack()
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 4096)
+	k, err := c.Read(buf)
+	if err != nil {
+		t.Fatalf("dns %s: %v", name, err)
+	}
+	var r dns.Msg
+	if err := r.Unpack(buf[:k]); err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			ip, _ := netip.AddrFromSlice(a.A.To4())
+			out = append(out, ip)
+		}
+	}
+	return r.Rcode, out
+}
+
+// fetch sends an HTTP request with host to addr and returns the response
+// (or the error the connection ended with).
+func (g *guest) fetch(addr netip.AddrPort, host string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c, err := gonet.DialContextTCP(ctx, g.st, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(addr.Addr().AsSlice()), Port: addr.Port()}, ipv4.ProtocolNumber)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host); err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+type auditLog struct {
+	mu   sync.Mutex
+	recs []Record
+}
+
+func (a *auditLog) add(r Record) { a.mu.Lock(); a.recs = append(a.recs, r); a.mu.Unlock() }
+
+func (a *auditLog) find(f func(Record) bool) (Record, bool) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		for _, r := range a.recs {
+			if f(r) {
+				a.mu.Unlock()
+				return r, true
+			}
+		}
+		a.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return Record{}, false
+}
+
+func startNetwork(t *testing.T, cfg Config) (*guest, *auditLog) {
+	t.Helper()
+	log := &auditLog{}
+	cfg.Audit = log.add
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := net.Pipe()
+	go func() { _ = n.Serve(a) }()
+	t.Cleanup(func() { b.Close(); n.Close() })
+	return newGuest(t, b), log
+}
+
+func TestNetwork(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello %s", r.Host)
+	}))
+	defer srv.Close()
+	// The test "internet": names resolve to a documentation address
+	// (TEST-NET-2, an ordinary public unicast address to the rules), and
+	// the daemon-side dial of that address reaches the local test server.
+	real := netip.MustParseAddrPort(strings.TrimPrefix(srv.URL, "http://"))
+	port := real.Port()
+	public := netip.MustParseAddr("198.51.100.10")
+	sp := netip.AddrPortFrom(public, port)
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr != sp.String() {
+			return nil, fmt.Errorf("test dial: unexpected %s", addr)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, real.String())
+	}
+	table := map[string]string{"allowed.test": "198.51.100.10", "other.test": "198.51.100.10", "denied.test": "198.51.100.10", "private.test": "10.1.2.3"}
+	resolve := func(_ context.Context, name string) ([]netip.Addr, error) {
+		if a, ok := table[name]; ok {
+			return []netip.Addr{netip.MustParseAddr(a)}, nil
+		}
+		return nil, fmt.Errorf("no such name %s", name)
+	}
+	rules, err := ParseRules([]string{fmt.Sprintf("allowed.test:%d", port), "other.test:1", fmt.Sprintf("private.test:%d", port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, audit := startNetwork(t, Config{Rules: rules, Resolve: resolve, Dial: dial})
+
+	t.Run("allowed name and port", func(t *testing.T) {
+		rc, addrs := g.resolve(t, "allowed.test")
+		if rc != dns.RcodeSuccess || len(addrs) != 1 || addrs[0] != sp.Addr() {
+			t.Fatalf("dns: rcode %d %v", rc, addrs)
+		}
+		body, err := g.fetch(sp, "allowed.test")
+		if err != nil || !strings.Contains(body, "200 OK") || !strings.Contains(body, "hello allowed.test") {
+			t.Fatalf("fetch: %v %q", err, body)
+		}
+		r, ok := audit.find(func(r Record) bool { return r.Proto == "tcp" && r.Allowed })
+		if !ok || r.Name != "allowed.test" || r.BytesIn == 0 || r.BytesOut == 0 || r.Rule == "" {
+			t.Fatalf("audit: %+v", r)
+		}
+	})
+	t.Run("host header must be the resolved, allowed name", func(t *testing.T) {
+		g.resolve(t, "other.test") // resolves (allowed on port 1) to the same address
+		body, _ := g.fetch(sp, "other.test")
+		if strings.Contains(body, "hello") {
+			t.Fatalf("fronted request got through: %q", body)
+		}
+		if _, ok := audit.find(func(r Record) bool {
+			return r.Proto == "tcp" && !r.Allowed && strings.Contains(r.Reason, "does not match")
+		}); !ok {
+			t.Fatal("no audit record of the mismatch")
+		}
+	})
+	t.Run("name not on the allowlist", func(t *testing.T) {
+		if rc, _ := g.resolve(t, "denied.test"); rc != dns.RcodeNameError {
+			t.Fatalf("rcode %d", rc)
+		}
+		if _, ok := audit.find(func(r Record) bool { return r.Proto == "dns" && r.Name == "denied.test" && !r.Allowed }); !ok {
+			t.Fatal("no audit record")
+		}
+	})
+	t.Run("gateway unreachable", func(t *testing.T) {
+		if _, err := g.fetch(netip.AddrPortFrom(GatewayAddr, 22), "allowed.test"); err == nil {
+			t.Fatal("connected to the gateway")
+		}
+	})
+	t.Run("udp refused", func(t *testing.T) {
+		c, err := gonet.DialUDP(g.st, nil, &tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4([4]byte{198, 51, 100, 1}), Port: 9999}, ipv4.ProtocolNumber)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte("x"))
+		c.Close()
+		if _, ok := audit.find(func(r Record) bool { return r.Proto == "udp" && r.Port == 9999 && !r.Allowed }); !ok {
+			t.Fatal("no audit record of the refused datagram")
+		}
+	})
+
+	t.Run("allowed name on a private address refused", func(t *testing.T) {
+		if rc, addrs := g.resolve(t, "private.test"); rc != dns.RcodeRefused || len(addrs) != 0 {
+			t.Fatalf("dns of a name on a private address: rcode %d %v", rc, addrs)
+		}
+		if _, err := g.fetch(netip.AddrPortFrom(netip.MustParseAddr("10.1.2.3"), port), "private.test"); err == nil {
+			t.Fatal("connected to a private address")
+		}
+		if _, ok := audit.find(func(r Record) bool { return r.Proto == "tcp" && strings.Contains(r.Reason, "private") }); !ok {
+			t.Fatal("no audit record")
+		}
+	})
+	// A fresh network: the guest never resolved anything.
+	g3, audit3 := startNetwork(t, Config{Rules: rules, Resolve: resolve, Dial: dial})
+	t.Run("direct IP refused without a name", func(t *testing.T) {
+		if _, err := g3.fetch(sp, "allowed.test"); err == nil {
+			t.Fatal("connected to an address the guest never resolved")
+		}
+		if _, ok := audit3.find(func(r Record) bool { return r.Proto == "tcp" && strings.Contains(r.Reason, "direct connection") }); !ok {
+			t.Fatal("no audit record")
+		}
+	})
+}
