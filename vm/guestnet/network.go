@@ -135,7 +135,48 @@ func New(cfg Config) (*Network, error) {
 	n.st.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
 	n.st.SetTransportProtocolHandler(tcp.ProtocolNumber, tcp.NewForwarder(n.st, 0, 64, n.tcp).HandlePacket)
 	n.st.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(n.st, n.udp).HandlePacket)
+	if err := n.startDHCP(); err != nil {
+		n.st.Close()
+		return nil, err
+	}
 	return n, nil
+}
+
+// startDHCP serves DHCP on port 67: the guest is always offered GuestAddr.
+func (n *Network) startDHCP() error {
+	var wq waiter.Queue
+	ep, terr := n.st.NewEndpoint(udp.ProtocolNumber, ipv4.ProtocolNumber, &wq)
+	if terr != nil {
+		return fmt.Errorf("guestnet: dhcp: %s", terr)
+	}
+	ep.SocketOptions().SetBroadcast(true)
+	if terr := ep.Bind(tcpip.FullAddress{NIC: nicID, Port: 67}); terr != nil {
+		ep.Close()
+		return fmt.Errorf("guestnet: dhcp: %s", terr)
+	}
+	conn := gonet.NewUDPConn(&wq, ep)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		go func() { <-n.ctx.Done(); conn.Close() }()
+		buf := make([]byte, 1500)
+		bcast := &net.UDPAddr{IP: net.IPv4bcast, Port: 68}
+		for {
+			k, _, err := conn.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			m, err := parseDHCP(buf[:k])
+			if err != nil {
+				n.cfg.Log.Debug("guestnet: dhcp", "err", err)
+				continue
+			}
+			if r := dhcpReply(m); r != nil {
+				_, _ = conn.WriteTo(r, bcast)
+			}
+		}
+	}()
+	return nil
 }
 
 // Serve moves frames between the stack and QEMU's stream netdev on conn

@@ -25,6 +25,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
 )
 
 // guest is a second, real TCP/IP stack playing the VM: it is wired to the
@@ -239,6 +240,32 @@ func TestNetwork(t *testing.T) {
 		}
 		if _, ok := audit.find(func(r Record) bool { return r.Proto == "dns" && r.Name == "denied.test" && !r.Allowed }); !ok {
 			t.Fatal("no audit record")
+		}
+	})
+	t.Run("dhcp", func(t *testing.T) {
+		var wq waiter.Queue
+		ep, terr := g.st.NewEndpoint(udp.ProtocolNumber, ipv4.ProtocolNumber, &wq)
+		if terr != nil {
+			t.Fatal(terr)
+		}
+		ep.SocketOptions().SetBroadcast(true)
+		if terr := ep.Bind(tcpip.FullAddress{NIC: 1, Port: 68}); terr != nil {
+			t.Fatal(terr)
+		}
+		c := gonet.NewUDPConn(&wq, ep)
+		defer c.Close()
+		if _, err := c.WriteTo(dhcpPacket(dhcpDiscover), &net.UDPAddr{IP: net.IPv4bcast, Port: 67}); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 1500)
+		k, _, err := c.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := parseReply(buf[:k])
+		if err != nil || m.msgType != dhcpOffer || netip.AddrFrom4([4]byte(buf[16:20])) != GuestAddr {
+			t.Fatalf("offer: %+v %v", m, err)
 		}
 	})
 	t.Run("gateway unreachable", func(t *testing.T) {
