@@ -179,7 +179,7 @@ const qemuOverhead = 1 << 30
 const jailProcesses = 256
 
 // jailedCommand returns the jail that runs argv.
-func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string, incoming bool, files ...*os.File) (*isolate.Jail, error) {
+func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string, incoming, network bool, files ...*os.File) (*isolate.Jail, error) {
 	spec, err := JailSpec(argv, vmDir, readOnly, accel, memMiB)
 	if err != nil {
 		return nil, err
@@ -188,5 +188,6 @@ func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, 
 		spec.Seccomp = seccomp
 	}
 	spec.SeccompIncoming = incoming
+	spec.SeccompNetwork = network
 	return isolate.Command(spec, files...)
 }

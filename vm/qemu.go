@@ -83,7 +83,17 @@ type LaunchSpec struct {
 	// Incoming starts QEMU waiting for a migration stream (-incoming
 	// defer); the stream is given later with QMP migrate-incoming.
 	Incoming bool
+	// Network adds one virtio NIC whose frames go to vmgated's user-space
+	// network over the Unix socket NetSocket in the VM directory (QEMU
+	// connects to it; vmgated listens). Without it the VM has no NIC.
+	Network bool
 }
+
+// NetSocket is the VM's network socket (vmgated listens, QEMU connects).
+const NetSocket = "net.sock"
+
+// GuestMAC is the MAC address of a VM's NIC (each VM has its own segment).
+const GuestMAC = "52:54:00:12:34:56"
 
 // Cmdline returns the QEMU argv for s (argv[0] is the binary). It is pure:
 // no file is touched.
@@ -111,7 +121,10 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 			return nil, fmt.Errorf("qemu cmdline: path %q contains a comma or newline", p)
 		}
 	}
-	for _, sock := range []string{AgentSocket, QMPSocket} {
+	if s.Probe && s.Network {
+		return nil, errors.New("qemu cmdline: a probe boot has no network")
+	}
+	for _, sock := range []string{AgentSocket, QMPSocket, NetSocket} {
 		p := filepath.Join(s.Dir, sock)
 		if len(p) >= maxSunPath {
 			return nil, fmt.Errorf("qemu cmdline: socket path %s is %d bytes, the limit is %d: use a shorter state directory", p, len(p), maxSunPath-1)
@@ -165,6 +178,12 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 			"-device", "virtio-serial-device,max_ports=2",
 			"-device", "virtserialport,chardev=agent,name=vmgate.agent",
 			"-qmp", "unix:"+j(QMPSocket)+",server=on,wait=off",
+		)
+	}
+	if s.Network {
+		argv = append(argv,
+			"-netdev", "stream,id=net0,server=off,addr.type=unix,addr.path="+j(NetSocket),
+			"-device", "virtio-net-device,netdev=net0,mac="+GuestMAC,
 		)
 	}
 	if s.RAMPath != "" {

@@ -26,7 +26,9 @@ func TestCmdlineGolden(t *testing.T) {
 	template.RAMPath, template.RAMShared = filepath.Join(template.Dir, "ram"), true
 	clone := baseSpec()
 	clone.RAMPath, clone.Incoming = "/proc/self/fd/4", true
-	for name, s := range map[string]LaunchSpec{"tcg": baseSpec(), "kvm": kvm, "probe": probe, "template": template, "clone": clone} {
+	netSpec := baseSpec()
+	netSpec.Network = true
+	for name, s := range map[string]LaunchSpec{"tcg": baseSpec(), "kvm": kvm, "probe": probe, "template": template, "clone": clone, "net": netSpec} {
 		t.Run(name, func(t *testing.T) {
 			argv, err := s.Cmdline()
 			if err != nil {
@@ -82,6 +84,7 @@ func TestCmdlineRejects(t *testing.T) {
 		"comma in ram":    func(s *LaunchSpec) { s.RAMPath = "/a,share=on" },
 		"probe with ram":  func(s *LaunchSpec) { s.Probe, s.RAMPath = true, "/ram" },
 		"probe incoming":  func(s *LaunchSpec) { s.Probe, s.Incoming = true, true },
+		"probe network":   func(s *LaunchSpec) { s.Probe, s.Network = true, true },
 	}
 	for name, mod := range cases {
 		s := baseSpec()

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/image"
 )
 
@@ -58,6 +59,7 @@ type TemplateMeta struct {
 	CPUs         int       `json:"cpus"`
 	Accel        Accel     `json:"accel"`
 	QEMUVersion  string    `json:"qemu_version"`
+	Network      bool      `json:"network"` // the VM has a NIC
 	BuiltAt      time.Time `json:"built_at"`
 	BootMillis   int64     `json:"boot_ms"`
 	SaveMillis   int64     `json:"save_ms"`
@@ -75,8 +77,8 @@ type TemplateMeta struct {
 // is pure.
 func templateKey(m TemplateMeta) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\naccel=%s\nqemu=%s\n",
-		templateFormat, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.Accel, m.QEMUVersion)
+	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\naccel=%s\nqemu=%s\nnetwork=%v\n",
+		templateFormat, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.Accel, m.QEMUVersion, m.Network)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -118,6 +120,12 @@ func QEMUVersion(qemu string) (string, error) {
 // templates of the same shape are removed.
 func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 	opts.setDefaults()
+	if opts.Network != nil {
+		// Clones of a template with a NIC fail their first SSH handshake
+		// here (the agent's output is garbled after the banner); until
+		// that is understood, VMs with a network boot cold.
+		return nil, errors.New("template: VMs with a network are not restored from templates yet; they boot cold")
+	}
 	img, accel, err := prepare(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -133,7 +141,7 @@ func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 	want := TemplateMeta{
 		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
 		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
-		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, QEMUVersion: qv,
+		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
 	}
 	want.Key = templateKey(want)
 	root := opts.TemplateDir
@@ -181,7 +189,7 @@ func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 		}
 	}
 	t.Meta = *meta
-	if err := removeStaleTemplates(root, want.Key, opts.MemoryMiB, opts.CPUs); err != nil {
+	if err := removeStaleTemplates(root, want.Key, opts.MemoryMiB, opts.CPUs, want.Network); err != nil {
 		opts.Log.Warn("remove stale templates", "err", err)
 	}
 	return t, nil
@@ -269,7 +277,7 @@ func readTemplateMeta(dir string) (*TemplateMeta, error) {
 
 // removeStaleTemplates removes templates of the same shape with another
 // key (older image or QEMU) and unfinished builds.
-func removeStaleTemplates(root, keep string, mem, cpus int) error {
+func removeStaleTemplates(root, keep string, mem, cpus int, network bool) error {
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return err
@@ -284,7 +292,7 @@ func removeStaleTemplates(root, keep string, mem, cpus int) error {
 			errs = append(errs, removeTemplateDir(d))
 			continue
 		}
-		if m, err := readTemplateMeta(d); err != nil || (m.MemoryMiB == mem && m.CPUs == cpus) {
+		if m, err := readTemplateMeta(d); err != nil || (m.MemoryMiB == mem && m.CPUs == cpus && m.Network == network) {
 			errs = append(errs, removeTemplateDir(d))
 		}
 	}
@@ -295,7 +303,12 @@ func removeStaleTemplates(root, keep string, mem, cpus int) error {
 // saves its device state and moves the files into root/<key>.
 func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Accel, meta TemplateMeta, root string) (*TemplateMeta, error) {
 	log := opts.Log.With("template", meta.Key)
-	log.Info("building VM template", "memory_mib", meta.MemoryMiB, "cpus", meta.CPUs, "accel", accel)
+	log.Info("building VM template", "memory_mib", meta.MemoryMiB, "cpus", meta.CPUs, "accel", accel, "network", meta.Network)
+	if opts.Network != nil {
+		// The template's guest gets its DHCP lease while it boots, and
+		// nothing else: no name resolves, no connection is made.
+		opts.Network = &guestnet.Config{Log: opts.Log}
+	}
 	v, err := start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: []string{filepath.Dir(img.base)}, ram: ramSharedFile})
 	if err != nil {
 		return nil, fmt.Errorf("template boot: %w", err)
@@ -551,7 +564,11 @@ func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
 	if opts.Log != nil {
 		o.Log = opts.Log
 	}
-	o.Seccomp, o.Cgroups = opts.Seccomp, opts.Cgroups
+	o.Seccomp, o.Cgroups, o.Background = opts.Seccomp, opts.Cgroups, opts.Background
+	if (opts.Network != nil) != t.Meta.Network {
+		return nil, fmt.Errorf("restore: the template was built %s a network, the VM wants it %s", with(t.Meta.Network), with(opts.Network != nil))
+	}
+	o.Network = opts.Network
 	if opts.BootTimeout > 0 {
 		o.BootTimeout = opts.BootTimeout
 	}
@@ -567,6 +584,13 @@ func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
 		files:    []*os.File{t.ram, state},
 		restore:  true,
 	})
+}
+
+func with(b bool) string {
+	if b {
+		return "with"
+	}
+	return "without"
 }
 
 // String describes the template for logs.

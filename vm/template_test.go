@@ -16,6 +16,7 @@ func TestTemplateKey(t *testing.T) {
 		"cpus":   func(m *TemplateMeta) { m.CPUs = 2 },
 		"accel":  func(m *TemplateMeta) { m.Accel = AccelKVM },
 		"qemu":   func(m *TemplateMeta) { m.QEMUVersion = "q2" },
+		"nic":    func(m *TemplateMeta) { m.Network = true },
 	} {
 		m := base
 		mod(&m)

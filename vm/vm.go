@@ -26,6 +26,7 @@ import (
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/vm/agentproto"
+	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/image"
 )
 
@@ -61,6 +62,11 @@ type Options struct {
 	Cgroups *cgroup.Manager
 	// TemplateDir holds VM templates (default StateDir/templates).
 	TemplateDir string
+	// Network, when set, gives the VM a NIC on its own user-space network
+	// (package guestnet) with this policy; nil: no NIC at all. The
+	// policy can be replaced later (VM.Network().SetPolicy), as the pool
+	// does when it hands a VM out.
+	Network *guestnet.Config
 	// Background starts the VM at the lowest CPU weight (with cgroups),
 	// so that a pool refilling itself takes only CPU time the VMs running
 	// commands leave; Foreground restores the normal weight.
@@ -110,6 +116,7 @@ type VM struct {
 	client   *ssh.Client
 	bootTime time.Duration
 	cgroup   *cgroup.Group // nil without cgroups
+	net      *guestnet.Network
 	phases   []Phase
 
 	mu       sync.Mutex
@@ -251,11 +258,17 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 		spec.RAMPath = "/proc/self/fd/4"
 	}
 	spec.Incoming = m.restore
+	spec.Network = opts.Network != nil
 	argv, err := spec.Cmdline()
 	if err != nil {
 		return nil, err
 	}
-	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, m.files...)
+	if opts.Network != nil {
+		if err := v.startNetwork(*opts.Network); err != nil {
+			return nil, err
+		}
+	}
+	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, spec.Network, m.files...)
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +326,46 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 	}
 	return v, nil
 }
+
+// startNetwork builds the VM's user-space network and listens on its
+// socket; QEMU connects when it starts.
+func (v *VM) startNetwork(cfg guestnet.Config) error {
+	if cfg.Log == nil {
+		cfg.Log = v.log
+	}
+	n, err := guestnet.New(cfg)
+	if err != nil {
+		return fmt.Errorf("start vm: %w", err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(v.Dir, NetSocket))
+	if err != nil {
+		n.Close()
+		return fmt.Errorf("start vm: network socket: %w", err)
+	}
+	v.net = n
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		ln.Close()
+		if err != nil {
+			return
+		}
+		if err := n.Serve(c); err != nil {
+			v.log.Debug("network ended", "err", err)
+		}
+	}()
+	v.push(func() error {
+		ln.Close()
+		n.Close()
+		<-served
+		return nil
+	})
+	return nil
+}
+
+// Network is the VM's user-space network, or nil when it has no NIC.
+func (v *VM) Network() *guestnet.Network { return v.net }
 
 func phasesString(ps []Phase) string {
 	var b strings.Builder

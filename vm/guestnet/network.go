@@ -42,7 +42,7 @@ const nicID = 1
 type Config struct {
 	Rules         Rules          // TCP egress allowlist
 	AllowedRanges []netip.Prefix // special ranges allowed anyway (operator's relaxation)
-	Resolve       Resolver       // DNS lookups for allowed names
+	Resolve       Resolver       // DNS lookups for allowed names (default: the host's resolver)
 	// MaxConns bounds concurrent connections (default 32); MaxBytes the
 	// bytes of all connections in both directions (default 256 MiB).
 	MaxConns int
@@ -73,10 +73,10 @@ type Record struct {
 // a gateway and a DNS server, behind which only allowlisted connections
 // are made, by vmgated itself.
 type Network struct {
-	cfg   Config
+	cfg   Config // plumbing: Resolve, Dial, Log
+	pol   atomic.Pointer[policyState]
 	st    *stack.Stack
 	link  *channel.Endpoint
-	dns   *DNS
 	conns atomic.Int64
 	bytes atomic.Int64
 
@@ -87,6 +87,38 @@ type Network struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
+
+// Policy is what a network allows; it can change while the network runs
+// (a pooled VM gets its request's policy when it is handed out).
+type Policy struct {
+	Rules         Rules
+	AllowedRanges []netip.Prefix
+	MaxConns      int
+	MaxBytes      int64
+	Audit         func(Record)
+}
+
+type policyState struct {
+	Policy
+	dns *DNS
+}
+
+// SetPolicy replaces the network's policy for new DNS queries and
+// connections; connections already made keep running.
+func (n *Network) SetPolicy(p Policy) {
+	if p.MaxConns == 0 {
+		p.MaxConns = 32
+	}
+	if p.MaxBytes == 0 {
+		p.MaxBytes = 256 << 20
+	}
+	if p.Audit == nil {
+		p.Audit = func(Record) {}
+	}
+	n.pol.Store(&policyState{Policy: p, dns: &DNS{Rules: p.Rules, Allowed: p.AllowedRanges, Resolve: n.cfg.Resolve}})
+}
+
+func (n *Network) p() *policyState { return n.pol.Load() }
 
 // New builds the network; Serve connects it to QEMU.
 func New(cfg Config) (*Network, error) {
@@ -100,15 +132,17 @@ func New(cfg Config) (*Network, error) {
 		d := &net.Dialer{Timeout: 10 * time.Second}
 		cfg.Dial = d.DialContext
 	}
-	if cfg.Audit == nil {
-		cfg.Audit = func(Record) {}
+	if cfg.Resolve == nil {
+		cfg.Resolve = func(ctx context.Context, name string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
 	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.dns = &DNS{Rules: cfg.Rules, Allowed: cfg.AllowedRanges, Resolve: cfg.Resolve}
+	n.SetPolicy(Policy{Rules: cfg.Rules, AllowedRanges: cfg.AllowedRanges, MaxConns: cfg.MaxConns, MaxBytes: cfg.MaxBytes, Audit: cfg.Audit})
 	n.st = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
@@ -240,7 +274,7 @@ func (n *Network) udp(r *udp.ForwarderRequest) {
 	id := r.ID()
 	dst, port := toAddr(id.LocalAddress), id.LocalPort
 	if dst != DNSAddr || port != 53 {
-		n.cfg.Audit(Record{Proto: "udp", Addr: dst, Port: port, Reason: "UDP is not allowed (only DNS to " + DNSAddr.String() + ")"})
+		n.p().Audit(Record{Proto: "udp", Addr: dst, Port: port, Reason: "UDP is not allowed (only DNS to " + DNSAddr.String() + ")"})
 		return
 	}
 	var wq waiter.Queue
@@ -259,13 +293,13 @@ func (n *Network) udp(r *udp.ForwarderRequest) {
 		if err != nil {
 			return
 		}
-		resp, v := n.dns.Handle(n.ctx, buf[:k])
+		resp, v := n.p().dns.Handle(n.ctx, buf[:k])
 		n.remember(v)
 		rec := Record{Proto: "dns", Name: v.Name, Allowed: v.Allowed && len(v.Addrs) > 0, Rule: v.Rule, Reason: v.Reason}
 		if len(v.Addrs) > 0 {
 			rec.Addr = v.Addrs[0]
 		}
-		n.cfg.Audit(rec)
+		n.p().Audit(rec)
 		if resp != nil {
 			_, _ = conn.Write(resp)
 		}
@@ -303,15 +337,15 @@ func (n *Network) decide(dst netip.Addr, port uint16) (name string, rule Rule, r
 	if GuestPrefix.Contains(dst) {
 		return "", Rule{}, "the gateway and the guest network are not reachable"
 	}
-	if c := Classify(dst); c != "" && !n.dns.allowedRange(dst) {
+	if c := Classify(dst); c != "" && !n.p().dns.allowedRange(dst) {
 		return "", Rule{}, "address refused: " + c
 	}
 	for _, nm := range n.namesFor(dst) {
-		if r, ok := n.cfg.Rules.AllowsName(nm, port); ok {
+		if r, ok := n.p().Rules.AllowsName(nm, port); ok {
 			return nm, r, ""
 		}
 	}
-	if r, ok := n.cfg.Rules.AllowsAddr(dst, port); ok {
+	if r, ok := n.p().Rules.AllowsAddr(dst, port); ok {
 		return "", r, ""
 	}
 	if names := n.namesFor(dst); len(names) > 0 {
@@ -326,16 +360,16 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 	rec := Record{Proto: "tcp", Addr: dst, Port: port}
 	name, rule, reason := n.decide(dst, port)
 	rec.Name = name
-	if reason == "" && n.conns.Load() >= int64(n.cfg.MaxConns) {
-		reason = fmt.Sprintf("connection limit (%d) reached", n.cfg.MaxConns)
+	if reason == "" && n.conns.Load() >= int64(n.p().MaxConns) {
+		reason = fmt.Sprintf("connection limit (%d) reached", n.p().MaxConns)
 	}
-	if reason == "" && n.bytes.Load() >= n.cfg.MaxBytes {
-		reason = fmt.Sprintf("byte limit (%d) reached", n.cfg.MaxBytes)
+	if reason == "" && n.bytes.Load() >= n.p().MaxBytes {
+		reason = fmt.Sprintf("byte limit (%d) reached", n.p().MaxBytes)
 	}
 	if reason != "" {
 		rec.Reason = reason
 		r.Complete(true)
-		n.cfg.Audit(rec)
+		n.p().Audit(rec)
 		return
 	}
 	var wq waiter.Queue
@@ -343,7 +377,7 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 	if terr != nil {
 		r.Complete(true)
 		rec.Reason = "accept: " + terr.String()
-		n.cfg.Audit(rec)
+		n.p().Audit(rec)
 		return
 	}
 	r.Complete(false)
@@ -358,7 +392,7 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 		rec.Rule = rule.Text
 		rec.Allowed, rec.Reason = n.proxy(guest, &rec, dst, port)
 		rec.Duration = time.Since(t0)
-		n.cfg.Audit(rec)
+		n.p().Audit(rec)
 	}()
 }
 
@@ -395,7 +429,7 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		for _, nm := range n.namesFor(dst) {
 			resolved = resolved || nm == claimed
 		}
-		if _, ok := n.cfg.Rules.AllowsName(claimed, port); !ok || (!resolved && rec.Name != "") {
+		if _, ok := n.p().Rules.AllowsName(claimed, port); !ok || (!resolved && rec.Name != "") {
 			return false, fmt.Sprintf("%s name %q does not match the allowed name for %s", proto, claimed, dst)
 		}
 		rec.Name = claimed
@@ -419,7 +453,7 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 			k, err := srcc.Read(b)
 			if k > 0 {
 				atomic.AddInt64(total, int64(k))
-				if n.bytes.Add(int64(k)) > n.cfg.MaxBytes {
+				if n.bytes.Add(int64(k)) > n.p().MaxBytes {
 					break
 				}
 				if _, werr := dstc.Write(b[:k]); werr != nil {

@@ -327,10 +327,28 @@ func configureSystem(root string) error {
 		"etc/hostname": "vmgate\n",
 		"etc/hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\tvmgate\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 		"etc/fstab":    "LABEL=vmgate-root\t/\text4\trw,errors=remount-ro\t0\t1\n",
+		// A VM with a network gets one virtio NIC, configured by DHCP from
+		// vmgated's user-space network, whose DNS server is 10.0.2.3 (the
+		// only resolver that answers: it resolves allowlisted names).
+		"etc/systemd/network/80-vmgate.network": "[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n\n[DHCPv4]\nUseDNS=no\nUseHostname=no\n",
+		"etc/resolv.conf": "nameserver 10.0.2.3\noptions timeout:2 attempts:2\n",
 	}
 	for p, c := range files {
-		if err := os.WriteFile(filepath.Join(root, p), []byte(c), 0o644); err != nil {
+		full := filepath.Join(root, p)
+		_ = os.Remove(full) // resolv.conf may be a symlink
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
 			return fmt.Errorf("configure: %w", err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			return fmt.Errorf("configure: %w", err)
+		}
+	}
+	for unit, wants := range map[string]string{
+		"systemd-networkd.service": "multi-user.target.wants",
+		"systemd-networkd.socket":  "sockets.target.wants",
+	} {
+		if err := symlink("/lib/systemd/system/"+unit, filepath.Join(root, "etc/systemd/system", wants, unit)); err != nil {
+			return err
 		}
 	}
 	for _, u := range maskedUnits {

@@ -39,7 +39,7 @@ const (
 
 // BuilderVersion changes whenever the build procedure changes in a way that
 // makes older images stale; it is part of the inputs digest.
-const BuilderVersion = 1
+const BuilderVersion = 2
 
 // ErrNotBuilt reports an image directory without a usable image.
 var ErrNotBuilt = errors.New("image not built")

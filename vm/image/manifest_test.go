@@ -18,7 +18,7 @@ func TestInputsDigestIgnoresOrderAndDuplicates(t *testing.T) {
 		"suite":   func(i *Inputs) { i.Suite = "trixie" },
 		"package": func(i *Inputs) { i.Packages = append(i.Packages, "vim") },
 		"agent":   func(i *Inputs) { i.AgentSHA256 = "y" },
-		"builder": func(i *Inputs) { i.BuilderVersion = 2 },
+		"builder": func(i *Inputs) { i.BuilderVersion++ },
 		"disk":    func(i *Inputs) { i.DiskSizeMiB = 2048 },
 		"mirror":  func(i *Inputs) { i.Mirror = "http://m/debian" },
 	} {
