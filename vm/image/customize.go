@@ -331,7 +331,7 @@ func configureSystem(root string) error {
 		// vmgated's user-space network, whose DNS server is 10.0.2.3 (the
 		// only resolver that answers: it resolves allowlisted names).
 		"etc/systemd/network/80-vmgate.network": "[Match]\nType=ether\n\n[Network]\nDHCP=ipv4\nLinkLocalAddressing=no\nIPv6AcceptRA=no\n\n[DHCPv4]\nUseDNS=no\nUseHostname=no\n",
-		"etc/resolv.conf": "nameserver 10.0.2.3\noptions timeout:2 attempts:2\n",
+		"etc/resolv.conf":                       "nameserver 10.0.2.3\noptions timeout:2 attempts:2\n",
 	}
 	for p, c := range files {
 		full := filepath.Join(root, p)
