@@ -556,31 +556,13 @@ func TestGateway_FastPath(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects log output from the daemon's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestGateway_RestoreFailureFallsBack damages the template's state file
 // under a running daemon: the next command still runs, on a cold-booted
 // VM, the failure is logged with its reason, and the template is removed
 // so that it gets rebuilt.
 func TestGateway_RestoreFailureFallsBack(t *testing.T) {
 	tdir := t.TempDir() // damaged below: never the shared templates
-	var logs lockedBuffer
+	var logs testutil.SyncBuffer
 	d := startDaemon(t, func(c *Config) {
 		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, tdir
 		c.Log = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, &logs), &slog.HandlerOptions{Level: slog.LevelInfo}))

@@ -219,7 +219,7 @@ func TestEscape_Isolated(t *testing.T) {
 }
 
 func runWithContext(ctx context.Context, cmd *exec.Cmd) (string, error) {
-	var out safeBuf
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		return "", err
@@ -257,7 +257,7 @@ func TestEscape_CapsDroppedEveryTime(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out safeBuf
+		var out testutil.SyncBuffer
 		j.Cmd.Stdout, j.Cmd.Stderr = &out, &out
 		if err := j.Start(nil); err != nil {
 			t.Fatal(err)

@@ -281,24 +281,11 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	// 5. Through the daemon: one-shot with a pool, throughput, no pool.
 	step("daemon with a pool of %d", o.PoolSize)
 	err = withDaemon(ctx, o, work, "pool", o.PoolSize, func(c *client.Client, waitPool func() error) error {
-		var d []time.Duration
-		parts := newParts()
-		for i := 0; i < o.Runs; i++ {
-			if err := waitPool(); err != nil {
-				return err
-			}
-			t1 := time.Now()
-			res, err := oneshot(ctx, c)
-			if err != nil {
-				return err
-			}
-			if res.VMStart != "pool" {
-				return fmt.Errorf("one-shot with a full pool got a VM by %q", res.VMStart)
-			}
-			d = append(d, time.Since(t1))
-			parts.add(res)
+		var err error
+		rep.OneshotPoolMS, rep.OneshotPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "pool", waitPool)
+		if err != nil {
+			return err
 		}
-		rep.OneshotPoolMS, rep.OneshotPoolPartsMS = summarize(d), parts.stats()
 		for _, conc := range o.Concurrency {
 			if err := waitPool(); err != nil {
 				return err
@@ -320,22 +307,9 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		if err := waitPool(); err != nil {
 			return err
 		}
-		var d []time.Duration
-		parts := newParts()
-		for i := 0; i < o.Runs; i++ {
-			t1 := time.Now()
-			res, err := oneshot(ctx, c)
-			if err != nil {
-				return err
-			}
-			if res.VMStart != "restore" {
-				return fmt.Errorf("one-shot without a pool got a VM by %q", res.VMStart)
-			}
-			d = append(d, time.Since(t1))
-			parts.add(res)
-		}
-		rep.OneshotNoPoolMS, rep.OneshotNoPoolPartsMS = summarize(d), parts.stats()
-		return nil
+		var err error
+		rep.OneshotNoPoolMS, rep.OneshotNoPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "restore", nil)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -354,6 +328,31 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		rep.Notes = append(rep.Notes, "TCG: a restored QEMU starts with an empty translation cache, so the guest's first code paths (the agent's SSH handshake, the first commands) run several times slower than in a settled VM; the pool hides this by running one command in each VM before handing it out")
 	}
 	return rep, nil
+}
+
+// sampleOneshots times runs one-shot commands, each after before (if
+// set), and requires each VM to have been made the way want says.
+func sampleOneshots(ctx context.Context, c *client.Client, runs int, want string, before func() error) (Stat, map[string]Stat, error) {
+	var d []time.Duration
+	parts := newParts()
+	for i := 0; i < runs; i++ {
+		if before != nil {
+			if err := before(); err != nil {
+				return Stat{}, nil, err
+			}
+		}
+		t1 := time.Now()
+		res, err := oneshot(ctx, c)
+		if err != nil {
+			return Stat{}, nil, err
+		}
+		if res.VMStart != want {
+			return Stat{}, nil, fmt.Errorf("one-shot got a VM by %q, want %q", res.VMStart, want)
+		}
+		d = append(d, time.Since(t1))
+		parts.add(res)
+	}
+	return summarize(d), parts.stats(), nil
 }
 
 // parts collects the daemon's timings of one-shot results.

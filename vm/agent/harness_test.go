@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -20,6 +19,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -167,7 +167,7 @@ func client(t *testing.T) *ssh.Client {
 // runs commands.
 type remote struct {
 	ch             ssh.Channel
-	stdout, stderr syncBuffer
+	stdout, stderr testutil.SyncBuffer
 	wg             sync.WaitGroup // output readers and request collector
 
 	mu     sync.Mutex
@@ -314,30 +314,6 @@ func (r *remote) stderrAfterClose() string {
 	case <-time.After(testTimeout):
 	}
 	return r.stderr.String()
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }
 
 // waitPIDs waits until the command has printed n lines on stdout and

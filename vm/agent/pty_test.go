@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -81,7 +82,7 @@ func TestPtyWindowChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	s.Stdout = &out
 	if err := s.Start("stty -echo; echo ready; read line; stty size"); err != nil {
 		t.Fatal(err)
@@ -120,7 +121,7 @@ func TestPtyShell(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	s.Stdout = &out
 	if err := s.Shell(); err != nil {
 		t.Fatalf("shell: %v", err)
@@ -149,7 +150,7 @@ func TestPtyCloseKillsCommand(t *testing.T) {
 	waitGone(t, pids...)
 }
 
-func waitFor(t *testing.T, b *syncBuffer, s string) {
+func waitFor(t *testing.T, b *testutil.SyncBuffer, s string) {
 	t.Helper()
 	for range 3000 {
 		if strings.Contains(b.String(), s) {
