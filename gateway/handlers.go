@@ -16,12 +16,14 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
 func (s *Server) routes() http.Handler {
@@ -232,11 +234,10 @@ type vmTarget struct {
 }
 
 func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error) {
-	v := st.verdict
 	if st.req.Session != "" {
 		return s.sessionVM(ctx, st)
 	}
-	t, release, err := s.bootVM(ctx, v)
+	t, release, err := s.bootVM(ctx, st)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +267,8 @@ func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error
 // bootVM takes a VM slot (waiting in the bounded queue) and boots a fresh
 // VM shaped by the verdict. The caller owns release. If the client goes
 // away while queued or booting, ctx ends and vm.Start cleans up.
-func (s *Server) bootVM(ctx context.Context, v policy.Verdict) (*vmTarget, func(), error) {
+func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), error) {
+	v := st.verdict
 	t0 := time.Now()
 	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
 	if err != nil {
@@ -281,7 +283,14 @@ func (s *Server) bootVM(ctx context.Context, v policy.Verdict) (*vmTarget, func(
 	if cpus == 0 {
 		cpus = vm.DefaultCPUs
 	}
-	if s.fast != nil {
+	var netCfg *guestnet.Config
+	var vmID atomic.Value // the VM's id, for network audit records
+	if n := v.Network; n != nil {
+		netCfg = &guestnet.Config{Rules: n.Rules, AllowedRanges: n.AllowedRanges, MaxConns: n.MaxConns, MaxBytes: n.MaxBytes,
+			Resolve: s.resolve, Log: s.log, Audit: s.netAudit(st, &vmID)}
+	}
+	// VMs with a network boot cold: templates do not cover them yet.
+	if s.fast != nil && netCfg == nil {
 		m, how, err := s.fast.get(ctx, mem, cpus, s.seccompMode())
 		switch {
 		case m != nil:
@@ -291,11 +300,12 @@ func (s *Server) bootVM(ctx context.Context, v policy.Verdict) (*vmTarget, func(
 		}
 	}
 	m, err := vm.Start(ctx, vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir,
-		MemoryMiB: mem, CPUs: cpus, Accel: s.cfg.Accel, Log: s.log, Seccomp: s.seccompMode(), Cgroups: s.cgroups})
+		MemoryMiB: mem, CPUs: cpus, Accel: s.cfg.Accel, Log: s.log, Seccomp: s.seccompMode(), Cgroups: s.cgroups, Network: netCfg})
 	if err != nil {
 		release()
 		return nil, nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
 	}
+	vmID.Store(m.ID)
 	return &vmTarget{vm: m, boot: time.Since(t1), start: "boot", queue: queue, jail: jailOf(m)}, release, nil
 }
 
@@ -318,7 +328,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	s.mu.Unlock()
 
 	v := st.verdict
-	t, release, err := s.bootVM(ctx, v)
+	t, release, err := s.bootVM(ctx, st)
 	if err != nil {
 		return nil, err
 	}

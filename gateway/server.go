@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"os/user"
@@ -76,6 +77,9 @@ type Config struct {
 	PoolSize int
 	// TemplateDir holds templates (default STATE/templates).
 	TemplateDir string
+	// NetHosts pins guest DNS names to addresses (looked up before the
+	// host's resolver; the allowlist and address checks still apply).
+	NetHosts map[string][]netip.Addr
 	// AllowRoot permits running as uid 0.
 	AllowRoot bool
 	// Log defaults to slog.Default().

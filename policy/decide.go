@@ -3,11 +3,14 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
 // Request size limits that Decide enforces whatever the profile says. They
@@ -88,6 +91,16 @@ type Verdict struct {
 	User string
 	// Image is the guest image name.
 	Image string
+	// Network is the guest's egress policy; nil: no NIC at all.
+	Network *NetworkPolicy
+}
+
+// NetworkPolicy is a profile's guest network (network.mode = "allowlist").
+type NetworkPolicy struct {
+	Rules         guestnet.Rules // TCP egress allowlist (names and ranges)
+	AllowedRanges []netip.Prefix // special ranges allowed anyway (a relaxation)
+	MaxConns      int            // concurrent connections per VM
+	MaxBytes      int64          // bytes per VM, both directions
 }
 
 // Err returns nil for an allowed verdict, and otherwise an error that wraps
@@ -180,6 +193,7 @@ func (p *Policy) Decide(id Identity, req Request) Verdict {
 		Env:     env,
 		User:    prof.user,
 		Image:   prof.image,
+		Network: prof.net,
 	}
 }
 

@@ -56,7 +56,11 @@ type sessionsDoc struct {
 }
 
 type networkDoc struct {
-	Mode *string `toml:"mode"`
+	Mode           *string    `toml:"mode"`
+	Allow          *[]string  `toml:"allow"`
+	AllowRanges    *[]string  `toml:"allow_ranges"`
+	MaxConnections *int64     `toml:"max_connections"`
+	MaxBytes       *sizeValue `toml:"max_bytes"`
 }
 
 type profileDoc struct {

@@ -99,12 +99,21 @@
 //	                            # prefix, "*" any name ([])
 //	timeout  = { default = "30s", max = "10m" }     # Go durations, > 0, default ≤ max
 //	sessions = { allowed = false, idle_timeout = "10m", max_lifetime = "1h" }
-//	network  = { mode = "none" }                    # only "none" for now
+//	network  = { mode = "none" }                    # no NIC at all (the default)
+//	[profile.network]                               # or: egress by allowlist
+//	mode            = "allowlist"
+//	allow           = ["*.wikipedia.org:443", "example.com:80", "203.0.113.0/24:443"]
+//	allow_ranges    = []        # special ranges names may resolve into (a relaxation)
+//	max_connections = 32        # concurrent connections per VM (1..4096)
+//	max_bytes       = "256MiB"  # bytes per VM, both directions
 //
 // The timeout, sessions and network tables merge key by key: a profile that
 // sets only timeout.max keeps timeout.default from [defaults] or the built-in.
-// network.mode values other than "none" are rejected until the guest network
-// exists; its domain allowlist will live in that table.
+// allow rules are host:port with "*.name" for any subdomain (not the name
+// itself), "*" for any port, and CIDR ranges for direct addresses; names
+// that resolve to loopback, private, CGNAT, link-local, multicast or other
+// special addresses are refused unless allow_ranges covers them
+// (docs/network.md has the whole model).
 //
 // # Argv rules
 //
@@ -138,8 +147,8 @@
 // "/". Arguments are not paths, and with path.Match's rule a deny pattern
 // "--post-file*" would miss "--post-file=/etc/passwd". The flip side is for
 // allow rules: "https://*.example.com/*" also matches
-// "https://evil.test/x.example.com/"; use the network allowlist (when it
-// comes) for hosts, not argv. Arguments are matched as bytes of UTF-8; an
+// "https://evil.test/x.example.com/"; use the network allowlist for hosts,
+// not argv. Arguments are matched as bytes of UTF-8; an
 // invalid byte counts as U+FFFD.
 //
 // args_any and args see every argument, including those after "--". For most

@@ -48,6 +48,17 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 		prof.image, prof.user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, prof.network)
 	fmt.Fprintf(b, "  limits:   timeout %s by default, at most %s; output %s per stream; at most %d %s at once\n",
 		formatDuration(l.Timeout), formatDuration(prof.timeoutMax), formatSize(l.OutputLimit), l.MaxVMs, plural(l.MaxVMs, "VM", "VMs"))
+	if nw := prof.net; nw != nil {
+		var rules []string
+		for _, r := range nw.Rules {
+			rules = append(rules, r.Text)
+		}
+		fmt.Fprintf(b, "  network:  egress only to %s (names must resolve to public addresses); at most %d connections, %s per VM\n",
+			strings.Join(rules, ", "), nw.MaxConns, formatSize(nw.MaxBytes))
+		for _, p := range nw.AllowedRanges {
+			fmt.Fprintf(b, "  RELAXATION: network.allow_ranges %s: names may resolve into this range\n", p)
+		}
+	}
 	fmt.Fprintf(b, "  shell:    %s\n", yesNo(prof.allowShell, "allowed (vm-exec -c)", "not allowed"))
 	if l.AllowSessions {
 		fmt.Fprintf(b, "  sessions: allowed; idle timeout %s, max lifetime %s\n", formatDuration(l.SessionIdle), formatDuration(l.SessionMax))

@@ -72,7 +72,12 @@ func TestParseErrors(t *testing.T) {
 		{"output_limit too large", minimal + "output_limit = \"2GiB\"\n", []string{`output_limit "2GiB": must be between`}},
 		{"output_limit overflow", minimal + "output_limit = \"99999999999999999999KiB\"\n", []string{"must be between"}},
 		{"output_limit bad unit", minimal + "output_limit = \"1MB\"\n", []string{`output_limit "1MB": invalid size`}},
-		{"network mode", minimal + "network = { mode = \"nat\" }\n", []string{`network.mode "nat": the guest network is not available yet`}},
+		{"network mode", minimal + "network = { mode = \"nat\" }\n", []string{`network.mode "nat": want "none" or "allowlist"`}},
+		{"network allowlist without rules", minimal + "network = { mode = \"allowlist\" }\n", []string{`would allow nothing`}},
+		{"network bad rule", minimal + "network = { mode = \"allowlist\", allow = [\"example.com\"] }\n", []string{`network.allow: network rule "example.com"`}},
+		{"network bad range", minimal + "network = { mode = \"allowlist\", allow = [\"a.test:80\"], allow_ranges = [\"10.0.0.0/99\"] }\n", []string{`network.allow_ranges "10.0.0.0/99"`}},
+		{"network rules without allowlist", minimal + "network = { allow = [\"a.test:80\"] }\n", []string{`need network.mode = "allowlist"`}},
+		{"network max_connections", minimal + "network = { mode = \"allowlist\", allow = [\"a.test:80\"], max_connections = 0 }\n", []string{`network.max_connections`}},
 		{"guest user", minimal + "user = \"admin\"\n", []string{`user "admin": must be "agent" or "root"`}},
 		{"image name", minimal + "image = \"../x\"\n", []string{`image "../x": must be`}},
 		{"env name", minimal + "env = [\"A-B\", \"LANG\", \"LANG\"]\n", []string{`env: "A-B": not a variable name`, `env: "LANG" listed twice`}},
@@ -127,7 +132,7 @@ match = { any = true }
 	want := []string{
 		`p.toml: profile "web-fetch": memory_mib 1: must be between`,
 		`p.toml: profile "web-fetch": timeout.max "5x": invalid duration`,
-		`p.toml: profile "web-fetch": network.mode "allowlist": the guest network is not available yet`,
+		`p.toml: profile "web-fetch": network.mode "allowlist" without network.allow rules would allow nothing`,
 		`p.toml: profile "web-fetch": allow[0]: args[0] "[": syntax error in pattern`,
 		`p.toml: profile[1]: name "web-fetch": already used by profile[0]`,
 	}
@@ -289,5 +294,41 @@ func TestIsolateCgroups(t *testing.T) {
 	}
 	if Default().Cgroups() != "auto" {
 		t.Error("embedded default must be auto")
+	}
+}
+
+func TestNetworkPolicy(t *testing.T) {
+	src := `version = 1
+[defaults]
+network = { max_connections = 8 }
+[[profile]]
+name = "web-fetch"
+match = { any = true }
+[profile.network]
+mode = "allowlist"
+allow = ["*.wikipedia.org:443", "example.com:80"]
+allow_ranges = ["10.20.0.0/16"]
+max_bytes = "10MiB"
+`
+	p, err := Parse("p.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := p.Decide(Identity{UID: 1000}, Request{Argv: []string{"wget", "https://en.wikipedia.org/"}})
+	n := v.Network
+	if !v.Allowed || n == nil || len(n.Rules) != 2 || n.MaxConns != 8 || n.MaxBytes != 10<<20 || len(n.AllowedRanges) != 1 {
+		t.Fatalf("verdict %+v network %+v", v, n)
+	}
+	if _, ok := n.Rules.AllowsName("en.wikipedia.org", 443); !ok {
+		t.Error("rule does not match")
+	}
+	ex := p.Explain()
+	for _, want := range []string{"egress only to *.wikipedia.org:443, example.com:80", "RELAXATION: network.allow_ranges 10.20.0.0/16"} {
+		if !strings.Contains(ex, want) {
+			t.Errorf("explain lacks %q:\n%s", want, ex)
+		}
+	}
+	if v := Default().Decide(Identity{UID: 1000}, Request{Argv: []string{"true"}}); v.Network != nil {
+		t.Error("the default policy gives VMs a network")
 	}
 }

@@ -48,7 +48,8 @@ type profile struct {
 	image      string
 	user       string
 	network    string
-	limits     Limits // Timeout holds timeout.default
+	net        *NetworkPolicy // set when network == "allowlist"
+	limits     Limits         // Timeout holds timeout.default
 	timeoutMax time.Duration
 	allowShell bool
 	env        envAllow

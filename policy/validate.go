@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
 // Built-in values of settings that neither a profile nor [defaults] sets.
@@ -26,6 +29,8 @@ const (
 	builtinSessionIdle    = 10 * time.Minute
 	builtinSessionMax     = time.Hour
 	builtinNetwork        = networkNone
+	builtinNetMaxConns    = 32
+	builtinNetMaxBytes    = 256 << 20
 )
 
 // Accepted ranges of numeric settings. They catch typos ("memory_mib = 5"),
@@ -40,9 +45,10 @@ const (
 )
 
 const (
-	userAgent   = "agent"
-	userRoot    = "root"
-	networkNone = "none"
+	userAgent        = "agent"
+	userRoot         = "root"
+	networkNone      = "none"
+	networkAllowlist = "allowlist"
 )
 
 var (
@@ -185,6 +191,19 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 	p.image = pick(builtinImage, s.image)
 	p.user = pick(builtinUser, s.user)
 	p.network = pick(builtinNetwork, s.network)
+	if p.network == networkAllowlist {
+		p.net = &NetworkPolicy{
+			Rules:         pick(nil, s.netAllow),
+			AllowedRanges: pick(nil, s.netRanges),
+			MaxConns:      pick(builtinNetMaxConns, s.netMaxConns),
+			MaxBytes:      pick(builtinNetMaxBytes, s.netMaxBytes),
+		}
+		if len(p.net.Rules) == 0 {
+			c.errorf("%s: network.mode %q without network.allow rules would allow nothing: use mode %q", label, networkAllowlist, networkNone)
+		}
+	} else if s.netAllow != nil || s.netRanges != nil {
+		c.errorf("%s: network.allow and network.allow_ranges need network.mode = %q", label, networkAllowlist)
+	}
 	p.allowShell = pick(builtinAllowShell, s.allowShell)
 	p.env = pick(envAllow{}, s.env)
 	p.timeoutMax = pick(builtinTimeoutMax, s.timeoutMax)
@@ -281,6 +300,10 @@ type settings struct {
 	timeoutDefault, timeoutMax *time.Duration
 	sessionIdle, sessionMax    *time.Duration
 	badTimeout, badSessions    bool
+	netAllow                   *guestnet.Rules
+	netRanges                  *[]netip.Prefix
+	netMaxConns                *int
+	netMaxBytes                *int64
 }
 
 // merge returns s with its unset keys taken from d.
@@ -289,6 +312,10 @@ func (s settings) merge(d settings) settings {
 	m.image = first(s.image, d.image)
 	m.user = first(s.user, d.user)
 	m.network = first(s.network, d.network)
+	m.netAllow = first(s.netAllow, d.netAllow)
+	m.netRanges = first(s.netRanges, d.netRanges)
+	m.netMaxConns = first(s.netMaxConns, d.netMaxConns)
+	m.netMaxBytes = first(s.netMaxBytes, d.netMaxBytes)
 	m.memoryMiB = first(s.memoryMiB, d.memoryMiB)
 	m.cpus = first(s.cpus, d.cpus)
 	m.maxVMs = first(s.maxVMs, d.maxVMs)
@@ -385,14 +412,51 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		s.sessionMax = c.duration(label, "sessions.max_lifetime", ss.MaxLifetime)
 		s.badSessions = len(c.errs) > before
 	}
-	if n := d.Network; n != nil && n.Mode != nil {
-		if *n.Mode == networkNone {
-			s.network = n.Mode
-		} else {
-			c.errorf("%s: network.mode %q: the guest network is not available yet; only %q is supported", label, *n.Mode, networkNone)
-		}
+	if n := d.Network; n != nil {
+		c.network(label, n, &s)
 	}
 	return s
+}
+
+// network validates a [profile.network] (or [defaults.network]) table.
+func (c *compiler) network(label string, n *networkDoc, s *settings) {
+	if n.Mode != nil {
+		switch *n.Mode {
+		case networkNone, networkAllowlist:
+			s.network = n.Mode
+		default:
+			c.errorf("%s: network.mode %q: want %q or %q", label, *n.Mode, networkNone, networkAllowlist)
+		}
+	}
+	if n.Allow != nil {
+		rs, err := guestnet.ParseRules(*n.Allow)
+		if err != nil {
+			c.errorf("%s: network.allow: %w", label, err)
+		} else {
+			s.netAllow = &rs
+		}
+	}
+	if n.AllowRanges != nil {
+		var ps []netip.Prefix
+		for _, r := range *n.AllowRanges {
+			p, err := netip.ParsePrefix(r)
+			if err != nil {
+				c.errorf("%s: network.allow_ranges %q: %w", label, r, err)
+				continue
+			}
+			ps = append(ps, p.Masked())
+		}
+		s.netRanges = &ps
+	}
+	s.netMaxConns = c.intIn(label, "network.max_connections", n.MaxConnections, 1, 4096)
+	if n.MaxBytes != nil {
+		v, err := parseSize(*n.MaxBytes)
+		if err != nil {
+			c.errorf("%s: network.max_bytes %s: %w", label, n.MaxBytes, err)
+		} else {
+			s.netMaxBytes = &v
+		}
+	}
 }
 
 func (c *compiler) intIn(label, key string, v *int64, lo, hi int64) *int {

@@ -284,7 +284,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 		Rule: "ru", Reason: "re", VMID: "vm", ImageDigest: "sha256:x", ExitCode: new(0),
 		Signal: "SIGKILL", TimedOut: true, StdoutBytes: 1, StderrBytes: 2, StdinBytes: 3,
 		StdoutSHA256: "o", StderrSHA256: "e", Truncated: true, DurationMS: 4, BootMS: 5,
-		VMStart: "pool", Error: "err", Message: "msg",
+		VMStart: "pool", Net: &NetEvent{Proto: "tcp"}, Error: "err", Message: "msg",
 	}
 	if err := l.Write(full); err != nil {
 		t.Fatal(err)
@@ -296,7 +296,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 	}
 	keys := slices.Sorted(maps.Keys(obj))
 	want := []string{
-		"argv", "boot_ms", "duration_ms", "error", "exit_code", "gid", "image_digest", "kind", "message",
+		"argv", "boot_ms", "duration_ms", "error", "exit_code", "gid", "image_digest", "kind", "message", "net",
 		"pid", "prev", "profile", "reason", "request_id", "rule", "seq", "session", "shell", "signal",
 		"stderr_bytes", "stderr_sha256", "stdin_bytes", "stdout_bytes", "stdout_sha256", "time",
 		"timed_out", "truncated", "uid", "user", "verdict", "vm_id", "vm_start",

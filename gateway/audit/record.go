@@ -21,13 +21,16 @@ const (
 	KindExec Kind = "exec"
 	// KindSession records the start or end of an interactive session.
 	KindSession Kind = "session"
+	// KindNet records a guest network event: a DNS query or a connection,
+	// allowed or refused (Verdict, Rule, Reason, Net).
+	KindNet Kind = "net"
 	// KindDaemon records a daemon event: start, stop, policy reload.
 	KindDaemon Kind = "daemon"
 )
 
 func (k Kind) valid() bool {
 	switch k {
-	case KindDecision, KindExec, KindSession, KindDaemon:
+	case KindDecision, KindExec, KindSession, KindDaemon, KindNet:
 		return true
 	}
 	return false
@@ -120,6 +123,9 @@ type Record struct {
 	// earlier and waiting in the pool); BootMS is that step's time.
 	VMStart string `json:"vm_start,omitempty"`
 
+	// Net describes a KindNet event.
+	Net *NetEvent `json:"net,omitempty"`
+
 	// Error describes a failure; Message is free text (daemon events).
 	Error   string `json:"error,omitempty"`
 	Message string `json:"message,omitempty"`
@@ -159,4 +165,15 @@ func parseLine(line []byte) (Record, error) {
 func lineHash(line []byte) string {
 	sum := sha256.Sum256(line)
 	return hex.EncodeToString(sum[:])
+}
+
+// NetEvent is one DNS query or connection of a guest.
+type NetEvent struct {
+	Proto      string `json:"proto"` // dns, tcp, udp
+	Name       string `json:"name,omitempty"`
+	Addr       string `json:"addr,omitempty"`
+	Port       uint16 `json:"port,omitempty"`
+	BytesOut   int64  `json:"bytes_out,omitempty"` // guest to the world
+	BytesIn    int64  `json:"bytes_in,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
 }

@@ -37,6 +37,7 @@ func serve(ctx context.Context, args []string) error {
 	noTemplate := fs.Bool("no-template", false, "boot every VM cold (no template snapshot, no pool)")
 	pool := fs.Int("pool", 1, "restored VMs to keep ready per VM shape (0: restore on demand)")
 	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
+	netHosts := fs.String("net-hosts", "", "hosts(5)-style file pinning guest DNS names to addresses (checked before the host's resolver)")
 	var redact multiFlag
 	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
 	level := fs.String("log-level", "info", "log level")
@@ -53,6 +54,13 @@ func serve(ctx context.Context, args []string) error {
 		MaxVMs: *maxVMs, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
 		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
 		NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
+	}
+	if *netHosts != "" {
+		h, err := gateway.LoadHosts(*netHosts)
+		if err != nil {
+			return err
+		}
+		cfg.NetHosts = h
 	}
 	if *pool < 0 {
 		return fmt.Errorf("%w: --pool %d: must be 0 or more", errUsage, *pool)

@@ -1,0 +1,84 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/vm/guestnet"
+)
+
+// netAudit returns the audit hook of a VM's network: one KindNet record
+// per DNS query and connection, tied to the request and the VM.
+func (s *Server) netAudit(st *execState, vmID *atomic.Value) func(guestnet.Record) {
+	uid, gid := st.id.UID, st.id.GID
+	return func(r guestnet.Record) {
+		id, _ := vmID.Load().(string)
+		rec := audit.Record{Kind: audit.KindNet, RequestID: st.reqID, UID: &uid, GID: &gid, Profile: st.verdict.Profile,
+			VMID: id, Verdict: audit.VerdictDeny, Rule: r.Rule, Reason: r.Reason,
+			Net: &audit.NetEvent{Proto: r.Proto, Name: r.Name, Port: r.Port, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds()}}
+		if r.Allowed {
+			rec.Verdict = audit.VerdictAllow
+		}
+		if r.Addr.IsValid() {
+			rec.Net.Addr = r.Addr.String()
+		}
+		if err := s.audit.Write(rec); err != nil {
+			s.log.Error("audit network event", "err", err)
+		}
+	}
+}
+
+// resolve looks a name up for a guest: the operator's hosts table first
+// (--net-hosts), then the host's resolver.
+func (s *Server) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
+	if a, ok := s.cfg.NetHosts[name]; ok {
+		return a, nil
+	}
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+}
+
+// ParseHosts reads a hosts(5)-style table: an address, then the names it
+// answers for; '#' starts a comment.
+func ParseHosts(text string) (map[string][]netip.Addr, error) {
+	out := map[string][]netip.Addr{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		a, err := netip.ParseAddr(f[0])
+		if err != nil || len(f) < 2 {
+			return nil, fmt.Errorf("hosts line %d: want an address and at least one name", n)
+		}
+		for _, name := range f[1:] {
+			nn := guestnet.NormalizeName(name)
+			if nn == "" {
+				return nil, fmt.Errorf("hosts line %d: %q is not a DNS name", n, name)
+			}
+			out[nn] = append(out[nn], a.Unmap())
+		}
+	}
+	return out, sc.Err()
+}
+
+// LoadHosts reads a hosts table from a file.
+func LoadHosts(path string) (map[string][]netip.Addr, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("net hosts: %w", err)
+	}
+	h, err := ParseHosts(string(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return h, nil
+}
