@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -608,16 +609,21 @@ func TestGateway_RestoreFailureFallsBack(t *testing.T) {
 // and connection is in the audit log.
 func TestGateway_Network(t *testing.T) {
 	inet := testutil.RequiresInternet(t)
-	ln := inet.Listen(t, 80)
-	go func() {
-		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "hello from %s\n", r.Host)
-		}))
-	}()
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s\n", r.Host)
+	})
+	for _, port := range []int{80, 8080} {
+		ln := inet.Listen(t, port)
+		go func() { _ = http.Serve(ln, hello) }()
+	}
+	tlsSrv := httptest.NewUnstartedServer(hello)
+	tlsSrv.Listener = inet.Listen(t, 443)
+	tlsSrv.StartTLS()
+	defer tlsSrv.Close()
 	pol := filepath.Join(t.TempDir(), "net.toml")
 	text := strings.Replace(testPolicy, "[profile.sessions]", `[profile.network]
 mode = "allowlist"
-allow = ["allowed.test:80", "private.test:80"]
+allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0/24:8080"]
 
 [profile.sessions]`, 1)
 	if err := os.WriteFile(pol, []byte(text), 0o644); err != nil {
@@ -635,22 +641,38 @@ allow = ["allowed.test:80", "private.test:80"]
 		t.Fatalf("allowed fetch: %+v %q %q", res, so, se)
 	}
 	for name, cmd := range map[string]string{
-		"name off the list": "wget -q -T 5 -O- http://denied.test/",
-		"private address":   "wget -q -T 5 -O- http://private.test/",
-		"direct address":    "curl -sS -m 5 http://198.51.100.99/",
-		"host mismatch":     "curl -sS -m 5 -H 'Host: other.test' http://allowed.test/",
-		"gateway":           "curl -sS -m 5 http://10.0.2.2:22/",
-		"host loopback":     "curl -sS -m 5 http://127.0.0.1:22/",
+		"https with the resolved name as SNI":  "curl -sSk https://allowed.test/",
+		"direct address under an address rule": "curl -sS http://198.51.100.10:8080/",
+	} {
+		res, so, se := d.mustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{cmd}}, nil)
+		if res.ExitCode != 0 || !strings.HasPrefix(so, "hello from ") {
+			t.Errorf("%s: %+v %q %q", name, res, so, se)
+		}
+	}
+	for name, cmd := range map[string]string{
+		"name off the list":        "wget -q -T 5 -O- http://denied.test/",
+		"private address":          "wget -q -T 5 -O- http://private.test/",
+		"direct address":           "curl -sS -m 5 http://198.51.100.99/",
+		"host mismatch":            "curl -sS -m 5 -H 'Host: other.test' http://allowed.test/",
+		"gateway":                  "curl -sS -m 5 http://10.0.2.2:22/",
+		"host loopback":            "curl -sS -m 5 http://127.0.0.1:22/",
+		"sni mismatch":             "curl -sSk -m 5 --connect-to other.test:443:allowed.test:443 https://other.test/",
+		"address rule, other port": "curl -sS -m 5 http://198.51.100.10:8081/",
 	} {
 		res, so, _ := d.mustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{cmd}}, nil)
 		if res.ExitCode == 0 || strings.Contains(so, "hello") {
 			t.Errorf("%s: %+v %q", name, res, so)
 		}
 	}
+	// UDP goes nowhere but to the resolver; the datagram is recorded.
+	d.mustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{"bash -c 'echo x > /dev/udp/198.51.100.10/9999'"}}, nil)
 	d.stop(t)
 	b, err := os.ReadFile(d.audit)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"proto":"udp"`) || !strings.Contains(string(b), `"port":9999`) {
+		t.Errorf("no audit record of the UDP datagram")
 	}
 	var allowed, denied int
 	for _, line := range strings.Split(string(b), "\n") {

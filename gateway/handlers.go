@@ -286,7 +286,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	var netCfg *guestnet.Config
 	var vmID atomic.Value // the VM's id, for network audit records
 	if n := v.Network; n != nil {
-		netCfg = &guestnet.Config{Rules: n.Rules, AllowedRanges: n.AllowedRanges, MaxConns: n.MaxConns, MaxBytes: n.MaxBytes,
+		netCfg = &guestnet.Config{Rules: n.Rules, AllowedRanges: n.AllowedRanges, MaxConns: n.MaxConns, MaxBytes: n.MaxBytes, ConnectRate: n.ConnectRate,
 			Resolve: s.resolve, Log: s.log, Audit: s.netAudit(st, &vmID)}
 	}
 	// VMs with a network boot cold: templates do not cover them yet.

@@ -101,6 +101,7 @@ type NetworkPolicy struct {
 	AllowedRanges []netip.Prefix // special ranges allowed anyway (a relaxation)
 	MaxConns      int            // concurrent connections per VM
 	MaxBytes      int64          // bytes per VM, both directions
+	ConnectRate   int            // new connections per minute per VM
 }
 
 // Err returns nil for an allowed verdict, and otherwise an error that wraps

@@ -61,6 +61,7 @@ type networkDoc struct {
 	AllowRanges    *[]string  `toml:"allow_ranges"`
 	MaxConnections *int64     `toml:"max_connections"`
 	MaxBytes       *sizeValue `toml:"max_bytes"`
+	ConnectRate    *int64     `toml:"connect_rate"`
 }
 
 type profileDoc struct {

@@ -106,6 +106,7 @@
 //	allow_ranges    = []        # special ranges names may resolve into (a relaxation)
 //	max_connections = 32        # concurrent connections per VM (1..4096)
 //	max_bytes       = "256MiB"  # bytes per VM, both directions
+//	connect_rate    = 120       # new connections per minute per VM
 //
 // The timeout, sessions and network tables merge key by key: a profile that
 // sets only timeout.max keeps timeout.default from [defaults] or the built-in.

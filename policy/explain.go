@@ -53,8 +53,8 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 		for _, r := range nw.Rules {
 			rules = append(rules, r.Text)
 		}
-		fmt.Fprintf(b, "  network:  egress only to %s (names must resolve to public addresses); at most %d connections, %s per VM\n",
-			strings.Join(rules, ", "), nw.MaxConns, formatSize(nw.MaxBytes))
+		fmt.Fprintf(b, "  network:  egress only to %s (names must resolve to public addresses); at most %d connections at once, %d a minute, %s per VM\n",
+			strings.Join(rules, ", "), nw.MaxConns, nw.ConnectRate, formatSize(nw.MaxBytes))
 		for _, p := range nw.AllowedRanges {
 			fmt.Fprintf(b, "  RELAXATION: network.allow_ranges %s: names may resolve into this range\n", p)
 		}

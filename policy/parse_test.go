@@ -309,6 +309,7 @@ mode = "allowlist"
 allow = ["*.wikipedia.org:443", "example.com:80"]
 allow_ranges = ["10.20.0.0/16"]
 max_bytes = "10MiB"
+connect_rate = 30
 `
 	p, err := Parse("p.toml", []byte(src))
 	if err != nil {
@@ -316,7 +317,7 @@ max_bytes = "10MiB"
 	}
 	v := p.Decide(Identity{UID: 1000}, Request{Argv: []string{"wget", "https://en.wikipedia.org/"}})
 	n := v.Network
-	if !v.Allowed || n == nil || len(n.Rules) != 2 || n.MaxConns != 8 || n.MaxBytes != 10<<20 || len(n.AllowedRanges) != 1 {
+	if !v.Allowed || n == nil || len(n.Rules) != 2 || n.MaxConns != 8 || n.MaxBytes != 10<<20 || len(n.AllowedRanges) != 1 || n.ConnectRate != 30 {
 		t.Fatalf("verdict %+v network %+v", v, n)
 	}
 	if _, ok := n.Rules.AllowsName("en.wikipedia.org", 443); !ok {

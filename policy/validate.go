@@ -31,6 +31,7 @@ const (
 	builtinNetwork        = networkNone
 	builtinNetMaxConns    = 32
 	builtinNetMaxBytes    = 256 << 20
+	builtinNetRate        = 120
 )
 
 // Accepted ranges of numeric settings. They catch typos ("memory_mib = 5"),
@@ -197,6 +198,7 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 			AllowedRanges: pick(nil, s.netRanges),
 			MaxConns:      pick(builtinNetMaxConns, s.netMaxConns),
 			MaxBytes:      pick(builtinNetMaxBytes, s.netMaxBytes),
+			ConnectRate:   pick(builtinNetRate, s.netRate),
 		}
 		if len(p.net.Rules) == 0 {
 			c.errorf("%s: network.mode %q without network.allow rules would allow nothing: use mode %q", label, networkAllowlist, networkNone)
@@ -304,6 +306,7 @@ type settings struct {
 	netRanges                  *[]netip.Prefix
 	netMaxConns                *int
 	netMaxBytes                *int64
+	netRate                    *int
 }
 
 // merge returns s with its unset keys taken from d.
@@ -316,6 +319,7 @@ func (s settings) merge(d settings) settings {
 	m.netRanges = first(s.netRanges, d.netRanges)
 	m.netMaxConns = first(s.netMaxConns, d.netMaxConns)
 	m.netMaxBytes = first(s.netMaxBytes, d.netMaxBytes)
+	m.netRate = first(s.netRate, d.netRate)
 	m.memoryMiB = first(s.memoryMiB, d.memoryMiB)
 	m.cpus = first(s.cpus, d.cpus)
 	m.maxVMs = first(s.maxVMs, d.maxVMs)
@@ -449,6 +453,7 @@ func (c *compiler) network(label string, n *networkDoc, s *settings) {
 		s.netRanges = &ps
 	}
 	s.netMaxConns = c.intIn(label, "network.max_connections", n.MaxConnections, 1, 4096)
+	s.netRate = c.intIn(label, "network.connect_rate", n.ConnectRate, 1, 100000)
 	if n.MaxBytes != nil {
 		v, err := parseSize(*n.MaxBytes)
 		if err != nil {

@@ -44,9 +44,11 @@ type Config struct {
 	AllowedRanges []netip.Prefix // special ranges allowed anyway (operator's relaxation)
 	Resolve       Resolver       // DNS lookups for allowed names (default: the host's resolver)
 	// MaxConns bounds concurrent connections (default 32); MaxBytes the
-	// bytes of all connections in both directions (default 256 MiB).
-	MaxConns int
-	MaxBytes int64
+	// bytes of all connections in both directions (default 256 MiB);
+	// ConnectRate new connections per minute (default 120).
+	MaxConns    int
+	MaxBytes    int64
+	ConnectRate int
 	// Dial makes the outbound connection (default: a net.Dialer with a
 	// 10 s timeout).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -95,12 +97,42 @@ type Policy struct {
 	AllowedRanges []netip.Prefix
 	MaxConns      int
 	MaxBytes      int64
-	Audit         func(Record)
+	// ConnectRate bounds new connections per minute (default 120), with
+	// bursts of up to a tenth of it.
+	ConnectRate int
+	Audit       func(Record)
 }
 
 type policyState struct {
 	Policy
-	dns *DNS
+	dns    *DNS
+	bucket *tokenBucket
+}
+
+// tokenBucket allows rate events per minute with bursts of burst.
+type tokenBucket struct {
+	mu     sync.Mutex
+	tokens float64
+	burst  float64
+	perSec float64
+	last   time.Time
+}
+
+func newBucket(perMinute int) *tokenBucket {
+	burst := max(float64(perMinute)/10, 1)
+	return &tokenBucket{tokens: burst, burst: burst, perSec: float64(perMinute) / 60, last: time.Now()}
+}
+
+func (b *tokenBucket) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.perSec)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
 
 // SetPolicy replaces the network's policy for new DNS queries and
@@ -112,10 +144,13 @@ func (n *Network) SetPolicy(p Policy) {
 	if p.MaxBytes == 0 {
 		p.MaxBytes = 256 << 20
 	}
+	if p.ConnectRate == 0 {
+		p.ConnectRate = 120
+	}
 	if p.Audit == nil {
 		p.Audit = func(Record) {}
 	}
-	n.pol.Store(&policyState{Policy: p, dns: &DNS{Rules: p.Rules, Allowed: p.AllowedRanges, Resolve: n.cfg.Resolve}})
+	n.pol.Store(&policyState{Policy: p, dns: &DNS{Rules: p.Rules, Allowed: p.AllowedRanges, Resolve: n.cfg.Resolve}, bucket: newBucket(p.ConnectRate)})
 }
 
 func (n *Network) p() *policyState { return n.pol.Load() }
@@ -142,7 +177,7 @@ func New(cfg Config) (*Network, error) {
 	}
 	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.SetPolicy(Policy{Rules: cfg.Rules, AllowedRanges: cfg.AllowedRanges, MaxConns: cfg.MaxConns, MaxBytes: cfg.MaxBytes, Audit: cfg.Audit})
+	n.SetPolicy(Policy{Rules: cfg.Rules, AllowedRanges: cfg.AllowedRanges, MaxConns: cfg.MaxConns, MaxBytes: cfg.MaxBytes, ConnectRate: cfg.ConnectRate, Audit: cfg.Audit})
 	n.st = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
@@ -366,6 +401,9 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 	if reason == "" && n.bytes.Load() >= n.p().MaxBytes {
 		reason = fmt.Sprintf("byte limit (%d) reached", n.p().MaxBytes)
 	}
+	if reason == "" && !n.p().bucket.take(time.Now()) {
+		reason = fmt.Sprintf("connection rate limit (%d per minute) reached", n.p().ConnectRate)
+	}
 	if reason != "" {
 		rec.Reason = reason
 		r.Complete(true)
@@ -422,6 +460,9 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		}
 	}
 	_ = guest.SetReadDeadline(time.Time{})
+	if _, err := netip.ParseAddr(claimed); err == nil {
+		claimed = "" // "Host: 203.0.113.7": an address, not a name
+	}
 	if claimed != "" {
 		// TLS SNI or HTTP Host must be a name the guest resolved to this
 		// address and that is allowed on this port: no domain fronting.

@@ -307,3 +307,37 @@ func TestNetwork(t *testing.T) {
 		}
 	})
 }
+
+func TestTokenBucket(t *testing.T) {
+	b := newBucket(60) // 1 per second, bursts of 6
+	now := b.last
+	n := 0
+	for b.take(now) {
+		n++
+	}
+	if n != 6 {
+		t.Fatalf("burst of %d, want 6", n)
+	}
+	if b.take(now.Add(500 * time.Millisecond)) {
+		t.Fatal("a token after half a second")
+	}
+	if !b.take(now.Add(1100 * time.Millisecond)) {
+		t.Fatal("no token after a second")
+	}
+}
+
+func TestNetworkRateLimit(t *testing.T) {
+	rules, _ := ParseRules([]string{"a.test:80"})
+	g, audit := startNetwork(t, Config{Rules: rules, ConnectRate: 6, Resolve: func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("198.51.100.10")}, nil
+	}, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return nil, fmt.Errorf("no dialing in this test")
+	}})
+	g.resolve(t, "a.test")
+	for i := 0; i < 3; i++ { // burst of 1 (6/min): the later ones are refused
+		_, _ = g.fetch(netip.MustParseAddrPort("198.51.100.10:80"), "a.test")
+	}
+	if _, ok := audit.find(func(r Record) bool { return strings.Contains(r.Reason, "rate limit") }); !ok {
+		t.Fatal("no connection refused by the rate limit")
+	}
+}
