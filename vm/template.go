@@ -166,7 +166,12 @@ func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 	}
 	dir := filepath.Join(root, want.Key)
 	t := &Template{Dir: dir, opts: opts, img: img, accel: accel}
+	// The frozen files are hashed only here, where the template is used;
+	// looking at other templates (stale ones, Discard) needs the metadata.
 	meta, err := readTemplateMeta(dir)
+	if err == nil {
+		err = verifyTemplateFiles(dir, meta)
+	}
 	if err == nil && meta.Key != want.Key {
 		err = fmt.Errorf("template %s: key %s does not match its directory", dir, meta.Key)
 	}
@@ -221,15 +226,16 @@ func removeTemplateDir(dir string) error {
 	return os.RemoveAll(dir)
 }
 
-// verifyTemplateFiles checks the small frozen files against meta.
+// verifyTemplateFiles checks the overlay and state files against meta
+// (the RAM file is checked as it is loaded, by loadRAM).
 func verifyTemplateFiles(dir string, m *TemplateMeta) error {
 	for _, c := range []struct{ file, want string }{{OverlayFile, m.OverlaySHA256}, {TemplateStateFile, m.StateSHA256}} {
 		got, err := fileSHA256(filepath.Join(dir, c.file))
 		if err != nil {
-			return err
+			return fmt.Errorf("template %s: %w", dir, err)
 		}
 		if got != c.want {
-			return fmt.Errorf("%s sha256 %s, template.json says %s", c.file, got, c.want)
+			return fmt.Errorf("template %s: %s sha256 %s, template.json says %s", dir, c.file, got, c.want)
 		}
 	}
 	return nil
@@ -268,9 +274,6 @@ func readTemplateMeta(dir string) (*TemplateMeta, error) {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			return nil, fmt.Errorf("template %s: %w", dir, err)
 		}
-	}
-	if err := verifyTemplateFiles(dir, &m); err != nil {
-		return nil, fmt.Errorf("template %s: %w", dir, err)
 	}
 	return &m, nil
 }

@@ -235,6 +235,9 @@ func TestTemplate_ImageChangeAndCorruption(t *testing.T) {
 		}
 		m, err := readTemplateMeta(t1.Dir)
 		if err == nil {
+			err = verifyTemplateFiles(t1.Dir, m)
+		}
+		if err == nil {
 			_, err = loadRAM(t1.Dir, m)
 		}
 		if err == nil || !strings.Contains(err.Error(), "sha256") {

@@ -225,7 +225,7 @@ func (s *server) setTime(payload []byte) bool {
 	t := time.Unix(0, st.UnixNano)
 	// Setting the clock wakes everything in the guest that watches it
 	// (systemd re-plans its timers): leave a clock that is already right.
-	if d := time.Until(t); d > -clockTolerance && d < clockTolerance && s.cfg.setClock == nil {
+	if d := time.Until(t); d > -clockTolerance && d < clockTolerance {
 		s.log.Debug("clock already right", "off_by", d)
 	} else {
 		if err := set(t); err != nil {

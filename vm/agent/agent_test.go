@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,6 +225,24 @@ func TestSetTimeReseeds(t *testing.T) {
 	defer mu.Unlock()
 	if len(seeds) != 1 || string(seeds[0]) != string(seed) {
 		t.Fatalf("reseeded with %q, want exactly [%q]", seeds, seed)
+	}
+}
+
+func TestSetTimeLeavesARightClock(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	a := startAgent(t, func(c *Config) {
+		c.setClock = func(time.Time) error { calls.Add(1); return nil }
+	})
+	c := a.dial(t)
+	for _, off := range []time.Duration{0, 50 * time.Millisecond, -50 * time.Millisecond, time.Second} {
+		doc, _ := json.Marshal(agentproto.SetTime{UnixNano: time.Now().Add(off).UnixNano()})
+		if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || !ok {
+			t.Fatalf("offset %v: ok=%v err=%v", off, ok, err)
+		}
+	}
+	if n := calls.Load(); n != 1 { // only the one-second offset
+		t.Fatalf("clock set %d times, want 1", n)
 	}
 }
 
