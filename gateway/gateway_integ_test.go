@@ -285,7 +285,7 @@ func asNobody(t *testing.T, socket string, args ...string) (string, int) {
 	if bin == "" {
 		t.Skip("VMGATE_TEST_BIN not set")
 	}
-	cmd := exec.Command(filepath.Join(bin, "vm-exec"), append([]string{"--socket", socket}, args...)...)
+	cmd := exec.Command(testutil.ForOthers(t, filepath.Join(bin, "vm-exec")), append([]string{"--socket", socket}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	// The socket lives in 0700 test directories: let nobody through.
 	_ = os.Chmod(filepath.Dir(socket), 0o755)

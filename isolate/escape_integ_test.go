@@ -91,7 +91,8 @@ func buildProbe(t *testing.T) string {
 const nobody = 65534
 
 func TestEscape_Isolated(t *testing.T) {
-	img := testutil.RequiresImage(t)
+	// The jail runs as nobody: the image must be reachable for it.
+	img := testutil.ForOthers(t, testutil.RequiresImage(t))
 	// The jail's cgroup comes from a group delegated to the unprivileged
 	// daemon user, as systemd's Delegate=yes gives vmgated one.
 	cgm := testutil.RequiresCgroups(t)
