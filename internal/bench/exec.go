@@ -24,7 +24,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/isolate/cgroup"
@@ -437,58 +436,16 @@ func throughput(ctx context.Context, c *client.Client, conc, n int) (Throughput,
 // given pool size and calls fn with a client and a function that waits
 // until the pool is full.
 func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, fn func(*client.Client, func() error) error) error {
-	dir := filepath.Join(work, name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	sock := filepath.Join(dir, "s.sock")
 	// The built-in policy, with room for the highest concurrency measured
 	// (it allows two VMs per profile).
-	pol := filepath.Join(dir, "policy.toml")
 	text := bytes.Replace(policy.DefaultTOML(), []byte("\nmax_vms = 2\n"), []byte(fmt.Sprintf("\nmax_vms = %d\n", maxVMs(o))), 1)
-	if err := os.WriteFile(pol, text, 0o600); err != nil {
+	d, err := StartDaemon(ctx, DaemonOptions{Dir: filepath.Join(work, name), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
+		Policy: text, MaxVMs: maxVMs(o), PoolSize: pool, Accel: o.Accel, Log: o.Log})
+	if err != nil {
 		return err
 	}
-	ready := make(chan struct{})
-	dctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	cfg := gateway.Config{Socket: sock, SocketMode: 0o600, StateDir: filepath.Join(dir, "state"), ImageDir: o.ImageDir,
-		AuditPath: filepath.Join(dir, "audit.jsonl"), MaxVMs: maxVMs(o), QueueLen: 64, PolicyPath: pol, PolicyExplicit: true, Accel: o.Accel, AllowRoot: os.Geteuid() == 0,
-		Log: o.Log, PoolSize: pool, TemplateDir: o.TemplateDir, Ready: func() { close(ready) }}
-	go func() { done <- gateway.Run(dctx, cfg) }()
-	stop := func() error {
-		cancel()
-		return <-done
-	}
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		return fmt.Errorf("daemon: %w", err)
-	}
-	c := client.New(sock)
-	waitPool := func() error {
-		deadline := time.Now().Add(5 * time.Minute)
-		for {
-			st, err := c.Status(ctx)
-			if err != nil {
-				return err
-			}
-			if pools, _ := st["pools"].([]any); len(pools) > 0 {
-				if p, _ := pools[0].(map[string]any); p != nil {
-					if r, _ := p["ready"].(float64); int(r) >= pool {
-						return nil
-					}
-				}
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("pool not ready after 5 min: %v", st)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	err := fn(c, waitPool)
-	return errors.Join(err, stop())
+	err = fn(d.Client, func() error { return d.WaitPool(ctx, pool) })
+	return errors.Join(err, d.Stop())
 }
 
 // maxVMs is the daemon's and the bench policy's VM limit: the highest
