@@ -52,7 +52,7 @@ const DefaultSuite = "bookworm"
 var DefaultPackages = []string{
 	"systemd", "systemd-sysv", "udev", "dbus", "openssh-server", "nginx-light",
 	"curl", "wget", "ca-certificates", "iproute2", "procps", "lsof", "psmisc",
-	"python3-minimal", "cron", "sudo", "less", "nano", "kmod", "iptables",
+	"python3-minimal", "python3", "openssl", "cron", "sudo", "less", "nano", "kmod", "iptables",
 }
 
 // Inputs are everything that determines an image's content. Two builds with
