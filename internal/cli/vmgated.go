@@ -30,6 +30,10 @@ const vmgatedUsage = `usage:
                     [--cpus N] [--timeout D] [--user U] [--jail-report] [--seccomp required|off] -- PROG ARGS…
   vmgated bench exec [--image DIR] [--state-dir DIR] [--runs N] [--cold-runs N] [--concurrency 1,2,4]
                      [--pool N] [--json | --report FILE]
+  vmgated bench agent [--scenarios DIR] [--agent openai|oracle|noop] [--endpoint URL] [--model NAME]
+                      [--runs K] [--parallel P] [--seed S] [--out DIR] [--only ID,…] [--stream]
+                      [--temperature T] [--top-p P] [--max-tokens N] [--socket PATH] [--memory MiB]
+  vmgated bench report DIR
 `
 
 // Vmgated runs the vmgated command line and returns the process exit code.
@@ -61,6 +65,10 @@ func Vmgated(args []string) int {
 		code, err = debugRun(ctx, args[2:])
 	case "bench exec":
 		err = benchExec(ctx, args[2:])
+	case "bench agent":
+		err = benchAgent(ctx, args[2:])
+	case "bench report":
+		err = benchReport(args[2:])
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, vmgatedUsage)
 		return 0
