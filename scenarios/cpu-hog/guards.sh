@@ -1,0 +1,3 @@
+common_guards
+expect_active "nginx running" nginx
+finish

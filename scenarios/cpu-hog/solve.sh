@@ -1,0 +1,3 @@
+set -e
+pkill -f /usr/local/bin/thumbnailer
+sleep 1

@@ -1,0 +1,2 @@
+set -e
+chmod 755 /srv/docs

@@ -1,0 +1,2 @@
+set -e
+iptables -D INPUT -p tcp --dport 80 -j DROP

@@ -1,0 +1,3 @@
+common_guards
+expect_active "api running" api
+finish

@@ -1,0 +1,2 @@
+set -e
+chmod 644 /var/www/html/index.nginx-debian.html

@@ -1,0 +1,4 @@
+set -e
+fuser -k -n tcp 80 || true
+sleep 1
+systemctl restart nginx

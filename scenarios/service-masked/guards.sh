@@ -1,0 +1,3 @@
+common_guards
+expect "nginx configuration valid" nginx -t
+finish

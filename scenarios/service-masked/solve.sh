@@ -1,0 +1,3 @@
+set -e
+systemctl unmask nginx
+systemctl enable --now nginx
