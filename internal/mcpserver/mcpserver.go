@@ -63,7 +63,7 @@ const (
 // Instructions is the text the server gives clients for the model.
 const Instructions = `The tools of this server run shell commands in disposable Linux (Debian) virtual machines, never on the user's computer. ` +
 	`exec_shell_command runs each command in a fresh VM that is destroyed afterwards: files, installed packages, the working directory and background processes do not carry over to the next call. ` +
-	`To keep state across commands, call session_start, run commands with session_exec and the session name it returns, and call session_end when done; sessions also end when this server stops or after the operator's idle time. ` +
+	`To keep files and installed packages across commands, call session_start, run commands with session_exec and the session name it returns, and call session_end when done; sessions also end when this server stops or after the operator's idle time. ` +
 	`Output is stdout and stderr combined, then "[exit code: N]". An operator policy decides what may run (it may refuse commands, and the VMs may have no network); a refusal is reported as a tool error that says why.`
 
 // Options configures a Server.
@@ -120,8 +120,8 @@ func New(o Options) *Server {
 	}, s.wrap(s.execShellCommand))
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionStart,
-		Description: "Start a session: a disposable Linux VM kept across session_exec calls (files, installed packages, " +
-			"working directory) until session_end. Returns the session's name.",
+		Description: "Start a session: a disposable Linux VM kept across session_exec calls (files and installed packages stay; " +
+			"each command starts in the same initial directory) until session_end. Returns the session's name.",
 		InputSchema: map[string]any{
 			"type": "object",
 			"properties": map[string]any{
