@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,11 +19,13 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/exitcode"
+	"github.com/vmgate/vmgate/internal/mcpserver"
 )
 
 const vmexecUsage = `usage: vm-exec [flags] [--] PROG ARGS…
        vm-exec [flags] -c 'SHELL STRING'
        vm-exec --list-sessions | --end-session NAME
+       vm-exec mcp [--socket PATH]     (an MCP server on stdin/stdout; docs/agents.md)
 Runs PROG in a fresh disposable VM (or in session NAME) through vmgated.
 Flags:
   --socket PATH     gateway socket (default $VMGATE_SOCKET or /run/vmgate/vmgate.sock)
@@ -96,7 +99,12 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 }
 
 // VMExec runs the vm-exec command line and returns the process exit code.
+// A first argument "mcp" runs the MCP server (`vm-exec -- mcp` runs a
+// program called mcp).
 func VMExec(args []string) int {
+	if len(args) > 0 && args[0] == "mcp" {
+		return vmexecMCP(args[1:])
+	}
 	for _, a := range args {
 		if a == "-h" || a == "--help" || a == "-help" {
 			fmt.Fprint(os.Stdout, vmexecUsage)
@@ -130,6 +138,39 @@ func VMExec(args []string) int {
 		return 0
 	}
 	return runExec(ctx, c, o)
+}
+
+const mcpUsage = `usage: vm-exec mcp [--socket PATH]
+Serves the Model Context Protocol on stdin/stdout: tools exec_shell_command,
+session_start, session_exec and session_end run commands in disposable VMs
+through vmgated. Sessions it started end when stdin closes. See docs/agents.md.
+`
+
+// vmexecMCP runs `vm-exec mcp`: stdout carries the protocol, logs go to stderr.
+func vmexecMCP(args []string) int {
+	fs := flag.NewFlagSet("vm-exec mcp", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	socket := fs.String("socket", "", "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(os.Stdout, mcpUsage)
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n%s", err, mcpUsage)
+		return exitcode.Usage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "vm-exec mcp: unexpected arguments %q\n%s", fs.Args(), mcpUsage)
+		return exitcode.Usage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv := mcpserver.New(mcpserver.Options{Client: client.New(*socket), Log: newLogger(os.Stderr, slog.LevelInfo)})
+	if err := srv.ServeStdio(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n", err)
+		return exitcode.Internal
+	}
+	return 0
 }
 
 func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
