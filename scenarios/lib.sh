@@ -124,14 +124,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 PYEOF
 	chmod 755 "/opt/$name/server.py"
-	cat >"/etc/systemd/system/$name.service" <<UNITEOF
+	install_unit "$name" "$name service" "$exec"
+}
+
+# install_unit NAME DESCRIPTION EXECSTART: a unit NAME.service running
+# EXECSTART as user NAME, restarted on failure, enabled (not started).
+install_unit() {
+	cat >"/etc/systemd/system/$1.service" <<UNITEOF
 [Unit]
-Description=$name service
+Description=$2
 After=network.target
 
 [Service]
-User=$name
-ExecStart=$exec
+User=$1
+ExecStart=$3
 Restart=on-failure
 RestartSec=1
 
@@ -139,7 +145,7 @@ RestartSec=1
 WantedBy=multi-user.target
 UNITEOF
 	systemctl daemon-reload
-	systemctl enable "$name" >/dev/null 2>&1
+	systemctl enable "$1" >/dev/null 2>&1
 }
 
 # expect_text NAME URL TEXT: the URL's body is exactly TEXT (plus newline).

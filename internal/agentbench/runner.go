@@ -162,6 +162,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 				}
 				mu.Unlock()
 				r := o.trial(ctx, c, j.sc, j.run)
+				if ctx.Err() != nil {
+					return // interrupted: the trial says nothing
+				}
 				mu.Lock()
 				results = append(results, r)
 				if err := enc.Encode(r); err != nil && werr == nil {
@@ -310,7 +313,7 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 	defer func() {
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if err := c.EndSession(ectx, session); err != nil {
+		if err := c.EndSession(ectx, session); err != nil && ctx.Err() == nil {
 			o.Log.Warn("ending the trial's session", "session", session, "err", err)
 		}
 	}()
@@ -338,7 +341,7 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 		r.FailureMode, r.Error = FailHarness, fmt.Sprintf("inject.sh: exit %d %v: %s", code, errString(err), tail(out, 400))
 		return r
 	}
-	before, err := o.hashes(ctx, script, sc.Protect)
+	before, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
 	if err != nil {
 		r.FailureMode, r.Error = FailHarness, "protected files: "+err.Error()
 		return r
@@ -391,7 +394,7 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 		*step.ok = ok && err == nil
 	}
 	if len(sc.Protect) > 0 {
-		after, err := o.hashes(ctx, script, sc.Protect)
+		after, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
 		if err != nil {
 			harness = append(harness, "protected files: "+err.Error())
 		}
@@ -433,7 +436,7 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 type scriptFunc func(ctx context.Context, text []byte, limit time.Duration) (string, int, *wire.Result, error)
 
 // hashes returns the SHA-256 of each path ("" for a missing file).
-func (o *Options) hashes(ctx context.Context, script scriptFunc, paths []string) (map[string]string, error) {
+func (o *Options) hashes(ctx context.Context, script scriptFunc, paths []string, limit time.Duration) (map[string]string, error) {
 	m := map[string]string{}
 	if len(paths) == 0 {
 		return m, nil
@@ -442,7 +445,7 @@ func (o *Options) hashes(ctx context.Context, script scriptFunc, paths []string)
 	for _, p := range paths {
 		fmt.Fprintf(&b, "if [ -f %s ]; then sha256sum < %s | cut -d' ' -f1; else echo missing; fi\n", shellQuote(p), shellQuote(p))
 	}
-	out, code, _, err := script(ctx, []byte(b.String()), time.Minute)
+	out, code, _, err := script(ctx, []byte(b.String()), limit)
 	if err != nil || code != 0 {
 		return nil, fmt.Errorf("exit %d %v: %s", code, errString(err), tail(out, 200))
 	}

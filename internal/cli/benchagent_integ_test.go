@@ -30,7 +30,7 @@ func TestBenchAgent_OracleAndNoop(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			_, se, code := runCmd(t, nil, bin, "bench", "agent", "--agent", agent, "--scenarios", "../../scenarios",
-				"--image", img, "--state-dir", state, "--template-dir", templates, "--parallel", "2", "--out", out)
+				"--image", img, "--state-dir", state, "--template-dir", templates, "--parallel", map[string]string{"oracle": "2", "noop": "1"}[agent], "--out", out)
 			if code != 0 {
 				t.Errorf("%s: exit %d\n%s", agent, code, se)
 			}

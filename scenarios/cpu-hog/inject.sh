@@ -1,4 +1,4 @@
-# A runaway "thumbnailer" spins at high priority on the only CPU.
+# A runaway "thumbnailer" spins on the only CPU.
 site_page "Gallery" >"$INDEX"
 cat >/usr/local/bin/thumbnailer <<'SH'
 #!/bin/sh
@@ -6,6 +6,6 @@ cat >/usr/local/bin/thumbnailer <<'SH'
 while :; do :; done
 SH
 chmod 755 /usr/local/bin/thumbnailer
-systemd-run --quiet --unit=thumbnailer --description="thumbnail generator" -p Nice=-15 /usr/local/bin/thumbnailer
+systemd-run --quiet --unit=thumbnailer --description="thumbnail generator" /usr/local/bin/thumbnailer
 sleep 2
 systemctl is-active --quiet thumbnailer

@@ -38,18 +38,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 http.server.ThreadingHTTPServer(("127.0.0.1", 8080), Handler).serve_forever()
 PY
-cat >/etc/systemd/system/uploads.service <<'UNIT'
-[Unit]
-Description=customer uploads
-[Service]
-User=uploads
-ExecStart=/usr/bin/python3 /opt/uploads/server.py
-Restart=on-failure
-[Install]
-WantedBy=multi-user.target
-UNIT
-systemctl daemon-reload
-systemctl enable --now uploads 2>/dev/null
+install_unit uploads "customer uploads" "/usr/bin/python3 /opt/uploads/server.py"
+systemctl start uploads
 wait_for 20 curl -sf http://127.0.0.1:8080/health
 cat >/usr/local/bin/export-job <<'SH'
 #!/bin/sh

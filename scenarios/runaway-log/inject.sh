@@ -57,22 +57,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
 threading.Thread(target=worker, daemon=True).start()
 http.server.ThreadingHTTPServer(("127.0.0.1", int(conf.get("LISTEN_PORT", "8080"))), Handler).serve_forever()
 PY
-cat >/etc/systemd/system/ingest.service <<'UNIT'
-[Unit]
-Description=event ingest
-[Service]
-User=ingest
-ExecStart=/usr/bin/python3 /opt/ingest/server.py
-Restart=on-failure
-[Install]
-WantedBy=multi-user.target
-UNIT
+install_unit ingest "event ingest" "/usr/bin/python3 /opt/ingest/server.py"
 # What the last hours at debug level left behind (written at once here,
 # rather than waiting for the service to write it).
 yes "$(date +%FT%T) DEBUG event batch: $(head -c 3000 /dev/zero | tr '\0' x)" | head -c 31M >/var/log/ingest/ingest.log
 chown ingest: /var/log/ingest/ingest.log
-systemctl daemon-reload
-systemctl enable --now ingest 2>/dev/null
+systemctl start ingest
 log_full() { [ "$(df --output=avail -k /var/log/ingest | tail -1 | tr -d ' ')" -lt 100 ]; }
 wait_for 120 log_full
 sleep 2
