@@ -394,7 +394,7 @@ func TestSysusersTmpfiles(t *testing.T) {
 		t.Fatal("no vmgate uid")
 	}
 	for dir, want := range map[string]string{
-		"var/lib/vmgate": "750 vmgate vmgate", "var/log/vmgate": "750 vmgate vmgate",
+		"var/lib/vmgate": "755 vmgate vmgate", "var/log/vmgate": "750 vmgate vmgate",
 		"run/vmgate": "755 vmgate vmgate", "etc/vmgate": "750 root vmgate",
 	} {
 		out, err := exec.Command("stat", "-c", "%a %u %g", filepath.Join(root, dir)).Output()
