@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 45m
 DEB_PACKAGES = qemu-system-x86 qemu-utils mmdebstrap e2fsprogs libseccomp-dev \
                ca-certificates gcc make cpio systemd iproute2
 
-.PHONY: all build deps image demo test unit lint clean
+.PHONY: all build deps image demo install test unit lint clean
 
 all: build
 
@@ -31,9 +31,15 @@ deps:
 image: build
 	$(BIN)/vmgated image build --out $(IMAGE_DIR)
 
-# Fresh machine to a first command in a VM.
+# Fresh machine to a first command in a VM: through the installed service
+# where systemd is PID 1 (as root), else through a temporary daemon.
 demo: deps image
 	BIN=$(BIN) STATE_DIR=$(STATE_DIR) IMAGE_DIR=$(IMAGE_DIR) ./contrib/demo.sh
+
+# System-wide install (root): binaries to /usr/local, user vmgate, units,
+# policy if absent, image, then the service (docs/operator.md). Idempotent.
+install: deps build
+	BIN=$(BIN) ./contrib/install.sh
 
 # The whole test suite: unit tests and integration tests that boot real VMs
 # from the shared image.

@@ -1,0 +1,424 @@
+package contrib
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/vmgate/vmgate/isolate/seccomp"
+)
+
+// maxExposure is the highest `systemd-analyze security` exposure level the
+// shipped vmgated.service may have (systemd 252 measured 3.1; see
+// docs/operator.md, "Service hardening", for what makes up the rest and
+// why it cannot go lower without breaking the jail), and
+// maxExposureNoNetwork the same with the no-guest-network.conf drop-in
+// (measured 2.2).
+const (
+	maxExposure          = 3.1
+	maxExposureNoNetwork = 2.2
+)
+
+// dropIn is the optional drop-in shipped beside the unit.
+const dropIn = "vmgated.service.d/no-guest-network.conf"
+
+// installedBinary is the path the units' ExecStart= names.
+const installedBinary = "/usr/local/bin/vmgated"
+
+// requireTool returns the path of a systemd tool; it skips the test when the
+// tool is missing, or fails under CI (CI=true), where `make deps` installs
+// it.
+func requireTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI: %s not installed (apt-get install systemd)", name)
+		}
+		t.Skipf("%s not installed (apt-get install systemd)", name)
+	}
+	return p
+}
+
+// stageUnits copies the units of contrib/systemd (and the given drop-ins)
+// into a temporary directory with ExecStart= pointing at a binary that
+// exists (this test binary), so that verify judges the units and not the
+// machine.
+func stageUnits(t *testing.T, dropIns ...string) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, f := range append([]string{"vmgated.service", "vmgated.socket"}, dropIns...) {
+		b, err := os.ReadFile(filepath.Join("systemd", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = bytes.ReplaceAll(b, []byte(installedBinary), []byte(self))
+		dst := filepath.Join(dir, f)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// run runs a tool and returns its combined output.
+func run(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	return string(out), err
+}
+
+func TestUnits_Verify(t *testing.T) {
+	sa := requireTool(t, "systemd-analyze")
+	var units []string
+	for _, d := range [][]string{nil, {dropIn}} {
+		dir := stageUnits(t, d...)
+		units = []string{filepath.Join(dir, "vmgated.service"), filepath.Join(dir, "vmgated.socket")}
+		// systemd-analyze verify exits 0 on unknown keys and bad values
+		// and only prints them: any output at all is a failure.
+		out, err := run(t, sa, append([]string{"verify"}, units...)...)
+		if err != nil || strings.TrimSpace(out) != "" {
+			t.Fatalf("systemd-analyze verify (drop-ins %q): %v\n%s", d, err, out)
+		}
+	}
+
+	// The check must be able to fail: a unit with a directive this systemd
+	// does not know has to produce output.
+	bad := filepath.Join(filepath.Dir(units[0]), "bad.service")
+	b, err := os.ReadFile(units[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = bytes.Replace(b, []byte("[Service]\n"), []byte("[Service]\nNoSuchDirective=yes\n"), 1)
+	if err := os.WriteFile(bad, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := run(t, sa, "verify", bad); !strings.Contains(out, "NoSuchDirective") {
+		t.Fatalf("systemd-analyze verify did not report an unknown directive:\n%s", out)
+	}
+}
+
+var exposureRE = regexp.MustCompile(`Overall exposure level for vmgated\.service: ([0-9]+\.[0-9]+)`)
+
+func TestUnits_SecurityExposure(t *testing.T) {
+	sa := requireTool(t, "systemd-analyze")
+	for _, tc := range []struct {
+		dropIns []string
+		max     float64
+	}{{nil, maxExposure}, {[]string{dropIn}, maxExposureNoNetwork}} {
+		dir := stageUnits(t, tc.dropIns...)
+		// --offline=true (systemd >= 250) reads the unit file, and the
+		// drop-ins beside it, instead of asking a running manager.
+		out, err := run(t, sa, "security", "--offline=true", "--no-pager", filepath.Join(dir, "vmgated.service"))
+		if err != nil {
+			t.Fatalf("systemd-analyze security --offline=true: %v\n%s", err, out)
+		}
+		m := exposureRE.FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no overall exposure level in:\n%s", out)
+		}
+		score, err := strconv.ParseFloat(m[1], 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("systemd-analyze security --offline=true vmgated.service (drop-ins %q): exposure %.1f (max %.1f)", tc.dropIns, score, tc.max)
+		if score > tc.max {
+			t.Errorf("exposure %.1f > %.1f (drop-ins %q): a hardening directive was removed or weakened\n%s", score, tc.max, tc.dropIns, out)
+		}
+	}
+}
+
+// directives returns the values of key in the unit's [Service] section, in
+// order.
+func directives(t *testing.T, key string) []string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("systemd", "vmgated.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var vals []string
+	section := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "[") {
+			section = line
+			continue
+		}
+		if k, v, ok := strings.Cut(line, "="); ok && section == "[Service]" && k == key {
+			vals = append(vals, v)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return vals
+}
+
+// syscallGroups parses `systemd-analyze syscall-filter`: group name to
+// members (system calls and nested groups).
+func syscallGroups(t *testing.T, sa string) map[string][]string {
+	t.Helper()
+	out, err := exec.Command(sa, "syscall-filter", "--no-pager").Output()
+	if err != nil {
+		t.Fatalf("systemd-analyze syscall-filter: %v", err)
+	}
+	groups := map[string][]string{}
+	cur := ""
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
+		case !strings.HasPrefix(line, " ") && strings.HasPrefix(f[0], "@"):
+			cur = f[0]
+			groups[cur] = nil
+		case cur != "":
+			groups[cur] = append(groups[cur], f[0])
+		}
+	}
+	if len(groups["@system-service"]) == 0 {
+		t.Fatalf("could not parse systemd-analyze syscall-filter output:\n%s", out)
+	}
+	return groups
+}
+
+func expand(t *testing.T, groups map[string][]string, name string, into map[string]bool) {
+	t.Helper()
+	if !strings.HasPrefix(name, "@") {
+		into[name] = true
+		return
+	}
+	members, ok := groups[name]
+	if !ok {
+		t.Fatalf("unknown system call group %s", name)
+	}
+	for _, m := range members {
+		expand(t, groups, m, into)
+	}
+}
+
+// jailInitSyscalls are what the jail's init (isolate/jail_linux.go) calls
+// after the namespaces exist and before its own filter is loaded: mounts,
+// pivot_root, rlimits, capability drop, no_new_privs, seccomp, exec.
+var jailInitSyscalls = []string{
+	"mount", "umount2", "pivot_root", "chdir", "statfs", "mkdirat", "symlinkat", "unlinkat",
+	"prlimit64", "capset", "capget", "prctl", "seccomp", "execve", "openat", "close",
+}
+
+// TestUnits_SyscallFilterCoversJail checks that the unit's seccomp filter,
+// which the jail and QEMU inherit, lets through every system call the
+// jail's init makes and every call the jail's own QEMU filter allows, for
+// every QEMU configuration.
+func TestUnits_SyscallFilterCoversJail(t *testing.T) {
+	sa := requireTool(t, "systemd-analyze")
+	groups := syscallGroups(t, sa)
+	filters := directives(t, "SystemCallFilter")
+	if len(filters) == 0 || strings.HasPrefix(filters[0], "~") {
+		t.Fatalf("SystemCallFilter= must start with an allow list, got %q", filters)
+	}
+	allowed := map[string]bool{}
+	for _, line := range filters {
+		deny := strings.HasPrefix(line, "~")
+		set := map[string]bool{}
+		for _, n := range strings.Fields(strings.TrimPrefix(line, "~")) {
+			expand(t, groups, n, set)
+		}
+		for n := range set {
+			if deny {
+				delete(allowed, n)
+			} else {
+				allowed[n] = true
+			}
+		}
+	}
+	// A call the unit refuses while the jail's filter answers it with an
+	// errno (ENOSYS for clone3 and the like, so glibc falls back) must fail
+	// with the jail's errno, not kill QEMU: both filters must return
+	// SECCOMP_RET_ERRNO, and the later-loaded (the jail's) data wins.
+	if e := directives(t, "SystemCallErrorNumber"); len(e) != 1 || e[0] == "kill" {
+		t.Errorf("SystemCallErrorNumber= = %q, want an errno", e)
+	}
+
+	need := map[string]string{}
+	for _, s := range jailInitSyscalls {
+		need[s] = "jail init"
+	}
+	for _, accel := range []string{"tcg", "kvm"} {
+		for _, network := range []bool{false, true} {
+			for _, incoming := range []bool{false, true} {
+				opts := seccomp.Options{Accel: accel, Network: network, Incoming: incoming}
+				rs, err := seccomp.Rules(opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range rs.Rules {
+					if r.Action.Kind == seccomp.Allow {
+						need[r.Syscall] = fmt.Sprintf("QEMU %+v", opts)
+					}
+				}
+			}
+		}
+	}
+	var missing []string
+	for s, who := range need {
+		if !allowed[s] {
+			missing = append(missing, s+" ("+who+")")
+		}
+	}
+	slices.Sort(missing)
+	if len(missing) > 0 {
+		t.Fatalf("vmgated.service's SystemCallFilter= refuses system calls the jail needs:\n  %s", strings.Join(missing, "\n  "))
+	}
+	t.Logf("%d system calls allowed; all %d the jail and QEMU need are among them", len(allowed), len(need))
+}
+
+// TestUnits_NamespacesMatchJail checks RestrictNamespaces= against the
+// clone flags the jail uses, so that neither can change without the other.
+func TestUnits_NamespacesMatchJail(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "isolate", "jail_linux.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{"USER": "user", "NS": "mnt", "PID": "pid", "NET": "net", "IPC": "ipc", "UTS": "uts", "CGROUP": "cgroup"}
+	var want []string
+	for _, m := range regexp.MustCompile(`CLONE_NEW([A-Z]+)`).FindAllStringSubmatch(string(src), -1) {
+		n, ok := names[m[1]]
+		if !ok {
+			t.Fatalf("jail uses CLONE_NEW%s, unknown to this test", m[1])
+		}
+		if !slices.Contains(want, n) {
+			want = append(want, n)
+		}
+	}
+	slices.Sort(want)
+	vals := directives(t, "RestrictNamespaces")
+	if len(vals) != 1 {
+		t.Fatalf("RestrictNamespaces= set %d times, want once", len(vals))
+	}
+	got := strings.Fields(vals[0])
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("RestrictNamespaces=%s, but the jail creates %v", vals[0], want)
+	}
+}
+
+// TestUnits_NoJailBreakingDirectives guards the relaxations documented in
+// the unit: each of these directives, if set, breaks the jail or QEMU.
+func TestUnits_NoJailBreakingDirectives(t *testing.T) {
+	why := map[string]string{
+		"MemoryDenyWriteExecute": "QEMU TCG generates code into writable+executable memory",
+		"ProtectKernelTunables":  "its read-only /proc/sys mount makes the jail's fresh /proc mount fail (EPERM)",
+		"ProtectKernelLogs":      "its /proc/kmsg mount makes the jail's fresh /proc mount fail (EPERM)",
+		"ProtectControlGroups":   "on systemd 252 it makes the delegated cgroup read-only",
+		"ProcSubset":             "vmgated reads /proc/meminfo and /proc/cpuinfo",
+		"PrivateDevices":         "its /dev has no /dev/kvm",
+		"PrivateNetwork":         "vmgated dials the guests' outbound connections",
+		"RuntimeDirectory":       "starting the service chowns /run/vmgate recursively, the socket included, away from vmgate-users",
+	}
+	for k, reason := range why {
+		for _, v := range directives(t, k) {
+			if v != "no" && v != "false" && v != "" {
+				t.Errorf("%s=%s: %s", k, v, reason)
+			}
+		}
+	}
+	for k, want := range map[string]string{"Delegate": "yes", "KillMode": "control-group", "Type": "notify", "User": "vmgate", "NoNewPrivileges": "yes", "CapabilityBoundingSet": ""} {
+		if got := directives(t, k); len(got) != 1 || got[0] != want {
+			t.Errorf("%s= %q, want %q", k, got, want)
+		}
+	}
+}
+
+// TestSysusersTmpfiles applies the sysusers.d and tmpfiles.d files to a
+// scratch root with the real tools: they must parse without a word of
+// complaint and produce the users, groups and directories the units and
+// install.sh rely on.
+func TestSysusersTmpfiles(t *testing.T) {
+	sysusers := requireTool(t, "systemd-sysusers")
+	root := t.TempDir()
+	for _, f := range []string{"sysusers.d/vmgate.conf", "tmpfiles.d/vmgate.conf"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(root, "etc", f)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// With --root, a bare file name is looked up in the root's
+	// configuration directories.
+	out, err := run(t, sysusers, "--root="+root, "vmgate.conf")
+	if err != nil || strings.Contains(out, "ignoring") || strings.Contains(out, "Failed") {
+		t.Fatalf("systemd-sysusers: %v\n%s", err, out)
+	}
+	passwd, _ := os.ReadFile(filepath.Join(root, "etc", "passwd"))
+	group, _ := os.ReadFile(filepath.Join(root, "etc", "group"))
+	if !regexp.MustCompile(`(?m)^vmgate:x:\d+:\d+:[^:]*:/:/usr/sbin/nologin$`).Match(passwd) {
+		t.Errorf("no user vmgate in /etc/passwd:\n%s", passwd)
+	}
+	for _, re := range []string{`(?m)^vmgate:x:\d+:$`, `(?m)^vmgate-users:x:\d+:vmgate$`, `(?m)^kvm:x:\d+:vmgate$`} {
+		if !regexp.MustCompile(re).Match(group) {
+			t.Errorf("/etc/group does not match %s:\n%s", re, group)
+		}
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("systemd-tmpfiles --create changes owners: needs root")
+	}
+	tmpfiles := requireTool(t, "systemd-tmpfiles")
+	out, err = run(t, tmpfiles, "--root="+root, "--create", "vmgate.conf")
+	if err != nil || strings.TrimSpace(out) != "" {
+		t.Fatalf("systemd-tmpfiles: %v\n%s", err, out)
+	}
+	uid := regexp.MustCompile(`(?m)^vmgate:x:(\d+):`).FindSubmatch(passwd)
+	if uid == nil {
+		t.Fatal("no vmgate uid")
+	}
+	for dir, want := range map[string]string{
+		"var/lib/vmgate": "755 vmgate vmgate", "var/log/vmgate": "750 vmgate vmgate",
+		"run/vmgate": "755 vmgate vmgate", "etc/vmgate": "750 root vmgate",
+	} {
+		out, err := exec.Command("stat", "-c", "%a %u %g", filepath.Join(root, dir)).Output()
+		if err != nil {
+			t.Errorf("%s: %v", dir, err)
+			continue
+		}
+		f := strings.Fields(string(out))
+		got := f[0] + " " + name(f[1], string(uid[1])) + " " + name(f[2], string(uid[1]))
+		if got != want {
+			t.Errorf("%s: %s, want %s", dir, got, want)
+		}
+	}
+}
+
+// name maps the numeric ids the scratch root uses back to names (the
+// vmgate user and group share one id there).
+func name(id, vmgate string) string {
+	switch id {
+	case "0":
+		return "root"
+	case vmgate:
+		return "vmgate"
+	}
+	return id
+}
