@@ -21,8 +21,15 @@ func runScripted(t *testing.T, stream bool, turns []scriptedTurn) TrialResult {
 	}
 	srv := newScripted(t, turns)
 	out := t.TempDir()
+	// VM sockets live under the state directory: keep its path short
+	// (t.TempDir holds the test's name).
+	state, err := os.MkdirTemp("", "vb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
 	o := Options{Scenarios: scs, AgentName: "openai", Model: "scripted", Endpoint: srv.URL, Runs: 1, Parallel: 1, Out: out, Stream: stream,
-		ImageDir: img, StateDir: t.TempDir(), TemplateDir: testutil.TemplateDir(t), Accel: vm.AccelAuto,
+		ImageDir: img, StateDir: state, TemplateDir: testutil.TemplateDir(t), Accel: vm.AccelAuto,
 		NewAgent: func(int) Agent { return &OpenAI{Endpoint: srv.URL, Model: "scripted", Stream: stream} }}
 	s, err := Run(context.Background(), o)
 	if err != nil {

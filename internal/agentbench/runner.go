@@ -238,7 +238,7 @@ func (o *Options) daemon(ctx context.Context) (*client.Client, func(), error) {
 	if mem == 0 {
 		mem = 512
 	}
-	dir, err := os.MkdirTemp(o.StateDir, "bench-agent-")
+	dir, err := os.MkdirTemp(o.StateDir, "ba-") // short: VM socket paths are limited
 	if err != nil {
 		return nil, nil, err
 	}

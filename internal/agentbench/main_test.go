@@ -1,0 +1,16 @@
+package agentbench
+
+import (
+	"os"
+	"testing"
+
+	"github.com/vmgate/vmgate/isolate"
+)
+
+// TestMain lets the test binary serve as the jail's re-exec child, as
+// vmgated does: the in-process daemon of the integration tests starts
+// its VMs' QEMU through it.
+func TestMain(m *testing.M) {
+	isolate.MaybeRunChild()
+	os.Exit(m.Run())
+}
