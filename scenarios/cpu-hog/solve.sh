@@ -1,3 +1,4 @@
 set -e
-pkill -f /usr/local/bin/thumbnailer
-sleep 1
+systemctl stop thumbnailer 2>/dev/null || pkill -f /usr/local/bin/thumbnailer
+for i in $(seq 20); do pgrep -f /usr/local/bin/thumbnailer >/dev/null || break; sleep 1; done
+! pgrep -f /usr/local/bin/thumbnailer
