@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,6 +70,35 @@ func TestParseSSHListen(t *testing.T) {
 			t.Errorf("parseSSHListen(%q) = %+v, %v; want {%s %s %v}", tt.in, got, err, tt.network, tt.addr, tt.loopback)
 		}
 	}
+}
+
+func FuzzParseSSHListen(f *testing.F) {
+	for _, s := range []string{"127.0.0.1:2222", "[::1]:22", "[::ffff:127.0.0.1]:1", "0.0.0.0:0", "unix:/run/x.sock",
+		"unix:", ":22", "localhost:22", "[fe80::1%lo]:22", "1.2.3.4:99999", "unix:/a/../b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := parseSSHListen(s)
+		if err != nil {
+			return
+		}
+		// What parses is canonical: parsing it again gives the same.
+		again := a.addr
+		if a.network == "unix" {
+			again = "unix:" + a.addr
+		}
+		b, err := parseSSHListen(again)
+		if err != nil || b != a {
+			t.Fatalf("%q parsed to %+v, which parses to %+v, %v", s, a, b, err)
+		}
+		if a.network == "tcp" {
+			host, _, _ := net.SplitHostPort(a.addr)
+			ip, err := netip.ParseAddr(host)
+			if err != nil || ip.IsLoopback() != a.loopback {
+				t.Fatalf("%q: loopback %v for %s", s, a.loopback, host)
+			}
+		}
+	})
 }
 
 func TestSSHRefusal(t *testing.T) {

@@ -16,7 +16,7 @@
 //	profile="NAME"  required: the policy profile the key gets (a profile
 //	                name: 1 to 64 of [a-z0-9-]); the profile must accept
 //	                SSH keys (match.ssh = true or match.any = true)
-//	no-pty          refuse terminals, so no interactive shells
+//	no-pty          refuse terminals (pty-req), as OpenSSH's option does
 //	restrict        the same as no-pty here (the front door never
 //	                forwards ports, agents or X11)
 //
