@@ -552,8 +552,13 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 				} else {
 					job.interactive = true
 				}
-				started, ok = true, true
+				// Reply before the command can send anything.
+				started = true
+				if r.WantReply {
+					_ = r.Reply(true, nil)
+				}
 				startc <- job
+				continue
 			case "signal":
 				var p sshSignalReq
 				if started && ssh.Unmarshal(r.Payload, &p) == nil {
