@@ -229,6 +229,13 @@ func Run(ctx context.Context, cfg Config) error {
 		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
 	s.cgroups = cgm
 	s.policy.Store(pol)
+	// The SSH front door's files and addresses are checked before any VM
+	// work starts; it serves once the daemon is ready.
+	if cfg.SSH != nil {
+		if s.ssh, err = newSSHFront(s, *cfg.SSH, pol, log); err != nil {
+			return err
+		}
+	}
 	if !cfg.NoTemplate {
 		s.fast = newFastPath(vm.Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log,
 			Cgroups: cgm, TemplateDir: cfg.TemplateDir}, cfg.PoolSize, log)
@@ -250,11 +257,6 @@ func Run(ctx context.Context, cfg Config) error {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
-	if cfg.SSH != nil {
-		if s.ssh, err = newSSHFront(s, *cfg.SSH, pol, log); err != nil {
-			return err
-		}
-	}
 	ln, err := listen(cfg, log)
 	if err != nil {
 		if s.ssh != nil {

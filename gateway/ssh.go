@@ -151,12 +151,46 @@ type sshListener struct {
 func newSSHFront(s *Server, cfg SSHConfig, pol *policy.Policy, log *slog.Logger) (_ *sshFront, err error) {
 	cfg.setDefaults(s.cfg.StateDir)
 	log = log.With("front", "ssh")
+	f := &sshFront{s: s, cfg: cfg, log: log, sem: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]struct{}{}}
+	for _, ln := range cfg.Listeners {
+		f.lns = append(f.lns, sshListener{ln: ln})
+	}
+	defer func() {
+		if err != nil {
+			f.closeListeners()
+		}
+	}()
 	if cfg.AuthorizedKeys == "" {
 		return nil, errors.New("ssh: no authorized-keys file (--ssh-authorized-keys)")
 	}
 	if len(cfg.Listen) == 0 && len(cfg.Listeners) == 0 {
 		return nil, errors.New("ssh: no address to listen on (--ssh-listen)")
 	}
+	// Addresses first: a refused one must not leave a host key behind.
+	var addrs []sshListenAddr
+	var remote []string
+	for _, a := range cfg.Listen {
+		la, err := parseSSHListen(a)
+		if err != nil {
+			return nil, err
+		}
+		if !la.loopback {
+			remote = append(remote, la.addr)
+		}
+		addrs = append(addrs, la)
+	}
+	for _, ln := range cfg.Listeners {
+		if ta, ok := ln.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
+			remote = append(remote, ta.String())
+		}
+	}
+	if len(remote) > 0 {
+		if !cfg.AllowRemote {
+			return nil, fmt.Errorf("ssh: refusing to listen on %s, which is not a loopback address: the keys would be the only barrier against the network (pass --ssh-allow-remote to accept that)", strings.Join(remote, ", "))
+		}
+		log.Warn("RELAXATION: the SSH front door listens on non-loopback addresses (--ssh-allow-remote): anyone who reaches them with a listed key runs commands", "addrs", remote)
+	}
+
 	keys, err := sshkeys.Load(cfg.AuthorizedKeys)
 	if err != nil {
 		return nil, fmt.Errorf("ssh: %w", err)
@@ -167,6 +201,7 @@ func newSSHFront(s *Server, cfg SSHConfig, pol *policy.Policy, log *slog.Logger)
 	if keys.Len() == 0 {
 		log.Warn("the authorized-keys file lists no key: nobody can log in", "file", cfg.AuthorizedKeys)
 	}
+	f.keys.Store(keys)
 	signer, created, err := sshkeys.LoadOrCreateHostKey(cfg.HostKey)
 	if err != nil {
 		return nil, fmt.Errorf("ssh: %w", err)
@@ -174,8 +209,6 @@ func newSSHFront(s *Server, cfg SSHConfig, pol *policy.Policy, log *slog.Logger)
 	if created {
 		log.Info("created the SSH host key; clients pin its public half", "file", cfg.HostKey, "pub", cfg.HostKey+".pub")
 	}
-	f := &sshFront{s: s, cfg: cfg, log: log, sem: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]struct{}{}}
-	f.keys.Store(keys)
 	f.hostFP = ssh.FingerprintSHA256(signer.PublicKey())
 	f.config = &ssh.ServerConfig{
 		// Public keys only: no PasswordCallback or
@@ -185,22 +218,8 @@ func newSSHFront(s *Server, cfg SSHConfig, pol *policy.Policy, log *slog.Logger)
 		ServerVersion:     "SSH-2.0-vmgated",
 	}
 	f.config.AddHostKey(signer)
-	defer func() {
-		if err != nil {
-			f.closeListeners()
-		}
-	}()
-	for _, a := range cfg.Listen {
-		la, err := parseSSHListen(a)
-		if err != nil {
-			return nil, err
-		}
-		if !la.loopback {
-			if !cfg.AllowRemote {
-				return nil, fmt.Errorf("ssh: refusing to listen on %s, which is not a loopback address: the keys would be the only barrier against the network (pass --ssh-allow-remote to accept that)", a)
-			}
-			log.Warn("RELAXATION: the SSH front door listens on a non-loopback address (--ssh-allow-remote): anyone who reaches it with a listed key runs commands", "addr", la.addr)
-		}
+
+	for _, la := range addrs {
 		var ln net.Listener
 		if la.network == "unix" {
 			ln, err = listenUnix(la.addr, s.cfg.SocketMode, s.cfg.SocketGroup, log)
@@ -215,15 +234,6 @@ func newSSHFront(s *Server, cfg SSHConfig, pol *policy.Policy, log *slog.Logger)
 			l.unix = la.addr
 		}
 		f.lns = append(f.lns, l)
-	}
-	for _, ln := range cfg.Listeners {
-		if ta, ok := ln.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
-			if !cfg.AllowRemote {
-				return nil, fmt.Errorf("ssh: refusing to serve the listener on %s, which is not a loopback address", ta)
-			}
-			log.Warn("RELAXATION: the SSH front door listens on a non-loopback address (AllowRemote)", "addr", ta.String())
-		}
-		f.lns = append(f.lns, sshListener{ln: ln})
 	}
 	return f, nil
 }
@@ -650,6 +660,10 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 		case <-gone:
 			return // nobody to tell
 		default:
+		}
+		if f.s.execCtx.Err() != nil {
+			fail(exitcode.VMFailed, fmt.Sprintf("vmgated is shutting down and killed the command (request %s)", st.reqID))
+			return
 		}
 		fail(exitcode.VMFailed, fmt.Sprintf("the command's outcome is unknown: %v (request %s)", err, st.reqID))
 	case res.TimedOut:

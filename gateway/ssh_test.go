@@ -487,6 +487,9 @@ func TestSSHFront_Refuses(t *testing.T) {
 			t.Errorf("%s: %v, want an error ~%q", name, err, tt.want)
 		}
 	}
+	if _, err := os.Stat(filepath.Join(dir, DefaultSSHHostKey)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused start left a host key: %v", err)
+	}
 	// A unix socket and, as a logged relaxation, every interface.
 	var logs testutil.SyncBuffer
 	sock := filepath.Join(dir, "ssh.sock")
@@ -495,7 +498,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(logs.String(), "RELAXATION: the SSH front door listens on a non-loopback address") {
+	if !strings.Contains(logs.String(), "RELAXATION: the SSH front door listens on non-loopback addresses") {
 		t.Errorf("no relaxation logged: %s", logs.String())
 	}
 	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o660 {
