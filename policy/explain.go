@@ -20,6 +20,7 @@ func (p *Policy) Explain() string {
 	fmt.Fprintf(&b, "policy %s: version 1, %d %s.\n", p.source, n, plural(n, "profile", "profiles"))
 	b.WriteString("Profiles are tried in order; the first whose match fits the caller decides.\n")
 	b.WriteString("A caller that no profile matches is denied.\n")
+	b.WriteString("An SSH key (vmgated serve --ssh-listen) gets the profile its authorized-keys entry names, if that profile accepts keys (match.ssh or match.any).\n")
 	if p.Seccomp() == "off" {
 		b.WriteString("RELAXATION: isolate.seccomp = \"off\": QEMU runs in its jail without the seccomp allowlist.\n")
 	} else {
