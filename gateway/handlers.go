@@ -110,36 +110,69 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 
 // execState collects what the audit record of one exec needs.
 type execState struct {
-	reqID   string
-	id      policy.Identity
-	argv    []string
-	req     *wire.ExecRequest
-	verdict policy.Verdict
-	start   time.Time
+	reqID string
+	id    policy.Identity
+	argv  []string
+	req   *wire.ExecRequest
+	// interactive marks a login shell on a terminal (SSH without a
+	// command); argv is then the shell.
+	interactive bool
+	verdict     policy.Verdict
+	start       time.Time
+}
+
+// newExecState starts the record of a request from id. The argv decided
+// on is req.Argv, or ["sh", "-c", STRING] for a shell string.
+func newExecState(id policy.Identity, req *wire.ExecRequest, interactive bool) *execState {
+	st := &execState{reqID: newRequestID(), id: id, req: req, argv: req.Argv, interactive: interactive, start: time.Now()}
+	if req.Shell && len(req.Argv) == 1 {
+		st.argv = []string{"sh", "-c", req.Argv[0]}
+	}
+	return st
+}
+
+// setCaller fills in rec's caller fields from id: the SO_PEERCRED identity
+// of a local caller, or the key of an SSH one.
+func setCaller(rec *audit.Record, id policy.Identity) {
+	if k := id.SSH; k != nil {
+		rec.SSH = &audit.SSHClient{Fingerprint: k.Fingerprint, Comment: k.Comment, User: k.User, Remote: k.RemoteAddr}
+		return
+	}
+	uid, gid := id.UID, id.GID
+	rec.UID, rec.GID, rec.PID, rec.User = &uid, &gid, id.PID, id.User
 }
 
 func (s *Server) auditDecision(st *execState) error {
-	uid, gid := st.id.UID, st.id.GID
 	v := audit.VerdictDeny
 	if st.verdict.Allowed {
 		v = audit.VerdictAllow
 	}
-	return s.audit.Write(audit.Record{
-		Kind: audit.KindDecision, RequestID: st.reqID, UID: &uid, GID: &gid, PID: st.id.PID, User: st.id.User,
+	rec := audit.Record{
+		Kind: audit.KindDecision, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
 		Verdict: v, Rule: st.verdict.Rule, Reason: st.verdict.Reason,
-	})
+	}
+	setCaller(&rec, st.id)
+	if st.interactive {
+		rec.Message = "interactive shell"
+	}
+	return s.audit.Write(rec)
+}
+
+// refusal is a request turned away before its command ran: the HTTP
+// status and the wire error (which the SSH front door maps to a message
+// and an exit status).
+type refusal struct {
+	status int
+	body   wire.Error
 }
 
 func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
-	st := &execState{reqID: newRequestID(), start: time.Now()}
 	id, err := identityFrom(r.Context())
 	if err != nil {
 		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "cannot identify the caller: " + err.Error()})
 		return
 	}
-	st.id = id
-	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
 	if !s.begin() {
 		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeShutdown, Error: "vmgated is shutting down"})
 		return
@@ -156,45 +189,14 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := wire.DecodeExecRequest(r.Body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error(), RequestID: st.reqID})
+		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error()})
 		return
 	}
-	st.req = req
-	st.argv = req.Argv
-	if req.Shell {
-		st.argv = []string{"sh", "-c", req.Argv[0]}
-	}
-	if err := s.audit.Healthy(); err != nil {
-		log.Error("refusing request: audit log unavailable", "err", err)
-		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID})
-		return
-	}
-	st.verdict = s.policy.Load().Decide(id, policy.Request{
-		Argv: st.argv, Shell: req.Shell, Session: req.Session,
-		Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, Env: req.Env,
-	})
-	if err := s.auditDecision(st); err != nil {
-		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID})
-		return
-	}
-	if !st.verdict.Allowed {
-		log.Info("denied", "profile", st.verdict.Profile, "rule", st.verdict.Rule, "reason", st.verdict.Reason)
-		writeError(w, http.StatusForbidden, wire.Error{Code: wire.CodeDenied, Error: st.verdict.Reason,
-			Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID})
-		return
-	}
-
-	// Find or make the VM before switching protocols, so that busy and
-	// session errors are plain HTTP answers.
-	target, err := s.acquireVM(ctx, st)
-	if err != nil {
-		status, code := http.StatusServiceUnavailable, wire.CodeBusy
-		var ue userError
-		if errors.As(err, &ue) {
-			status, code = ue.status, ue.code
-		}
-		s.auditExec(st, execOutcome{err: err})
-		writeError(w, status, wire.Error{Code: code, Error: err.Error(), Profile: st.verdict.Profile, RequestID: st.reqID})
+	st := newExecState(id, req, false)
+	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
+	target, ref := s.admit(ctx, log, st)
+	if ref != nil {
+		writeError(w, ref.status, ref.body)
 		return
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
@@ -210,6 +212,46 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.serveExec(log, conn, brw.Reader, st, target)
+}
+
+// admit takes a request that every front door (the HTTP API, SSH) has
+// parsed into st from the audit check through the policy decision (audited)
+// to its VM: a fresh one, or the caller's session's. A refusal is returned
+// as such, audited when a decision was made; busy and session errors come
+// back before any output, so that a front door can still answer plainly.
+// ctx bounds queueing and booting: it must end when the client goes away
+// or the shutdown grace period is over.
+//
+// Precondition: s.begin() succeeded. Postcondition: on success the caller
+// runs the command with runExec, or calls target.done(false).
+func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*vmTarget, *refusal) {
+	if err := s.audit.Healthy(); err != nil {
+		log.Error("refusing request: audit log unavailable", "err", err)
+		return nil, &refusal{http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}}
+	}
+	st.verdict = s.policy.Load().Decide(st.id, policy.Request{
+		Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
+		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
+	})
+	if err := s.auditDecision(st); err != nil {
+		return nil, &refusal{http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}}
+	}
+	if !st.verdict.Allowed {
+		log.Info("denied", "profile", st.verdict.Profile, "rule", st.verdict.Rule, "reason", st.verdict.Reason)
+		return nil, &refusal{http.StatusForbidden, wire.Error{Code: wire.CodeDenied, Error: st.verdict.Reason,
+			Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID}}
+	}
+	target, err := s.acquireVM(ctx, st)
+	if err != nil {
+		status, code := http.StatusServiceUnavailable, wire.CodeBusy
+		var ue userError
+		if errors.As(err, &ue) {
+			status, code = ue.status, ue.code
+		}
+		s.auditExec(st, execOutcome{err: err})
+		return nil, &refusal{status, wire.Error{Code: code, Error: err.Error(), Profile: st.verdict.Profile, RequestID: st.reqID}}
+	}
+	return target, nil
 }
 
 // userError is an error with its HTTP status and wire code.
@@ -310,6 +352,10 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 }
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
+	if !st.id.Local() {
+		// Sessions are keyed by uid; an SSH caller has none.
+		return nil, userError{http.StatusBadRequest, wire.CodeBadRequest, "named sessions are for local callers"}
+	}
 	key := sessionKey{st.id.UID, st.req.Session}
 	s.mu.Lock()
 	ss := s.sessions[key]
@@ -373,18 +419,15 @@ func (s *Server) sessionDone(ss *session) func(bool) {
 	}
 }
 
-// frameWriter turns writes into frames of one type on a shared connection
-// and hashes what it sends.
+// frameWriter turns writes into frames of one type on a shared connection.
 type frameWriter struct {
 	mu  *sync.Mutex
 	w   io.Writer
 	typ byte
-	h   hash.Hash
 	err error
 }
 
 func (f *frameWriter) Write(p []byte) (int, error) {
-	f.h.Write(p)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
@@ -401,6 +444,8 @@ func (f *frameWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// serveExec relays an accepted HTTP exec as frames on the upgraded
+// connection.
 func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
 	ctx, cancel := context.WithCancel(s.execCtx)
 	defer cancel()
@@ -413,7 +458,6 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 		stdinR, stdinW = io.Pipe()
 	}
 	signals := make(chan string, 8)
-	var stdinBytes int64
 	clientGone := make(chan struct{})
 	go func() {
 		defer close(clientGone)
@@ -429,7 +473,6 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 			switch typ {
 			case wire.FrameStdin:
 				if stdinW != nil {
-					stdinBytes += int64(len(p))
 					if _, err := stdinW.Write(p); err != nil {
 						stdinW = nil // command closed its stdin; drop the rest
 					}
@@ -449,12 +492,51 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 	}()
 
 	var mu sync.Mutex
-	stdout := &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout, h: sha256.New()}
-	stderr := &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr, h: sha256.New()}
-	var stdin io.Reader
-	if stdinR != nil {
-		stdin = stdinR
+	sio := execIO{
+		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout},
+		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr},
+		signals: signals, gone: clientGone,
 	}
+	if stdinR != nil {
+		sio.stdin = stdinR
+		defer stdinR.Close()
+	}
+	res, err := s.runExec(ctx, log, st, target, sio)
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil {
+		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: wire.CodeVM, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
+		return
+	}
+	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res)
+}
+
+// execIO is a front door's side of a running command.
+type execIO struct {
+	stdin          io.Reader // nil: empty stdin
+	stdout, stderr io.Writer
+	// signals carries RFC 4254 signal names to the command.
+	signals <-chan string
+	// gone is closed when the client went away.
+	gone <-chan struct{}
+}
+
+// runExec runs st's admitted command in target with the front door's
+// streams, releases target (a fresh VM is destroyed, a session's kept
+// unless it died), audits the outcome and returns the result. A non-nil
+// error means the outcome is unknown: the VM failed, the client went
+// away or the grace period after shutdown ended.
+//
+// Precondition: target came from admit; ctx ends when the client goes
+// away or s.execCtx ends.
+func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, target *vmTarget, sio execIO) (wire.Result, error) {
+	var stdinBytes atomic.Int64
+	var stdin io.Reader
+	if sio.stdin != nil {
+		stdin = &countReader{r: sio.stdin, n: &stdinBytes}
+	}
+	stdout := &hashWriter{w: sio.stdout, h: sha256.New()}
+	stderr := &hashWriter{w: sio.stderr, h: sha256.New()}
 	var pty *vm.PTY
 	if t := st.req.TTY; t != nil {
 		pty = &vm.PTY{Term: t.Term, Columns: t.Cols, Rows: t.Rows}
@@ -463,32 +545,61 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 	res, err := target.vm.Exec(ctx, vm.ExecRequest{PTY: pty,
 		Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr,
-		Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: signals,
+		Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: sio.signals,
 	})
 	execDur := time.Since(t0)
-	if stdinR != nil {
-		stdinR.Close()
-	}
 	vmOK := err == nil || !errors.Is(err, vm.ErrVMDied)
 	select {
-	case <-clientGone:
+	case <-sio.gone:
 		if err == nil {
 			err = errors.New("client disconnected")
 		}
 	default:
 	}
 	target.done(vmOK) // a session whose VM died is ended; a fresh VM always goes
-	res2 := s.auditExec(st, execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes, execDur: execDur,
-		stdoutSHA: hex.EncodeToString(stdout.h.Sum(nil)), stderrSHA: hex.EncodeToString(stderr.h.Sum(nil))})
-	mu.Lock()
-	defer mu.Unlock()
+	out := s.auditExec(st, execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes.Load(), execDur: execDur,
+		stdoutSHA: stdout.sum(), stderrSHA: stderr.sum()})
 	if err != nil {
 		log.Warn("exec failed", "err", err)
-		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: wire.CodeVM, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
-		return
+		return out, err
 	}
-	log.Info("exec done", "vm", target.vm.ID, "exit", res.ExitCode, "signal", res.Signal, "timed_out", res.TimedOut, "ms", res2.TotalMS)
-	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res2)
+	log.Info("exec done", "vm", target.vm.ID, "exit", res.ExitCode, "signal", res.Signal, "timed_out", res.TimedOut, "ms", out.TotalMS)
+	return out, nil
+}
+
+// hashWriter hashes what it passes on; a nil w discards.
+type hashWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+	h  hash.Hash
+}
+
+func (hw *hashWriter) Write(p []byte) (int, error) {
+	hw.mu.Lock()
+	hw.h.Write(p)
+	hw.mu.Unlock()
+	if hw.w == nil {
+		return len(p), nil
+	}
+	return hw.w.Write(p)
+}
+
+func (hw *hashWriter) sum() string {
+	hw.mu.Lock()
+	defer hw.mu.Unlock()
+	return hex.EncodeToString(hw.h.Sum(nil))
+}
+
+// countReader counts the bytes read through it.
+type countReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // execOutcome is what an exec produced, for its audit record and result.
@@ -503,11 +614,11 @@ type execOutcome struct {
 
 // auditExec writes the exec record and returns the wire result.
 func (s *Server) auditExec(st *execState, o execOutcome) wire.Result {
-	uid, gid := st.id.UID, st.id.GID
-	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID, UID: &uid, GID: &gid, PID: st.id.PID, User: st.id.User,
+	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
 		ImageDigest: s.digest, DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdinBytes, StdoutSHA256: o.stdoutSHA, StderrSHA256: o.stderrSHA}
+	setCaller(&rec, st.id)
 	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: rec.DurationMS, ExecMS: o.execDur.Milliseconds()}
 	if t := o.target; t != nil {
 		rec.VMID, rec.BootMS, rec.VMStart = t.vm.ID, t.boot.Milliseconds(), t.start

@@ -17,12 +17,12 @@ import (
 // netAudit returns the audit hook of a VM's network: one KindNet record
 // per DNS query and connection, tied to the request and the VM.
 func (s *Server) netAudit(st *execState, vmID *atomic.Value) func(guestnet.Record) {
-	uid, gid := st.id.UID, st.id.GID
 	return func(r guestnet.Record) {
 		id, _ := vmID.Load().(string)
-		rec := audit.Record{Kind: audit.KindNet, RequestID: st.reqID, UID: &uid, GID: &gid, Profile: st.verdict.Profile,
+		rec := audit.Record{Kind: audit.KindNet, RequestID: st.reqID, Profile: st.verdict.Profile,
 			VMID: id, Verdict: audit.VerdictDeny, Rule: r.Rule, Reason: r.Reason,
 			Net: &audit.NetEvent{Proto: r.Proto, Name: r.Name, Port: r.Port, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds()}}
+		setCaller(&rec, st.id)
 		if r.Allowed {
 			rec.Verdict = audit.VerdictAllow
 		}

@@ -80,6 +80,8 @@ type Config struct {
 	// NetHosts pins guest DNS names to addresses (looked up before the
 	// host's resolver; the allowlist and address checks still apply).
 	NetHosts map[string][]netip.Addr
+	// SSH, if set, turns the SSH front door on.
+	SSH *SSHConfig
 	// AllowRoot permits running as uid 0.
 	AllowRoot bool
 	// Log defaults to slog.Default().
@@ -137,6 +139,8 @@ type Server struct {
 	slots  *slots
 	// fast restores VMs from templates; nil when NoTemplate.
 	fast *fastPath
+	// ssh is the SSH front door; nil when off.
+	ssh *sshFront
 	// cgroups holds the jails' cgroups; nil means rlimits only.
 	cgroups *cgroup.Manager
 
@@ -225,6 +229,13 @@ func Run(ctx context.Context, cfg Config) error {
 		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
 	s.cgroups = cgm
 	s.policy.Store(pol)
+	// The SSH front door's files and addresses are checked before any VM
+	// work starts; it serves once the daemon is ready.
+	if cfg.SSH != nil {
+		if s.ssh, err = newSSHFront(s, *cfg.SSH, pol, log); err != nil {
+			return err
+		}
+	}
 	if !cfg.NoTemplate {
 		s.fast = newFastPath(vm.Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log,
 			Cgroups: cgm, TemplateDir: cfg.TemplateDir}, cfg.PoolSize, log)
@@ -248,11 +259,19 @@ func Run(ctx context.Context, cfg Config) error {
 	defer signal.Stop(sigs)
 	ln, err := listen(cfg, log)
 	if err != nil {
+		if s.ssh != nil {
+			s.ssh.closeListeners()
+		}
 		return err
 	}
 	srv := &http.Server{Handler: s.routes(), ConnContext: connContext, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
+	if s.ssh != nil {
+		s.ssh.serve()
+		log.Info("SSH front door ready", "listen", s.ssh.addrs(), "host_key", s.ssh.cfg.HostKey+".pub",
+			"host_key_fingerprint", s.ssh.hostFP, "authorized_keys", s.ssh.cfg.AuthorizedKeys, "keys", s.ssh.keys.Load().Len())
+	}
 
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.digest})
 	log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", pol.Source(), "image", cfg.ImageDir, "audit", cfg.AuditPath, "max_vms", cfg.MaxVMs)
@@ -297,6 +316,9 @@ func (s *Server) shutdown(srv *http.Server) {
 	}
 	s.activeMu.Unlock()
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
+	if s.ssh != nil {
+		s.ssh.closeListeners()
+	}
 	grace := time.NewTimer(s.cfg.Grace)
 	defer grace.Stop()
 	// Stop accepting and serve what is queued; hijacked exec connections
@@ -314,6 +336,9 @@ func (s *Server) shutdown(srv *http.Server) {
 		<-s.idle
 	}
 	_ = srv.Close()
+	if s.ssh != nil {
+		s.ssh.closeConns()
+	}
 	s.closeAllSessions("daemon shutdown")
 	if s.cfg.Socket != "" && !activated {
 		_ = os.Remove(s.cfg.Socket)
@@ -359,6 +384,9 @@ func (s *Server) reload() {
 	s.policy.Store(p)
 	s.log.Info("policy reloaded", "source", p.Source())
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reloaded: " + p.Source()})
+	if s.ssh != nil {
+		s.ssh.reload(p)
+	}
 }
 
 func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {
@@ -398,37 +426,44 @@ func listen(cfg Config, log *slog.Logger) (net.Listener, error) {
 	default:
 		return nil, fmt.Errorf("socket activation: want 1 socket, got %d", len(lns))
 	}
-	if len(cfg.Socket) >= 108 {
-		return nil, fmt.Errorf("socket path %s is too long (max 107 bytes)", cfg.Socket)
+	return listenUnix(cfg.Socket, cfg.SocketMode, cfg.SocketGroup, log)
+}
+
+// listenUnix creates a Unix socket at path with mode and, if group is
+// set, that group. A stale socket file is removed; one that a running
+// process answers on, or a file that is not a socket, is an error.
+func listenUnix(path string, mode os.FileMode, group string, log *slog.Logger) (net.Listener, error) {
+	if len(path) >= 108 {
+		return nil, fmt.Errorf("socket path %s is too long (max 107 bytes)", path)
 	}
-	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("socket dir: %w", err)
 	}
 	// A socket file that nobody answers on is stale; one that answers
 	// belongs to a running daemon, which we must not steal it from.
-	if c, err := net.DialTimeout("unix", cfg.Socket, time.Second); err == nil {
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
-		return nil, fmt.Errorf("another vmgated is already listening on %s", cfg.Socket)
+		return nil, fmt.Errorf("another vmgated is already listening on %s", path)
 	}
-	if st, err := os.Lstat(cfg.Socket); err == nil {
+	if st, err := os.Lstat(path); err == nil {
 		if st.Mode()&fs.ModeSocket == 0 {
-			return nil, fmt.Errorf("%s exists and is not a socket; refusing to remove it", cfg.Socket)
+			return nil, fmt.Errorf("%s exists and is not a socket; refusing to remove it", path)
 		}
-		if err := os.Remove(cfg.Socket); err != nil {
+		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("remove stale socket: %w", err)
 		}
-		log.Info("removed stale socket", "path", cfg.Socket)
+		log.Info("removed stale socket", "path", path)
 	}
 	old := unix.Umask(0o177)
-	ln, err := net.Listen("unix", cfg.Socket)
+	ln, err := net.Listen("unix", path)
 	unix.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	gid := -1
-	if cfg.SocketGroup != "" {
-		g, err := user.LookupGroup(cfg.SocketGroup)
+	if group != "" {
+		g, err := user.LookupGroup(group)
 		if err != nil {
 			ln.Close()
 			return nil, fmt.Errorf("socket group: %w", err)
@@ -436,12 +471,12 @@ func listen(cfg Config, log *slog.Logger) (net.Listener, error) {
 		gid, _ = strconv.Atoi(g.Gid)
 	}
 	if gid >= 0 {
-		if err := os.Chown(cfg.Socket, -1, gid); err != nil {
+		if err := os.Chown(path, -1, gid); err != nil {
 			ln.Close()
 			return nil, fmt.Errorf("socket group: %w", err)
 		}
 	}
-	if err := os.Chmod(cfg.Socket, cfg.SocketMode); err != nil {
+	if err := os.Chmod(path, mode); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("socket mode: %w", err)
 	}

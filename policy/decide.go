@@ -30,8 +30,9 @@ const (
 // ErrDenied is wrapped by [Verdict.Err] for every denial.
 var ErrDenied = errors.New("denied by policy")
 
-// Identity is the caller of a request, as the daemon learnt it from
-// SO_PEERCRED and the user database.
+// Identity is the caller of a request: a local process, as the daemon
+// learnt it from SO_PEERCRED and the user database, or (SSH set) the
+// holder of an SSH key listed in the front door's authorized-keys file.
 type Identity struct {
 	UID, GID uint32 // from SO_PEERCRED
 	PID      int32  // from SO_PEERCRED; for the audit log, not for decisions
@@ -40,6 +41,40 @@ type Identity struct {
 	// Groups holds the names of the user's groups as the user database
 	// lists them (supplementary groups); may be empty.
 	Groups []string
+	// SSH is set for a caller of the SSH front door. Such a caller has no
+	// local uid: the fields above are zero and never consulted (uid 0 here
+	// is not root), and the profile is the one its key names.
+	SSH *SSHKey
+}
+
+// SSHKey identifies a caller that proved possession of a public key listed
+// in the SSH front door's authorized-keys file. Only Profile takes part in
+// decisions; the rest is for the audit log and messages.
+type SSHKey struct {
+	// Profile is the profile the key's entry names (profile="NAME").
+	Profile string
+	// Fingerprint is the key's SHA-256 fingerprint, "SHA256:…".
+	Fingerprint string
+	// Comment is the entry's comment (usually who holds the key).
+	Comment string
+	// User is the user name the SSH client sent; informational.
+	User string
+	// RemoteAddr is the client's address ("127.0.0.1:41234", or "@" for
+	// a Unix socket).
+	RemoteAddr string
+}
+
+// Local reports whether id is a local caller (identified by SO_PEERCRED)
+// rather than an SSH key.
+func (id Identity) Local() bool { return id.SSH == nil }
+
+// describe names the caller in reasons: "uid 1000 (user alice)" or
+// "SSH key SHA256:…".
+func (id Identity) describe() string {
+	if id.SSH != nil {
+		return "SSH key " + quoteName(id.SSH.Fingerprint)
+	}
+	return fmt.Sprintf("uid %d (%s)", id.UID, userDesc(id.User))
 }
 
 // Request is one exec request, untrusted.
@@ -54,6 +89,12 @@ type Request struct {
 	Timeout time.Duration
 	// Env holds KEY=VALUE entries the client asks to pass.
 	Env []string
+	// Interactive marks an interactive login shell on a terminal (the SSH
+	// front door without a command): Argv is the shell, run for as long
+	// as its user keeps it open. It needs allow_shell and sessions, its
+	// time limit is sessions.max_lifetime (Timeout must be 0) and the
+	// front door ends it after sessions.idle_timeout without traffic.
+	Interactive bool
 }
 
 // Limits are the resources a request gets.
@@ -140,10 +181,15 @@ func (p *Policy) Decide(id Identity, req Request) Verdict {
 	if p == nil {
 		return Verdict{Reason: "no policy loaded"}
 	}
-	prof := p.profileFor(id)
+	prof, reason := p.profileFor(id)
 	if prof == nil {
-		return Verdict{Reason: fmt.Sprintf("no policy profile matches uid %d (%s)", id.UID, userDesc(id.User))}
+		return Verdict{Reason: reason}
 	}
+	return prof.decide(req)
+}
+
+// decide is Decide once the profile is known.
+func (prof *profile) decide(req Request) Verdict {
 	deny := func(rule, reason string) Verdict {
 		return Verdict{Profile: prof.name, Rule: rule, Reason: reason}
 	}
@@ -198,14 +244,59 @@ func (p *Policy) Decide(id Identity, req Request) Verdict {
 	}
 }
 
-// profileFor returns the first profile matching id, or nil.
-func (p *Policy) profileFor(id Identity) *profile {
-	for _, prof := range p.profiles {
-		if prof.match.matches(id) {
-			return prof
-		}
+// AllowsEnv reports whether a request of id may pass the environment
+// variable name: the profile id gets allows it. The SSH front door asks
+// this when a client sends an "env" request; Decide checks the variable
+// again with the request.
+func (p *Policy) AllowsEnv(id Identity, name string) bool {
+	if p == nil {
+		return false
+	}
+	prof, _ := p.profileFor(id)
+	return prof != nil && envNameRE.MatchString(name) && prof.env.allows(name)
+}
+
+// CheckKeyProfile returns nil if an SSH key may name the profile: it
+// exists and accepts SSH keys (match.ssh or match.any). Otherwise the
+// error says which.
+func (p *Policy) CheckKeyProfile(name string) error {
+	if p == nil {
+		return errors.New("no policy loaded")
+	}
+	_, reason := p.keyProfile(name)
+	if reason != "" {
+		return errors.New(reason)
 	}
 	return nil
+}
+
+// profileFor returns the profile id gets, or nil and the reason there is
+// none: for a local caller the first profile whose match fits; for an SSH
+// key the profile it names, if that profile accepts keys.
+func (p *Policy) profileFor(id Identity) (*profile, string) {
+	if id.SSH != nil {
+		return p.keyProfile(id.SSH.Profile)
+	}
+	for _, prof := range p.profiles {
+		if prof.match.matches(id) {
+			return prof, ""
+		}
+	}
+	return nil, "no policy profile matches " + id.describe()
+}
+
+// keyProfile returns the profile an SSH key names, or nil and the reason.
+func (p *Policy) keyProfile(name string) (*profile, string) {
+	for _, prof := range p.profiles {
+		if prof.name != name {
+			continue
+		}
+		if !prof.match.acceptsKeys() {
+			return nil, fmt.Sprintf("the SSH key's profile %s does not accept SSH keys (its match has neither ssh = true nor any = true)", quote(name))
+		}
+		return prof, ""
+	}
+	return nil, fmt.Sprintf("the SSH key's profile %s is not in the policy", quote(name))
 }
 
 func userDesc(user string) string {
@@ -265,6 +356,12 @@ func checkRequest(req *Request) string {
 	if req.Shell && (len(req.Argv) != 3 || req.Argv[0] != "sh" || req.Argv[1] != "-c") {
 		return `malformed shell request: argv must be ["sh", "-c", STRING]`
 	}
+	if req.Interactive && (req.Shell || req.Session != "") {
+		return "malformed interactive request: an interactive shell is neither a shell string nor part of a named session"
+	}
+	if req.Interactive && req.Timeout != 0 {
+		return "an interactive shell takes no timeout: its limit is the profile's sessions.max_lifetime"
+	}
 	if req.Session != "" && !ValidSessionName(req.Session) {
 		return fmt.Sprintf("session name %s: must be 1 to 64 of [A-Za-z0-9._-], not . or ..", quote(req.Session))
 	}
@@ -297,7 +394,13 @@ func (prof *profile) check(req *Request) (time.Duration, string) {
 	if req.Session != "" && !prof.limits.AllowSessions {
 		return 0, "sessions are not allowed"
 	}
+	if req.Interactive && (!prof.allowShell || !prof.limits.AllowSessions) {
+		return 0, "interactive shells are not allowed: the profile needs allow_shell = true and sessions.allowed = true; run a command instead"
+	}
 	timeout := prof.limits.Timeout
+	if req.Interactive {
+		timeout = prof.limits.SessionMax
+	}
 	if req.Timeout > 0 {
 		if req.Timeout > prof.timeoutMax {
 			return 0, fmt.Sprintf("requested timeout %s exceeds the maximum %s", formatDuration(req.Timeout), formatDuration(prof.timeoutMax))

@@ -253,10 +253,15 @@ func checkVerdict(t testing.TB, p *Policy, req Request, v Verdict) {
 		t.Fatalf("allowed by unknown profile %q", v.Profile)
 	}
 	l := v.Limits
-	if l.Timeout <= 0 || l.Timeout > prof.timeoutMax {
+	switch {
+	case req.Interactive:
+		if l.Timeout != prof.limits.SessionMax || !prof.allowShell || !l.AllowSessions || req.Timeout != 0 {
+			t.Fatalf("interactive shell allowed with timeout %s (sessions.max_lifetime %s), shell %v, sessions %v",
+				l.Timeout, prof.limits.SessionMax, prof.allowShell, l.AllowSessions)
+		}
+	case l.Timeout <= 0 || l.Timeout > prof.timeoutMax:
 		t.Fatalf("timeout %s outside (0, %s]", l.Timeout, prof.timeoutMax)
-	}
-	if req.Timeout == 0 && l.Timeout != prof.limits.Timeout {
+	case req.Timeout == 0 && l.Timeout != prof.limits.Timeout:
 		t.Fatalf("timeout %s, want default %s", l.Timeout, prof.limits.Timeout)
 	}
 	want := prof.limits
@@ -384,5 +389,139 @@ func TestQuote(t *testing.T) {
 	got := quote(long)
 	if !strings.HasSuffix(got, "...(200 bytes)") || strings.Contains(got, `\x`) {
 		t.Fatalf("quote cut a rune or lost the length: %s", got)
+	}
+}
+
+// sshTOML has profiles for SSH keys: one only for keys, one for keys and a
+// local group, one local only, and a catch-all that also accepts keys.
+const sshTOML = `
+version = 1
+
+[[profile]]
+name = "agent"
+match = { ssh = true }
+allow_shell = true
+env = ["GREETING"]
+sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "2h" }
+  [[profile.deny]]
+  name = "no-curl"
+  args_regex = 'curl'
+
+[[profile]]
+name = "narrow"
+match = { ssh = true, groups = ["ops"] }
+allow_shell = false
+
+[[profile]]
+name = "one-shot"
+match = { ssh = true }
+allow_shell = true
+
+[[profile]]
+name = "local"
+match = { uids = [1000] }
+allow_shell = true
+
+[[profile]]
+name = "everyone"
+match = { any = true }
+allow_shell = true
+sessions = { allowed = true }
+`
+
+func sshID(profile string) Identity {
+	return Identity{SSH: &SSHKey{Profile: profile, Fingerprint: "SHA256:abc", Comment: "alice@laptop", User: "agent", RemoteAddr: "127.0.0.1:5555"}}
+}
+
+func TestDecideSSH(t *testing.T) {
+	p := mustParse(t, "ssh.toml", sshTOML)
+	shell := func(s string) Request { return Request{Argv: argv("sh", "-c", s), Shell: true} }
+	login := Request{Argv: argv("bash", "-l"), Interactive: true}
+	tests := []struct {
+		name    string
+		id      Identity
+		req     Request
+		allowed bool
+		profile string
+		reason  string
+	}{
+		{"key names its profile", sshID("agent"), shell("uname -a"), true, "agent", "no allow rules"},
+		{"key profile with env", sshID("agent"), Request{Argv: argv("sh", "-c", "env"), Shell: true, Env: []string{"GREETING=hi"}}, true, "agent", ""},
+		{"key profile env refused", sshID("agent"), Request{Argv: argv("sh", "-c", "env"), Shell: true, Env: []string{"LANG=C"}}, false, "agent", `environment variable "LANG" is not allowed`},
+		{"key profile deny rule", sshID("agent"), shell("curl x"), false, "agent", "deny rule"},
+		{"key profile without shell", sshID("narrow"), shell("ls"), false, "narrow", "shell strings"},
+		{"catch-all accepts keys", sshID("everyone"), shell("ls"), true, "everyone", ""},
+		{"local-only profile refuses keys", sshID("local"), shell("ls"), false, "", `profile "local" does not accept SSH keys`},
+		{"unknown profile", sshID("nosuch"), shell("ls"), false, "", `profile "nosuch" is not in the policy`},
+		{"key is not uid 0", Identity{UID: 0, SSH: &SSHKey{Profile: "local"}}, shell("ls"), false, "", "does not accept SSH keys"},
+		{"local keys of an ssh profile still match", Identity{UID: 1001, Groups: []string{"ops"}}, shell("ls"), false, "narrow", "shell strings"},
+		{"ssh-only profile skipped for local callers", Identity{UID: 1000}, shell("ls"), true, "local", ""},
+		{"local caller falls through to catch-all", Identity{UID: 4242}, shell("ls"), true, "everyone", ""},
+
+		{"interactive", sshID("agent"), login, true, "agent", ""},
+		{"interactive needs sessions", sshID("one-shot"), login, false, "one-shot", "interactive shells are not allowed"},
+		{"interactive needs shell", sshID("narrow"), login, false, "narrow", "interactive shells are not allowed"},
+		{"interactive takes no timeout", sshID("agent"), Request{Argv: argv("bash", "-l"), Interactive: true, Timeout: time.Second}, false, "agent", "takes no timeout"},
+		{"interactive is not a shell string", sshID("agent"), Request{Argv: argv("sh", "-c", "x"), Shell: true, Interactive: true}, false, "agent", "malformed interactive"},
+		{"interactive in no named session", sshID("agent"), Request{Argv: argv("bash"), Session: "s", Interactive: true}, false, "agent", "malformed interactive"},
+		{"interactive passes deny rules", sshID("agent"), Request{Argv: argv("curl"), Interactive: true}, false, "agent", "deny rule"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := p.Decide(tt.id, tt.req)
+			if v.Allowed != tt.allowed || v.Profile != tt.profile || !strings.Contains(v.Reason, tt.reason) {
+				t.Fatalf("Decide = {Allowed:%v Profile:%q Reason:%q}\nwant     {Allowed:%v Profile:%q Reason:~%q}",
+					v.Allowed, v.Profile, v.Reason, tt.allowed, tt.profile, tt.reason)
+			}
+			checkVerdict(t, p, tt.req, v)
+		})
+	}
+	ex := p.Explain()
+	for _, want := range []string{
+		"matches:  SSH keys that name the profile in the authorized-keys file\n",
+		"matches:  members of group ops; or SSH keys that name the profile",
+		"ssh:      commands (run as sh -c STRING) and interactive shells\n",
+		"ssh:      nothing: SSH commands are shell strings and need allow_shell = true",
+		"ssh:      commands (run as sh -c STRING); no interactive shells",
+		"! SSH keys that name this profile get it",
+		"including root (uid 0) and SSH keys that name it",
+	} {
+		if !strings.Contains(ex, want) {
+			t.Errorf("Explain lacks %q:\n%s", want, ex)
+		}
+	}
+	v := p.Decide(sshID("agent"), login)
+	if v.Limits.Timeout != 2*time.Hour || v.Limits.SessionIdle != 5*time.Minute {
+		t.Fatalf("interactive limits %+v: want the session's lifetime and idle timeout", v.Limits)
+	}
+}
+
+func TestPolicyKeyHelpers(t *testing.T) {
+	p := mustParse(t, "ssh.toml", sshTOML)
+	for name, want := range map[string]string{"agent": "", "narrow": "", "everyone": "", "local": "does not accept SSH keys", "x": "not in the policy"} {
+		err := p.CheckKeyProfile(name)
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("CheckKeyProfile(%q) = %v, want %q", name, err, want)
+		}
+	}
+	for _, c := range []struct {
+		id   Identity
+		name string
+		want bool
+	}{
+		{sshID("agent"), "GREETING", true},
+		{sshID("agent"), "LANG", false},
+		{sshID("agent"), "", false},
+		{sshID("local"), "GREETING", false},
+		{sshID("nosuch"), "GREETING", false},
+		{Identity{UID: 1000}, "GREETING", false},
+	} {
+		if got := p.AllowsEnv(c.id, c.name); got != c.want {
+			t.Errorf("AllowsEnv(%s, %q) = %v, want %v", c.id.describe(), c.name, got, c.want)
+		}
+	}
+	var nilp *Policy
+	if nilp.AllowsEnv(sshID("agent"), "GREETING") || nilp.CheckKeyProfile("agent") == nil {
+		t.Fatal("nil policy grants")
 	}
 }

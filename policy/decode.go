@@ -78,6 +78,7 @@ type matchDoc struct {
 	Users  *[]string `toml:"users"`
 	GIDs   *[]int64  `toml:"gids"`
 	Groups *[]string `toml:"groups"`
+	SSH    *bool     `toml:"ssh"`
 }
 
 type ruleDoc struct {

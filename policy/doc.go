@@ -18,6 +18,13 @@
 //     that none of them matches.
 //   - First match wins. Profiles are tried in file order and the first whose
 //     match fits the caller decides; later profiles are not consulted.
+//   - SSH keys name their profile. A caller of vmgated's SSH front door has
+//     no local uid: it is identified by a public key from the operator's
+//     authorized-keys file, whose entry names a profile (profile="NAME").
+//     That profile decides if it accepts keys (match.ssh = true or
+//     match.any = true); otherwise, or if it does not exist, the request is
+//     denied. Identity.SSH carries the key's fingerprint and comment for
+//     the audit log; they take no part in decisions.
 //   - Visible relaxations. [Policy.Explain] (vmgated policy check FILE) prints
 //     every profile in order, whom it matches, its limits and rules, and lists
 //     each relaxation — any caller, guest root, shell strings, sessions, any
@@ -82,7 +89,12 @@
 //	users  = ["alice"]          # user name of that uid (never matches if lookup failed)
 //	gids   = [1000]             # peer gid (SO_PEERCRED)
 //	groups = ["vmgate-admins"]  # name of the peer gid or of any of the user's groups
-//	any    = true               # every caller, including root
+//	ssh    = true               # SSH keys whose authorized-keys entry names this profile
+//	any    = true               # every local caller, including root, and SSH keys naming it
+//
+// ssh = true matches no local caller; it may stand alone (a profile only for
+// SSH keys) or sit beside local keys. A profile after an any = true profile
+// is reachable only through ssh = true.
 //
 // Profile settings (also allowed in [defaults]; a key missing from both takes
 // the built-in value in parentheses, which is always the conservative one):

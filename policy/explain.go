@@ -20,6 +20,7 @@ func (p *Policy) Explain() string {
 	fmt.Fprintf(&b, "policy %s: version 1, %d %s.\n", p.source, n, plural(n, "profile", "profiles"))
 	b.WriteString("Profiles are tried in order; the first whose match fits the caller decides.\n")
 	b.WriteString("A caller that no profile matches is denied.\n")
+	b.WriteString("An SSH key (vmgated serve --ssh-listen) gets the profile its authorized-keys entry names, if that profile accepts keys (match.ssh or match.any).\n")
 	if p.Seccomp() == "off" {
 		b.WriteString("RELAXATION: isolate.seccomp = \"off\": QEMU runs in its jail without the seccomp allowlist.\n")
 	} else {
@@ -60,10 +61,15 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 		}
 	}
 	fmt.Fprintf(b, "  shell:    %s\n", yesNo(prof.allowShell, "allowed (vm-exec -c)", "not allowed"))
-	if l.AllowSessions {
-		fmt.Fprintf(b, "  sessions: allowed; idle timeout %s, max lifetime %s\n", formatDuration(l.SessionIdle), formatDuration(l.SessionMax))
-	} else {
-		b.WriteString("  sessions: not allowed\n")
+	if prof.match.acceptsKeys() {
+		ssh := "nothing: SSH commands are shell strings and need allow_shell = true"
+		switch {
+		case prof.allowShell && l.AllowSessions:
+			ssh = "commands (run as sh -c STRING) and interactive shells"
+		case prof.allowShell:
+			ssh = "commands (run as sh -c STRING); no interactive shells (they need sessions.allowed)"
+		}
+		fmt.Fprintf(b, "  ssh:      %s\n", ssh)
 	}
 	env := prof.env.String()
 	if env == "" {
@@ -93,7 +99,10 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 
 	var relax, notes []string
 	if prof.match.any {
-		relax = append(relax, "matches ANY caller, including root (uid 0): write explicit profiles for your users")
+		relax = append(relax, "matches ANY caller, including root (uid 0) and SSH keys that name it: write explicit profiles for your users")
+	}
+	if prof.match.ssh {
+		relax = append(relax, "SSH keys that name this profile get it (vmgated serve --ssh-listen): callers need no local account")
 	}
 	if prof.user == userRoot {
 		relax = append(relax, "commands run as root in the guest")
@@ -132,7 +141,7 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 
 func (m *matcher) describe() string {
 	if m.any {
-		return "any caller"
+		return "any caller (and SSH keys that name the profile)"
 	}
 	var parts []string
 	if len(m.uids) > 0 {
@@ -146,6 +155,9 @@ func (m *matcher) describe() string {
 	}
 	if len(m.groups) > 0 {
 		parts = append(parts, "members of "+plural(len(m.groups), "group ", "groups ")+joinNames(m.groups))
+	}
+	if m.ssh {
+		parts = append(parts, "SSH keys that name the profile in the authorized-keys file")
 	}
 	if len(parts) == 0 {
 		return "nobody"

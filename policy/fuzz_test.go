@@ -91,7 +91,7 @@ func FuzzGlob(f *testing.F) {
 // parseSeeds are policy files for FuzzParse: the shipped ones, the table
 // cases of TestParseErrors' kind, and odd TOML.
 func parseSeeds(t testing.TB) []string {
-	seeds := []string{decideTOML, minimal, "", "version = 1", "version = 1\nprofile = [{name = \"a\", match = {any = true}}]\n",
+	seeds := []string{decideTOML, sshTOML, minimal, "", "version = 1", "version = 1\nprofile = [{name = \"a\", match = {any = true}}]\n",
 		minimal + "[[profile.allow]]\nargs = [\"...\"]\n[[profile.deny]]\nargs_regex = 'x'\nargs_any = ['[a-z]*']\n",
 		minimal + "output_limit = \"1MiB\"\n[profile.timeout]\ndefault = \"1s\"\nmax = \"2s\"\n",
 		"version = 1\n[[profile]]\nname = \"a\"\nmatch = { any = true }\ncpus = \"two\"\n[[profile]]\nname = \"a\"\n",
@@ -138,6 +138,13 @@ func FuzzParse(f *testing.F) {
 				id.UID = prof.match.uids[0]
 			}
 			checkVerdict(t, p, req, p.Decide(id, req))
+			key := Identity{SSH: &SSHKey{Profile: prof.name}}
+			checkVerdict(t, p, req, p.Decide(key, req))
+			login := Request{Argv: []string{"bash", "-l"}, Interactive: true}
+			checkVerdict(t, p, login, p.Decide(key, login))
+			if (p.CheckKeyProfile(prof.name) == nil) != prof.match.acceptsKeys() {
+				t.Fatalf("CheckKeyProfile(%q) disagrees with the match table", prof.name)
+			}
 		}
 	})
 }

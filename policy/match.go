@@ -20,13 +20,28 @@ const (
 // matcher is a compiled match table.
 type matcher struct {
 	any           bool
+	ssh           bool // SSH keys that name the profile get it
 	uids, gids    []uint32
 	users, groups []string
 }
 
-// matches reports whether id fits m. Empty names (lookup failed) never
-// match a name.
+// hasLocal reports whether m names local callers (uids, users, gids,
+// groups).
+func (m *matcher) hasLocal() bool {
+	return len(m.uids) > 0 || len(m.gids) > 0 || len(m.users) > 0 || len(m.groups) > 0
+}
+
+// acceptsKeys reports whether an SSH key may name the profile: match.ssh
+// or match.any.
+func (m *matcher) acceptsKeys() bool { return m.any || m.ssh }
+
+// matches reports whether the local caller id fits m. Empty names (lookup
+// failed) never match a name. An SSH caller (id.SSH set) never matches
+// here: its key names its profile (see [Policy.Decide]).
 func (m *matcher) matches(id Identity) bool {
+	if id.SSH != nil {
+		return false
+	}
 	if m.any {
 		return true
 	}

@@ -161,7 +161,14 @@ func checkReachable(c *compiler, _ *document, p *Policy) {
 	for i, prof := range p.profiles {
 		if prof.match.any && i < len(p.profiles)-1 {
 			for _, later := range p.profiles[i+1:] {
-				c.errorf("%s: unreachable: %s before it matches any caller (first match wins)", later.label(), prof.label())
+				// An SSH key names its profile, so a profile that accepts
+				// keys stays reachable that way; its local keys do not.
+				switch {
+				case !later.match.ssh:
+					c.errorf("%s: unreachable: %s before it matches any caller (first match wins)", later.label(), prof.label())
+				case later.match.hasLocal():
+					c.errorf("%s: match: uids, users, gids and groups are unreachable: %s before it matches any local caller (first match wins); keep only ssh = true", later.label(), prof.label())
+				}
 			}
 			return
 		}
@@ -233,12 +240,16 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 func (c *compiler) match(label string, d *matchDoc) matcher {
 	var m matcher
 	if d == nil {
-		c.errorf("%s: match: missing; set uids, users, gids, groups, or any = true", label)
+		c.errorf("%s: match: missing; set uids, users, gids, groups, ssh = true, or any = true", label)
 		return m
 	}
 	m.any = d.Any != nil && *d.Any
 	if d.Any != nil && !*d.Any {
 		c.errorf("%s: match.any false: remove it; only any = true has a meaning", label)
+	}
+	m.ssh = d.SSH != nil && *d.SSH
+	if d.SSH != nil && !*d.SSH {
+		c.errorf("%s: match.ssh false: remove it; only ssh = true has a meaning", label)
 	}
 	m.uids = c.ids(label, "match.uids", d.UIDs)
 	m.gids = c.ids(label, "match.gids", d.GIDs)
@@ -248,8 +259,10 @@ func (c *compiler) match(label string, d *matchDoc) matcher {
 	switch {
 	case m.any && others:
 		c.errorf("%s: match: any = true cannot be combined with uids, users, gids or groups", label)
-	case !m.any && !others && d.Any == nil:
-		c.errorf("%s: match: empty; set uids, users, gids, groups, or any = true", label)
+	case m.any && d.SSH != nil:
+		c.errorf("%s: match: any = true already accepts SSH keys that name the profile; remove ssh", label)
+	case !m.any && !others && d.Any == nil && d.SSH == nil:
+		c.errorf("%s: match: empty; set uids, users, gids, groups, ssh = true, or any = true", label)
 	}
 	return m
 }

@@ -83,6 +83,9 @@ type Record struct {
 	PID int32   `json:"pid,omitempty"`
 	// User is the client's user name, if resolved.
 	User string `json:"user,omitempty"`
+	// SSH identifies a client of the SSH front door by its key; such a
+	// client has no UID, GID, PID or User.
+	SSH *SSHClient `json:"ssh,omitempty"`
 	// Profile is the policy profile the request ran under.
 	Profile string `json:"profile,omitempty"`
 	// Argv is the command, after redaction.
@@ -176,4 +179,17 @@ type NetEvent struct {
 	BytesOut   int64  `json:"bytes_out,omitempty"` // guest to the world
 	BytesIn    int64  `json:"bytes_in,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
+}
+
+// SSHClient is a client of the SSH front door.
+type SSHClient struct {
+	// Fingerprint is the SHA-256 fingerprint of the client's key, as
+	// ssh-keygen -l prints it ("SHA256:…").
+	Fingerprint string `json:"fingerprint"`
+	// Comment is the key's comment in the authorized-keys file.
+	Comment string `json:"comment,omitempty"`
+	// User is the user name the client sent (informational).
+	User string `json:"user,omitempty"`
+	// Remote is the client's address.
+	Remote string `json:"remote,omitempty"`
 }

@@ -18,6 +18,10 @@ import (
 // given; when it does not exist the embedded default policy applies.
 const DefaultConfig = "/etc/vmgate/vmgate.toml"
 
+// DefaultSSHAuthorizedKeys is the SSH front door's authorized-keys file
+// when --ssh-authorized-keys is not given.
+const DefaultSSHAuthorizedKeys = "/etc/vmgate/ssh_authorized_keys"
+
 func serve(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("vmgated serve", flag.ContinueOnError)
 	config := fs.String("config", "", "policy file (default "+DefaultConfig+" if it exists, else the embedded default policy)")
@@ -40,6 +44,13 @@ func serve(ctx context.Context, args []string) error {
 	netHosts := fs.String("net-hosts", "", "hosts(5)-style file pinning guest DNS names to addresses (checked before the host's resolver)")
 	var redact multiFlag
 	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
+	var sshListen multiFlag
+	fs.Var(&sshListen, "ssh-listen", "serve SSH on IP:PORT (loopback) or unix:/PATH (repeatable; default off)")
+	sshHostKey := fs.String("ssh-host-key", "", "SSH host key, created (ed25519, 0600) when missing (default STATE/"+gateway.DefaultSSHHostKey+")")
+	sshKeys := fs.String("ssh-authorized-keys", DefaultSSHAuthorizedKeys, "authorized-keys file: each key names its policy profile with profile=\"NAME\"")
+	sshRemote := fs.Bool("ssh-allow-remote", false, "allow --ssh-listen on non-loopback addresses (a logged relaxation)")
+	sshSessions := fs.Int("ssh-max-sessions", 4, "SSH sessions (commands) one connection may run at once")
+	sshIdle := fs.Duration("ssh-idle-timeout", 10*time.Minute, "close an SSH connection without sessions after this long")
 	level := fs.String("log-level", "info", "log level")
 	lvl, err := parseFlags(fs, args, level)
 	if err != nil {
@@ -54,6 +65,13 @@ func serve(ctx context.Context, args []string) error {
 		MaxVMs: *maxVMs, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
 		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
 		NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
+	}
+	if len(sshListen) > 0 {
+		if *sshSessions < 1 || *sshIdle <= 0 {
+			return fmt.Errorf("%w: --ssh-max-sessions must be 1 or more and --ssh-idle-timeout positive", errUsage)
+		}
+		cfg.SSH = &gateway.SSHConfig{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
+			AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
 	}
 	if *netHosts != "" {
 		h, err := gateway.LoadHosts(*netHosts)

@@ -1,0 +1,533 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/exitcode"
+	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/policy"
+)
+
+func TestParseSSHListen(t *testing.T) {
+	tests := []struct {
+		in       string
+		network  string
+		addr     string
+		loopback bool
+		err      string
+	}{
+		{"127.0.0.1:2222", "tcp", "127.0.0.1:2222", true, ""},
+		{"127.1.2.3:22", "tcp", "127.1.2.3:22", true, ""},
+		{"[::1]:2222", "tcp", "[::1]:2222", true, ""},
+		{"[::ffff:127.0.0.1]:2222", "tcp", "127.0.0.1:2222", true, ""},
+		{"127.0.0.1:0", "tcp", "127.0.0.1:0", true, ""},
+		{"0.0.0.0:2222", "tcp", "0.0.0.0:2222", false, ""},
+		{"[::]:2222", "tcp", "[::]:2222", false, ""},
+		{"192.0.2.10:2222", "tcp", "192.0.2.10:2222", false, ""},
+		{"unix:/run/vmgate/ssh.sock", "unix", "/run/vmgate/ssh.sock", true, ""},
+
+		{":2222", "", "", false, "no address"},
+		{"localhost:2222", "", "", false, "not an IP address"},
+		{"[fe80::1%eth0]:22", "", "", false, "not an IP address without zone"},
+		{"127.0.0.1", "", "", false, "want IP:PORT"},
+		{"127.0.0.1:ssh", "", "", false, "want a number"},
+		{"127.0.0.1:65536", "", "", false, "want a number"},
+		{"127.0.0.1:+22", "", "", false, "want a number"},
+		{"127.0.0.1:022", "", "", false, "want a number"},
+		{"unix:relative.sock", "", "", false, "ABSOLUTE"},
+		{"unix:/a/../b.sock", "", "", false, "CLEAN"},
+		{"unix:/" + strings.Repeat("a", 120), "", "", false, "too long"},
+		{"", "", "", false, "want IP:PORT"},
+	}
+	for _, tt := range tests {
+		got, err := parseSSHListen(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("parseSSHListen(%q) = %+v, %v; want error ~%q", tt.in, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || got.network != tt.network || got.addr != tt.addr || got.loopback != tt.loopback {
+			t.Errorf("parseSSHListen(%q) = %+v, %v; want {%s %s %v}", tt.in, got, err, tt.network, tt.addr, tt.loopback)
+		}
+	}
+}
+
+func FuzzParseSSHListen(f *testing.F) {
+	for _, s := range []string{"127.0.0.1:2222", "[::1]:22", "[::ffff:127.0.0.1]:1", "0.0.0.0:0", "unix:/run/x.sock",
+		"unix:", ":22", "localhost:22", "[fe80::1%lo]:22", "1.2.3.4:99999", "unix:/a/../b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := parseSSHListen(s)
+		if err != nil {
+			return
+		}
+		// What parses is canonical: parsing it again gives the same.
+		again := a.addr
+		if a.network == "unix" {
+			again = "unix:" + a.addr
+		}
+		b, err := parseSSHListen(again)
+		if err != nil || b != a {
+			t.Fatalf("%q parsed to %+v, which parses to %+v, %v", s, a, b, err)
+		}
+		if a.network == "tcp" {
+			host, _, _ := net.SplitHostPort(a.addr)
+			ip, err := netip.ParseAddr(host)
+			if err != nil || ip.IsLoopback() != a.loopback {
+				t.Fatalf("%q: loopback %v for %s", s, a.loopback, host)
+			}
+		}
+	})
+}
+
+func TestSSHRefusal(t *testing.T) {
+	tests := []struct {
+		e    wire.Error
+		code int
+		msg  string
+	}{
+		{wire.Error{Code: wire.CodeDenied, Error: "shell strings are not allowed", Profile: "narrow", RequestID: "r1"}, exitcode.Denied,
+			"denied by policy profile narrow: shell strings are not allowed (request r1)"},
+		{wire.Error{Code: wire.CodeDenied, Error: "argv matches deny rule", Profile: "p", Rule: "deny[0] no-rm"}, exitcode.Denied,
+			"denied by policy profile p: rule deny[0] no-rm: argv matches deny rule"},
+		{wire.Error{Code: wire.CodeBusy, Error: "busy: no VM slot"}, exitcode.Busy, "gateway busy: busy: no VM slot"},
+		{wire.Error{Code: wire.CodeVM, Error: "start vm: boom"}, exitcode.VMFailed, "start vm: boom"},
+		{wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited"}, exitcode.Internal, "refusing to run unaudited"},
+		{wire.Error{Code: wire.CodeShutdown, Error: "stopping"}, exitcode.Internal, "stopping"},
+		{wire.Error{Code: wire.CodeBadRequest, Error: "named sessions are for local callers"}, exitcode.Internal, "named sessions are for local callers"},
+	}
+	for _, tt := range tests {
+		code, msg := sshRefusal(tt.e)
+		if code != tt.code || msg != tt.msg {
+			t.Errorf("sshRefusal(%+v) = %d %q, want %d %q", tt.e, code, msg, tt.code, tt.msg)
+		}
+	}
+}
+
+func TestActivityWatch(t *testing.T) {
+	a := &activity{}
+	a.touch()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var fired atomic.Int32
+	go a.watch(ctx, 200*time.Millisecond, func() { fired.Add(1) })
+	for range 6 {
+		time.Sleep(60 * time.Millisecond)
+		a.touch()
+	}
+	if fired.Load() != 0 {
+		t.Fatal("idle fired while there was traffic")
+	}
+	time.Sleep(500 * time.Millisecond)
+	if fired.Load() != 1 {
+		t.Fatalf("idle fired %d times, want once", fired.Load())
+	}
+}
+
+// sshUnitPolicy gives key profiles that never reach a VM in these tests.
+const sshUnitPolicy = `version = 1
+[[profile]]
+name = "agent"
+match = { ssh = true }
+allow_shell = true
+env = ["GREETING"]
+sessions = { allowed = true }
+[[profile]]
+name = "narrow"
+match = { ssh = true }
+allow_shell = false
+[[profile]]
+name = "local"
+match = { uids = [12345] }
+`
+
+// newKey returns a fresh ed25519 signer and its authorized-keys line.
+func newKey(t testing.TB) (ssh.Signer, string) {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, strings.TrimSpace(string(ssh.MarshalAuthorizedKey(s.PublicKey())))
+}
+
+// unitFront is an SSH front door on a Server without an image: requests
+// are decided and audited, and those allowed fail to get a VM.
+type unitFront struct {
+	f      *sshFront
+	s      *Server
+	addr   string
+	hostPK ssh.PublicKey
+	audit  string
+	logs   *testutil.SyncBuffer
+}
+
+func newUnitFront(t *testing.T, keys string, mutate func(*SSHConfig)) *unitFront {
+	t.Helper()
+	dir := t.TempDir()
+	pol, err := policy.Parse("unit.toml", []byte(sshUnitPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testutil.SyncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	al, err := audit.Open(audit.Options{Path: filepath.Join(dir, "audit.jsonl"), Logger: log, SyncInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { al.Close() })
+	s := &Server{cfg: Config{StateDir: dir, ImageDir: filepath.Join(dir, "no-image"), MaxVMs: 1, Log: log},
+		log: log, audit: al, slots: newSlots(1, 0, time.Second), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
+	s.policy.Store(pol)
+	var cancel context.CancelFunc
+	s.execCtx, cancel = context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	kf := filepath.Join(dir, "keys")
+	if err := os.WriteFile(kf, []byte(keys), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := SSHConfig{Listeners: []net.Listener{ln}, AuthorizedKeys: kf}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	f, err := newSSHFront(s, cfg, pol, log)
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	s.ssh = f
+	f.serve()
+	t.Cleanup(func() {
+		f.closeListeners()
+		f.closeConns()
+	})
+	pub, err := os.ReadFile(filepath.Join(dir, DefaultSSHHostKey+".pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPK, _, _, _, err := ssh.ParseAuthorizedKey(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &unitFront{f: f, s: s, addr: ln.Addr().String(), hostPK: hostPK, audit: filepath.Join(dir, "audit.jsonl"), logs: logs}
+}
+
+func (u *unitFront) dial(t *testing.T, auth ...ssh.AuthMethod) (*ssh.Client, error) {
+	t.Helper()
+	return ssh.Dial("tcp", u.addr, &ssh.ClientConfig{User: "agent", Auth: auth, HostKeyCallback: ssh.FixedHostKey(u.hostPK), Timeout: 10 * time.Second})
+}
+
+// runSSH runs cmd (or a shell when cmd is nil) on a new session and
+// returns stdout, stderr and the exit status (-1 without one).
+func runSSH(t *testing.T, c *ssh.Client, cmd *string, setup func(*ssh.Session)) (string, string, int) {
+	t.Helper()
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	var so, se bytes.Buffer
+	sess.Stdout, sess.Stderr = &so, &se
+	if setup != nil {
+		setup(sess)
+	}
+	if cmd != nil {
+		err = sess.Run(*cmd)
+	} else {
+		if err = sess.Shell(); err == nil {
+			err = sess.Wait()
+		}
+	}
+	var ee *ssh.ExitError
+	switch {
+	case err == nil:
+		return so.String(), se.String(), 0
+	case errors.As(err, &ee):
+		return so.String(), se.String(), ee.ExitStatus()
+	}
+	t.Fatalf("session: %v", err)
+	return "", "", -1
+}
+
+func strp(s string) *string { return &s }
+
+// TestSSHFront_Unit covers the front door's authentication and refusals
+// with package ssh's client: nothing here reaches a VM.
+func TestSSHFront_Unit(t *testing.T) {
+	agent, agentLine := newKey(t)
+	narrow, narrowLine := newKey(t)
+	stranger, _ := newKey(t)
+	u := newUnitFront(t, `profile="agent" `+agentLine+" agent@unit\n"+`profile="narrow",no-pty `+narrowLine+" narrow@unit\n", func(c *SSHConfig) {
+		c.MaxSessions = 2
+	})
+
+	t.Run("unknown key refused", func(t *testing.T) {
+		if _, err := u.dial(t, ssh.PublicKeys(stranger)); err == nil || !strings.Contains(err.Error(), "unable to authenticate") {
+			t.Fatalf("dial with an unlisted key: %v", err)
+		}
+	})
+	t.Run("passwords and keyboard-interactive are not offered", func(t *testing.T) {
+		_, err := u.dial(t, ssh.Password("x"), ssh.KeyboardInteractive(func(string, string, []string, []bool) ([]string, error) { return nil, nil }))
+		if err == nil || !strings.Contains(err.Error(), "attempted methods [none]") || !strings.Contains(err.Error(), "no supported methods remain") {
+			t.Fatalf("dial with a password: %v", err)
+		}
+	})
+	t.Run("wrong host key refused by a pinning client", func(t *testing.T) {
+		other, _ := newKey(t)
+		_, err := ssh.Dial("tcp", u.addr, &ssh.ClientConfig{User: "agent", Auth: []ssh.AuthMethod{ssh.PublicKeys(agent)},
+			HostKeyCallback: ssh.FixedHostKey(other.PublicKey()), Timeout: 10 * time.Second})
+		if err == nil || !strings.Contains(err.Error(), "host key mismatch") {
+			t.Fatalf("dial pinning another key: %v", err)
+		}
+	})
+
+	c, err := u.dial(t, ssh.PublicKeys(agent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cn, err := u.dial(t, ssh.PublicKeys(narrow))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cn.Close()
+
+	t.Run("denied by policy", func(t *testing.T) {
+		so, se, code := runSSH(t, cn, strp("uname -a"), nil)
+		if code != exitcode.Denied || so != "" || !strings.Contains(se, "vmgate: denied by policy profile narrow: shell strings") || !strings.HasSuffix(se, "\n") {
+			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
+		}
+	})
+	t.Run("interactive shell denied without sessions", func(t *testing.T) {
+		_, se, code := runSSH(t, cn, nil, nil)
+		if code != exitcode.Denied || !strings.Contains(se, "shell strings") && !strings.Contains(se, "interactive shells are not allowed") {
+			t.Fatalf("code %d stderr %q", code, se)
+		}
+	})
+	t.Run("no-pty key gets no terminal", func(t *testing.T) {
+		sess, err := cn.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close()
+		if err := sess.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err == nil {
+			t.Fatal("pty granted to a no-pty key")
+		}
+	})
+	t.Run("env replies follow the profile's allowlist", func(t *testing.T) {
+		sess, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close()
+		if err := sess.Setenv("GREETING", "hi"); err != nil {
+			t.Errorf("allowed variable refused: %v", err)
+		}
+		if err := sess.Setenv("LD_PRELOAD", "/x.so"); err == nil {
+			t.Error("variable outside the allowlist accepted")
+		}
+		if err := sess.Setenv("GREETING", "again"); err == nil {
+			t.Error("variable accepted twice")
+		}
+	})
+	t.Run("allowed command without a VM fails with 205", func(t *testing.T) {
+		_, se, code := runSSH(t, c, strp("true"), nil)
+		if code != exitcode.VMFailed || !strings.Contains(se, "vmgate: start vm:") {
+			t.Fatalf("code %d stderr %q", code, se)
+		}
+	})
+	t.Run("only session channels", func(t *testing.T) {
+		_, _, err := c.OpenChannel("direct-tcpip", nil)
+		var oce *ssh.OpenChannelError
+		if !errors.As(err, &oce) || oce.Reason != ssh.UnknownChannelType {
+			t.Fatalf("direct-tcpip: %v", err)
+		}
+		if _, err := c.Listen("tcp", "127.0.0.1:0"); err == nil {
+			t.Fatal("remote forwarding accepted")
+		}
+	})
+	t.Run("sessions per connection are bounded", func(t *testing.T) {
+		s1, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s1.Close()
+		s2, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s2.Close()
+		_, err = c.NewSession()
+		var oce *ssh.OpenChannelError
+		if !errors.As(err, &oce) || oce.Reason != ssh.ResourceShortage || !strings.Contains(oce.Message, "at most 2") {
+			t.Fatalf("third session: %v", err)
+		}
+	})
+
+	// The audit log names the keys, not a uid.
+	recs := readAudit(t, u.audit)
+	var sawDeny, sawExec bool
+	for _, r := range recs {
+		if r.UID != nil || r.GID != nil {
+			t.Errorf("SSH request audited with a uid: %+v", r)
+		}
+		if r.SSH == nil {
+			continue
+		}
+		if r.SSH.Fingerprint == ssh.FingerprintSHA256(narrow.PublicKey()) && r.Kind == audit.KindDecision && r.Verdict == audit.VerdictDeny {
+			sawDeny = sawDeny || r.SSH.Comment == "narrow@unit" && r.SSH.User == "agent" && strings.HasPrefix(r.SSH.Remote, "127.0.0.1:") &&
+				r.Profile == "narrow" && len(r.Argv) == 3 && r.Argv[2] == "uname -a" && r.Shell
+		}
+		if r.SSH.Fingerprint == ssh.FingerprintSHA256(agent.PublicKey()) && r.Kind == audit.KindExec {
+			sawExec = sawExec || strings.Contains(r.Error, "start vm")
+		}
+	}
+	if !sawDeny || !sawExec {
+		t.Fatalf("audit log lacks the SSH records (deny %v, exec %v):\n%s", sawDeny, sawExec, mustRead(t, u.audit))
+	}
+}
+
+// TestSSHFront_IdleAndReload checks that an idle connection is closed and
+// that SIGHUP's reload revokes a removed key.
+func TestSSHFront_IdleAndReload(t *testing.T) {
+	agent, agentLine := newKey(t)
+	u := newUnitFront(t, `profile="agent" `+agentLine+"\n", func(c *SSHConfig) { c.IdleTimeout = 300 * time.Millisecond })
+	c, err := u.dial(t, ssh.PublicKeys(agent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("idle connection not closed")
+	}
+
+	if err := os.WriteFile(u.f.cfg.AuthorizedKeys, []byte("# nobody\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u.f.reload(u.s.policy.Load())
+	if _, err := u.dial(t, ssh.PublicKeys(agent)); err == nil {
+		t.Fatal("removed key still accepted after reload")
+	}
+	if err := os.WriteFile(u.f.cfg.AuthorizedKeys, []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u.f.reload(u.s.policy.Load())
+	if u.f.keys.Load().Source() != u.f.cfg.AuthorizedKeys || !strings.Contains(u.logs.String(), "keeping the old keys") {
+		t.Fatalf("bad file on reload: %s", u.logs.String())
+	}
+}
+
+// TestSSHFront_Refuses checks what stops the front door from starting.
+func TestSSHFront_Refuses(t *testing.T) {
+	_, line := newKey(t)
+	dir := t.TempDir()
+	pol, err := policy.Parse("unit.toml", []byte(sshUnitPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{cfg: Config{StateDir: dir, SocketMode: 0o660}}
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good", `profile="agent" `+line+"\n")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for name, tt := range map[string]struct {
+		cfg  SSHConfig
+		want string
+	}{
+		"non-loopback":        {SSHConfig{Listen: []string{"0.0.0.0:0"}, AuthorizedKeys: good}, "not a loopback address"},
+		"host name":           {SSHConfig{Listen: []string{"localhost:0"}, AuthorizedKeys: good}, "not an IP address"},
+		"no keys file":        {SSHConfig{Listen: []string{"127.0.0.1:0"}}, "no authorized-keys file"},
+		"missing keys file":   {SSHConfig{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: filepath.Join(dir, "nope")}, "no such file"},
+		"no address":          {SSHConfig{AuthorizedKeys: good}, "no address"},
+		"profile without ssh": {SSHConfig{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("local", `profile="local" `+line+"\n")}, `:1: key SHA256:`},
+		"unknown profile":     {SSHConfig{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("nosuch", "\n"+`profile="nosuch" `+line+"\n")}, `nosuch:2: key SHA256:`},
+	} {
+		f, err := newSSHFront(s, tt.cfg, pol, log)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			if f != nil {
+				f.closeListeners()
+			}
+			t.Errorf("%s: %v, want an error ~%q", name, err, tt.want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, DefaultSSHHostKey)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused start left a host key: %v", err)
+	}
+	// A unix socket and, as a logged relaxation, every interface.
+	var logs testutil.SyncBuffer
+	sock := filepath.Join(dir, "ssh.sock")
+	f, err := newSSHFront(s, SSHConfig{Listen: []string{"unix:" + sock, "0.0.0.0:0"}, AuthorizedKeys: good, AllowRemote: true},
+		pol, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "RELAXATION: the SSH front door listens on non-loopback addresses") {
+		t.Errorf("no relaxation logged: %s", logs.String())
+	}
+	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o660 {
+		t.Errorf("ssh socket: %v %v", st, err)
+	}
+	f.closeListeners()
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("ssh socket left behind: %v", err)
+	}
+}
+
+func readAudit(t *testing.T, path string) []audit.Record {
+	t.Helper()
+	var out []audit.Record
+	for _, line := range strings.Split(strings.TrimSpace(mustRead(t, path)), "\n") {
+		var r audit.Record
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
