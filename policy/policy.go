@@ -26,7 +26,7 @@ type Policy struct {
 // start without one) or "off". It is read when the daemon starts.
 func (p *Policy) Cgroups() string {
 	if p == nil || p.cgroups == "" {
-		return "auto"
+		return builtinCgroups
 	}
 	return p.cgroups
 }
@@ -35,7 +35,7 @@ func (p *Policy) Cgroups() string {
 // (the default: QEMU does not start without the filter) or "off".
 func (p *Policy) Seccomp() string {
 	if p == nil || p.seccomp == "" {
-		return "required"
+		return builtinSeccomp
 	}
 	return p.seccomp
 }

@@ -32,6 +32,8 @@ const (
 	builtinNetMaxConns    = 32
 	builtinNetMaxBytes    = 256 << 20
 	builtinNetRate        = 120
+	builtinSeccomp        = "required"
+	builtinCgroups        = "auto"
 )
 
 // Accepted ranges of numeric settings. They catch typos ("memory_mib = 5"),
@@ -43,6 +45,8 @@ const (
 	maxMaxVMs      = 1024
 	maxOutputLimit = 1 << 30
 	maxNameLen     = 64
+	maxNetConns    = 4096
+	maxNetRate     = 100000
 )
 
 const (
@@ -83,7 +87,7 @@ var docChecks = []docCheck{
 
 // checkIsolate validates the [isolate] table.
 func checkIsolate(c *compiler, d *document, p *Policy) {
-	p.seccomp, p.cgroups = "required", "auto"
+	p.seccomp, p.cgroups = builtinSeccomp, builtinCgroups
 	if d.Isolate == nil {
 		return
 	}
@@ -465,8 +469,8 @@ func (c *compiler) network(label string, n *networkDoc, s *settings) {
 		}
 		s.netRanges = &ps
 	}
-	s.netMaxConns = c.intIn(label, "network.max_connections", n.MaxConnections, 1, 4096)
-	s.netRate = c.intIn(label, "network.connect_rate", n.ConnectRate, 1, 100000)
+	s.netMaxConns = c.intIn(label, "network.max_connections", n.MaxConnections, 1, maxNetConns)
+	s.netRate = c.intIn(label, "network.connect_rate", n.ConnectRate, 1, maxNetRate)
 	if n.MaxBytes != nil {
 		v, err := parseSize(*n.MaxBytes)
 		if err != nil {
