@@ -1,0 +1,435 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Reference returns the reference of the policy file format in Markdown,
+// generated from the types that [Parse] decodes into: a section per table
+// and a row per key, with its dotted path, TOML type, the tables it may be
+// written in, its built-in default (from the constants that validation
+// uses) and its description. docs/policy.md embeds it, and a test keeps the
+// two equal, so the reference follows every change of the schema.
+//
+// Reference is pure: the same build always returns the same text.
+func Reference() string {
+	keys := referenceKeys()
+	var b strings.Builder
+	writeValueTypes(&b, keys)
+
+	// Sections in the order their first key was reached; keys within a
+	// section in walk order.
+	var sections []string
+	bySection := map[string][]*refKey{}
+	for _, k := range keys {
+		if _, ok := bySection[k.section]; !ok {
+			sections = append(sections, k.section)
+		}
+		bySection[k.section] = append(bySection[k.section], k)
+	}
+	for _, s := range sections {
+		fmt.Fprintf(&b, "\n## %s\n\n", sectionTitle(bySection[s]))
+		b.WriteString("| Key | Type | In | Default | Description |\n")
+		b.WriteString("|---|---|---|---|---|\n")
+		for _, k := range bySection[s] {
+			fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s |\n",
+				k.path, k.typ, k.in(), k.defaultCell(), mdCell(refDescriptions[k.path]))
+		}
+	}
+	return b.String()
+}
+
+// refKey is one key of the schema. A key that the decoding types reach at
+// several places is one refKey: a setting in both [defaults] and
+// [[profile]], a rule key in both [[profile.deny]] and [[profile.allow]].
+type refKey struct {
+	path    string   // the dotted path shown, and the key of refDescriptions and refDefaults
+	paths   []string // every dotted path of the key, path first
+	tables  []string // the header of the table that holds each path ("" at the top level)
+	section string   // the dotted path of the table that holds path
+	typ     string   // the TOML type, as the reference names it
+	isTable bool     // a table or an array of tables
+	seq     int      // walk position of path
+}
+
+// defaultsTable is the key of [defaults]. A key reached both under it and
+// elsewhere is shown by its other path, in the section of the profile's
+// tables.
+const defaultsTable = "defaults"
+
+// referenceKeys walks the decoding types from document, following their
+// toml tags as the decoder does (an untagged embedded struct is
+// flattened), and returns every key: value keys and table keys.
+func referenceKeys() []*refKey {
+	type field struct {
+		owner reflect.Type // the struct type that declares it
+		tag   string
+	}
+	type place struct {
+		path, table, parent string
+		seq                 int
+	}
+	var keys []*refKey
+	places := map[*refKey][]place{}
+	byField := map[field]*refKey{}
+	seq := 0
+	var walk func(t reflect.Type, prefix, header string)
+	walk = func(t reflect.Type, prefix, header string) {
+		for f := range t.Fields() {
+			tag := f.Tag.Get("toml")
+			if f.Anonymous && tag == "" {
+				walk(f.Type, prefix, header)
+				continue
+			}
+			if tag == "" || tag == "-" || strings.Contains(tag, ",") {
+				panic(fmt.Sprintf("policy: reference: field %s.%s: want a plain toml tag, have %q", t.Name(), f.Name, tag))
+			}
+			path := tag
+			if prefix != "" {
+				path = prefix + "." + tag
+			}
+			typ, elem, array := refTypeOf(f.Type)
+			id := field{t, tag}
+			k := byField[id]
+			if k == nil {
+				k = &refKey{typ: typ, isTable: elem != nil}
+				byField[id] = k
+				keys = append(keys, k)
+			}
+			places[k] = append(places[k], place{path: path, table: header, parent: prefix, seq: seq})
+			seq++
+			if elem != nil {
+				h := "[" + path + "]"
+				if array {
+					h = "[" + h + "]"
+				}
+				walk(elem, path, h)
+			}
+		}
+	}
+	walk(reflect.TypeFor[document](), "", "")
+
+	for _, k := range keys {
+		ps := places[k]
+		// Show the first path outside [defaults]: [defaults] is described
+		// by the keys it shares with [[profile]].
+		i := slices.IndexFunc(ps, func(p place) bool {
+			return p.path != defaultsTable && !strings.HasPrefix(p.path, defaultsTable+".")
+		})
+		if i > 0 {
+			ps = append([]place{ps[i]}, slices.Delete(slices.Clone(ps), i, i+1)...)
+		}
+		k.path, k.section, k.seq = ps[0].path, ps[0].parent, ps[0].seq
+		for _, p := range ps {
+			k.paths = append(k.paths, p.path)
+			k.tables = append(k.tables, p.table)
+		}
+		if refDurations[k.path] {
+			if k.typ != "string" {
+				panic(fmt.Sprintf("policy: reference: %s is listed as a duration but decodes as %s", k.path, k.typ))
+			}
+			k.typ = "duration"
+		}
+	}
+	slices.SortStableFunc(keys, func(a, b *refKey) int { return a.seq - b.seq })
+	return keys
+}
+
+// refTypeOf names the TOML type of a field of type t. For a table or an
+// array of tables it also returns the struct type of the table.
+func refTypeOf(t reflect.Type) (name string, table reflect.Type, array bool) {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case t == reflect.TypeFor[sizeValue]():
+		return "size", nil, false
+	case t.Kind() == reflect.Struct:
+		return "table", t, false
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		return "array of tables", t.Elem(), true
+	case t.Kind() == reflect.Slice:
+		return "array of " + refScalar(t.Elem()) + "s", nil, false
+	}
+	return refScalar(t), nil, false
+}
+
+func refScalar(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "string"
+	case reflect.Int64:
+		return "integer"
+	case reflect.Bool:
+		return "boolean"
+	}
+	panic(fmt.Sprintf("policy: reference: no TOML type name for Go type %s", t))
+}
+
+// in lists the tables k may be written in.
+func (k *refKey) in() string {
+	s := make([]string, len(k.tables))
+	for i, t := range k.tables {
+		if t == "" {
+			s[i] = "top level"
+		} else {
+			s[i] = "`" + t + "`"
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+func (k *refKey) defaultCell() string {
+	switch d, ok := refDefaults[k.path]; {
+	case !ok || d == "":
+		return "—"
+	case d == refRequired:
+		return "*required*"
+	default:
+		return "`" + d + "`"
+	}
+}
+
+// sectionTitle names the tables that hold keys: "Top level", or their
+// headers ("`[[profile]]` and `[defaults]`").
+func sectionTitle(keys []*refKey) string {
+	var headers []string
+	for _, k := range keys {
+		for _, t := range k.tables {
+			if !slices.Contains(headers, t) {
+				headers = append(headers, t)
+			}
+		}
+	}
+	if len(headers) == 1 && headers[0] == "" {
+		return "Top level"
+	}
+	for i, h := range headers {
+		headers[i] = "`" + h + "`"
+	}
+	if n := len(headers); n > 1 {
+		return strings.Join(headers[:n-1], ", ") + " and " + headers[n-1]
+	}
+	return headers[0]
+}
+
+// mdCell makes s safe in a Markdown table cell.
+func mdCell(s string) string {
+	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
+}
+
+// writeValueTypes writes the legend of the types and columns.
+func writeValueTypes(b *strings.Builder, keys []*refKey) {
+	var merged []string
+	for _, k := range keys {
+		if k.typ == "table" && slices.Contains(k.tables, "["+defaultsTable+"]") {
+			merged = append(merged, "`"+k.path[strings.LastIndex(k.path, ".")+1:]+"`")
+		}
+	}
+	list := strings.Join(merged, ", ")
+	if n := len(merged); n > 1 {
+		list = strings.Join(merged[:n-1], ", ") + " and " + merged[n-1]
+	}
+	fmt.Fprintf(b, `## Value types
+
+- **string**, **integer**, **boolean**: TOML values of that type.
+- **array of strings**, **array of integers**: TOML arrays. A profile's
+  array replaces the one in `+"`[defaults]`"+`; arrays are never merged.
+- **duration**: a string in Go's duration syntax, such as `+"`\"30s\"`, `\"10m\"` or `\"1h30m\"`"+`,
+  greater than zero.
+- **size**: a byte count, written as a TOML integer (`+"`1048576`"+`) or as a
+  string `+"`\"N\"`, `\"NB\"`, `\"NKiB\"`, `\"NMiB\"` or `\"NGiB\"`"+` with binary units
+  (`+"`\"1MiB\"`"+` is 1048576 bytes), from 1 byte to %s.
+- **table**: a `+"`[header]`"+` section or an inline table
+  (`+"`timeout = { max = \"1h\" }`"+`). A profile's tables follow its `+"`[[profile]]`"+`
+  header as `+"`[profile.timeout]`"+`, `+"`[[profile.allow]]`"+` and so on (a `+"`[timeout]`"+`
+  there would start a top-level table, an error). The %s tables merge key
+  by key: a profile that sets only `+"`timeout.max`"+` keeps `+"`timeout.default`"+`
+  from `+"`[defaults]`"+` or the built-in default.
+- **array of tables**: each `+"`[[header]]`"+` adds one element, in file order;
+  the keys and tables that follow it belong to that element.
+
+**In** lists the tables a key may be written in. A key in `+"`[defaults]`"+`
+applies to every profile that does not set it. **Default** is the built-in
+value of a key that is set nowhere; for profile settings it is always the
+conservative choice. A *required* key must be written. A dash means that
+there is no single built-in value: a table's keys have their own, and for
+other keys the description says what leaving them out means.
+`, formatSize(maxOutputLimit), list)
+}
+
+// refRequired in refDefaults marks a key that must be written.
+const refRequired = "required"
+
+// refDurations lists the string keys that validation parses as durations.
+var refDurations = map[string]bool{
+	"profile.timeout.default":       true,
+	"profile.timeout.max":           true,
+	"profile.sessions.idle_timeout": true,
+	"profile.sessions.max_lifetime": true,
+}
+
+// refDefaults holds the built-in default of every value key, as a TOML
+// value built from the constant that validation uses; "" for a key without
+// one, refRequired for a key that must be written. Table keys may appear
+// too. A test sets each key to its listed default and checks that the
+// compiled policy does not change.
+var refDefaults = map[string]string{
+	"version":         refRequired,
+	"profile":         refRequired,
+	"profile.name":    refRequired,
+	"profile.match":   refRequired,
+	"profile.image":   strconv.Quote(builtinImage),
+	"profile.user":    strconv.Quote(builtinUser),
+	"profile.cpus":    strconv.Itoa(builtinCPUs),
+	"profile.max_vms": strconv.Itoa(builtinMaxVMs),
+	"profile.env":     "[]",
+
+	"profile.memory_mib":   strconv.Itoa(builtinMemoryMiB),
+	"profile.output_limit": tomlSize(builtinOutputLimit),
+	"profile.allow_shell":  strconv.FormatBool(builtinAllowShell),
+
+	"profile.match.any":    "",
+	"profile.match.uids":   "",
+	"profile.match.users":  "",
+	"profile.match.gids":   "",
+	"profile.match.groups": "",
+	"profile.match.ssh":    "",
+
+	"profile.timeout.default": tomlDuration(builtinTimeoutDefault),
+	"profile.timeout.max":     tomlDuration(builtinTimeoutMax),
+
+	"profile.sessions.allowed":      strconv.FormatBool(builtinSessions),
+	"profile.sessions.idle_timeout": tomlDuration(builtinSessionIdle),
+	"profile.sessions.max_lifetime": tomlDuration(builtinSessionMax),
+
+	"profile.network.mode":            strconv.Quote(builtinNetwork),
+	"profile.network.allow":           "",
+	"profile.network.allow_ranges":    "[]",
+	"profile.network.max_connections": strconv.Itoa(builtinNetMaxConns),
+	"profile.network.max_bytes":       tomlSize(builtinNetMaxBytes),
+	"profile.network.connect_rate":    strconv.Itoa(builtinNetRate),
+
+	"profile.deny.name":       "",
+	"profile.deny.program":    "",
+	"profile.deny.args":       "",
+	"profile.deny.args_any":   "",
+	"profile.deny.args_regex": "",
+
+	"isolate.seccomp": strconv.Quote(builtinSeccomp),
+	"isolate.cgroups": strconv.Quote(builtinCgroups),
+}
+
+// tomlSize writes n as a size value: in the largest binary unit that
+// divides it, else as an integer.
+func tomlSize(n int64) string {
+	for _, u := range []struct {
+		name string
+		mult int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.mult && n%u.mult == 0 {
+			return strconv.Quote(strconv.FormatInt(n/u.mult, 10) + u.name)
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+func tomlDuration(d time.Duration) string { return strconv.Quote(formatDuration(d)) }
+
+// refDescriptions describes every key of the schema, by the path that
+// Reference shows: a key shared by [defaults] and [[profile]] is described
+// once, under profile, and a rule key once, under profile.deny. Each is
+// one line of Markdown. A test fails when a key has no description or a
+// description names no key.
+var refDescriptions = map[string]string{
+	"version": "Format version of the file. Must be 1: a file without it, or with another version, is rejected.",
+	"defaults": "Settings that every profile inherits unless it sets them: the keys whose **In** column lists `[defaults]`. " +
+		"Optional.",
+	"profile": "The profiles, tried in file order: the first whose `match` fits the caller decides, and later profiles are not consulted. " +
+		"A caller that no profile matches is denied. At least one profile is required.",
+	"isolate": "How vmgated jails QEMU for every VM. Requests cannot change it. Optional.",
+
+	"profile.name": fmt.Sprintf("Name of the profile, unique in the file: 1 to %d of `[a-z0-9-]`, starting with a letter or digit. ", maxNameLen) +
+		"Verdicts and the audit log name the profile by it, and an SSH authorized-keys entry names its profile with `profile=\"NAME\"`.",
+	"profile.match": "Whom the profile applies to. A caller matches when any of its keys matches; at least one key is required. " +
+		"Usually inline: `match = { groups = [\"vmgate-agents\"] }`.",
+	"profile.image": "Name of the guest image: 1 to 64 of `[A-Za-z0-9._-]`, starting with a letter or digit.",
+	"profile.user": fmt.Sprintf("Guest user that commands run as: `%q`, unprivileged, or `%q`, a relaxation that lets commands change the (disposable) guest system.",
+		userAgent, userRoot),
+	"profile.memory_mib": fmt.Sprintf("Guest memory in MiB, %d to %d.", minMemoryMiB, maxMemoryMiB),
+	"profile.cpus":       fmt.Sprintf("Guest CPUs, 1 to %d.", maxCPUs),
+	"profile.max_vms": fmt.Sprintf("VMs of this profile that may run at once, 1 to %d. ", maxMaxVMs) +
+		"A request beyond it waits in vmgated's queue and is refused as busy if no VM frees in time (`vmgated serve --queue`, `--queue-wait`); " +
+		"`vmgated serve --max-vms` bounds all profiles together.",
+	"profile.output_limit": "Output delivered per stream, stdout and stderr each. Output beyond it is discarded and the result is marked truncated; " +
+		"the command runs on.",
+	"profile.allow_shell": "Whether a client may send a shell string (`vm-exec -c STRING`), a relaxation. " +
+		"A shell string is checked against the argv rules as `[\"sh\", \"-c\", STRING]`, so a profile with allow rules also needs one for `sh`. " +
+		"SSH commands are shell strings. With `false` and no allow rules, argv such as `[\"sh\", \"-c\", …]` is still allowed.",
+	"profile.env": "Environment variables a client may pass: exact names (`[A-Za-z_][A-Za-z0-9_]*`), `\"PREFIX*\"` for every name with that prefix, " +
+		"or `\"*\"` for any name, a relaxation. A request with any other variable is denied, not stripped. " +
+		"The rest of the guest environment is the image's.",
+	"profile.timeout":  "Timeouts of commands.",
+	"profile.sessions": "Sessions: one VM, with its files, kept across commands.",
+	"profile.network":  "The guest's network; docs/network.md has the whole model.",
+	"profile.deny": "Deny rules, checked first and in order: a request whose argv any of them matches is denied, naming the rule (`deny[0] no-upload`). " +
+		"A rule matches when all of its conditions (`program`, `args`, `args_any`, `args_regex`) match, and needs at least one.",
+	"profile.allow": "Allow rules, with the keys of deny rules, checked after them: if the profile has any, one of them must match, " +
+		"or the request is denied (`no allow rule matches`). A profile without allow rules allows any argv that no deny rule matches, a relaxation.",
+
+	"profile.match.any": "`true`: every local caller, root included, and SSH keys that name the profile; a relaxation. " +
+		"Only `true` is accepted, and not together with other match keys. Later profiles are reachable only through `ssh = true`.",
+	"profile.match.uids":  fmt.Sprintf("Peer uids (SO_PEERCRED), 0 to %d. An empty list is an error.", uint32(math.MaxUint32-1)),
+	"profile.match.users": "User names of the peer uid; they never match when the name lookup failed. An empty list is an error.",
+	"profile.match.gids":  fmt.Sprintf("Peer gids (SO_PEERCRED), 0 to %d. An empty list is an error.", uint32(math.MaxUint32-1)),
+	"profile.match.groups": "Group names: of the peer gid, or of any group of the peer user; they never match when the name lookup failed. " +
+		"An empty list is an error.",
+	"profile.match.ssh": "`true`: SSH keys whose authorized-keys entry names this profile (`profile=\"NAME\"`) get it, through `vmgated serve --ssh-listen`. " +
+		"Matches no local caller; it may stand alone or sit beside local keys. Only `true` is accepted.",
+
+	"profile.timeout.default": "Timeout of a command whose request asks for none (or 0). At most `timeout.max`.",
+	"profile.timeout.max":     "Longest timeout a request may ask for; a request above it is denied, not clamped.",
+
+	"profile.sessions.allowed": "Whether clients may open sessions, a relaxation. Interactive SSH shells need it, and `allow_shell` too.",
+	"profile.sessions.idle_timeout": "A session that runs no command for this long is closed. " +
+		"At most `sessions.max_lifetime`.",
+	"profile.sessions.max_lifetime": "A session is closed this long after it was opened, busy or not. It is also the limit of an interactive shell.",
+
+	"profile.network.mode": fmt.Sprintf("`%q`: the guest has no NIC at all. ", networkNone) +
+		fmt.Sprintf("`%q`: one NIC on a user-space network that vmgated runs for the VM, ", networkAllowlist) +
+		"with egress only as `network.allow` permits, and every DNS query and connection audited. The other keys of this table apply to this mode.",
+	"profile.network.allow": fmt.Sprintf("Egress rules; required with `mode = %q` and refused without it. ", networkAllowlist) +
+		"`\"name:port\"` allows a name, `\"*.name:port\"` any subdomain (not the name itself), a port `*` any port, " +
+		"and `\"CIDR:port\"` direct connections to a range. Names that resolve to loopback, private, CGNAT, link-local, multicast " +
+		"or other special addresses are refused unless `allow_ranges` covers them.",
+	"profile.network.allow_ranges": "CIDR ranges of special addresses that allowed names may resolve into, a logged relaxation. " +
+		fmt.Sprintf("Only with `mode = %q`.", networkAllowlist),
+	"profile.network.max_connections": fmt.Sprintf("Connections open at once per VM, 1 to %d.", maxNetConns),
+	"profile.network.max_bytes": fmt.Sprintf("Bytes per VM, both directions together, from 1 byte to %s. ", formatSize(maxOutputLimit)) +
+		"The connection that crosses it is closed; the VM runs on.",
+	"profile.network.connect_rate": fmt.Sprintf("New connections per minute per VM, 1 to %d, in bursts of up to a tenth of it.", maxNetRate),
+
+	"profile.deny.name": fmt.Sprintf("Name of the rule, optional: 1 to %d of `[a-z0-9-]`, unique among the profile's deny and allow rules. ", maxNameLen) +
+		"Verdicts name the rule by it.",
+	"profile.deny.program": "`argv[0]` is one of these. A name without a slash matches the base name of `argv[0]` (`\"wget\"` matches `/tmp/wget` too); " +
+		"a name with a slash must be a clean absolute path and matches `argv[0]` exactly. No globs. An empty list is an error.",
+	"profile.deny.args": "One glob per argument, `argv[1]`, `argv[2]`, …: the number of arguments must be equal, " +
+		fmt.Sprintf("unless the last element is `%q` or `%q`, which matches any remaining arguments (zero or more). ", restMarker, restMarkerAlt) +
+		"`args = []` means no arguments. Globs use `path.Match` syntax, except that `*` and `?` also match `/`.",
+	"profile.deny.args_any": "Some argument (`argv[1:]`) matches one of these globs, which use `path.Match` syntax except that `*` and `?` also match `/`. " +
+		"An empty list is an error. Arguments after `--` count too.",
+	"profile.deny.args_regex": "RE2 regular expression matched against the whole argv joined with single spaces, unanchored unless it anchors itself. " +
+		"The joined form cannot tell `[\"a b\"]` from `[\"a\", \"b\"]`: prefer `args` in allow rules.",
+
+	"isolate.seccomp": fmt.Sprintf("`%q`: QEMU does not start without its seccomp allowlist. ", builtinSeccomp) +
+		"`\"off\"`: QEMU runs in its jail without it, a logged relaxation. `vmgated serve --seccomp` overrides this key.",
+	"isolate.cgroups": fmt.Sprintf("`%q`: each VM's jail gets a cgroup with memory, pids and cpu limits when vmgated has a delegated cgroup (systemd `Delegate=yes`), ", builtinCgroups) +
+		"else rlimits only, logged when the daemon starts. `\"required\"`: vmgated does not start without one. " +
+		"`\"off\"`: rlimits only, a logged relaxation. Read when the daemon starts; a reload does not change it.",
+}
