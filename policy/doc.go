@@ -72,6 +72,9 @@
 //
 // A complete, commented example is example.toml in this directory; the
 // built-in policy used when no file exists is default.toml (see [Default]).
+// docs/policy.md lists every key with its type, tables, built-in default
+// and meaning; that list is generated from the decoding types by
+// [Reference], and a test keeps it current.
 //
 //	version = 1                 # required; other versions are rejected
 //

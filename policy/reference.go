@@ -249,9 +249,9 @@ func writeValueTypes(b *strings.Builder, keys []*refKey) {
 - **table**: a `+"`[header]`"+` section or an inline table
   (`+"`timeout = { max = \"1h\" }`"+`). A profile's tables follow its `+"`[[profile]]`"+`
   header as `+"`[profile.timeout]`"+`, `+"`[[profile.allow]]`"+` and so on (a `+"`[timeout]`"+`
-  there would start a top-level table, an error). The %s tables merge key
-  by key: a profile that sets only `+"`timeout.max`"+` keeps `+"`timeout.default`"+`
-  from `+"`[defaults]`"+` or the built-in default.
+  there would start a top-level table, an error).
+  The %s tables merge key by key: a profile that sets only
+  `+"`timeout.max`"+` keeps `+"`timeout.default`"+` from `+"`[defaults]`"+` or the built-in default.
 - **array of tables**: each `+"`[[header]]`"+` adds one element, in file order;
   the keys and tables that follow it belong to that element.
 

@@ -1,12 +1,18 @@
 package policy
 
 import (
+	"flag"
+	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 )
+
+var update = flag.Bool("update", false, "rewrite the generated part of docs/policy.md")
 
 // refKeyAt returns the key that the schema reaches at dotted path p.
 func refKeyAt(t *testing.T, keys []*refKey, p string) *refKey {
@@ -217,6 +223,70 @@ func TestReferenceDurations(t *testing.T) {
 		isDuration := err != nil && strings.Contains(err.Error(), "invalid duration")
 		if isDuration != (k.typ == "duration") {
 			t.Errorf("%s: documented as %s, but validation of \"1 fortnight\" says: %v", k.path, k.typ, err)
+		}
+	}
+}
+
+// The generated part of docs/policy.md lies between these lines.
+const (
+	refBegin = "<!-- BEGIN GENERATED REFERENCE: go test ./policy -run TestPolicyReferenceDoc -update -->"
+	refEnd   = "<!-- END GENERATED REFERENCE -->"
+)
+
+// TestPolicyReferenceDoc keeps docs/policy.md equal to Reference. Run
+// `go test ./policy -run TestPolicyReferenceDoc -update` to rewrite it.
+func TestPolicyReferenceDoc(t *testing.T) {
+	path := filepath.Join("..", "docs", "policy.md")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	i, j := strings.Index(text, refBegin), strings.Index(text, refEnd)
+	if i < 0 || j < i {
+		t.Fatalf("%s: want the generated part between the lines\n%s\n%s", path, refBegin, refEnd)
+	}
+	want := text[:i+len(refBegin)] + "\n\n" + Reference() + "\n" + text[j:]
+	if *update {
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if text != want {
+		got, exp := strings.Split(text, "\n"), strings.Split(want, "\n")
+		n := 0
+		for n < min(len(got), len(exp)) && got[n] == exp[n] {
+			n++
+		}
+		line := func(l []string) string {
+			if n < len(l) {
+				return l[n]
+			}
+			return "(end of file)"
+		}
+		t.Errorf("%s is out of date; review and run `go test ./policy -run TestPolicyReferenceDoc -update`.\nline %d:\n have: %s\n want: %s",
+			path, n+1, line(got), line(exp))
+	}
+}
+
+// TestPolicyDocExamples parses every TOML example in docs/policy.md.
+func TestPolicyDocExamples(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "policy.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := strings.Split(string(data), "```toml\n")[1:]
+	if len(blocks) == 0 {
+		t.Fatal("docs/policy.md: no ```toml example")
+	}
+	for i, b := range blocks {
+		src, _, ok := strings.Cut(b, "```")
+		if !ok {
+			t.Fatalf("example %d: unterminated", i)
+		}
+		if _, err := Parse(fmt.Sprintf("docs/policy.md example %d", i), []byte(src)); err != nil {
+			t.Errorf("%v\n%s", err, src)
 		}
 	}
 }
