@@ -517,6 +517,8 @@ type execIO struct {
 	stdout, stderr io.Writer
 	// signals carries RFC 4254 signal names to the command.
 	signals <-chan string
+	// resize carries new terminal sizes of a TTY command.
+	resize <-chan vm.PTY
 	// gone is closed when the client went away.
 	gone <-chan struct{}
 }
@@ -546,6 +548,7 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 		Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: sio.signals,
+		Resize: sio.resize,
 	})
 	execDur := time.Since(t0)
 	vmOK := err == nil || !errors.Is(err, vm.ErrVMDied)

@@ -24,6 +24,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // SSHConfig configures the SSH front door (see the package doc). The zero
@@ -514,6 +515,7 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 	gone := make(chan struct{})
 	startc := make(chan sshJob, 1)
 	signals := make(chan string, 8)
+	resize := make(chan vm.PTY, 1)
 	go func() {
 		defer close(gone)
 		var job sshJob
@@ -543,11 +545,28 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 				}
 			case "window-change":
 				// Before the command starts the size is the pty's; after,
-				// it is not forwarded (see docs/agents.md).
+				// the latest size goes to the running command.
 				var p struct{ Columns, Rows, W, H uint32 }
-				if !started && job.tty != nil && ssh.Unmarshal(r.Payload, &p) == nil && p.Columns <= 4096 && p.Rows <= 4096 {
+				if job.tty == nil || ssh.Unmarshal(r.Payload, &p) != nil || p.Columns == 0 || p.Rows == 0 || p.Columns > 4096 || p.Rows > 4096 {
+					break
+				}
+				ok = true
+				if !started {
 					job.tty.Cols, job.tty.Rows = p.Columns, p.Rows
-					ok = true
+					break
+				}
+				sz := vm.PTY{Columns: p.Columns, Rows: p.Rows}
+				select {
+				case resize <- sz:
+				default: // replace the size not yet taken
+					select {
+					case <-resize:
+					default:
+					}
+					select {
+					case resize <- sz:
+					default:
+					}
 				}
 			case "exec", "shell":
 				if started {
@@ -586,7 +605,7 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 	}()
 	select {
 	case job := <-startc:
-		f.run(log, id, ch, job, signals, gone)
+		f.run(log, id, ch, job, signals, resize, gone)
 	case <-gone:
 	case <-time.After(f.cfg.HandshakeTimeout):
 		log.Info("ssh session asked for no command or shell in time, closing it", "timeout", f.cfg.HandshakeTimeout)
@@ -594,7 +613,7 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 }
 
 // run runs a session channel's command or shell and reports its outcome.
-func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job sshJob, signals chan string, gone <-chan struct{}) {
+func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job sshJob, signals chan string, resize chan vm.PTY, gone <-chan struct{}) {
 	req := &wire.ExecRequest{Env: job.env, Stdin: true, TTY: job.tty}
 	if job.interactive {
 		req.Argv = append([]string(nil), InteractiveShell...)
@@ -637,7 +656,7 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 		fail(code, msg)
 		return
 	}
-	sio := execIO{stdin: ch, stdout: ch, stderr: ch.Stderr(), signals: signals, gone: gone}
+	sio := execIO{stdin: ch, stdout: ch, stderr: ch.Stderr(), signals: signals, resize: resize, gone: gone}
 	var idled atomic.Bool
 	if job.interactive {
 		a := &activity{}

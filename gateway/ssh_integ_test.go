@@ -8,12 +8,14 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -241,6 +243,59 @@ func TestGateway_SSH(t *testing.T) {
 			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
 		}
 	})
+	t.Run("terminal resized while running", func(t *testing.T) {
+		// OpenSSH's client sends window-change only from a real terminal:
+		// Go's client does it here, with the host key pinned as well.
+		pem, err := os.ReadFile(agentKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signer, err := ssh.ParsePrivateKey(pem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hk, _, _, _, err := ssh.ParseAuthorizedKey(pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := ssh.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port), &ssh.ClientConfig{User: "agent",
+			Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hk), Timeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		sess, err := conn.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close()
+		if err := sess.RequestPty("xterm", 30, 100, ssh.TerminalModes{}); err != nil {
+			t.Fatal(err)
+		}
+		stdin, err := sess.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := make(chan struct{})
+		out := &sizeWatcher{want: "30 100", seen: first}
+		sess.Stdout = out
+		if err := sess.Start("stty size; read x; stty size"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-first:
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("no first size: %q", out.String())
+		}
+		if err := sess.WindowChange(50, 132); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		_, _ = io.WriteString(stdin, "go\n")
+		if err := sess.Wait(); err != nil || !strings.Contains(out.String(), "50 132") {
+			t.Fatalf("%v; output %q", err, out.String())
+		}
+	})
 	t.Run("idle interactive shell ended", func(t *testing.T) {
 		// stdin stays open and silent: after the prompt, nothing happens.
 		pr, pw, err := os.Pipe()
@@ -328,4 +383,30 @@ func TestGateway_SSH(t *testing.T) {
 	if _, err := audit.VerifyFile(d.audit); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// sizeWatcher collects output and closes seen once want appears.
+type sizeWatcher struct {
+	want string
+	seen chan struct{}
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	done bool
+}
+
+func (w *sizeWatcher) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.want) {
+		w.done = true
+		close(w.seen)
+	}
+	return len(p), nil
+}
+
+func (w *sizeWatcher) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }

@@ -37,6 +37,9 @@ type ExecRequest struct {
 	// Signals, when non-nil, carries RFC 4254 signal names ("INT", "TERM")
 	// to deliver to the command's process group while it runs.
 	Signals <-chan string
+	// Resize, when non-nil, carries new terminal sizes (Columns and Rows;
+	// Term is ignored) of a PTY command while it runs.
+	Resize <-chan PTY
 	// KillGrace is how long the command may take to die after SIGKILL is
 	// sent before the VM itself is killed (default 5s).
 	KillGrace time.Duration
@@ -307,6 +310,10 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		case sig := <-req.Signals:
 			if _, ok := sigNums[sig]; ok {
 				_, _ = ch.SendRequest("signal", false, ssh.Marshal(struct{ Signal string }{sig}))
+			}
+		case sz := <-req.Resize:
+			if req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && sz.Columns <= 4096 && sz.Rows <= 4096 {
+				_, _ = ch.SendRequest("window-change", false, ssh.Marshal(struct{ Columns, Rows, Width, Height uint32 }{sz.Columns, sz.Rows, 0, 0}))
 			}
 		case <-killDeadline:
 			v.log.Warn("command did not die after SIGKILL, killing the vm")

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,6 +205,27 @@ func TestVM_Exec(t *testing.T) {
 		o = run(t, v, ExecRequest{Argv: []string{"tty"}})
 		if o.res.ExitCode == 0 {
 			t.Fatalf("no pty requested but tty says %q", o.stdout)
+		}
+	})
+	t.Run("pty resized while running", func(t *testing.T) {
+		// The command prints its size, waits for a line, prints it again;
+		// the new size is sent once the first one is out, then the line.
+		stdinR, stdinW := io.Pipe()
+		resize := make(chan PTY, 1)
+		out := &watchWriter{want: "30 100", seen: func() {
+			resize <- PTY{Columns: 132, Rows: 50}
+			go func() {
+				time.Sleep(500 * time.Millisecond)
+				_, _ = io.WriteString(stdinW, "go\n")
+			}()
+		}}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		res, err := v.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "stty size; read x; stty size"}, PTY: &PTY{Columns: 100, Rows: 30},
+			Stdin: stdinR, Stdout: out, Resize: resize})
+		stdinW.Close()
+		if err != nil || res.ExitCode != 0 || !strings.Contains(out.String(), "50 132") {
+			t.Fatalf("res %+v err %v output %q", res, err, out.String())
 		}
 	})
 	t.Run("guest clock set from host", func(t *testing.T) {
@@ -465,4 +487,30 @@ func TestResolveAccel(t *testing.T) {
 			t.Fatal("auto probe without /dev/kvm was slow")
 		}
 	}
+}
+
+// watchWriter collects output and calls seen once when want appears.
+type watchWriter struct {
+	want string
+	seen func()
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	done bool
+}
+
+func (w *watchWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.want) {
+		w.done = true
+		w.seen()
+	}
+	return len(p), nil
+}
+
+func (w *watchWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
