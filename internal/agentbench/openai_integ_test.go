@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/vmgate/vmgate/internal/testutil"
@@ -28,9 +29,13 @@ func runScripted(t *testing.T, stream bool, turns []scriptedTurn) TrialResult {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
+	seed := int64(7)
 	o := Options{Scenarios: scs, AgentName: "openai", Model: "scripted", Endpoint: srv.URL, Runs: 1, Parallel: 1, Out: out, Stream: stream,
+		Sampling: Sampling{Seed: &seed},
 		ImageDir: img, StateDir: state, TemplateDir: testutil.TemplateDir(t), Accel: vm.AccelAuto,
-		NewAgent: func(int) Agent { return &OpenAI{Endpoint: srv.URL, Model: "scripted", Stream: stream} }}
+		NewAgent: func(_ int, s Sampling) Agent {
+			return &OpenAI{Endpoint: srv.URL, Model: "scripted", Stream: stream, Sampling: s}
+		}}
 	s, err := Run(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -38,6 +43,14 @@ func runScripted(t *testing.T, stream bool, turns []scriptedTurn) TrialResult {
 	rs, err := ReadResults(out)
 	if err != nil || len(rs) != 1 || s.Trials != 1 {
 		t.Fatalf("results %+v %v", rs, err)
+	}
+	// Run 1 of seed 7: the endpoint got seed 7 on every request, and the
+	// result records it.
+	srv.mu.Lock()
+	seeds := slices.Clone(srv.seeds)
+	srv.mu.Unlock()
+	if rs[0].Sampling.Seed == nil || *rs[0].Sampling.Seed != 7 || len(seeds) == 0 || slices.ContainsFunc(seeds, func(x int64) bool { return x != 7 }) {
+		t.Errorf("seeds: recorded %v, sent %v", rs[0].Sampling.Seed, seeds)
 	}
 	if trace, err := os.ReadFile(filepath.Join(out, rs[0].Trace)); err != nil || len(trace) == 0 {
 		t.Errorf("trace: %v", err)

@@ -42,8 +42,9 @@ const (
 // Options configure a benchmark run.
 type Options struct {
 	Scenarios []*Scenario
-	// NewAgent returns the agent for one trial (run counts from 1).
-	NewAgent                   func(run int) Agent
+	// NewAgent returns the agent for one trial (run counts from 1) with
+	// that trial's sampling: Sampling, its seed (if any) + run - 1.
+	NewAgent                   func(run int, s Sampling) Agent
 	AgentName, Model, Endpoint string
 	Sampling                   Sampling
 	Stream                     bool
@@ -358,7 +359,7 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 			return out, code, err
 		}}
 	ta := time.Now()
-	agent := o.NewAgent(run)
+	agent := o.NewAgent(run, r.Sampling)
 	r.AgentResult = agent.Run(actx, env)
 	if r.Stop != StopTimeout && actx.Err() != nil && ctx.Err() == nil {
 		r.Stop = StopTimeout

@@ -49,6 +49,7 @@ type scriptedServer struct {
 	turns []scriptedTurn
 	mu    sync.Mutex
 	seen  [][]seenMessage
+	seeds []int64 // the seed of each request that sent one
 	*httptest.Server
 }
 
@@ -140,6 +141,9 @@ func (s *scriptedServer) handle(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	s.seen = append(s.seen, msgs)
+	if req.Seed != nil {
+		s.seeds = append(s.seeds, *req.Seed)
+	}
 	s.mu.Unlock()
 	if assistants >= len(s.turns) {
 		if s.turns != nil {

@@ -78,18 +78,13 @@ func benchAgent(ctx context.Context, args []string) error {
 		Log: newLogger(os.Stderr, lvl), Progress: os.Stderr}
 	switch *agentName {
 	case "oracle":
-		o.NewAgent = func(int) agentbench.Agent { return agentbench.Oracle{} }
+		o.NewAgent = func(int, agentbench.Sampling) agentbench.Agent { return agentbench.Oracle{} }
 	case "noop":
-		o.NewAgent = func(int) agentbench.Agent { return agentbench.Noop{} }
+		o.NewAgent = func(int, agentbench.Sampling) agentbench.Agent { return agentbench.Noop{} }
 	case "openai":
 		o.Model, o.Endpoint, o.Sampling, o.Stream = *model, *endpoint, sampling, *stream
 		key := os.Getenv(*keyEnv)
-		o.NewAgent = func(run int) agentbench.Agent {
-			s := sampling
-			if s.Seed != nil {
-				v := *s.Seed + int64(run) - 1
-				s.Seed = &v
-			}
+		o.NewAgent = func(_ int, s agentbench.Sampling) agentbench.Agent {
 			return &agentbench.OpenAI{Endpoint: *endpoint, Model: *model, APIKey: key, Sampling: s, Stream: *stream}
 		}
 	default:
