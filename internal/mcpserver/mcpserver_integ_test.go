@@ -15,9 +15,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/bench"
 	"github.com/vmgate/vmgate/internal/shelltool"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/policy"
@@ -55,59 +55,26 @@ func startDaemon(t *testing.T) (sock string, c *client.Client) {
 	t.Helper()
 	img := testutil.RequiresImage(t)
 	dir := t.TempDir()
-	sock = filepath.Join(dir, "gw.sock")
-	pol := filepath.Join(dir, "policy.toml")
-	if err := os.WriteFile(pol, []byte(integPolicy), 0o600); err != nil {
+	d, err := bench.StartDaemon(context.Background(), bench.DaemonOptions{Dir: dir, ImageDir: img, TemplateDir: testutil.TemplateDir(t),
+		Policy: []byte(integPolicy), MaxVMs: 4, PoolSize: 1, Accel: "auto",
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	cfg := gateway.Config{Socket: sock, SocketMode: 0o600, StateDir: filepath.Join(dir, "state"), ImageDir: img,
-		AuditPath: filepath.Join(dir, "audit.jsonl"), PolicyPath: pol, PolicyExplicit: true, MaxVMs: 4, Accel: "auto",
-		AllowRoot: true, Grace: 2 * time.Second, PoolSize: 1, TemplateDir: testutil.TemplateDir(t),
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Ready: func() { close(ready) }}
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { done <- gateway.Run(ctx, cfg) }()
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Error("daemon did not stop")
+		if err := d.Stop(); err != nil {
+			t.Errorf("daemon: %v", err)
 		}
-		if ents, _ := os.ReadDir(filepath.Join(cfg.StateDir, "vms")); len(ents) != 0 {
+		if ents, _ := os.ReadDir(filepath.Join(dir, "state", "vms")); len(ents) != 0 {
 			t.Errorf("VM directories left after shutdown: %v", ents)
 		}
 	})
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("daemon exited: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("daemon not ready")
-	}
-	c = client.New(sock)
 	wctx, wcancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer wcancel()
-	for {
-		st, err := c.Status(wctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if pools, _ := st["pools"].([]any); len(pools) == 1 {
-			if p, _ := pools[0].(map[string]any); p != nil && p["ready"].(float64) >= 1 {
-				return sock, c
-			}
-		}
-		select {
-		case <-wctx.Done():
-			t.Fatalf("pool never became ready: %v", st)
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := d.WaitPool(wctx, 1); err != nil {
+		t.Fatal(err)
 	}
+	return d.Socket, d.Client
 }
 
 // sessionNames lists the caller's sessions on the gateway.
