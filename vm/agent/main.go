@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -47,9 +48,9 @@ var defaultPortPaths = portPaths{
 // format; lines with options are skipped because the agent does not
 // implement them), opens the virtio-serial port named
 // agentproto.PortName, waiting up to a minute for it to appear, and then
-// serves one host connection after another on it with [Serve], keeping the
-// device open in between. A nil log means slog.Default(); version is
-// reported in agentproto.Info.
+// serves one host connection after another on it with [Serve], opening the
+// device afresh for each (see devicePort). A nil log means slog.Default();
+// version is reported in agentproto.Info.
 //
 // Main returns nil once ctx is done, or an error if it cannot start or the
 // port device fails.
@@ -65,22 +66,26 @@ func Main(ctx context.Context, log *slog.Logger, version string) error {
 	if err != nil {
 		return err
 	}
-	f, err := openPort(ctx, defaultPortPaths, portWaitTimeout, portRetryInterval)
+	open := func() (*os.File, error) {
+		return openPort(ctx, defaultPortPaths, portWaitTimeout, portRetryInterval)
+	}
+	f, err := open()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return err
 	}
-	defer f.Close()
 	if err := f.SetDeadline(time.Time{}); errors.Is(err, os.ErrNoDeadline) {
 		log.Warn("port device does not support deadlines; ending a connection may have to wait for the host", "port", f.Name())
 	}
 	log.Info("agent listening", "version", version, "port", f.Name(),
 		"host_key", ssh.FingerprintSHA256(hostKey.PublicKey()), "authorized_keys", len(keys))
 
+	port := &devicePort{f: f, reopen: open, interval: hostPollInterval}
+	defer port.close()
 	cfg := Config{HostKey: hostKey, AuthorizedKeys: keys, Logger: log, Version: version}
-	err = servePort(ctx, &devicePort{f: f, interval: hostPollInterval}, cfg)
+	err = servePort(ctx, port, cfg)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -241,22 +246,47 @@ func servePort(ctx context.Context, p hostPort, cfg Config) error {
 	}
 }
 
-// devicePort is the virtio-serial port device. While no host is connected
-// to the QEMU side, reads return EOF at once and poll reports POLLHUP, so
-// accept polls until POLLHUP clears. The device stays open across
-// connections.
+// devicePort is the virtio-serial port device, opened once per host
+// connection.
+//
+// Linux's virtio_console driver hands a port's incoming data to readers
+// as soon as its interrupt arrives, but applies the host's open and close
+// (VIRTIO_CONSOLE_PORT_OPEN control messages) later, from a work queue.
+// So the first bytes of a host that has just connected can be readable
+// while poll still reports POLLHUP ("no host"). Bytes that arrive while
+// the port reports POLLHUP therefore belong to the next connection and
+// are never read or discarded before it is served (discarding them here
+// once lost the host's SSH banner; docs/fast-path.md).
+//
+// Nothing of a connection that ended may reach the next one, so accept
+// closes the device and opens it again between connections: closing
+// makes the driver drop whatever the guest still holds for the port and
+// tells QEMU that no guest reader is there (QEMU then leaves the next
+// host's bytes in its socket until the port is open again); opening it
+// again makes QEMU report the port open on QMP (VSERPORT_CHANGE), which
+// is how the host knows the agent is ready for a new connection.
 type devicePort struct {
 	f        *os.File
+	reopen   func() (*os.File, error)
 	interval time.Duration
 	last     *fileConn // the previous connection, if any
 }
 
 func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
 	if p.last != nil {
-		// Make sure no goroutine of the previous connection still uses
-		// the device before its deadlines are reset.
+		// No goroutine of the previous connection may still use the
+		// device when it is closed.
 		p.last.release()
 		p.last = nil
+		if err := p.f.Close(); err != nil {
+			return nil, fmt.Errorf("close agent port: %w", err)
+		}
+		f, err := p.reopen()
+		if err != nil {
+			p.f = nil
+			return nil, err
+		}
+		p.f = f
 	}
 	if err := waitHost(ctx, func() (bool, error) { return pollHangup(p.f) }, p.interval); err != nil {
 		return nil, err
@@ -267,6 +297,18 @@ func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
 	}
 	p.last = c
 	return c, nil
+}
+
+// close releases the last connection and closes the device.
+func (p *devicePort) close() {
+	if p.last != nil {
+		p.last.release()
+		p.last = nil
+	}
+	if p.f != nil {
+		_ = p.f.Close()
+		p.f = nil
+	}
 }
 
 // waitHost calls hangup every interval until it reports that the peer is
@@ -308,13 +350,24 @@ func newFileConn(f *os.File) (*fileConn, error) {
 	return &fileConn{f: f}, nil
 }
 
+// Read reads from the port. EOF means the host hung up (the port reads 0
+// only while no host is connected and nothing is buffered): the
+// connection is then over, and Read closes it at once. A write still
+// waiting would otherwise wait for ever, because a virtio-serial port
+// blocks writers while no host is connected; its goroutine holds the SSH
+// channel's write lock, the SSH connection could never finish, and the
+// next host would receive the bytes that write was still holding.
 func (c *fileConn) Read(b []byte) (int, error) {
 	c.inUse.RLock()
 	defer c.inUse.RUnlock()
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	return c.f.Read(b)
+	n, err := c.f.Read(b)
+	if errors.Is(err, io.EOF) {
+		_ = c.Close()
+	}
+	return n, err
 }
 
 func (c *fileConn) Write(b []byte) (int, error) {

@@ -9,8 +9,8 @@ import (
 
 // pollHangup reports whether poll(2) flags f with POLLHUP, which a
 // virtio-serial port does while no host is connected to its QEMU socket.
-// Input still buffered from a previous host is discarded meanwhile, so that
-// the next host's connection starts clean.
+// It never reads: data readable while POLLHUP is still set is the next
+// host's (see devicePort).
 func pollHangup(f *os.File) (bool, error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
@@ -29,10 +29,6 @@ func pollHangup(f *os.File) (bool, error) {
 			}
 		}
 		revents = fds[0].Revents
-		if pollErr == nil && revents&unix.POLLHUP != 0 && revents&unix.POLLIN != 0 {
-			var buf [4096]byte
-			_, _ = unix.Read(int(fd), buf[:])
-		}
 	})
 	if err == nil {
 		err = pollErr

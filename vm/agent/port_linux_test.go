@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -90,15 +92,50 @@ func TestPollHangupFollowsPeer(t *testing.T) {
 	}
 }
 
+// TestPollHangupLeavesDataAlone: the driver can make the next host's first
+// bytes readable before it reports the host connected, so bytes readable
+// while POLLHUP is set must stay where they are. A socket whose peer wrote
+// and then closed shows exactly that: POLLIN with POLLHUP.
+func TestPollHangupLeavesDataAlone(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, peer := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "peer")
+	defer dev.Close()
+	banner := "SSH-2.0-Go\r\n"
+	if _, err := peer.Write([]byte(banner)); err != nil {
+		t.Fatal(err)
+	}
+	peer.Close()
+	for range 3 {
+		if hup, err := pollHangup(dev); err != nil || !hup {
+			t.Fatalf("hangup=%v err=%v, want true", hup, err)
+		}
+	}
+	buf := make([]byte, 64)
+	n, err := dev.Read(buf)
+	if err != nil || string(buf[:n]) != banner {
+		t.Fatalf("after polling: read %q, %v; want the bytes left alone (%q)", buf[:n], err, banner)
+	}
+}
+
 // TestDevicePortReconnects runs the daemon loop of Main on a fake device:
-// hosts connect and disconnect in turn while the device stays open.
+// hosts connect and disconnect in turn, and the device is closed and
+// opened again between them.
 func TestDevicePortReconnects(t *testing.T) {
 	master, slave := fakeDevice(t)
 	hostKey, clientKey := newSigner(t), newSigner(t)
 	cfg := Config{HostKey: hostKey, AuthorizedKeys: []ssh.PublicKey{clientKey.PublicKey()}, Logger: testLogger(t), Version: "v"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- servePort(ctx, &devicePort{f: master, interval: 5 * time.Millisecond}, cfg) }()
+	dev := &dupDevice{master: master}
+	first, err := dev.open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := &devicePort{f: first, reopen: dev.open, interval: 5 * time.Millisecond}
+	go func() { done <- servePort(ctx, port, cfg) }()
 
 	// Let the agent poll the hung-up device for a while first.
 	time.Sleep(50 * time.Millisecond)
@@ -114,11 +151,10 @@ func TestDevicePortReconnects(t *testing.T) {
 		}
 		c.Close()
 		h.Close()
-		// A real host does not reconnect within microseconds. If it did,
-		// the agent could miss the hangup and hand the new host's bytes
-		// to the old connection; the host's handshake would then fail and
-		// it would have to retry.
-		time.Sleep(50 * time.Millisecond)
+		// A host connects again only once the agent has opened the port
+		// afresh (vmgated waits for QEMU's VSERPORT_CHANGE event); here,
+		// once the next open has happened.
+		dev.wait(t, i+2)
 	}
 	cancel()
 	select {
@@ -129,9 +165,20 @@ func TestDevicePortReconnects(t *testing.T) {
 	case <-time.After(testTimeout):
 		t.Fatal("servePort did not return after cancel")
 	}
-	// The device is still open.
-	if _, err := master.Stat(); err != nil {
-		t.Errorf("device closed: %v", err)
+	// One open per connection (the first one and one after each ended
+	// connection); every one but the current one is closed.
+	opened := dev.files()
+	if len(opened) != 4 {
+		t.Errorf("device opened %d times for 3 connections, want 4", len(opened))
+	}
+	for i, f := range opened[:len(opened)-1] {
+		if _, err := f.Stat(); !errors.Is(err, os.ErrClosed) {
+			t.Errorf("open %d still open after its connection: %v", i, err)
+		}
+	}
+	port.close()
+	if _, err := opened[len(opened)-1].Stat(); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("close left the device open: %v", err)
 	}
 }
 
@@ -179,5 +226,91 @@ func TestFileConnCloseKeepsFileOpen(t *testing.T) {
 	buf := make([]byte, 4)
 	if _, err := c2.Read(buf); err != nil || string(buf) != "ping" {
 		t.Fatalf("read on the next connection: %q, %v", buf, err)
+	}
+}
+
+// dupDevice stands in for opening the port device again: the test keeps
+// the pty master open, and each open is a new fd on it.
+type dupDevice struct {
+	master *os.File
+	mu     sync.Mutex
+	opened []*os.File
+}
+
+func (d *dupDevice) open() (*os.File, error) {
+	fd, err := unix.Dup(int(d.master.Fd()))
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "device")
+	d.mu.Lock()
+	d.opened = append(d.opened, f)
+	d.mu.Unlock()
+	return f, nil
+}
+
+func (d *dupDevice) files() []*os.File {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*os.File(nil), d.opened...)
+}
+
+// wait waits until the device has been opened n times.
+func (d *dupDevice) wait(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for len(d.files()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the device was not opened again (%d opens, want %d)", len(d.files()), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestFileConnEOFEndsPendingWrites: a virtio-serial port blocks writers
+// while no host is connected, so when the host hangs up, a write that is
+// waiting must be ended by the connection itself, or it holds the SSH
+// channel's lock for ever (and would later hand its bytes to the next
+// host). A socket whose peer stops reading and shuts down its sending side
+// shows both halves: writes block, reads return EOF.
+func TestFileConnEOFEndsPendingWrites(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		t.Fatal(err)
+	}
+	dev := os.NewFile(uintptr(fds[0]), "dev")
+	defer dev.Close()
+	peer := os.NewFile(uintptr(fds[1]), "peer")
+	defer peer.Close()
+	c, err := newFileConn(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 64<<20))
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		t.Fatalf("a write larger than the socket buffers returned (%v) while nobody read", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := unix.Shutdown(fds[1], unix.SHUT_WR); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Read(make([]byte, 16)); !errors.Is(err, io.EOF) {
+		t.Fatalf("read after the peer's shutdown: %v, want EOF", err)
+	}
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Error("the pending write succeeded")
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("EOF did not end the pending write")
 	}
 }
