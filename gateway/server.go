@@ -454,13 +454,10 @@ func listenUnix(path string, mode os.FileMode, group string, log *slog.Logger) (
 		}
 		log.Info("removed stale socket", "path", path)
 	}
-	old := unix.Umask(0o177)
-	ln, err := net.Listen("unix", path)
-	unix.Umask(old)
+	ln, err := bindPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	gid := -1
 	if group != "" {
 		g, err := user.LookupGroup(group)
@@ -479,6 +476,38 @@ func listenUnix(path string, mode os.FileMode, group string, log *slog.Logger) (
 	if err := os.Chmod(path, mode); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	return ln, nil
+}
+
+// bindPrivate listens on a Unix socket at path whose file is created with
+// mode 0600 at most. The mode is set on the socket before bind (Linux
+// gives the socket file the socket inode's mode, less the umask), so the
+// process umask is never touched: it is shared by every thread, and a
+// directory created meanwhile (a VM's, by the template build that starts
+// with the daemon) would lose its search bit, which the jail then cannot
+// pass (CI once failed so: "bind …/vms/ID: lstat: permission denied").
+func bindPrivate(path string) (net.Listener, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		return nil, os.NewSyscallError("fchmod", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return nil, os.NewSyscallError("bind", err)
+	}
+	if err := unix.Listen(fd, unix.SOMAXCONN); err != nil {
+		_ = os.Remove(path)
+		return nil, os.NewSyscallError("listen", err)
+	}
+	ln, err := net.FileListener(f)
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, err
 	}
 	return ln, nil
 }
