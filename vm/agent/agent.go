@@ -44,6 +44,9 @@ type Config struct {
 	// reseed credits entropy and reseeds the kernel's generator; nil
 	// means reseedKernel. Tests replace it.
 	reseed func([]byte) error
+	// netChecker answers NetReadyRequest; nil means the guest's own
+	// network state. Tests replace it.
+	netChecker *netChecker
 }
 
 // Serve serves one SSH connection on conn until the connection ends or ctx
@@ -82,7 +85,11 @@ func serve(ctx context.Context, conn net.Conn, cfg Config) (handshakeDone bool, 
 	log = log.With("client", string(sconn.ClientVersion()))
 	log.Info("host connected")
 
-	s := &server{cfg: cfg, log: log}
+	// connCtx ends with the connection, so that a request still waiting
+	// (NetReadyRequest) does not outlive it.
+	connCtx, endConn := context.WithCancel(ctx)
+	defer endConn()
+	s := &server{cfg: cfg, log: log, ctx: connCtx}
 	var wg sync.WaitGroup
 	wg.Go(func() { s.globalRequests(reqs) })
 	for nc := range chans {
@@ -92,6 +99,7 @@ func serve(ctx context.Context, conn net.Conn, cfg Config) (handshakeDone bool, 
 	// closed as well, so the sessions are killing and reaping their commands.
 	_ = sconn.Close()
 	connErr := sconn.Wait()
+	endConn()
 	wg.Wait()
 	log.Info("host disconnected")
 
@@ -163,6 +171,7 @@ func checkPublicKey(user string, key ssh.PublicKey, authorized [][]byte) error {
 type server struct {
 	cfg      Config
 	log      *slog.Logger
+	ctx      context.Context // ends with the connection
 	sessions atomic.Uint64
 }
 
@@ -195,6 +204,14 @@ func (s *server) globalRequests(reqs <-chan *ssh.Request) {
 			payload, err := infoPayload(s.cfg.Version)
 			if err != nil {
 				s.log.Warn("info request", "err", err)
+				_ = req.Reply(false, nil)
+				continue
+			}
+			_ = req.Reply(true, payload)
+		case agentproto.NetReadyRequest:
+			payload, err := s.netReady(s.ctx, req.Payload)
+			if err != nil {
+				s.log.Warn("net ready request", "err", err)
 				_ = req.Reply(false, nil)
 				continue
 			}
@@ -269,9 +286,15 @@ func decodeSetTime(payload []byte) (agentproto.SetTime, error) {
 
 // infoPayload returns the InfoRequest reply payload.
 func infoPayload(version string) ([]byte, error) {
-	b, err := json.Marshal(systemInfo(version))
+	return encodePayload(systemInfo(version))
+}
+
+// encodePayload wraps v's JSON in an agentproto.ExecPayload, the form of
+// every global request's reply payload.
+func encodePayload(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("encode info: %w", err)
+		return nil, fmt.Errorf("encode reply: %w", err)
 	}
 	return ssh.Marshal(agentproto.ExecPayload{JSON: string(b)}), nil
 }

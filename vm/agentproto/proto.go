@@ -29,7 +29,8 @@
 // exits 126, each with a one-line message on stderr, as a shell would.
 //
 // Global requests: [SetTimeRequest] sets the guest clock, [InfoRequest] returns
-// [Info].
+// [Info], [NetReadyRequest] waits until the guest's network is usable and
+// returns [NetReadyStatus].
 package agentproto
 
 // PortName is the virtio-serial port name of the agent channel. The guest
@@ -52,9 +53,10 @@ const UnprivilegedUser = "agent"
 
 // Request names.
 const (
-	ExecRequest    = "vmgate-exec@vmgate"
-	SetTimeRequest = "vmgate-settime@vmgate"
-	InfoRequest    = "vmgate-info@vmgate"
+	ExecRequest     = "vmgate-exec@vmgate"
+	SetTimeRequest  = "vmgate-settime@vmgate"
+	InfoRequest     = "vmgate-info@vmgate"
+	NetReadyRequest = "vmgate-netready@vmgate"
 )
 
 // Exit codes the agent uses when it cannot start the command.
@@ -103,3 +105,33 @@ type Info struct {
 	Hostname     string `json:"hostname"`
 	BootID       string `json:"boot_id"`
 }
+
+// NetReady is the JSON payload of NetReadyRequest: wait at most TimeoutMS
+// (capped at MaxNetReadyTimeout) for the guest network to be usable.
+type NetReady struct {
+	TimeoutMS int64 `json:"timeout_ms"`
+}
+
+// MaxNetReadyTimeout bounds NetReady.TimeoutMS, in milliseconds.
+const MaxNetReadyTimeout = 5 * 60 * 1000
+
+// NetReadyStatus is the JSON reply payload of NetReadyRequest. The network
+// is ready when an Ethernet interface is up with an IPv4 address, a default
+// route leaves through it, and the first nameserver of /etc/resolv.conf
+// answered a query for [ReadinessName]. Detail says what was still
+// missing when Ready is false.
+type NetReadyStatus struct {
+	Ready     bool   `json:"ready"`
+	Interface string `json:"interface,omitempty"`
+	Address   string `json:"address,omitempty"`
+	Gateway   string `json:"gateway,omitempty"`
+	Resolver  string `json:"resolver,omitempty"`
+	Detail    string `json:"detail,omitempty"`
+	WaitedMS  int64  `json:"waited_ms"`
+}
+
+// ReadinessName is the name the agent's readiness probe asks the guest's
+// resolver for. It is under .invalid (RFC 6761), so no real resolver can
+// answer it with an address; vmgated's network answers it itself with
+// NXDOMAIN and does not audit it.
+const ReadinessName = "ready.vmgate.invalid"

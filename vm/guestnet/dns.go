@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
 // DNSVerdict is what the resolver decided for one query, for the log and
@@ -18,6 +20,10 @@ type DNSVerdict struct {
 	Addrs   []netip.Addr // addresses answered
 	Refused []netip.Addr // addresses dropped (special ranges)
 	Reason  string       // why nothing was answered, if so
+	// Probe marks the guest agent's readiness probe (a query for
+	// agentproto.ReadinessName): answered here with NXDOMAIN, never
+	// looked up and not audited.
+	Probe bool
 }
 
 // Resolver looks a name up for the guest (the daemon's resolver, or a
@@ -62,6 +68,11 @@ func (d *DNS) Handle(ctx context.Context, query []byte) ([]byte, DNSVerdict) {
 	if qq.Qclass != dns.ClassINET || v.Name == "" {
 		resp.Rcode = dns.RcodeRefused
 		v.Reason = "not an Internet-class query for a DNS name"
+		return pack(resp), v
+	}
+	if v.Name == agentproto.ReadinessName {
+		resp.Rcode = dns.RcodeNameError
+		v.Probe, v.Reason = true, "the agent's readiness probe"
 		return pack(resp), v
 	}
 	rule, ok := d.Rules.AllowsName(v.Name, 0)

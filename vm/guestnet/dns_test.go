@@ -32,6 +32,14 @@ func testDNS(t testing.TB) *DNS {
 	}}
 }
 
+func mustRules(t testing.TB, specs ...string) Rules {
+	rs, err := ParseRules(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
 func query(t testing.TB, name string, qtype uint16) []byte {
 	m := new(dns.Msg)
 	m.SetQuestion(name, qtype)
@@ -69,9 +77,20 @@ func TestDNS(t *testing.T) {
 			t.Errorf("%s %s: rcode %d answers %d verdict %+v", c.name, dns.TypeToString[c.qtype], r.Rcode, len(r.Answer), v)
 		}
 	}
+	// The agent's readiness probe is answered here, even when a rule
+	// would allow the name, and marked so that it is not audited.
+	d.Rules = append(d.Rules, mustRules(t, "*.vmgate.invalid:80")...)
+	out, v := d.Handle(context.Background(), query(t, "Ready.VMGate.invalid.", dns.TypeA))
+	var pr dns.Msg
+	if err := pr.Unpack(out); err != nil || pr.Rcode != dns.RcodeNameError || !v.Probe || v.Allowed {
+		t.Errorf("readiness probe: %v rcode %d verdict %+v", err, pr.Rcode, v)
+	}
+	if _, v := d.Handle(context.Background(), query(t, "allowed.test.", dns.TypeA)); v.Probe {
+		t.Error("an ordinary query is marked as the probe")
+	}
 	// The operator may allow a private range explicitly.
 	d.Allowed = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
-	out, v := d.Handle(context.Background(), query(t, "private.test.", dns.TypeA))
+	out, v = d.Handle(context.Background(), query(t, "private.test.", dns.TypeA))
 	var r dns.Msg
 	if err := r.Unpack(out); err != nil || len(r.Answer) != 1 || len(v.Refused) != 1 {
 		t.Fatalf("allowed range: %v %+v %+v", err, r, v)
