@@ -3,10 +3,12 @@ package vm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,8 +38,11 @@ type probeResult struct {
 // kvm and tcg are taken as given (kvm fails if /dev/kvm cannot be opened);
 // auto opens /dev/kvm and boots the image's kernel under KVM with a bounded
 // timeout, falling back to TCG with a logged reason. The auto result is
-// cached for the life of the process.
-func ResolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd string, log *slog.Logger) (Accel, error) {
+// cached for the life of the process, and, with a cacheDir, on disk for the
+// rest of the host's boot (see readProbeCache): on a host whose /dev/kvm
+// hangs, the probe costs its full timeout, which a daemon start should not
+// pay again and again.
+func ResolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd, cacheDir string, log *slog.Logger) (Accel, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -59,14 +64,110 @@ func ResolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd string, 
 	if r, ok := probeCache[key]; ok {
 		return r.accel, nil
 	}
+	host := currentProbeHost(qemu, kernel)
+	if rec, ok := readProbeCache(cacheDir, host); ok {
+		log.Info("accelerator from this boot's KVM probe", "accel", rec.Accel, "reason", rec.Reason, "probed_at", rec.ProbedAt, "cache", filepath.Join(cacheDir, probeCacheFile))
+		r := probeResult{rec.Accel, rec.Reason}
+		probeCache[key] = r
+		return r.accel, nil
+	}
 	r := probeKVM(ctx, qemu, kernel, initrd)
+	if ctx.Err() != nil {
+		// A cancelled probe proves nothing: neither cached nor kept.
+		return r.accel, nil
+	}
 	if r.accel == AccelTCG {
 		log.Warn("KVM unusable, using TCG (slower; QEMU's TCG is not a security boundary, the jail is)", "reason", r.reason)
 	} else {
 		log.Info("KVM probe succeeded", "detail", r.reason)
 	}
 	probeCache[key] = r
+	if err := writeProbeCache(cacheDir, host, r); err != nil {
+		log.Warn("keep the KVM probe result", "err", err)
+	}
 	return r.accel, nil
+}
+
+// probeCacheFile holds the last KVM probe result in a cache directory.
+const probeCacheFile = "accel-probe.json"
+
+// probeRecord is a KVM probe result with the host it is valid for.
+type probeRecord struct {
+	probeHost
+	Accel    Accel     `json:"accel"`
+	Reason   string    `json:"reason"`
+	ProbedAt time.Time `json:"probed_at"`
+}
+
+// probeHost is what a probe result depends on: this boot of the host
+// (a reboot may load or fix KVM), the QEMU binary and the probed kernel.
+type probeHost struct {
+	BootID     string `json:"boot_id"`
+	QEMU       string `json:"qemu"`
+	QEMUSize   int64  `json:"qemu_size"`
+	QEMUMtime  int64  `json:"qemu_mtime"`
+	Kernel     string `json:"kernel"`
+	KernelSize int64  `json:"kernel_size"`
+}
+
+func currentProbeHost(qemu, kernel string) probeHost {
+	h := probeHost{Kernel: kernel}
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		h.BootID = strings.TrimSpace(string(b))
+	}
+	if p, err := exec.LookPath(qemu); err == nil {
+		h.QEMU = p
+		if st, err := os.Stat(p); err == nil {
+			h.QEMUSize, h.QEMUMtime = st.Size(), st.ModTime().UnixNano()
+		}
+	}
+	if st, err := os.Stat(kernel); err == nil {
+		h.KernelSize = st.Size()
+	}
+	return h
+}
+
+// readProbeCache returns the cached result if it was made on this boot,
+// with the same QEMU and kernel.
+func readProbeCache(dir string, host probeHost) (probeRecord, bool) {
+	if dir == "" || host.BootID == "" {
+		return probeRecord{}, false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, probeCacheFile))
+	if err != nil {
+		return probeRecord{}, false
+	}
+	var rec probeRecord
+	if json.Unmarshal(b, &rec) != nil || rec.probeHost != host || (rec.Accel != AccelKVM && rec.Accel != AccelTCG) {
+		return probeRecord{}, false
+	}
+	return rec, true
+}
+
+func writeProbeCache(dir string, host probeHost, r probeResult) error {
+	if dir == "" || host.BootID == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	b, err := json.Marshal(probeRecord{probeHost: host, Accel: r.accel, Reason: r.reason, ProbedAt: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".accel-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dir, probeCacheFile))
 }
 
 func openKVM() error {

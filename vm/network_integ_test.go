@@ -7,8 +7,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,24 +73,24 @@ func (ti *testInternet) records() []guestnet.Record {
 }
 
 // TestVM_Network boots a VM with a network and checks, from inside the
-// guest with ordinary tools, what the network lets through.
+// guest with ordinary tools, what the network lets through. The first
+// command fetches a page at once: the VM is handed out only once its
+// network works.
 func TestVM_Network(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	ti := newTestInternet(t)
 	opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, Network: ti.config(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	if _, err := EnsureTemplate(ctx, opts); err == nil {
-		t.Fatal("a template with a network was built; restores of those are not supported yet")
-	}
 	v, err := Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer v.Close()
-	// The agent answers before networkd has the DHCP lease.
-	if o := run(t, v, ExecRequest{Argv: []string{"sh", "-c", "for i in $(seq 60); do ip -4 -o addr show scope global | grep -q 10.0.2.15 && exit 0; sleep 1; done; exit 1"}, Timeout: 2 * time.Minute}); o.res.ExitCode != 0 {
-		t.Fatalf("no DHCP lease within a minute: %q", o.stderr)
+	t.Logf("cold boot with a network: %s", phasesString(v.Phases()))
+	first := run(t, v, ExecRequest{Argv: []string{"wget", "-q", "-U", "Mozilla", "-O-", fmt.Sprintf("http://allowed.test:%d/", ti.public.Port())}, Timeout: time.Minute})
+	if first.res.ExitCode != 0 || !strings.HasPrefix(first.stdout, "hello from allowed.test") {
+		t.Fatalf("first command of a fresh VM: wget %+v %q %q", first.res, first.stdout, first.stderr)
 	}
 	url := fmt.Sprintf("http://allowed.test:%d/", ti.public.Port())
 	sh := func(cmd string) execOut {
@@ -146,4 +149,173 @@ func TestVM_Network(t *testing.T) {
 		t.Errorf("audit records: %+v", recs)
 	}
 	t.Logf("%d audit records, %d allowed", len(recs), allowed)
+}
+
+// TestTemplate_NetworkClones restores VMs with a NIC from a template. Each
+// clone's first command reaches the allowed name at once; each clone has
+// a network of its own (policy, resolved names, audit), so what one clone
+// may reach another may not; the guest keeps its address and its lease
+// across the restore (a DHCP renewal is answered by the clone's own
+// network); and no clone needed a second try at its agent handshake.
+func TestTemplate_NetworkClones(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	ti := newTestInternet(t)
+	allow := ti.config(t)
+	opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t), Network: allow}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tmpl, err := EnsureTemplate(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmpl.Close()
+	if !tmpl.Meta.Network {
+		t.Fatalf("template without a NIC: %+v", tmpl.Meta)
+	}
+	url := fmt.Sprintf("http://allowed.test:%d/", ti.public.Port())
+
+	a, err := tmpl.Restore(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var mu sync.Mutex
+	var bRecs []guestnet.Record
+	deny := *allow
+	deny.Rules = nil
+	deny.Audit = func(r guestnet.Record) { mu.Lock(); bRecs = append(bRecs, r); mu.Unlock() }
+	bOpts := opts
+	bOpts.Network = &deny
+	b, err := tmpl.Restore(ctx, bOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	t.Logf("restored with a network: %s", phasesString(a.Phases()))
+
+	sh := func(v *VM, cmd string) execOut {
+		return run(t, v, ExecRequest{Argv: []string{"sh", "-c", cmd}, Timeout: time.Minute})
+	}
+	if o := sh(a, "wget -q -U Mozilla -O- "+url); o.res.ExitCode != 0 || !strings.HasPrefix(o.stdout, "hello from allowed.test") {
+		t.Fatalf("first command of clone a: %+v %q %q", o.res, o.stdout, o.stderr)
+	}
+	// Clone a resolved the name and connected; clone b still may not.
+	for _, cmd := range []string{
+		"getent hosts allowed.test",
+		"wget -q -T 5 -O- " + url,
+		fmt.Sprintf("curl -sS -m 5 http://%s/", ti.public),
+	} {
+		if o := sh(b, cmd); o.res.ExitCode == 0 {
+			t.Errorf("clone b (nothing allowed): %s succeeded: %q", cmd, o.stdout)
+		}
+	}
+	mu.Lock()
+	if len(bRecs) == 0 {
+		t.Error("clone b's refusals were not audited on its own network")
+	}
+	for _, r := range bRecs {
+		if r.Allowed {
+			t.Errorf("clone b: allowed %+v", r)
+		}
+	}
+	mu.Unlock()
+	// Clone b's lookups were refused as off its (empty) allowlist; clone
+	// a's audit, on another network, holds none of them.
+	for _, r := range ti.records() {
+		if strings.Contains(r.Reason, "not on the allowlist") {
+			t.Errorf("clone a's audit holds clone b's traffic: %+v", r)
+		}
+	}
+
+	// The lease survives the restore and the clone's network renews it.
+	for name, v := range map[string]*VM{"a": a, "b": b} {
+		o := sh(v, "ip -4 -o addr show dev eth0; networkctl renew eth0 && sleep 2; ip -4 -o addr show dev eth0")
+		if o.res.ExitCode != 0 || strings.Count(o.stdout, "10.0.2.15/24") != 2 {
+			t.Errorf("clone %s address across a renewal: %+v %q %q", name, o.res, o.stdout, o.stderr)
+		}
+	}
+	if o := sh(a, "wget -q -O- "+url); o.res.ExitCode != 0 {
+		t.Errorf("clone a after its renewal: %+v %q", o.res, o.stderr)
+	}
+
+	// Clones restored side by side all answer on their first handshake.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 3)
+	for i := range 6 {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			v, err := tmpl.Restore(ctx, opts)
+			if err != nil {
+				t.Errorf("clone %d: %v", i, err)
+				return
+			}
+			defer v.Close()
+			if res, err := v.Exec(ctx, ExecRequest{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
+				t.Errorf("clone %d: %+v %v", i, res, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := tmpl.HandshakeFailures(); n != 0 {
+		t.Errorf("%d clones failed their first agent handshake", n)
+	}
+}
+
+// TestTemplate_RestoreStress restores VMGATE_STRESS_RESTORES clones (four
+// at a time) of the template without a NIC and as many of the template
+// with one; every clone must answer its first agent handshake and run a
+// command. It measures the restore path under load (docs/fast-path.md) and
+// is skipped unless the variable is set: a few minutes per 300 clones.
+func TestTemplate_RestoreStress(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("VMGATE_STRESS_RESTORES"))
+	if n <= 0 {
+		t.Skip("VMGATE_STRESS_RESTORES not set")
+	}
+	img := testutil.RequiresImage(t)
+	ti := newTestInternet(t)
+	for _, nic := range []bool{false, true} {
+		t.Run(fmt.Sprintf("nic=%v", nic), func(t *testing.T) {
+			opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}
+			if nic {
+				opts.Network = ti.config(t)
+			}
+			ctx := context.Background()
+			tmpl, err := EnsureTemplate(ctx, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tmpl.Close()
+			var failed atomic.Int64
+			sem := make(chan struct{}, 4)
+			var wg sync.WaitGroup
+			t0 := time.Now()
+			for i := range n {
+				wg.Add(1)
+				sem <- struct{}{}
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					v, err := tmpl.Restore(ctx, opts)
+					if err != nil {
+						failed.Add(1)
+						t.Errorf("restore %d: %v", i, err)
+						return
+					}
+					defer v.Close()
+					if res, err := v.Exec(ctx, ExecRequest{Argv: []string{"true"}}); err != nil || res.ExitCode != 0 {
+						failed.Add(1)
+						t.Errorf("clone %d: %+v %v", i, res, err)
+					}
+				}()
+			}
+			wg.Wait()
+			t.Logf("%d restores in %v: %d failed, %d first handshakes failed", n, time.Since(t0).Round(time.Second), failed.Load(), tmpl.HandshakeFailures())
+			if tmpl.HandshakeFailures() != 0 {
+				t.Errorf("%d clones failed their first agent handshake", tmpl.HandshakeFailures())
+			}
+		})
+	}
 }

@@ -89,6 +89,12 @@ type LaunchSpec struct {
 	Network bool
 }
 
+// AgentPortID is the QEMU device id of the agent's virtio-serial port.
+// With an id QEMU reports the guest opening and closing the port as
+// VSERPORT_CHANGE events on QMP, which is how a template build knows the
+// agent has finished its last connection (see VM.save).
+const AgentPortID = "agentport"
+
 // NetSocket is the VM's network socket (vmgated listens, QEMU connects).
 const NetSocket = "net.sock"
 
@@ -166,7 +172,11 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 		"-initrd", s.Initrd,
 		"-append", strings.Join(kargs, " "),
 		"-no-reboot",
-		"-serial", "file:" + j(ConsoleLog),
+		// Files and sockets are named in key=value options (-chardev
+		// path=), never in the legacy "file:"/"unix:" forms, whose
+		// parser breaks on a '=' in the path.
+		"-chardev", "file,id=console,path=" + j(ConsoleLog),
+		"-serial", "chardev:console",
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng0",
 	}
@@ -176,8 +186,9 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 			"-device", "virtio-blk-device,drive=root",
 			"-chardev", "socket,id=agent,path="+j(AgentSocket)+",server=on,wait=off",
 			"-device", "virtio-serial-device,max_ports=2",
-			"-device", "virtserialport,chardev=agent,name=vmgate.agent",
-			"-qmp", "unix:"+j(QMPSocket)+",server=on,wait=off",
+			"-device", "virtserialport,chardev=agent,name=vmgate.agent,id="+AgentPortID,
+			"-chardev", "socket,id=qmp,path="+j(QMPSocket)+",server=on,wait=off",
+			"-mon", "chardev=qmp,mode=control",
 		)
 	}
 	if s.Network {

@@ -70,6 +70,28 @@ func TestCmdlineInvariants(t *testing.T) {
 	}
 }
 
+// TestCmdlinePathsInKeyValueOptions: a state directory may contain '='
+// (Go's t.TempDir does for subtests named "x=y"); QEMU's legacy
+// "unix:PATH,server=on" and "file:PATH" forms misparse such a path, so
+// every path must be the value of a key=value option.
+func TestCmdlinePathsInKeyValueOptions(t *testing.T) {
+	for _, s := range []LaunchSpec{baseSpec(), func() LaunchSpec {
+		s := baseSpec()
+		s.Dir, s.Network, s.Probe = "/var/lib/vmgate/vms/a=b", true, false
+		return s
+	}()} {
+		argv, err := s.Cmdline()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range argv {
+			if strings.HasPrefix(a, "unix:") || strings.HasPrefix(a, "file:") {
+				t.Errorf("legacy path syntax %q", a)
+			}
+		}
+	}
+}
+
 func TestCmdlineRejects(t *testing.T) {
 	cases := map[string]func(*LaunchSpec){
 		"auto accel":      func(s *LaunchSpec) { s.Accel = AccelAuto },

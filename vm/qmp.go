@@ -13,7 +13,7 @@ import (
 )
 
 // qmp is a minimal client of QEMU's machine protocol on the VM's QMP
-// socket: one command at a time, events skipped.
+// socket: one command at a time; events are skipped, except by waitEvent.
 type qmp struct {
 	c *net.UnixConn
 	r *bufio.Reader
@@ -24,6 +24,7 @@ type qmp struct {
 type qmpReply struct {
 	QMP    json.RawMessage `json:"QMP"`
 	Event  string          `json:"event"`
+	Data   json.RawMessage `json:"data"`
 	Return json.RawMessage `json:"return"`
 	Error  *struct {
 		Class string `json:"class"`
@@ -123,6 +124,26 @@ func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.R
 			return r.Return, nil
 		}
 		// An event or a stray greeting: keep reading.
+	}
+}
+
+// waitEvent reads QEMU's output until an event named name arrives whose
+// data match accepts, or ctx ends. Replies and other events are skipped:
+// call it with no command outstanding.
+func (q *qmp) waitEvent(ctx context.Context, name string, match func(data json.RawMessage) bool) error {
+	q.deadline(ctx)
+	for {
+		line, err := q.r.ReadBytes('\n')
+		if err != nil {
+			return fmt.Errorf("qmp: waiting for %s: %w", name, err)
+		}
+		r, err := parseQMPLine(line)
+		if err != nil {
+			return err
+		}
+		if r.Event == name && match(r.Data) {
+			return nil
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -45,7 +46,7 @@ const (
 	templatesDir      = "templates"
 	// templateFormat changes when the template layout or the devices of
 	// the QEMU command line change, so that old templates are rebuilt.
-	templateFormat = 3
+	templateFormat = 4
 )
 
 // TemplateMeta describes a built template.
@@ -92,6 +93,8 @@ type Template struct {
 	ram   *os.File // sealed memfd with the template's RAM
 	// Built is true when this call built the template (false: loaded).
 	Built bool
+
+	handshakeFailures atomic.Int64
 }
 
 var (
@@ -115,35 +118,37 @@ func QEMUVersion(qemu string) (string, error) {
 	return v, nil
 }
 
+// ErrNoTemplate reports that no usable template exists for a shape: none
+// was built, or the one there does not match or is damaged (the error says
+// which; a damaged one has been removed).
+var ErrNoTemplate = errors.New("no usable VM template")
+
 // EnsureTemplate loads the template for opts' image and shape, building it
 // first (a full boot, ~20 s under TCG) when it is missing or stale. Stale
 // templates of the same shape are removed.
 func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
+	return ensureTemplate(ctx, opts, true)
+}
+
+// LoadTemplate loads the template for opts' image and shape when a usable
+// one exists (its files are checked against their digests: a second or
+// so), and returns an error wrapping ErrNoTemplate otherwise. It never
+// boots a VM: a daemon can wait for a load, where it would boot cold
+// rather than wait for a build.
+func LoadTemplate(ctx context.Context, opts Options) (*Template, error) {
+	return ensureTemplate(ctx, opts, false)
+}
+
+func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, error) {
 	opts.setDefaults()
-	if opts.Network != nil {
-		// Clones of a template with a NIC fail their first SSH handshake
-		// here (the agent's output is garbled after the banner); until
-		// that is understood, VMs with a network boot cold.
-		return nil, errors.New("template: VMs with a network are not restored from templates yet; they boot cold")
-	}
 	img, accel, err := prepare(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	man, err := image.ReadManifest(opts.ImageDir)
+	want, err := wantTemplate(opts, accel)
 	if err != nil {
 		return nil, err
 	}
-	qv, err := QEMUVersion(opts.QEMU)
-	if err != nil {
-		return nil, err
-	}
-	want := TemplateMeta{
-		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
-		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
-		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
-	}
-	want.Key = templateKey(want)
 	root := opts.TemplateDir
 	if root == "" {
 		root = filepath.Join(opts.StateDir, templatesDir)
@@ -179,8 +184,15 @@ func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 		t.ram, err = loadRAM(dir, meta)
 	}
 	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			opts.Log.Warn("template unusable, rebuilding", "dir", dir, "err", err)
+		missing := errors.Is(err, os.ErrNotExist)
+		if !missing {
+			opts.Log.Warn("template unusable, removing it", "dir", dir, "err", err)
+			if rerr := removeTemplateDir(dir); rerr != nil {
+				return nil, fmt.Errorf("template: %w", rerr)
+			}
+		}
+		if !build {
+			return nil, fmt.Errorf("%w for %d MiB, %d CPU, network %v: %w", ErrNoTemplate, want.MemoryMiB, want.CPUs, want.Network, err)
 		}
 		if err := removeTemplateDir(dir); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
@@ -198,6 +210,25 @@ func EnsureTemplate(ctx context.Context, opts Options) (*Template, error) {
 		opts.Log.Warn("remove stale templates", "err", err)
 	}
 	return t, nil
+}
+
+// wantTemplate is the metadata a template for opts must have.
+func wantTemplate(opts Options, accel Accel) (TemplateMeta, error) {
+	man, err := image.ReadManifest(opts.ImageDir)
+	if err != nil {
+		return TemplateMeta{}, err
+	}
+	qv, err := QEMUVersion(opts.QEMU)
+	if err != nil {
+		return TemplateMeta{}, err
+	}
+	want := TemplateMeta{
+		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
+		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
+		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
+	}
+	want.Key = templateKey(want)
+	return want, nil
 }
 
 // loadRAM copies the template's RAM into a sealed memfd and checks it.
@@ -382,15 +413,21 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 // save detaches from the agent, stops the guest and writes its device
 // state to TemplateStateFile; QEMU then quits.
 func (v *VM) save(ctx context.Context) error {
-	// The agent goes back to waiting for a host connection; each clone
-	// makes a new one. Give it a moment to notice before the guest stops.
-	_ = v.client.Close()
-	time.Sleep(500 * time.Millisecond)
 	q, err := dialQMP(ctx, filepath.Join(v.Dir, QMPSocket), v.exited)
 	if err != nil {
 		return fmt.Errorf("template save: %w", err)
 	}
 	defer q.Close()
+	// Each clone makes a new agent connection, so this one ends here, and
+	// the state is saved only once the agent has finished with it: the
+	// agent closes its port and opens it again before it waits for the
+	// next host (agent.devicePort), and QEMU reports both as
+	// VSERPORT_CHANGE. Saved any earlier, a clone would wake with the old
+	// connection's bytes or goroutines still in the guest.
+	_ = v.client.Close()
+	if err := waitPortReopened(ctx, q); err != nil {
+		return fmt.Errorf("template save: the guest agent did not reopen its port after the host hung up: %w; %s", err, v.consoleTail())
+	}
 	sf, err := os.OpenFile(filepath.Join(v.Dir, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("template save: %w", err)
@@ -449,6 +486,26 @@ func writeFileSync(path string, b []byte) error {
 		return err
 	}
 	return f.Close()
+}
+
+// waitPortReopened waits for the guest to close the agent port and open it
+// again.
+func waitPortReopened(ctx context.Context, q *qmp) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, open := range []bool{false, true} {
+		err := q.waitEvent(ctx, "VSERPORT_CHANGE", func(data json.RawMessage) bool {
+			var ev struct {
+				ID   string `json:"id"`
+				Open bool   `json:"open"`
+			}
+			return json.Unmarshal(data, &ev) == nil && ev.ID == AgentPortID && ev.Open == open
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // allocatedBytes is the space a (sparse) file takes.
@@ -575,18 +632,25 @@ func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
 	if opts.BootTimeout > 0 {
 		o.BootTimeout = opts.BootTimeout
 	}
+	if opts.NetworkTimeout > 0 {
+		o.NetworkTimeout = opts.NetworkTimeout
+	}
 	v, err := t.restoreOnce(ctx, o)
-	// Known, not yet understood: now and then a fresh clone's agent
-	// answers its SSH handshake with garbled bytes after its banner, on
-	// every reconnect. The fault stays with that clone: a second clone
-	// of the same template normally works (docs/fast-path.md).
-	var he *handshakeError
-	if errors.As(err, &he) && ctx.Err() == nil {
+	// A defence, not a cure: the garbled handshakes this once hid were the
+	// agent discarding the new host's first bytes (docs/fast-path.md). A
+	// handshake that still fails costs a second clone, and is counted
+	// (HandshakeFailures, /v1/status, bench exec) and logged, never hidden.
+	if errors.Is(err, ErrHandshake) && ctx.Err() == nil {
+		t.handshakeFailures.Add(1)
 		o.Log.Warn("restored VM failed its agent handshake; restoring another clone", "template", t.Meta.Key, "err", err)
 		v, err = t.restoreOnce(ctx, o)
 	}
 	return v, err
 }
+
+// HandshakeFailures counts clones whose first agent handshake failed (each
+// was replaced by a second clone).
+func (t *Template) HandshakeFailures() int64 { return t.handshakeFailures.Load() }
 
 // restoreOnce starts one clone. The state file is opened for each: QEMU
 // reads it sequentially through an fd that shares its offset with ours.

@@ -67,6 +67,11 @@ type Options struct {
 	// policy can be replaced later (VM.Network().SetPolicy), as the pool
 	// does when it hands a VM out.
 	Network *guestnet.Config
+	// NetworkTimeout bounds the wait, once the agent answers, for a VM
+	// with a NIC to have a usable network (default
+	// DefaultNetworkTimeout); the VM fails with ErrNetworkNotReady
+	// otherwise.
+	NetworkTimeout time.Duration
 	// Background starts the VM at the lowest CPU weight (with cgroups),
 	// so that a pool refilling itself takes only CPU time the VMs running
 	// commands leave; Foreground restores the normal weight.
@@ -94,6 +99,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.BootTimeout == 0 {
 		o.BootTimeout = 180 * time.Second
+	}
+	if o.NetworkTimeout == 0 {
+		o.NetworkTimeout = DefaultNetworkTimeout
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -185,7 +193,7 @@ func prepare(ctx context.Context, opts Options) (*imageFiles, Accel, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	accel, err := ResolveAccel(ctx, opts.Accel, opts.QEMU, img.kernel, img.initrd, opts.Log)
+	accel, err := ResolveAccel(ctx, opts.Accel, opts.QEMU, img.kernel, img.initrd, opts.StateDir, opts.Log)
 	if err != nil {
 		return nil, "", err
 	}
@@ -302,7 +310,7 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 		v.phase("load_state", &tp)
 	}
 	if err := v.connect(bootCtx, img); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("vm %s: %w", v.ID, err)
 	}
 	v.phase("agent", &tp)
 	// A clone wakes with its template's clock and entropy pool: both are
@@ -314,6 +322,14 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 		v.log.Warn("set guest clock", "err", err)
 	}
 	v.phase("refresh", &tp)
+	// The agent answers before the guest's network is up (a cold boot's
+	// DHCP comes seconds later): a command must not start without it.
+	if opts.Network != nil {
+		if _, err := v.waitNetwork(ctx, opts.NetworkTimeout); err != nil {
+			return nil, fmt.Errorf("vm %s: %w", v.ID, err)
+		}
+		v.phase("network", &tp)
+	}
 	v.bootTime = time.Since(t0)
 	kind := "boot_ms"
 	if m.restore {
@@ -572,36 +588,16 @@ func (v *VM) consoleTail() string {
 	return strings.Join(parts, "; ")
 }
 
+// ErrHandshake reports that the guest agent answered, but not with a
+// working SSH handshake.
+var ErrHandshake = errors.New("agent handshake failed")
+
 // connect dials the agent socket and completes the SSH handshake, which
-// succeeds only once the guest agent runs (the readiness signal).
-// connect makes the agent connection. A failed SSH handshake is retried
-// twice on a new connection: a VM restored from a template can replay
-// bytes of its template's last connection, and reconnecting makes the
-// agent start over.
+// succeeds only once the guest agent runs (the readiness signal). A failed
+// handshake is a failed VM: the channel carries nothing but this one
+// connection's bytes (a clone's agent waits on a freshly opened port), so
+// there is nothing a reconnect could skip.
 func (v *VM) connect(ctx context.Context, img *imageFiles) error {
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		err = v.connectOnce(ctx, img)
-		var he *handshakeError
-		if err == nil || !errors.As(err, &he) {
-			return err
-		}
-		v.log.Info("agent handshake failed, reconnecting", "attempt", attempt+1, "err", err)
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return err
-}
-
-type handshakeError struct{ err error }
-
-func (e *handshakeError) Error() string { return "agent handshake: " + e.err.Error() }
-func (e *handshakeError) Unwrap() error { return e.err }
-
-func (v *VM) connectOnce(ctx context.Context, img *imageFiles) error {
 	path := filepath.Join(v.Dir, AgentSocket)
 	var conn net.Conn
 	for {
@@ -631,14 +627,14 @@ func (v *VM) connectOnce(ctx context.Context, img *imageFiles) error {
 	}
 	done := make(chan result, 1)
 	go func() {
-		c, chans, reqs, err := ssh.NewClientConn(&bannerConn{Conn: conn}, "vmgate-agent", cfg)
+		c, chans, reqs, err := ssh.NewClientConn(conn, "vmgate-agent", cfg)
 		done <- result{c, chans, reqs, err}
 	}()
 	select {
 	case r := <-done:
 		if r.err != nil {
 			conn.Close()
-			return &handshakeError{r.err}
+			return fmt.Errorf("%w: %w", ErrHandshake, r.err)
 		}
 		v.client = ssh.NewClient(r.c, r.chans, r.reqs)
 		v.push(func() error {

@@ -470,16 +470,16 @@ func TestProbeBootTCG(t *testing.T) {
 }
 
 func TestResolveAccel(t *testing.T) {
-	a, err := ResolveAccel(context.Background(), AccelTCG, "", "", "", nil)
+	a, err := ResolveAccel(context.Background(), AccelTCG, "", "", "", "", nil)
 	if err != nil || a != AccelTCG {
 		t.Fatalf("tcg: %v %v", a, err)
 	}
 	if _, err := os.Stat("/dev/kvm"); err != nil {
-		if _, err := ResolveAccel(context.Background(), AccelKVM, "", "", "", nil); err == nil {
+		if _, err := ResolveAccel(context.Background(), AccelKVM, "", "", "", "", nil); err == nil {
 			t.Fatal("kvm accepted without /dev/kvm")
 		}
 		t0 := time.Now()
-		a, err := ResolveAccel(context.Background(), AccelAuto, "qemu-system-x86_64", "/nonexistent", "/nonexistent", nil)
+		a, err := ResolveAccel(context.Background(), AccelAuto, "qemu-system-x86_64", "/nonexistent", "/nonexistent", "", nil)
 		if err != nil || a != AccelTCG {
 			t.Fatalf("auto without kvm: %v %v", a, err)
 		}

@@ -136,8 +136,13 @@ func (b *tokenBucket) take(now time.Time) bool {
 }
 
 // SetPolicy replaces the network's policy for new DNS queries and
-// connections; connections already made keep running.
+// connections; connections already made keep running. The names earlier
+// answers resolved are forgotten, so that no address a former policy let
+// the guest resolve counts as resolved under the new one.
 func (n *Network) SetPolicy(p Policy) {
+	n.mu.Lock()
+	clear(n.names)
+	n.mu.Unlock()
 	if p.MaxConns == 0 {
 		p.MaxConns = 32
 	}
@@ -329,6 +334,10 @@ func (n *Network) udp(r *udp.ForwarderRequest) {
 			return
 		}
 		resp, v := n.p().dns.Handle(n.ctx, buf[:k])
+		if v.Probe {
+			_, _ = conn.Write(resp)
+			return
+		}
 		n.remember(v)
 		rec := Record{Proto: "dns", Name: v.Name, Allowed: v.Allowed && len(v.Addrs) > 0, Rule: v.Rule, Reason: v.Reason}
 		if len(v.Addrs) > 0 {

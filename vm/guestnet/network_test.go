@@ -341,3 +341,26 @@ func TestNetworkRateLimit(t *testing.T) {
 		t.Fatal("no connection refused by the rate limit")
 	}
 }
+
+// TestSetPolicyForgetsNames: a pooled VM's network gets its request's
+// policy at hand-out; nothing a former policy let the guest resolve may
+// count as resolved under the new one.
+func TestSetPolicyForgetsNames(t *testing.T) {
+	n, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	a := netip.MustParseAddr("198.51.100.10")
+	n.remember(DNSVerdict{Name: "allowed.test", Addrs: []netip.Addr{a}})
+	if got := n.namesFor(a); len(got) != 1 {
+		t.Fatalf("names before: %v", got)
+	}
+	n.SetPolicy(Policy{Rules: mustRules(t, "allowed.test:80")})
+	if got := n.namesFor(a); len(got) != 0 {
+		t.Errorf("names after SetPolicy: %v, want none", got)
+	}
+	if _, _, reason := n.decide(a, 80); reason == "" {
+		t.Error("a connection to an address resolved under the old policy is allowed")
+	}
+}
