@@ -2,21 +2,28 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
 // fastPath hands out VMs restored from templates: one template and one
-// pool per VM shape (memory, CPUs, seccomp mode), built in the background
-// the first time the shape is asked for. Until a shape's template is
-// ready, or when it cannot be built, requests of that shape boot cold.
+// pool per VM shape (memory, CPUs, seccomp mode, NIC or not), built in the
+// background the first time the shape is asked for. Until a shape's
+// template is ready, or when it cannot be built, requests of that shape
+// boot cold.
+//
+// A VM of a shape with a NIC comes with a network that allows nothing
+// (netBase); the caller gives it the request's policy.
 type fastPath struct {
-	base vm.Options // image, state, accelerator, log, cgroups
-	size int        // pool size per shape
-	log  *slog.Logger
+	base    vm.Options      // image, state, accelerator, log, cgroups
+	netBase guestnet.Config // plumbing of a VM's network (resolver, log), no policy
+	size    int             // pool size per shape
+	log     *slog.Logger
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -24,71 +31,124 @@ type fastPath struct {
 
 	mu     sync.Mutex
 	shapes map[shapeKey]*shapeEntry
+	// pastFailures counts the handshake failures of discarded templates.
+	pastFailures int64
 }
 
 type shapeKey struct {
 	mem, cpus int
 	seccomp   string
+	network   bool // the VMs have a NIC
 }
 
 type shapeEntry struct {
+	// loaded is closed once the attempt to load an existing template
+	// ended (ready, or building now, or failed): a request waits for a
+	// load (a second or so), never for a build.
+	loaded   chan struct{}
 	ready    bool
-	failedAt time.Time
-	tmpl     *vm.Template
-	pool     *vm.Pool
+	failedAt time.Time // the build failed; retried after retryAfter
+	// absent: a load-only warm-up found no template; the shape's first
+	// request starts the build.
+	absent bool
+	tmpl   *vm.Template
+	pool   *vm.Pool
 }
 
 // retryAfter is how long a shape whose template failed boots cold before
 // the build is tried again.
 const retryAfter = 10 * time.Minute
 
-func newFastPath(base vm.Options, size int, log *slog.Logger) *fastPath {
+func newFastPath(base vm.Options, netBase guestnet.Config, size int, log *slog.Logger) *fastPath {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &fastPath{base: base, size: size, log: log, ctx: ctx, cancel: cancel, shapes: map[shapeKey]*shapeEntry{}}
+	return &fastPath{base: base, netBase: netBase, size: size, log: log, ctx: ctx, cancel: cancel, shapes: map[shapeKey]*shapeEntry{}}
 }
 
-// warm starts building the template (and filling the pool) of a shape.
-func (f *fastPath) warm(mem, cpus int, seccomp string) {
-	f.entry(shapeKey{mem, cpus, seccomp})
+// options returns the VM options of a shape.
+func (f *fastPath) options(k shapeKey) vm.Options {
+	opts := f.base
+	opts.MemoryMiB, opts.CPUs, opts.Seccomp = k.mem, k.cpus, k.seccomp
+	if k.network {
+		nc := f.netBase
+		opts.Network = &nc
+	}
+	return opts
 }
 
-// entry returns the shape's entry, starting its build when new or when a
-// failed build may be retried.
-func (f *fastPath) entry(k shapeKey) *shapeEntry {
+// warm loads the template of a shape and fills its pool; with build, it
+// builds the template when there is none (a boot in the background),
+// else the shape's first request does.
+func (f *fastPath) warm(k shapeKey, build bool) {
+	f.entry(k, build)
+}
+
+// entry returns the shape's entry, starting its load (and, with build, its
+// build) when new, when a warm-up found no template and build is asked
+// for, or when a failed build may be retried.
+func (f *fastPath) entry(k shapeKey, build bool) *shapeEntry {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	e := f.shapes[k]
-	if e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < retryAfter) {
+	switch {
+	case e == nil:
+	case e.absent:
+		if !build {
+			return e
+		}
+	case e.ready, e.failedAt.IsZero(), time.Since(e.failedAt) < retryAfter:
 		return e
 	}
 	if f.ctx.Err() != nil {
-		return &shapeEntry{}
+		e := &shapeEntry{loaded: make(chan struct{})}
+		close(e.loaded)
+		return e
 	}
-	e = &shapeEntry{}
+	e = &shapeEntry{loaded: make(chan struct{})}
 	f.shapes[k] = e
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		f.build(k, e)
+		f.build(k, e, build)
 	}()
 	return e
 }
 
-func (f *fastPath) build(k shapeKey, e *shapeEntry) {
-	opts := f.base
-	opts.MemoryMiB, opts.CPUs, opts.Seccomp = k.mem, k.cpus, k.seccomp
+func (f *fastPath) build(k shapeKey, e *shapeEntry, build bool) {
+	opts := f.options(k)
 	t0 := time.Now()
-	tmpl, err := vm.EnsureTemplate(f.ctx, opts)
+	tmpl, err := vm.LoadTemplate(f.ctx, opts)
+	if err == nil {
+		f.ready(k, e, tmpl, t0)
+		close(e.loaded)
+		return
+	}
+	if errors.Is(err, vm.ErrNoTemplate) && !build {
+		f.mu.Lock()
+		e.absent = true
+		f.mu.Unlock()
+		close(e.loaded)
+		return
+	}
+	close(e.loaded)
+	if errors.Is(err, vm.ErrNoTemplate) {
+		f.log.Info("building the VM template of a shape; its requests boot cold meanwhile", "memory_mib", k.mem, "cpus", k.cpus, "network", k.network, "why", err)
+		tmpl, err = vm.EnsureTemplate(f.ctx, opts)
+	}
 	if err != nil {
 		f.mu.Lock()
 		e.failedAt = time.Now()
 		f.mu.Unlock()
 		if f.ctx.Err() == nil {
-			f.log.Error("VM template failed; this shape boots cold", "memory_mib", k.mem, "cpus", k.cpus, "err", err, "retry_in", retryAfter)
+			f.log.Error("VM template failed; this shape boots cold", "memory_mib", k.mem, "cpus", k.cpus, "network", k.network, "err", err, "retry_in", retryAfter)
 		}
 		return
 	}
-	pool := vm.NewPool(tmpl, opts, f.size)
+	f.ready(k, e, tmpl, t0)
+}
+
+// ready starts the shape's pool on its template.
+func (f *fastPath) ready(k shapeKey, e *shapeEntry, tmpl *vm.Template, t0 time.Time) {
+	pool := vm.NewPool(tmpl, f.options(k), f.size)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.ctx.Err() != nil {
@@ -97,15 +157,19 @@ func (f *fastPath) build(k shapeKey, e *shapeEntry) {
 		return
 	}
 	e.tmpl, e.pool, e.ready = tmpl, pool, true
-	f.log.Info("fast path ready", "template", tmpl.String(), "built", tmpl.Built, "ms", time.Since(t0).Milliseconds(), "pool_size", f.size)
+	f.log.Info("fast path ready", "template", tmpl.String(), "network", k.network, "built", tmpl.Built, "ms", time.Since(t0).Milliseconds(), "pool_size", f.size)
 }
 
 // get returns a restored VM of the shape and how it was made ("pool":
 // ready in the pool, "restore": restored now), or nil when the shape has
 // no template yet (the caller boots cold).
-func (f *fastPath) get(ctx context.Context, mem, cpus int, seccomp string) (*vm.VM, string, error) {
-	k := shapeKey{mem, cpus, seccomp}
-	e := f.entry(k)
+func (f *fastPath) get(ctx context.Context, k shapeKey) (*vm.VM, string, error) {
+	e := f.entry(k, true)
+	select {
+	case <-e.loaded:
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
 	f.mu.Lock()
 	ready, pool := e.ready, e.pool
 	f.mu.Unlock()
@@ -135,6 +199,7 @@ func (f *fastPath) discard(k shapeKey, e *shapeEntry, why error) {
 		return
 	}
 	delete(f.shapes, k)
+	f.pastFailures += e.tmpl.HandshakeFailures()
 	f.mu.Unlock()
 	f.log.Error("restore from template failed: discarding the template; it is rebuilt on the next request", "template", e.tmpl.String(), "err", why)
 	f.wg.Add(1)
@@ -149,17 +214,39 @@ func (f *fastPath) discard(k shapeKey, e *shapeEntry, why error) {
 	}()
 }
 
-// stats returns each ready shape's pool counters.
-func (f *fastPath) stats() map[shapeKey]vm.PoolStats {
+// shapeStats is what the status reports of a ready shape.
+type shapeStats struct {
+	pool vm.PoolStats
+	// handshakeFailures counts restores whose first agent handshake
+	// failed (each replaced by a second clone).
+	handshakeFailures int64
+}
+
+// stats returns each ready shape's counters.
+func (f *fastPath) stats() map[shapeKey]shapeStats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := map[shapeKey]vm.PoolStats{}
+	out := map[shapeKey]shapeStats{}
 	for k, e := range f.shapes {
 		if e.ready {
-			out[k] = e.pool.Stats()
+			out[k] = shapeStats{pool: e.pool.Stats(), handshakeFailures: e.tmpl.HandshakeFailures()}
 		}
 	}
 	return out
+}
+
+// handshakeFailures counts, over the daemon's life, restores whose first
+// agent handshake failed.
+func (f *fastPath) handshakeFailures() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.pastFailures
+	for _, e := range f.shapes {
+		if e.ready {
+			n += e.tmpl.HandshakeFailures()
+		}
+	}
+	return n
 }
 
 // close stops building, destroys pooled VMs and releases templates.

@@ -635,9 +635,10 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 			"allowed.test": {inet.Addr}, "denied.test": {inet.Addr}, "private.test": {netip.MustParseAddr("10.9.8.7")},
 		}
 	})
-	res, so, se := d.mustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{
-		"for i in $(seq 60); do ip -4 -o addr show scope global | grep -q 10.0.2.15 && break; sleep 1; done; wget -q -U Mozilla -O- http://allowed.test/"}}, nil)
-	if res.ExitCode != 0 || so != "hello from allowed.test\n" {
+	// The first command of a cold-booted VM: no waiting for the network
+	// in the command, the daemon hands the VM out once it works.
+	res, so, se := d.mustExec(t, wire.ExecRequest{Session: "web", Argv: []string{"wget", "-q", "-U", "Mozilla", "-O-", "http://allowed.test/"}}, nil)
+	if res.ExitCode != 0 || so != "hello from allowed.test\n" || res.VMStart != "boot" {
 		t.Fatalf("allowed fetch: %+v %q %q", res, so, se)
 	}
 	for name, cmd := range map[string]string{
@@ -687,5 +688,115 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 	}
 	if allowed < 2 || denied < 4 { // DNS + connection allowed; several refusals
 		t.Errorf("net audit records: %d allowed, %d denied\n%s", allowed, denied, b)
+	}
+}
+
+// TestGateway_NetworkFastPath: VMs of profiles with a network come from
+// their shape's template and pool like any other. Each gets the requesting
+// profile's allowlist only when it is handed out, so a pooled VM never
+// carries what another profile allows; the first and only command of a
+// fresh VM reaches the allowed name; and the audit ties each connection to
+// its request and VM.
+func TestGateway_NetworkFastPath(t *testing.T) {
+	inet := testutil.RequiresInternet(t)
+	ln := inet.Listen(t, 80)
+	go func() {
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "hello from %s\n", r.Host)
+		}))
+	}()
+	pol := filepath.Join(t.TempDir(), "net.toml")
+	text := `version = 1
+
+[[profile]]
+name = "web"
+match = { uids = [0] }
+user = "root"
+max_vms = 4
+[profile.network]
+mode = "allowlist"
+allow = ["allowed.test:80"]
+
+[[profile]]
+name = "narrow"
+match = { uids = [65534] }
+max_vms = 4
+[profile.network]
+mode = "allowlist"
+allow = ["other.test:80"]
+`
+	if err := os.WriteFile(pol, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, func(c *Config) {
+		c.PolicyPath, c.NoTemplate, c.PoolSize, c.TemplateDir = pol, false, 1, testutil.TemplateDir(t)
+		c.NetHosts = map[string][]netip.Addr{"allowed.test": {inet.Addr}, "other.test": {inet.Addr}}
+	})
+	wget := func(url string) (*wire.Result, string, string) {
+		return d.mustExec(t, wire.ExecRequest{Argv: []string{"wget", "-q", "-T", "10", "-O-", url}}, nil)
+	}
+	// The first request of the shape boots cold or restores (the
+	// template may be shared with other tests); either way its only
+	// command reaches the allowed name at once.
+	if res, so, se := wget("http://allowed.test/"); res.ExitCode != 0 || so != "hello from allowed.test\n" {
+		t.Fatalf("first fetch: %+v %q %q", res, so, se)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	waitFor(t, 5*time.Minute, "the networked pool", func() bool {
+		st, err := d.c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools, _ := st["pools"].([]any)
+		for _, p := range pools {
+			m := p.(map[string]any)
+			if m["network"] == true && m["ready"].(float64) >= 1 {
+				return true
+			}
+		}
+		return false
+	})
+	pooled, so, se := wget("http://allowed.test/")
+	if pooled.ExitCode != 0 || so != "hello from allowed.test\n" || pooled.VMStart != "pool" {
+		t.Fatalf("pooled fetch: %+v %q %q", pooled, so, se)
+	}
+	again, so, _ := wget("http://allowed.test/")
+	if again.ExitCode != 0 || so != "hello from allowed.test\n" || (again.VMStart != "pool" && again.VMStart != "restore") {
+		t.Fatalf("second fetch: %+v %q", again, so)
+	}
+	// Another profile's VMs come from the same pool with their own
+	// allowlist: the name web may reach, narrow may not, and the other
+	// way round.
+	if out, code := asNobody(t, d.socket, "wget", "-q", "-T", "5", "-O-", "http://allowed.test/"); code == 0 || strings.Contains(out, "hello") {
+		t.Errorf("narrow profile reached web's name: %d %q", code, out)
+	}
+	if out, code := asNobody(t, d.socket, "wget", "-q", "-T", "10", "-O-", "http://other.test/"); code != 0 || out != "hello from other.test\n" {
+		t.Errorf("narrow profile's own name: %d %q", code, out)
+	}
+	if res, _, _ := wget("http://other.test/"); res.ExitCode == 0 {
+		t.Errorf("web profile reached narrow's name: %+v", res)
+	}
+	st, err := d.c.Status(ctx)
+	if err != nil || st["restore_handshake_failures"] != float64(0) {
+		t.Errorf("status: %v %v", st["restore_handshake_failures"], err)
+	}
+	d.stop(t)
+	// The pooled VM's connection is audited as its request's, on its VM.
+	b, err := os.ReadFile(d.audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, `"kind":"net"`) && strings.Contains(line, `"proto":"tcp"`) && strings.Contains(line, pooled.RequestID) {
+			found = true
+			if !strings.Contains(line, `"vm_id":"`+pooled.VMID+`"`) || !strings.Contains(line, `"verdict":"allow"`) {
+				t.Errorf("pooled VM's connection record: %s", line)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no net record for the pooled request %s", pooled.RequestID)
 	}
 }

@@ -68,11 +68,14 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	st := map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()}
 	if s.fast != nil {
 		pools := []map[string]any{}
-		for k, p := range s.fast.stats() {
-			pools = append(pools, map[string]any{"memory_mib": k.mem, "cpus": k.cpus, "seccomp": k.seccomp,
-				"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk})
+		for k, ss := range s.fast.stats() {
+			p := ss.pool
+			pools = append(pools, map[string]any{"memory_mib": k.mem, "cpus": k.cpus, "seccomp": k.seccomp, "network": k.network,
+				"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk,
+				"restore_handshake_failures": ss.handshakeFailures})
 		}
 		st["pools"] = pools
+		st["restore_handshake_failures"] = s.fast.handshakeFailures()
 	}
 	writeJSON(w, st)
 }
@@ -325,30 +328,46 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	if cpus == 0 {
 		cpus = vm.DefaultCPUs
 	}
-	var netCfg *guestnet.Config
-	var vmID atomic.Value // the VM's id, for network audit records
-	if n := v.Network; n != nil {
-		netCfg = &guestnet.Config{Rules: n.Rules, AllowedRanges: n.AllowedRanges, MaxConns: n.MaxConns, MaxBytes: n.MaxBytes, ConnectRate: n.ConnectRate,
-			Resolve: s.resolve, Log: s.log, Audit: s.netAudit(st, &vmID)}
-	}
-	// VMs with a network boot cold: templates do not cover them yet.
-	if s.fast != nil && netCfg == nil {
-		m, how, err := s.fast.get(ctx, mem, cpus, s.seccompMode())
-		switch {
-		case m != nil:
-			return &vmTarget{vm: m, boot: time.Since(t1), start: how, queue: queue, jail: jailOf(m)}, release, nil
-		case err != nil && ctx.Err() == nil:
-			s.log.Warn("restore from template failed, booting cold", "err", err)
-		}
-	}
-	m, err := vm.Start(ctx, vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir,
-		MemoryMiB: mem, CPUs: cpus, Accel: s.cfg.Accel, Log: s.log, Seccomp: s.seccompMode(), Cgroups: s.cgroups, Network: netCfg})
+	k := shapeKey{mem: mem, cpus: cpus, seccomp: s.seccompMode(), network: v.Network != nil}
+	t, err := s.getVM(ctx, k)
 	if err != nil {
 		release()
 		return nil, nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
 	}
-	vmID.Store(m.ID)
-	return &vmTarget{vm: m, boot: time.Since(t1), start: "boot", queue: queue, jail: jailOf(m)}, release, nil
+	t.boot, t.queue = time.Since(t1), queue
+	// Every VM with a NIC starts with a network that allows nothing; it
+	// gets the profile's allowlist, audited as this request's, only now
+	// that it is this request's VM.
+	if n := v.Network; n != nil {
+		t.vm.Network().SetPolicy(guestnet.Policy{Rules: n.Rules, AllowedRanges: n.AllowedRanges, MaxConns: n.MaxConns,
+			MaxBytes: n.MaxBytes, ConnectRate: n.ConnectRate, Audit: s.netAudit(st, t.vm.ID)})
+	}
+	return t, release, nil
+}
+
+// getVM returns a fresh VM of shape k: from the fast path when the shape
+// has a template, else booted cold.
+func (s *Server) getVM(ctx context.Context, k shapeKey) (*vmTarget, error) {
+	if s.fast != nil {
+		m, how, err := s.fast.get(ctx, k)
+		switch {
+		case m != nil:
+			return &vmTarget{vm: m, start: how, jail: jailOf(m)}, nil
+		case err != nil && ctx.Err() == nil:
+			s.log.Warn("restore from template failed, booting cold", "err", err)
+		}
+	}
+	opts := vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir, MemoryMiB: k.mem, CPUs: k.cpus,
+		Accel: s.cfg.Accel, Log: s.log, Seccomp: k.seccomp, Cgroups: s.cgroups}
+	if k.network {
+		nc := s.netBase()
+		opts.Network = &nc
+	}
+	m, err := vm.Start(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &vmTarget{vm: m, start: "boot", jail: jailOf(m)}, nil
 }
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {

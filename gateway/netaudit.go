@@ -8,19 +8,23 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"sync/atomic"
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
+// netBase is the plumbing of every VM network (the daemon's resolver and
+// log) with no policy: it allows nothing until SetPolicy.
+func (s *Server) netBase() guestnet.Config {
+	return guestnet.Config{Resolve: s.resolve, Log: s.log}
+}
+
 // netAudit returns the audit hook of a VM's network: one KindNet record
 // per DNS query and connection, tied to the request and the VM.
-func (s *Server) netAudit(st *execState, vmID *atomic.Value) func(guestnet.Record) {
+func (s *Server) netAudit(st *execState, vmID string) func(guestnet.Record) {
 	return func(r guestnet.Record) {
-		id, _ := vmID.Load().(string)
 		rec := audit.Record{Kind: audit.KindNet, RequestID: st.reqID, Profile: st.verdict.Profile,
-			VMID: id, Verdict: audit.VerdictDeny, Rule: r.Rule, Reason: r.Reason,
+			VMID: vmID, Verdict: audit.VerdictDeny, Rule: r.Rule, Reason: r.Reason,
 			Net: &audit.NetEvent{Proto: r.Proto, Name: r.Name, Port: r.Port, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds()}}
 		setCaller(&rec, st.id)
 		if r.Allowed {

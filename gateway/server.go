@@ -238,11 +238,21 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if !cfg.NoTemplate {
 		s.fast = newFastPath(vm.Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log,
-			Cgroups: cgm, TemplateDir: cfg.TemplateDir}, cfg.PoolSize, log)
+			Cgroups: cgm, TemplateDir: cfg.TemplateDir}, s.netBase(), cfg.PoolSize, log)
 		// Runs after the server has stopped and every session is closed,
 		// before the cgroup manager goes.
 		defer s.fast.close()
-		s.fast.warm(vm.DefaultMemoryMiB, vm.DefaultCPUs, s.seccompMode())
+		// The default shape's template is built if it is missing; those
+		// of the policy's other shapes are loaded when they exist (made
+		// by `vmgated image warm` or an earlier run) and else built on
+		// first use.
+		def := shapeKey{mem: vm.DefaultMemoryMiB, cpus: vm.DefaultCPUs, seccomp: s.seccompMode()}
+		s.fast.warm(def, true)
+		for _, sh := range pol.Shapes() {
+			if k := (shapeKey{mem: sh.MemoryMiB, cpus: sh.CPUs, seccomp: s.seccompMode(), network: sh.Network}); k != def {
+				s.fast.warm(k, false)
+			}
+		}
 	} else {
 		log.Info("VM templates off: every VM boots cold")
 	}

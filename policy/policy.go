@@ -129,3 +129,29 @@ func (p *Policy) Source() string {
 	}
 	return p.source
 }
+
+// Shape is the form of the VMs a profile asks for: a template and a pool
+// serve every profile of one shape.
+type Shape struct {
+	MemoryMiB int
+	CPUs      int
+	Network   bool // the VMs have a NIC (network.mode = "allowlist")
+}
+
+// Shapes lists the distinct VM shapes of the policy's profiles, in profile
+// order. It is pure.
+func (p *Policy) Shapes() []Shape {
+	if p == nil {
+		return nil
+	}
+	var out []Shape
+	seen := map[Shape]bool{}
+	for _, prof := range p.profiles {
+		s := Shape{MemoryMiB: prof.limits.MemoryMiB, CPUs: prof.limits.CPUs, Network: prof.net != nil}
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}

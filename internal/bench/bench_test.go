@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/policy"
 )
 
 func TestSummarize(t *testing.T) {
@@ -44,6 +46,22 @@ func TestWriteText(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestBenchPolicy(t *testing.T) {
+	for _, network := range []bool{false, true} {
+		p, err := policy.Parse("bench", benchPolicy(6, network))
+		if err != nil {
+			t.Fatalf("network %v: %v", network, err)
+		}
+		if sh := p.Shapes(); len(sh) != 1 || sh[0].Network != network {
+			t.Errorf("network %v: shapes %+v", network, sh)
+		}
+		v := p.Decide(policy.Identity{UID: 1000}, policy.Request{Argv: []string{"true"}})
+		if !v.Allowed || v.Limits.MaxVMs != 6 || (v.Network != nil) != network {
+			t.Errorf("network %v: verdict %+v", network, v)
 		}
 	}
 }

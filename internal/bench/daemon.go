@@ -67,23 +67,30 @@ func (d *Daemon) Stop() error {
 	return <-d.done
 }
 
-// WaitPool waits until the first pool holds n ready VMs (at most 5 min).
-func (d *Daemon) WaitPool(ctx context.Context, n int) error {
+// WaitPool waits until the pool of VMs without a NIC holds n ready VMs
+// (at most 5 min).
+func (d *Daemon) WaitPool(ctx context.Context, n int) error { return d.WaitPoolOf(ctx, n, false) }
+
+// WaitPoolOf waits until a pool of VMs with (network) or without a NIC
+// holds n ready VMs (at most 5 min).
+func (d *Daemon) WaitPoolOf(ctx context.Context, n int, network bool) error {
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		st, err := d.Client.Status(ctx)
 		if err != nil {
 			return err
 		}
-		if pools, _ := st["pools"].([]any); len(pools) > 0 {
-			if p, _ := pools[0].(map[string]any); p != nil {
-				if r, _ := p["ready"].(float64); int(r) >= n {
+		pools, _ := st["pools"].([]any)
+		for _, p := range pools {
+			m, _ := p.(map[string]any)
+			if nic, _ := m["network"].(bool); m != nil && nic == network {
+				if r, _ := m["ready"].(float64); int(r) >= n {
 					return nil
 				}
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pool not ready after 5 min: %v", st)
+			return fmt.Errorf("pool (network %v) not ready after 5 min: %v", network, st)
 		}
 		select {
 		case <-ctx.Done():
@@ -91,4 +98,15 @@ func (d *Daemon) WaitPool(ctx context.Context, n int) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// HandshakeFailures reads the daemon's count of restores whose first agent
+// handshake failed.
+func (d *Daemon) HandshakeFailures(ctx context.Context) (int64, error) {
+	st, err := d.Client.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := st["restore_handshake_failures"].(float64)
+	return int64(n), nil
 }

@@ -117,16 +117,27 @@ type ExecReport struct {
 	ColdPhasesMS    map[string]Stat `json:"cold_phases_ms"`
 	OneshotPoolMS   Stat            `json:"oneshot_pool_ms"`
 	OneshotNoPoolMS Stat            `json:"oneshot_nopool_ms"`
+	// The same through a profile with a network (an allowlist; the
+	// command makes no connection): VMs with a NIC, from their own
+	// template and pool, handed out once their network is ready.
+	OneshotNetPoolMS   Stat `json:"oneshot_net_pool_ms"`
+	OneshotNetNoPoolMS Stat `json:"oneshot_net_nopool_ms"`
+	// RestoreHandshakeFailures counts restores in this run whose first
+	// agent handshake failed (each replaced by a second clone); 0 is the
+	// only right value.
+	RestoreHandshakeFailures int64 `json:"restore_handshake_failures"`
 	// The daemon's own account of each one-shot: getting the VM (boot_ms),
 	// running the command (exec_ms) and its whole handling (total_ms).
-	OneshotPoolPartsMS   map[string]Stat    `json:"oneshot_pool_parts_ms"`
-	OneshotNoPoolPartsMS map[string]Stat    `json:"oneshot_nopool_parts_ms"`
-	SessionExecMS        Stat               `json:"session_exec_ms"`
-	Throughput           []Throughput       `json:"throughput"`
-	IdleRestored         Memory             `json:"idle_restored_vm"`
-	IdleCold             Memory             `json:"idle_cold_vm"`
-	Ratios               map[string]float64 `json:"ratios"`
-	Notes                []string           `json:"notes,omitempty"`
+	OneshotPoolPartsMS      map[string]Stat    `json:"oneshot_pool_parts_ms"`
+	OneshotNoPoolPartsMS    map[string]Stat    `json:"oneshot_nopool_parts_ms"`
+	OneshotNetPoolPartsMS   map[string]Stat    `json:"oneshot_net_pool_parts_ms"`
+	OneshotNetNoPoolPartsMS map[string]Stat    `json:"oneshot_net_nopool_parts_ms"`
+	SessionExecMS           Stat               `json:"session_exec_ms"`
+	Throughput              []Throughput       `json:"throughput"`
+	IdleRestored            Memory             `json:"idle_restored_vm"`
+	IdleCold                Memory             `json:"idle_cold_vm"`
+	Ratios                  map[string]float64 `json:"ratios"`
+	Notes                   []string           `json:"notes,omitempty"`
 }
 
 func (o *ExecOptions) defaults() {
@@ -277,9 +288,11 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		v.Close()
 	}
 
+	rep.RestoreHandshakeFailures += tmpl.HandshakeFailures()
+
 	// 5. Through the daemon: one-shot with a pool, throughput, no pool.
 	step("daemon with a pool of %d", o.PoolSize)
-	err = withDaemon(ctx, o, work, "pool", o.PoolSize, func(c *client.Client, waitPool func() error) error {
+	err = withDaemon(ctx, o, work, "pool", o.PoolSize, false, rep, func(c *client.Client, waitPool func() error) error {
 		var err error
 		rep.OneshotPoolMS, rep.OneshotPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "pool", waitPool)
 		if err != nil {
@@ -302,12 +315,35 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		return nil, err
 	}
 	step("daemon without a pool")
-	err = withDaemon(ctx, o, work, "nopool", 0, func(c *client.Client, waitPool func() error) error {
+	err = withDaemon(ctx, o, work, "nopool", 0, false, rep, func(c *client.Client, waitPool func() error) error {
 		if err := waitPool(); err != nil {
 			return err
 		}
 		var err error
 		rep.OneshotNoPoolMS, rep.OneshotNoPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "restore", nil)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// 6. The same through a profile with a network.
+	step("daemon with a network profile and a pool of %d", o.PoolSize)
+	err = withDaemon(ctx, o, work, "netpool", o.PoolSize, true, rep, func(c *client.Client, waitPool func() error) error {
+		var err error
+		rep.OneshotNetPoolMS, rep.OneshotNetPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "pool", waitPool)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	step("daemon with a network profile, without a pool")
+	err = withDaemon(ctx, o, work, "netnopool", 0, true, rep, func(c *client.Client, waitPool func() error) error {
+		if err := waitPool(); err != nil {
+			return err
+		}
+		var err error
+		rep.OneshotNetNoPoolMS, rep.OneshotNetNoPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "restore", nil)
 		return err
 	})
 	if err != nil {
@@ -323,6 +359,7 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	ratio("cold_over_restore", rep.RestoreMS.P50)
 	ratio("cold_over_oneshot_pool", rep.OneshotPoolMS.P50)
 	ratio("cold_over_oneshot_nopool", rep.OneshotNoPoolMS.P50)
+	ratio("cold_over_oneshot_net_pool", rep.OneshotNetPoolMS.P50)
 	if rep.Machine.Accel == string(vm.AccelTCG) {
 		rep.Notes = append(rep.Notes, "TCG: a restored QEMU starts with an empty translation cache, so the guest's first code paths (the agent's SSH handshake, the first commands) run several times slower than in a settled VM; the pool hides this by running one command in each VM before handing it out")
 	}
@@ -433,19 +470,31 @@ func throughput(ctx context.Context, c *client.Client, conc, n int) (Throughput,
 }
 
 // withDaemon runs the real gateway in-process on its own socket with the
-// given pool size and calls fn with a client and a function that waits
-// until the pool is full.
-func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, fn func(*client.Client, func() error) error) error {
-	// The built-in policy, with room for the highest concurrency measured
-	// (it allows two VMs per profile).
-	text := bytes.Replace(policy.DefaultTOML(), []byte("\nmax_vms = 2\n"), []byte(fmt.Sprintf("\nmax_vms = %d\n", maxVMs(o))), 1)
+// given pool size, on the built-in policy or (network) the built-in
+// policy with a network allowlist, and calls fn with a client and a
+// function that waits until the pool of that shape is full. The daemon's
+// handshake failures are added to rep.
+func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, network bool, rep *ExecReport, fn func(*client.Client, func() error) error) error {
 	d, err := StartDaemon(ctx, DaemonOptions{Dir: filepath.Join(work, name), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
-		Policy: text, MaxVMs: maxVMs(o), PoolSize: pool, Accel: o.Accel, Log: o.Log})
+		Policy: benchPolicy(maxVMs(o), network), MaxVMs: maxVMs(o), PoolSize: pool, Accel: o.Accel, Log: o.Log})
 	if err != nil {
 		return err
 	}
-	err = fn(d.Client, func() error { return d.WaitPool(ctx, pool) })
-	return errors.Join(err, d.Stop())
+	err = fn(d.Client, func() error { return d.WaitPoolOf(ctx, pool, network) })
+	n, serr := d.HandshakeFailures(ctx)
+	rep.RestoreHandshakeFailures += n
+	return errors.Join(err, serr, d.Stop())
+}
+
+// benchPolicy is the built-in policy with room for maxVMs VMs (it allows
+// two per profile), and with network a network allowlist of one name: the
+// benchmark's commands make no connection, so nothing is looked up.
+func benchPolicy(maxVMs int, network bool) []byte {
+	text := bytes.Replace(policy.DefaultTOML(), []byte("\nmax_vms = 2\n"), []byte(fmt.Sprintf("\nmax_vms = %d\n", maxVMs)), 1)
+	if network {
+		text = bytes.Replace(text, []byte("\nmode = \"none\"\n"), []byte("\nmode = \"allowlist\"\nallow = [\"bench.invalid:443\"]\n"), 1)
+	}
+	return text
 }
 
 // maxVMs is the daemon's and the bench policy's VM limit: the highest

@@ -9,7 +9,7 @@ import (
 )
 
 // phaseOrder is the order VM start phases happen in.
-var phaseOrder = []string{"overlay", "launch", "load_state", "agent", "refresh"}
+var phaseOrder = []string{"overlay", "launch", "load_state", "agent", "refresh", "network"}
 
 // WriteText renders the report as a table for people.
 func (r *ExecReport) WriteText(w io.Writer) {
@@ -29,8 +29,13 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	oneshotParts(w, r.OneshotPoolPartsMS)
 	row("one-shot `true` via daemon, no pool", r.OneshotNoPoolMS)
 	oneshotParts(w, r.OneshotNoPoolPartsMS)
+	row("one-shot, network profile, warm pool", r.OneshotNetPoolMS)
+	oneshotParts(w, r.OneshotNetPoolPartsMS)
+	row("one-shot, network profile, no pool", r.OneshotNetNoPoolMS)
+	oneshotParts(w, r.OneshotNetNoPoolPartsMS)
 	row("command in a kept VM (session)", r.SessionExecMS)
 	fmt.Fprintln(w)
+	fmt.Fprintf(w, "restores whose first agent handshake failed: %d\n", r.RestoreHandshakeFailures)
 	for _, t := range r.Throughput {
 		fmt.Fprintf(w, "throughput at concurrency %d: %.1f one-shot commands/min (%d in %.1f s, %d from the pool)\n", t.Concurrency, t.PerMinute, t.Commands, t.Seconds, t.FromPool)
 	}

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -13,7 +15,9 @@ import (
 
 	"github.com/vmgate/vmgate/internal/bench"
 	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
 func benchExec(ctx context.Context, args []string) error {
@@ -91,15 +95,19 @@ func parseLevels(s string) ([]int, error) {
 	return out, nil
 }
 
-// imageWarm builds (or checks) the VM template of one shape ahead of the
-// daemon, which otherwise builds it in the background at start.
+// imageWarm builds (or checks) VM templates ahead of the daemon, which
+// otherwise builds them in the background at start and on first use: the
+// shapes of the policy (the daemon's), or the one shape the flags name.
 func imageWarm(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("vmgated image warm", flag.ContinueOnError)
 	state := fs.String("state-dir", defaultStateDir(), "state directory")
 	imgDir := fs.String("image", "", "image directory (default STATE/image)")
 	templateDir := fs.String("template-dir", "", "template directory (default STATE/templates)")
-	mem := fs.Int("memory", vm.DefaultMemoryMiB, "guest memory in MiB")
-	cpus := fs.Int("cpus", vm.DefaultCPUs, "guest CPUs")
+	config := fs.String("config", "", "policy whose VM shapes to warm (default "+DefaultConfig+" if it exists, else the embedded default policy)")
+	builtin := fs.Bool("builtin-policy", false, "warm the shapes of the embedded default policy")
+	mem := fs.Int("memory", 0, "warm one shape: guest memory in MiB (instead of the policy's shapes)")
+	cpus := fs.Int("cpus", 0, "warm one shape: guest CPUs")
+	network := fs.Bool("network", false, "warm one shape: VMs with a NIC")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto, required or off")
 	level := fs.String("log-level", "info", "log level")
@@ -114,6 +122,19 @@ func imageWarm(ctx context.Context, args []string) error {
 	if *imgDir == "" {
 		*imgDir = defaultImageDir(*state)
 	}
+	var shapes []policy.Shape
+	if *mem != 0 || *cpus != 0 || *network {
+		if *config != "" || *builtin {
+			return fmt.Errorf("%w: --memory/--cpus/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
+		}
+		shapes = []policy.Shape{{MemoryMiB: cmp.Or(*mem, vm.DefaultMemoryMiB), CPUs: cmp.Or(*cpus, vm.DefaultCPUs), Network: *network}}
+	} else {
+		pol, err := loadPolicyFile(*config, *builtin)
+		if err != nil {
+			return err
+		}
+		shapes = pol.Shapes()
+	}
 	log := newLogger(os.Stderr, lvl)
 	cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
 	if err != nil {
@@ -122,18 +143,48 @@ func imageWarm(ctx context.Context, args []string) error {
 	if cgm != nil {
 		defer cgm.Close()
 	}
-	t0 := time.Now()
-	t, err := vm.EnsureTemplate(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, TemplateDir: *templateDir,
-		MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log, Cgroups: cgm})
-	if err != nil {
-		return err
+	for _, sh := range shapes {
+		opts := vm.Options{ImageDir: *imgDir, StateDir: *state, TemplateDir: *templateDir,
+			MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Accel: a, Log: log, Cgroups: cgm}
+		if sh.Network {
+			// The template's network allows nothing: it only gives the
+			// guest its lease.
+			opts.Network = &guestnet.Config{Log: log}
+		}
+		t0 := time.Now()
+		t, err := vm.EnsureTemplate(ctx, opts)
+		if err != nil {
+			return err
+		}
+		how := "up to date"
+		if t.Built {
+			how = "built"
+		}
+		nic := ""
+		if sh.Network {
+			nic = ", with a NIC"
+		}
+		fmt.Printf("%s%s: %s in %.1f s (%s, boot %d ms, state %d bytes, %d MiB of RAM data)\n", t, nic, how, time.Since(t0).Seconds(), t.Dir,
+			t.Meta.BootMillis, t.Meta.StateBytes, t.Meta.RAMDataBytes>>20)
+		_ = t.Close()
 	}
-	defer t.Close()
-	how := "up to date"
-	if t.Built {
-		how = "built"
-	}
-	fmt.Printf("%s: %s in %.1f s (%s, boot %d ms, state %d bytes, %d MiB of RAM data)\n", t, how, time.Since(t0).Seconds(), t.Dir,
-		t.Meta.BootMillis, t.Meta.StateBytes, t.Meta.RAMDataBytes>>20)
 	return nil
+}
+
+// loadPolicyFile loads the policy vmgated serve would: file, else the
+// default file when it exists, else the built-in one.
+func loadPolicyFile(file string, builtin bool) (*policy.Policy, error) {
+	switch {
+	case builtin && file != "":
+		return nil, fmt.Errorf("%w: --builtin-policy and --config exclude each other", errUsage)
+	case builtin:
+		return policy.Default(), nil
+	case file != "":
+		return policy.Load(file)
+	}
+	p, err := policy.Load(DefaultConfig)
+	if errors.Is(err, os.ErrNotExist) {
+		return policy.Default(), nil
+	}
+	return p, err
 }

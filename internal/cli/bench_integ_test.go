@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/vmgate/vmgate/internal/bench"
+	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -30,6 +31,7 @@ func TestBenchExec(t *testing.T) {
 	for name, s := range map[string]bench.Stat{
 		"cold_boot_ms": r.ColdBootMS, "restore_ms": r.RestoreMS, "restore_first_exec_ms": r.RestoreFirstMS,
 		"oneshot_pool_ms": r.OneshotPoolMS, "oneshot_nopool_ms": r.OneshotNoPoolMS, "session_exec_ms": r.SessionExecMS,
+		"oneshot_net_pool_ms": r.OneshotNetPoolMS, "oneshot_net_nopool_ms": r.OneshotNetNoPoolMS,
 	} {
 		want := 2
 		if name == "cold_boot_ms" {
@@ -46,6 +48,12 @@ func TestBenchExec(t *testing.T) {
 	}
 	if len(r.Throughput) != 2 || r.Throughput[1].Concurrency != 2 || r.Throughput[1].PerMinute <= 0 || r.Throughput[0].Commands < 2 {
 		t.Errorf("throughput: %+v", r.Throughput)
+	}
+	if r.RestoreHandshakeFailures != 0 {
+		t.Errorf("%d restores failed their first agent handshake", r.RestoreHandshakeFailures)
+	}
+	if !strings.Contains(so, `"restore_handshake_failures": 0`) {
+		t.Errorf("the JSON report lacks restore_handshake_failures")
 	}
 	if r.IdleRestored.PSSMiB <= 0 || r.IdleRestored.RSSMiB < r.IdleRestored.PSSMiB || r.IdleCold.PSSMiB <= 0 {
 		t.Errorf("memory: %+v %+v", r.IdleRestored, r.IdleCold)
@@ -92,6 +100,28 @@ func TestImageWarm(t *testing.T) {
 	so, se, code = runCmd(t, nil, bin, "image", "warm", "--image", img, "--state-dir", t.TempDir(), "--template-dir", tdir)
 	if code != 0 || !strings.Contains(so, "up to date") {
 		t.Fatalf("second run: exit %d\nstdout: %s\nstderr: %s", code, so, se)
+	}
+	// With a policy: every shape it uses, a NIC included.
+	pol := filepath.Join(t.TempDir(), "p.toml")
+	if err := os.WriteFile(pol, []byte(`version = 1
+[[profile]]
+name = "plain"
+match = { uids = [1] }
+[[profile]]
+name = "web"
+match = { any = true }
+[profile.network]
+mode = "allowlist"
+allow = ["example.com:443"]
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	so, se, code = runCmd(t, nil, bin, "image", "warm", "--image", img, "--state-dir", t.TempDir(), "--template-dir", tdir, "--config", pol)
+	if code != 0 || strings.Count(so, "(512 MiB, 1 CPU)") != 2 || strings.Count(so, "with a NIC") != 1 {
+		t.Fatalf("policy shapes: exit %d\nstdout: %s\nstderr: %s", code, so, se)
+	}
+	if _, se, code := runCmd(t, nil, bin, "image", "warm", "--config", pol, "--memory", "256"); code != exitcode.Usage || !strings.Contains(se, "one shape") {
+		t.Fatalf("--config with --memory: exit %d, %s", code, se)
 	}
 	_, se, code = runCmd(t, nil, bin, "image", "warm", "--image", filepath.Join(t.TempDir(), "none"))
 	if code == 0 || !strings.Contains(se, "image build") {

@@ -186,6 +186,32 @@ func TestServe_Acceptance(t *testing.T) {
 
 // TestServe_RestartAfterKill kills the daemon with SIGKILL while a VM runs;
 // the next start removes what it left.
+// TestServe_FirstCommandRestores: with the template made ahead (`vmgated
+// image warm`, as make demo and make install do), the very first command
+// after a daemon start runs in a VM restored from it, not a cold boot.
+func TestServe_FirstCommandRestores(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	dir := t.TempDir()
+	if so, se, code := runCmd(t, nil, binary(t, "vmgated"), "image", "warm", "--builtin-policy", "--image", img,
+		"--state-dir", filepath.Join(dir, "state"), "--template-dir", testutil.TemplateDir(t)); code != 0 {
+		t.Fatalf("image warm: %d %s %s", code, so, se)
+	}
+	s := startServe(t, dir)
+	so, se, code := vmExec(t, s.socket, "--json", "uname", "-r")
+	var jr struct {
+		ExitCode int    `json:"exit_code"`
+		VMStart  string `json:"vm_start"`
+		BootMS   int64  `json:"boot_ms"`
+	}
+	if err := json.Unmarshal([]byte(so), &jr); err != nil || code != 0 || jr.ExitCode != 0 {
+		t.Fatalf("first command: %d %q %q (%v)", code, so, se, err)
+	}
+	if jr.VMStart != "restore" && jr.VMStart != "pool" {
+		t.Fatalf("the first command after the daemon started had a %q VM, want one restored from the template: %q", jr.VMStart, so)
+	}
+	t.Logf("first command: %s VM, got in %d ms", jr.VMStart, jr.BootMS)
+}
+
 func TestServe_RestartAfterKill(t *testing.T) {
 	dir := t.TempDir()
 	s := startServe(t, dir)

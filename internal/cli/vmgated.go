@@ -25,7 +25,8 @@ const vmgatedUsage = `usage:
   vmgated policy check FILE
   vmgated audit verify FILE
   vmgated image build [--out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
-  vmgated image warm [--image DIR] [--state-dir DIR] [--template-dir DIR] [--memory MiB] [--cpus N]
+  vmgated image warm [--image DIR] [--state-dir DIR] [--template-dir DIR] [--config FILE | --builtin-policy]
+                     [--memory MiB] [--cpus N] [--network]
   vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
                     [--cpus N] [--timeout D] [--user U] [--jail-report] [--seccomp required|off] -- PROG ARGS…
   vmgated bench exec [--image DIR] [--state-dir DIR] [--runs N] [--cold-runs N] [--concurrency 1,2,4]
