@@ -29,6 +29,11 @@ type fastPath struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// building admits one template build (a boot) at a time: on a small
+	// host parallel builds only slow each other and the cold boots that
+	// serve requests meanwhile.
+	building chan struct{}
+
 	mu     sync.Mutex
 	shapes map[shapeKey]*shapeEntry
 	// pastFailures counts the handshake failures of discarded templates.
@@ -48,11 +53,8 @@ type shapeEntry struct {
 	loaded   chan struct{}
 	ready    bool
 	failedAt time.Time // the build failed; retried after retryAfter
-	// absent: a load-only warm-up found no template; the shape's first
-	// request starts the build.
-	absent bool
-	tmpl   *vm.Template
-	pool   *vm.Pool
+	tmpl     *vm.Template
+	pool     *vm.Pool
 }
 
 // retryAfter is how long a shape whose template failed boots cold before
@@ -61,7 +63,8 @@ const retryAfter = 10 * time.Minute
 
 func newFastPath(base vm.Options, netBase guestnet.Config, size int, log *slog.Logger) *fastPath {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &fastPath{base: base, netBase: netBase, size: size, log: log, ctx: ctx, cancel: cancel, shapes: map[shapeKey]*shapeEntry{}}
+	return &fastPath{base: base, netBase: netBase, size: size, log: log, ctx: ctx, cancel: cancel,
+		building: make(chan struct{}, 1), shapes: map[shapeKey]*shapeEntry{}}
 }
 
 // options returns the VM options of a shape.
@@ -75,27 +78,18 @@ func (f *fastPath) options(k shapeKey) vm.Options {
 	return opts
 }
 
-// warm loads the template of a shape and fills its pool; with build, it
-// builds the template when there is none (a boot in the background),
-// else the shape's first request does.
-func (f *fastPath) warm(k shapeKey, build bool) {
-	f.entry(k, build)
+// warm loads (or builds) the template of a shape and fills its pool.
+func (f *fastPath) warm(k shapeKey) {
+	f.entry(k)
 }
 
-// entry returns the shape's entry, starting its load (and, with build, its
-// build) when new, when a warm-up found no template and build is asked
-// for, or when a failed build may be retried.
-func (f *fastPath) entry(k shapeKey, build bool) *shapeEntry {
+// entry returns the shape's entry, starting its load (and, when there is
+// no template, its build) when new or when a failed build may be retried.
+func (f *fastPath) entry(k shapeKey) *shapeEntry {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	e := f.shapes[k]
-	switch {
-	case e == nil:
-	case e.absent:
-		if !build {
-			return e
-		}
-	case e.ready, e.failedAt.IsZero(), time.Since(e.failedAt) < retryAfter:
+	if e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < retryAfter) {
 		return e
 	}
 	if f.ctx.Err() != nil {
@@ -108,12 +102,12 @@ func (f *fastPath) entry(k shapeKey, build bool) *shapeEntry {
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		f.build(k, e, build)
+		f.build(k, e)
 	}()
 	return e
 }
 
-func (f *fastPath) build(k shapeKey, e *shapeEntry, build bool) {
+func (f *fastPath) build(k shapeKey, e *shapeEntry) {
 	opts := f.options(k)
 	t0 := time.Now()
 	tmpl, err := vm.LoadTemplate(f.ctx, opts)
@@ -122,17 +116,16 @@ func (f *fastPath) build(k shapeKey, e *shapeEntry, build bool) {
 		close(e.loaded)
 		return
 	}
-	if errors.Is(err, vm.ErrNoTemplate) && !build {
-		f.mu.Lock()
-		e.absent = true
-		f.mu.Unlock()
-		close(e.loaded)
-		return
-	}
 	close(e.loaded)
 	if errors.Is(err, vm.ErrNoTemplate) {
 		f.log.Info("building the VM template of a shape; its requests boot cold meanwhile", "memory_mib", k.mem, "cpus", k.cpus, "network", k.network, "why", err)
-		tmpl, err = vm.EnsureTemplate(f.ctx, opts)
+		select {
+		case f.building <- struct{}{}:
+			tmpl, err = vm.EnsureTemplate(f.ctx, opts)
+			<-f.building
+		case <-f.ctx.Done():
+			err = f.ctx.Err()
+		}
 	}
 	if err != nil {
 		f.mu.Lock()
@@ -164,7 +157,7 @@ func (f *fastPath) ready(k shapeKey, e *shapeEntry, tmpl *vm.Template, t0 time.T
 // ready in the pool, "restore": restored now), or nil when the shape has
 // no template yet (the caller boots cold).
 func (f *fastPath) get(ctx context.Context, k shapeKey) (*vm.VM, string, error) {
-	e := f.entry(k, true)
+	e := f.entry(k)
 	select {
 	case <-e.loaded:
 	case <-ctx.Done():

@@ -242,16 +242,13 @@ func Run(ctx context.Context, cfg Config) error {
 		// Runs after the server has stopped and every session is closed,
 		// before the cgroup manager goes.
 		defer s.fast.close()
-		// The default shape's template is built if it is missing; those
-		// of the policy's other shapes are loaded when they exist (made
-		// by `vmgated image warm` or an earlier run) and else built on
-		// first use.
-		def := shapeKey{mem: vm.DefaultMemoryMiB, cpus: vm.DefaultCPUs, seccomp: s.seccompMode()}
-		s.fast.warm(def, true)
+		// The templates of the default shape and of every shape the
+		// policy uses: loaded when they exist (`vmgated image warm` or an
+		// earlier run made them), else built in the background, one at a
+		// time; a shape a later policy adds is built on first use.
+		s.fast.warm(shapeKey{mem: vm.DefaultMemoryMiB, cpus: vm.DefaultCPUs, seccomp: s.seccompMode()})
 		for _, sh := range pol.Shapes() {
-			if k := (shapeKey{mem: sh.MemoryMiB, cpus: sh.CPUs, seccomp: s.seccompMode(), network: sh.Network}); k != def {
-				s.fast.warm(k, false)
-			}
+			s.fast.warm(shapeKey{mem: sh.MemoryMiB, cpus: sh.CPUs, seccomp: s.seccompMode(), network: sh.Network})
 		}
 	} else {
 		log.Info("VM templates off: every VM boots cold")

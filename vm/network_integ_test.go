@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -236,6 +237,21 @@ func TestTemplate_NetworkClones(t *testing.T) {
 	}
 	if o := sh(a, "wget -q -O- "+url); o.res.ExitCode != 0 {
 		t.Errorf("clone a after its renewal: %+v %q", o.res, o.stderr)
+	}
+
+	// A network that is not up is reported as such, saying what is
+	// missing, within the limit (the check a VM passes before it is
+	// handed out).
+	if o := sh(b, "ip link set eth0 down"); o.res.ExitCode != 0 {
+		t.Fatalf("link down: %+v %q", o.res, o.stderr)
+	}
+	t0 := time.Now()
+	st, err := b.waitNetwork(ctx, 2*time.Second)
+	if !errors.Is(err, ErrNetworkNotReady) || !strings.Contains(err.Error(), "eth0 down") || st == nil || st.Ready {
+		t.Errorf("network down: %+v %v", st, err)
+	}
+	if d := time.Since(t0); d > time.Minute {
+		t.Errorf("the check took %v with a 2 s limit", d)
 	}
 
 	// Clones restored side by side all answer on their first handshake.

@@ -160,15 +160,14 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
-	// One builder per state directory at a time.
-	lock, err := os.OpenFile(filepath.Join(root, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	// One loader or builder per template at a time (a daemon and
+	// `vmgated image warm` may share the directory); other shapes' loads
+	// do not wait for this one's build.
+	lock, err := lockKey(root, want.Key, true)
 	if err != nil {
-		return nil, fmt.Errorf("template: %w", err)
+		return nil, err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("template: lock: %w", err)
-	}
 	dir := filepath.Join(root, want.Key)
 	t := &Template{Dir: dir, opts: opts, img: img, accel: accel}
 	// The frozen files are hashed only here, where the template is used;
@@ -309,25 +308,60 @@ func readTemplateMeta(dir string) (*TemplateMeta, error) {
 	return &m, nil
 }
 
+// lockKey takes the lock of the template key in root (flock of
+// root/.lock-KEY): waiting for it, or failing at once when another holds
+// it (wait false).
+func lockKey(root, key string, wait bool) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(root, ".lock-"+key), os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("template: %w", err)
+	}
+	how := unix.LOCK_EX
+	if !wait {
+		how |= unix.LOCK_NB
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("template: lock %s: %w", key, err)
+	}
+	return f, nil
+}
+
+// buildDirPrefix starts the name of a template being built.
+const buildDirPrefix = ".build-"
+
 // removeStaleTemplates removes templates of the same shape with another
-// key (older image or QEMU) and unfinished builds.
+// key (older image or QEMU) and unfinished builds. The caller holds keep's
+// lock; another key's files are removed only when its lock is free (no
+// one loads or builds it now).
 func removeStaleTemplates(root, keep string, mem, cpus int, network bool) error {
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return err
 	}
 	var errs []error
+	remove := func(key, dir string) {
+		if key != keep {
+			l, err := lockKey(root, key, false)
+			if err != nil {
+				return // in use
+			}
+			defer l.Close()
+		}
+		errs = append(errs, removeTemplateDir(dir))
+	}
 	for _, e := range ents {
 		if !e.IsDir() || e.Name() == keep {
 			continue
 		}
 		d := filepath.Join(root, e.Name())
-		if strings.HasPrefix(e.Name(), ".build-") {
-			errs = append(errs, removeTemplateDir(d))
+		if rest, ok := strings.CutPrefix(e.Name(), buildDirPrefix); ok {
+			key, _, _ := strings.Cut(rest, "-")
+			remove(key, d)
 			continue
 		}
 		if m, err := readTemplateMeta(d); err != nil || (m.MemoryMiB == mem && m.CPUs == cpus && m.Network == network) {
-			errs = append(errs, removeTemplateDir(d))
+			remove(e.Name(), d)
 		}
 	}
 	return errors.Join(errs...)
@@ -368,7 +402,7 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 	}
 	meta.SaveMillis = time.Since(t0).Milliseconds()
 
-	tmp, err := os.MkdirTemp(root, ".build-")
+	tmp, err := os.MkdirTemp(root, buildDirPrefix+meta.Key+"-")
 	if err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
@@ -589,14 +623,11 @@ func (t *Template) Close() error {
 // it again. Running clones keep their open files.
 func (t *Template) Discard() error {
 	_ = t.Close()
-	lock, err := os.OpenFile(filepath.Join(filepath.Dir(t.Dir), ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	lock, err := lockKey(filepath.Dir(t.Dir), t.Meta.Key, true)
 	if err != nil {
-		return fmt.Errorf("template: %w", err)
+		return err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
-		return fmt.Errorf("template: lock: %w", err)
-	}
 	// Only this template's files: a rebuild under the same key may have
 	// replaced them since (it would carry a newer build time).
 	m, err := readTemplateMeta(t.Dir)
@@ -629,6 +660,7 @@ func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
 		return nil, fmt.Errorf("restore: the template was built %s a network, the VM wants it %s", with(t.Meta.Network), with(opts.Network != nil))
 	}
 	o.Network = opts.Network
+	o.BootTimeout = RestoreTimeout
 	if opts.BootTimeout > 0 {
 		o.BootTimeout = opts.BootTimeout
 	}
@@ -647,6 +679,13 @@ func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
 	}
 	return v, err
 }
+
+// RestoreTimeout bounds a restore, from QEMU's start to an agent that
+// answers, unless Options.BootTimeout says otherwise. A restore takes well
+// under a second to a few seconds on a loaded host; a clone that takes a
+// minute is broken, and the request gets an error instead of a wait as
+// long as a cold boot's.
+const RestoreTimeout = time.Minute
 
 // HandshakeFailures counts clones whose first agent handshake failed (each
 // was replaced by a second clone).

@@ -1,6 +1,11 @@
 package vm
 
-import "testing"
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
 
 func TestTemplateKey(t *testing.T) {
 	base := TemplateMeta{ImageDigest: "i", KernelDigest: "k", InitrdDigest: "r", MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, QEMUVersion: "q"}
@@ -29,5 +34,57 @@ func TestTemplateKey(t *testing.T) {
 	m.BootMillis, m.StateBytes, m.RAMSHA256 = 5, 6, "x"
 	if templateKey(m) != k0 {
 		t.Error("build measurements change the key")
+	}
+}
+
+// TestRemoveStaleTemplates: stale templates of the same shape and leftover
+// builds go, unless another holder of their key's lock is using them;
+// other shapes' templates stay.
+func TestRemoveStaleTemplates(t *testing.T) {
+	root := t.TempDir()
+	mk := func(key string, mem int, network bool) string {
+		d := filepath.Join(root, key)
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		m := TemplateMeta{Format: templateFormat, Key: key, MemoryMiB: mem, CPUs: 1, Network: network}
+		b, _ := json.Marshal(m)
+		for _, f := range []string{OverlayFile, RAMFile, TemplateStateFile} {
+			if err := os.WriteFile(filepath.Join(d, f), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(d, TemplateMetaFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	keep := mk("aaaa", 512, false)
+	stale := mk("bbbb", 512, false)
+	busy := mk("cccc", 512, false)
+	nic := mk("dddd", 512, true)
+	other := mk("eeee", 1024, false)
+	leftover := filepath.Join(root, buildDirPrefix+"aaaa-123")
+	busyBuild := filepath.Join(root, buildDirPrefix+"ffff-456")
+	for _, d := range []string{leftover, busyBuild} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"cccc", "ffff"} {
+		l, err := lockKey(root, k, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+	}
+	if err := removeStaleTemplates(root, "aaaa", 512, 1, false); err != nil {
+		t.Fatal(err)
+	}
+	for d, want := range map[string]bool{keep: true, stale: false, busy: true, nic: true, other: true, leftover: false, busyBuild: true} {
+		_, err := os.Stat(d)
+		if got := err == nil; got != want {
+			t.Errorf("%s: exists %v, want %v", filepath.Base(d), got, want)
+		}
 	}
 }

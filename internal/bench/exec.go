@@ -290,14 +290,9 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 
 	rep.RestoreHandshakeFailures += tmpl.HandshakeFailures()
 
-	// 5. Through the daemon: one-shot with a pool, throughput, no pool.
-	step("daemon with a pool of %d", o.PoolSize)
-	err = withDaemon(ctx, o, work, "pool", o.PoolSize, false, rep, func(c *client.Client, waitPool func() error) error {
-		var err error
-		rep.OneshotPoolMS, rep.OneshotPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "pool", waitPool)
-		if err != nil {
-			return err
-		}
+	// 5. Through the daemon: one-shot with a pool (and throughput), without
+	// one, and the same through a profile with a network.
+	throughputs := func(c *client.Client, waitPool func() error) error {
 		for _, conc := range o.Concurrency {
 			if err := waitPool(); err != nil {
 				return err
@@ -310,44 +305,24 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 			rep.Throughput = append(rep.Throughput, tp)
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	step("daemon without a pool")
-	err = withDaemon(ctx, o, work, "nopool", 0, false, rep, func(c *client.Client, waitPool func() error) error {
-		if err := waitPool(); err != nil {
-			return err
+	for _, d := range []struct {
+		name    string
+		network bool
+		pool    int
+		stat    *Stat
+		parts   *map[string]Stat
+		then    func(*client.Client, func() error) error
+	}{
+		{"pool", false, o.PoolSize, &rep.OneshotPoolMS, &rep.OneshotPoolPartsMS, throughputs},
+		{"nopool", false, 0, &rep.OneshotNoPoolMS, &rep.OneshotNoPoolPartsMS, nil},
+		{"netpool", true, o.PoolSize, &rep.OneshotNetPoolMS, &rep.OneshotNetPoolPartsMS, nil},
+		{"netnopool", true, 0, &rep.OneshotNetNoPoolMS, &rep.OneshotNetNoPoolPartsMS, nil},
+	} {
+		step("daemon %s (network %v, pool of %d)", d.name, d.network, d.pool)
+		if *d.stat, *d.parts, err = daemonOneshots(ctx, o, work, d.name, d.network, d.pool, rep, d.then); err != nil {
+			return nil, err
 		}
-		var err error
-		rep.OneshotNoPoolMS, rep.OneshotNoPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "restore", nil)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-
-	// 6. The same through a profile with a network.
-	step("daemon with a network profile and a pool of %d", o.PoolSize)
-	err = withDaemon(ctx, o, work, "netpool", o.PoolSize, true, rep, func(c *client.Client, waitPool func() error) error {
-		var err error
-		rep.OneshotNetPoolMS, rep.OneshotNetPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "pool", waitPool)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	step("daemon with a network profile, without a pool")
-	err = withDaemon(ctx, o, work, "netnopool", 0, true, rep, func(c *client.Client, waitPool func() error) error {
-		if err := waitPool(); err != nil {
-			return err
-		}
-		var err error
-		rep.OneshotNetNoPoolMS, rep.OneshotNetNoPoolPartsMS, err = sampleOneshots(ctx, c, o.Runs, "restore", nil)
-		return err
-	})
-	if err != nil {
-		return nil, err
 	}
 
 	coldP50 := rep.ColdBootMS.P50
@@ -364,6 +339,34 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		rep.Notes = append(rep.Notes, "TCG: a restored QEMU starts with an empty translation cache, so the guest's first code paths (the agent's SSH handshake, the first commands) run several times slower than in a settled VM; the pool hides this by running one command in each VM before handing it out")
 	}
 	return rep, nil
+}
+
+// daemonOneshots starts a daemon with a pool of pool VMs (0: each request
+// restores its VM) and times one-shot commands through it, which must get
+// VMs from the pool or restored; then runs then, if set.
+func daemonOneshots(ctx context.Context, o ExecOptions, work, name string, network bool, pool int, rep *ExecReport, then func(*client.Client, func() error) error) (Stat, map[string]Stat, error) {
+	var st Stat
+	var parts map[string]Stat
+	err := withDaemon(ctx, o, work, name, pool, network, rep, func(c *client.Client, waitPool func() error) error {
+		want, before := "pool", waitPool
+		if pool == 0 {
+			// The template is loaded (or built) when the pool of zero
+			// is listed; then every request restores.
+			if err := waitPool(); err != nil {
+				return err
+			}
+			want, before = "restore", nil
+		}
+		var err error
+		if st, parts, err = sampleOneshots(ctx, c, o.Runs, want, before); err != nil {
+			return err
+		}
+		if then != nil {
+			return then(c, waitPool)
+		}
+		return nil
+	})
+	return st, parts, err
 }
 
 // sampleOneshots times runs one-shot commands, each after before (if
