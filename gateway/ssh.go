@@ -22,7 +22,6 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/sshkeys"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 )
@@ -630,11 +629,11 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 		_, _ = ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(code)}))
 	}
 	if strings.ContainsRune(job.command, 0) {
-		fail(exitcode.Internal, "the command contains a NUL byte")
+		fail(wire.ExitInternal, "the command contains a NUL byte")
 		return
 	}
 	if !f.s.begin() {
-		fail(exitcode.Internal, "vmgated is shutting down")
+		fail(wire.ExitInternal, "vmgated is shutting down")
 		return
 	}
 	defer f.s.end()
@@ -673,7 +672,7 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 	res, err := f.s.runExec(ctx, log, st, target, sio)
 	switch {
 	case idled.Load():
-		fail(exitcode.TimedOut, fmt.Sprintf("no input or output for %v (the profile's sessions.idle_timeout); the shell was ended", st.verdict.Limits.SessionIdle))
+		fail(wire.ExitTimedOut, fmt.Sprintf("no input or output for %v (the profile's sessions.idle_timeout); the shell was ended", st.verdict.Limits.SessionIdle))
 	case err != nil:
 		select {
 		case <-gone:
@@ -681,12 +680,12 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 		default:
 		}
 		if f.s.execCtx.Err() != nil {
-			fail(exitcode.VMFailed, fmt.Sprintf("vmgated is shutting down and killed the command (request %s)", st.reqID))
+			fail(wire.ExitVMFailed, fmt.Sprintf("vmgated is shutting down and killed the command (request %s)", st.reqID))
 			return
 		}
-		fail(exitcode.VMFailed, fmt.Sprintf("the command's outcome is unknown: %v (request %s)", err, st.reqID))
+		fail(wire.ExitVMFailed, fmt.Sprintf("the command's outcome is unknown: %v (request %s)", err, st.reqID))
 	case res.TimedOut:
-		fail(exitcode.TimedOut, fmt.Sprintf("timed out after %v; the command was killed (request %s)", st.verdict.Limits.Timeout, st.reqID))
+		fail(wire.ExitTimedOut, fmt.Sprintf("timed out after %v; the command was killed (request %s)", st.verdict.Limits.Timeout, st.reqID))
 	default:
 		if res.StdoutTruncated || res.StderrTruncated {
 			_, _ = fmt.Fprintf(ch.Stderr(), "vmgate: output truncated by the policy's output limit (stdout %d bytes, stderr %d bytes produced)%s", res.StdoutBytes, res.StderrBytes, nl)
@@ -701,21 +700,13 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 }
 
 // sshRefusal maps a refusal to the message an SSH client gets on stderr
-// and the exit status, with vm-exec's codes (internal/exitcode).
+// and the exit status, with vm-exec's codes (wire.Error.ExitCode).
 func sshRefusal(e wire.Error) (int, string) {
 	msg := (&client.APIError{Body: e}).Error()
 	if e.RequestID != "" {
 		msg += " (request " + e.RequestID + ")"
 	}
-	switch e.Code {
-	case wire.CodeDenied:
-		return exitcode.Denied, msg
-	case wire.CodeBusy:
-		return exitcode.Busy, msg
-	case wire.CodeVM:
-		return exitcode.VMFailed, msg
-	}
-	return exitcode.Internal, msg
+	return e.ExitCode(), msg
 }
 
 // activity is the time of the last traffic of an interactive shell.

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"io"
 	"net"
 	"os"
@@ -23,7 +24,6 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/gateway/audit"
-	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -187,7 +187,7 @@ func TestGateway_SSH(t *testing.T) {
 	})
 	t.Run("denied by policy", func(t *testing.T) {
 		so, se, code := run(t, "", nil, append(sshArgs(narrowKey), "agent@127.0.0.1", "uname -a")...)
-		if code != exitcode.Denied || so != "" || !strings.Contains(se, "vmgate: denied by policy profile narrow: shell strings") {
+		if code != wire.ExitDenied || so != "" || !strings.Contains(se, "vmgate: denied by policy profile narrow: shell strings") {
 			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
 		}
 	})
@@ -314,7 +314,7 @@ func TestGateway_SSH(t *testing.T) {
 		pr.Close()
 		err = cmd.Wait()
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != exitcode.TimedOut || !strings.Contains(se.String(), "sessions.idle_timeout") {
+		if !errors.As(err, &ee) || ee.ExitCode() != wire.ExitTimedOut || !strings.Contains(se.String(), "sessions.idle_timeout") {
 			t.Fatalf("%v; stdout %q stderr %q", err, so.String(), se.String())
 		}
 	})

@@ -22,7 +22,6 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/policy"
 )
@@ -107,15 +106,15 @@ func TestSSHRefusal(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{wire.Error{Code: wire.CodeDenied, Error: "shell strings are not allowed", Profile: "narrow", RequestID: "r1"}, exitcode.Denied,
+		{wire.Error{Code: wire.CodeDenied, Error: "shell strings are not allowed", Profile: "narrow", RequestID: "r1"}, wire.ExitDenied,
 			"denied by policy profile narrow: shell strings are not allowed (request r1)"},
-		{wire.Error{Code: wire.CodeDenied, Error: "argv matches deny rule", Profile: "p", Rule: "deny[0] no-rm"}, exitcode.Denied,
+		{wire.Error{Code: wire.CodeDenied, Error: "argv matches deny rule", Profile: "p", Rule: "deny[0] no-rm"}, wire.ExitDenied,
 			"denied by policy profile p: rule deny[0] no-rm: argv matches deny rule"},
-		{wire.Error{Code: wire.CodeBusy, Error: "busy: no VM slot"}, exitcode.Busy, "gateway busy: busy: no VM slot"},
-		{wire.Error{Code: wire.CodeVM, Error: "start vm: boom"}, exitcode.VMFailed, "start vm: boom"},
-		{wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited"}, exitcode.Internal, "refusing to run unaudited"},
-		{wire.Error{Code: wire.CodeShutdown, Error: "stopping"}, exitcode.Internal, "stopping"},
-		{wire.Error{Code: wire.CodeBadRequest, Error: "named sessions are for local callers"}, exitcode.Internal, "named sessions are for local callers"},
+		{wire.Error{Code: wire.CodeBusy, Error: "busy: no VM slot"}, wire.ExitBusy, "gateway busy: busy: no VM slot"},
+		{wire.Error{Code: wire.CodeVM, Error: "start vm: boom"}, wire.ExitVMFailed, "start vm: boom"},
+		{wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited"}, wire.ExitInternal, "refusing to run unaudited"},
+		{wire.Error{Code: wire.CodeShutdown, Error: "stopping"}, wire.ExitInternal, "stopping"},
+		{wire.Error{Code: wire.CodeBadRequest, Error: "named sessions are for local callers"}, wire.ExitInternal, "named sessions are for local callers"},
 	}
 	for _, tt := range tests {
 		code, msg := sshRefusal(tt.e)
@@ -323,13 +322,13 @@ func TestSSHFront_Unit(t *testing.T) {
 
 	t.Run("denied by policy", func(t *testing.T) {
 		so, se, code := runSSH(t, cn, strp("uname -a"), nil)
-		if code != exitcode.Denied || so != "" || !strings.Contains(se, "vmgate: denied by policy profile narrow: shell strings") || !strings.HasSuffix(se, "\n") {
+		if code != wire.ExitDenied || so != "" || !strings.Contains(se, "vmgate: denied by policy profile narrow: shell strings") || !strings.HasSuffix(se, "\n") {
 			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
 		}
 	})
 	t.Run("interactive shell denied without sessions", func(t *testing.T) {
 		_, se, code := runSSH(t, cn, nil, nil)
-		if code != exitcode.Denied || !strings.Contains(se, "shell strings") && !strings.Contains(se, "interactive shells are not allowed") {
+		if code != wire.ExitDenied || !strings.Contains(se, "shell strings") && !strings.Contains(se, "interactive shells are not allowed") {
 			t.Fatalf("code %d stderr %q", code, se)
 		}
 	})
@@ -361,7 +360,7 @@ func TestSSHFront_Unit(t *testing.T) {
 	})
 	t.Run("allowed command without a VM fails with 205", func(t *testing.T) {
 		_, se, code := runSSH(t, c, strp("true"), nil)
-		if code != exitcode.VMFailed || !strings.Contains(se, "vmgate: start vm:") {
+		if code != wire.ExitVMFailed || !strings.Contains(se, "vmgate: start vm:") {
 			t.Fatalf("code %d stderr %q", code, se)
 		}
 	})

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/vmgate/vmgate/internal/signum"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -68,21 +69,9 @@ type ExecResult struct {
 // 128+N for signal N.
 func (r *ExecResult) ShellExitCode() int {
 	if r.Signal != "" {
-		return 128 + signalNumber(r.Signal)
+		return signum.ExitCode(r.Signal)
 	}
 	return r.ExitCode
-}
-
-var sigNums = map[string]int{
-	"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "TRAP": 5, "ABRT": 6, "BUS": 7, "FPE": 8, "KILL": 9,
-	"USR1": 10, "SEGV": 11, "USR2": 12, "PIPE": 13, "ALRM": 14, "TERM": 15,
-}
-
-func signalNumber(name string) int {
-	if n, ok := sigNums[strings.TrimPrefix(name, "SIG")]; ok {
-		return n
-	}
-	return 0
 }
 
 // capWriter passes through at most limit bytes and counts the rest.
@@ -308,7 +297,7 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 			ctxErr = fmt.Errorf("exec: %w", ctx.Err())
 			kill()
 		case sig := <-req.Signals:
-			if _, ok := sigNums[sig]; ok {
+			if signum.IsRFC4254(sig) {
 				_, _ = ch.SendRequest("signal", false, ssh.Marshal(struct{ Signal string }{sig}))
 			}
 		case sz := <-req.Resize:

@@ -28,6 +28,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/signum"
 )
 
 // Version is the API version prefix of every path.
@@ -100,6 +102,53 @@ type Result struct {
 	VMStart string `json:"vm_start,omitempty"`
 	ExecMS  int64  `json:"exec_ms"`
 	TotalMS int64  `json:"total_ms"`
+}
+
+// ShellExitCode is the command's exit code as a shell reports it: its own,
+// or 128+N when signal N killed it (the guest's numbering: SIGXCPU is
+// 152 whatever the client's system).
+func (r *Result) ShellExitCode() int {
+	if r.Signal != "" {
+		return signum.ExitCode(r.Signal)
+	}
+	return r.ExitCode
+}
+
+// Exit codes of vm-exec (and of the SSH front door, vmgated debug run) for
+// vmgate's own failures, above the guest command's range (0–128+signal),
+// so that a caller can tell "the command failed" from "vmgate could not
+// run it".
+const (
+	// ExitInternal: vmgate itself failed (bad flags, I/O error).
+	ExitInternal = 200
+	// ExitDenied: the policy refused the request.
+	ExitDenied = 201
+	// ExitBusy: no VM slot became free in time.
+	ExitBusy = 202
+	// ExitTimedOut: the command ran past its time limit and was killed.
+	ExitTimedOut = 203
+	// ExitUnreachable: the gateway socket could not be reached.
+	ExitUnreachable = 204
+	// ExitVMFailed: the VM could not be started or died while running.
+	ExitVMFailed = 205
+	// ExitUsage: the command line was invalid.
+	ExitUsage = 2
+)
+
+// ExitCode is the exit code a client reports for a refusal or failure
+// with this error's code.
+func (e Error) ExitCode() int {
+	switch e.Code {
+	case CodeDenied:
+		return ExitDenied
+	case CodeBusy:
+		return ExitBusy
+	case CodeVM:
+		return ExitVMFailed
+	case CodeTimeout:
+		return ExitTimedOut
+	}
+	return ExitInternal
 }
 
 // Error codes in Error.Code.

@@ -92,3 +92,39 @@ func TestFrames(t *testing.T) {
 		t.Fatalf("short payload: %v", err)
 	}
 }
+
+// TestExitCodes: the one mapping of results and errors to exit codes that
+// vm-exec, the SSH front door and the MCP tool share.
+func TestExitCodes(t *testing.T) {
+	for _, c := range []struct {
+		r    Result
+		want int
+	}{
+		{Result{ExitCode: 0}, 0},
+		{Result{ExitCode: 7}, 7},
+		{Result{ExitCode: -1, Signal: "TERM"}, 143},
+		{Result{ExitCode: -1, Signal: "XCPU"}, 152},
+		{Result{ExitCode: -1, Signal: "XFSZ"}, 153},
+		{Result{ExitCode: -1, Signal: "NOPE"}, 128},
+	} {
+		if got := c.r.ShellExitCode(); got != c.want {
+			t.Errorf("%+v: %d, want %d", c.r, got, c.want)
+		}
+	}
+	for code, want := range map[string]int{
+		CodeDenied: ExitDenied, CodeBusy: ExitBusy, CodeVM: ExitVMFailed, CodeTimeout: ExitTimedOut,
+		CodeAudit: ExitInternal, CodeBadRequest: ExitInternal, "": ExitInternal,
+	} {
+		if got := (Error{Code: code}).ExitCode(); got != want {
+			t.Errorf("code %q: exit %d, want %d", code, got, want)
+		}
+	}
+	// Above the guest's range, distinct, and documented in this order.
+	seen := map[int]bool{}
+	for _, c := range []int{ExitInternal, ExitDenied, ExitBusy, ExitTimedOut, ExitUnreachable, ExitVMFailed} {
+		if c <= 128+64 || seen[c] {
+			t.Errorf("exit code %d overlaps", c)
+		}
+		seen[c] = true
+	}
+}

@@ -2,13 +2,13 @@ package cli
 
 import (
 	"encoding/json"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/vmgate/vmgate/internal/bench"
-	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -120,7 +120,7 @@ allow = ["example.com:443"]
 	if code != 0 || strings.Count(so, "(512 MiB, 1 CPU)") != 2 || strings.Count(so, "with a NIC") != 1 {
 		t.Fatalf("policy shapes: exit %d\nstdout: %s\nstderr: %s", code, so, se)
 	}
-	if _, se, code := runCmd(t, nil, bin, "image", "warm", "--config", pol, "--memory", "256"); code != exitcode.Usage || !strings.Contains(se, "one shape") {
+	if _, se, code := runCmd(t, nil, bin, "image", "warm", "--config", pol, "--memory", "256"); code != wire.ExitUsage || !strings.Contains(se, "one shape") {
 		t.Fatalf("--config with --memory: exit %d, %s", code, se)
 	}
 	_, se, code = runCmd(t, nil, bin, "image", "warm", "--image", filepath.Join(t.TempDir(), "none"))

@@ -133,6 +133,10 @@ func TestServe_Acceptance(t *testing.T) {
 	if _, se, code := vmExec(t, s.socket, "sh", "-c", "exit 7"); code != 7 {
 		t.Fatalf("sh -c 'exit 7': %d %q", code, se)
 	}
+	// 128+N with the guest's numbering, SIGXCPU (24) included.
+	if _, se, code := vmExec(t, s.socket, "sh", "-c", "kill -XCPU $$"); code != 152 {
+		t.Fatalf("killed by SIGXCPU: %d %q, want 152", code, se)
+	}
 	so, se, code = vmExec(t, s.socket, "--json", "-c", "echo out; echo err >&2; exit 3")
 	var jr struct {
 		ExitCode int    `json:"exit_code"`

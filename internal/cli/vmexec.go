@@ -18,7 +18,6 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/internal/mcpserver"
 )
 
@@ -117,7 +116,7 @@ func VMExec(args []string) int {
 	o, err := parseVMExec(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n%s", err, vmexecUsage)
-		return exitcode.Usage
+		return wire.ExitUsage
 	}
 	c := client.New(o.socket)
 	ctx := context.Background()
@@ -157,18 +156,18 @@ func vmexecMCP(args []string) int {
 			return 0
 		}
 		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n%s", err, mcpUsage)
-		return exitcode.Usage
+		return wire.ExitUsage
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "vm-exec mcp: unexpected arguments %q\n%s", fs.Args(), mcpUsage)
-		return exitcode.Usage
+		return wire.ExitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv := mcpserver.New(mcpserver.Options{Client: client.New(*socket), Log: newLogger(os.Stderr, slog.LevelInfo)})
 	if err := srv.ServeStdio(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n", err)
-		return exitcode.Internal
+		return wire.ExitInternal
 	}
 	return 0
 }
@@ -225,12 +224,9 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	if err != nil {
 		return reportErr(err)
 	}
-	code := res.ExitCode
-	if res.Signal != "" {
-		code = 128 + signalNum(res.Signal)
-	}
+	code := res.ShellExitCode()
 	if res.TimedOut {
-		code = exitcode.TimedOut
+		code = wire.ExitTimedOut
 	}
 	if o.jsonOut {
 		out := struct {
@@ -251,15 +247,6 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	return code
 }
 
-func signalNum(name string) int {
-	for n, s := range []string{"", "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2", "PIPE", "ALRM", "TERM"} {
-		if s == name {
-			return n
-		}
-	}
-	return 0
-}
-
 // reportErr prints err and maps it to vm-exec's exit codes.
 func reportErr(err error) int {
 	fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
@@ -268,18 +255,11 @@ func reportErr(err error) int {
 	var fe *client.ExecFailedError
 	switch {
 	case errors.As(err, &ue):
-		return exitcode.Unreachable
-	case errors.Is(err, client.ErrDenied):
-		return exitcode.Denied
-	case errors.Is(err, client.ErrBusy):
-		return exitcode.Busy
+		return wire.ExitUnreachable
 	case errors.As(err, &ae):
-		if ae.Body.Code == wire.CodeVM {
-			return exitcode.VMFailed
-		}
-		return exitcode.Internal
+		return ae.Body.ExitCode()
 	case errors.As(err, &fe):
-		return exitcode.VMFailed
+		return fe.Body.ExitCode()
 	}
-	return exitcode.Internal
+	return wire.ExitInternal
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"io"
 	"log/slog"
 	"os"
@@ -13,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vmgate/vmgate/internal/exitcode"
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/image"
@@ -41,7 +41,7 @@ const vmgatedUsage = `usage:
 func Vmgated(args []string) int {
 	if len(args) < 1 {
 		fmt.Fprint(os.Stderr, vmgatedUsage)
-		return exitcode.Usage
+		return wire.ExitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -75,12 +75,12 @@ func Vmgated(args []string) int {
 		return 0
 	default:
 		fmt.Fprintf(os.Stderr, "vmgated: unknown command %q\n%s", verb, vmgatedUsage)
-		return exitcode.Usage
+		return wire.ExitUsage
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vmgated: %v\n", err)
 		if errors.Is(err, flag.ErrHelp) || errors.Is(err, errUsage) {
-			return exitcode.Usage
+			return wire.ExitUsage
 		}
 		if code == 0 {
 			code = 1
@@ -169,18 +169,18 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto (use a delegated cgroup when there is one), required or off")
 	level := fs.String("log-level", "warn", "log level")
 	if err := fs.Parse(args); err != nil {
-		return exitcode.Usage, err
+		return wire.ExitUsage, err
 	}
 	if fs.NArg() == 0 {
-		return exitcode.Usage, fmt.Errorf("%w: debug run needs a program: vmgated debug run -- PROG ARGS…", errUsage)
+		return wire.ExitUsage, fmt.Errorf("%w: debug run needs a program: vmgated debug run -- PROG ARGS…", errUsage)
 	}
 	lvl, err := parseLogLevel(*level)
 	if err != nil {
-		return exitcode.Usage, err
+		return wire.ExitUsage, err
 	}
 	a, err := vm.ParseAccel(*accel)
 	if err != nil {
-		return exitcode.Usage, err
+		return wire.ExitUsage, err
 	}
 	if *imgDir == "" {
 		*imgDir = defaultImageDir(*state)
@@ -188,14 +188,14 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 	log := newLogger(os.Stderr, lvl)
 	cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
 	if err != nil {
-		return exitcode.Internal, err
+		return wire.ExitInternal, err
 	}
 	if cgm != nil {
 		defer cgm.Close()
 	}
 	v, err := vm.Start(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log, Seccomp: *seccomp, Cgroups: cgm})
 	if err != nil {
-		return exitcode.VMFailed, err
+		return wire.ExitVMFailed, err
 	}
 	defer func() {
 		if err := v.Close(); err != nil {
@@ -205,7 +205,7 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 	if *jailReport {
 		rep, err := v.JailReport()
 		if err != nil {
-			return exitcode.VMFailed, err
+			return wire.ExitVMFailed, err
 		}
 		fmt.Fprintf(os.Stderr, "vmgated: jail: %s\n", rep)
 	}
@@ -216,12 +216,12 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 	t0 := time.Now()
 	res, err := v.Exec(ctx, vm.ExecRequest{Argv: fs.Args(), User: *user, Stdin: stdin, Stdout: os.Stdout, Stderr: os.Stderr, Timeout: *timeout})
 	if err != nil {
-		return exitcode.VMFailed, err
+		return wire.ExitVMFailed, err
 	}
 	log.Info("command finished", "exit", res.ExitCode, "signal", res.Signal, "ms", time.Since(t0).Milliseconds(), "boot_ms", v.BootDuration().Milliseconds())
 	if res.TimedOut {
 		fmt.Fprintf(os.Stderr, "vmgated: command timed out after %v and was killed\n", *timeout)
-		return exitcode.TimedOut, nil
+		return wire.ExitTimedOut, nil
 	}
 	return res.ShellExitCode(), nil
 }

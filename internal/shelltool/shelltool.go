@@ -27,7 +27,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/client"
@@ -163,23 +162,10 @@ func Format(output []byte, truncated bool, exitCode int, timedOut bool) string {
 // own, 1 after a timeout (as llama-server reports it), 128+N for a command
 // killed by signal N (as a shell reports it).
 func ExitCode(r *wire.Result) int {
-	switch {
-	case r.TimedOut:
+	if r.TimedOut {
 		return 1
-	case r.ExitCode >= 0:
-		return r.ExitCode
 	}
-	if n, ok := signals[r.Signal]; ok {
-		return 128 + int(n)
-	}
-	return 128
-}
-
-var signals = map[string]syscall.Signal{
-	"HUP": syscall.SIGHUP, "INT": syscall.SIGINT, "QUIT": syscall.SIGQUIT, "ILL": syscall.SIGILL,
-	"ABRT": syscall.SIGABRT, "FPE": syscall.SIGFPE, "KILL": syscall.SIGKILL, "SEGV": syscall.SIGSEGV,
-	"PIPE": syscall.SIGPIPE, "ALRM": syscall.SIGALRM, "TERM": syscall.SIGTERM, "USR1": syscall.SIGUSR1,
-	"USR2": syscall.SIGUSR2, "BUS": syscall.SIGBUS, "XCPU": syscall.SIGXCPU, "XFSZ": syscall.SIGXFSZ,
+	return r.ShellExitCode()
 }
 
 // Capped keeps the first Limit bytes written to it and counts the rest.

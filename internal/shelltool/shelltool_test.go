@@ -79,6 +79,8 @@ func TestExitCode(t *testing.T) {
 		{wire.Result{ExitCode: -1, Signal: "TERM"}, 143},
 		{wire.Result{ExitCode: -1, Signal: "SEGV"}, 139},
 		{wire.Result{ExitCode: -1, Signal: "WEIRD"}, 128},
+		{wire.Result{ExitCode: -1, Signal: "XCPU"}, 152},
+		{wire.Result{ExitCode: -1, Signal: "XFSZ"}, 153},
 	} {
 		if got := ExitCode(&tc.r); got != tc.want {
 			t.Errorf("ExitCode(%+v) = %d, want %d", tc.r, got, tc.want)

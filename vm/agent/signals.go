@@ -6,30 +6,18 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/internal/signum"
 )
 
-// rfcSignals holds the signal names of RFC 4254 §6.10, which the host may
-// send in "signal" requests.
-var rfcSignals = map[string]syscall.Signal{
-	"ABRT": syscall.SIGABRT,
-	"ALRM": syscall.SIGALRM,
-	"FPE":  syscall.SIGFPE,
-	"HUP":  syscall.SIGHUP,
-	"ILL":  syscall.SIGILL,
-	"INT":  syscall.SIGINT,
-	"KILL": syscall.SIGKILL,
-	"PIPE": syscall.SIGPIPE,
-	"QUIT": syscall.SIGQUIT,
-	"SEGV": syscall.SIGSEGV,
-	"TERM": syscall.SIGTERM,
-	"USR1": syscall.SIGUSR1,
-	"USR2": syscall.SIGUSR2,
-}
-
-// parseSignal maps an RFC 4254 signal name ("TERM") to a signal.
+// parseSignal maps an RFC 4254 signal name ("TERM"), the ones the host may
+// send in "signal" requests, to a signal.
 func parseSignal(name string) (syscall.Signal, bool) {
-	sig, ok := rfcSignals[name]
-	return sig, ok
+	n, ok := signum.Number(name)
+	if !ok || !signum.IsRFC4254(name) {
+		return 0, false
+	}
+	return syscall.Signal(n), true
 }
 
 // signalName returns the "exit-signal" name of sig: the signal name without
