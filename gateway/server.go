@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
@@ -90,12 +91,20 @@ type Config struct {
 	Ready func()
 }
 
-// DefaultSocket is the gateway socket path.
-const DefaultSocket = "/run/vmgate/vmgate.sock"
+// Defaults of Config's zero values, and of vmgated serve's flags.
+const (
+	DefaultMaxVMs    = 4
+	DefaultQueueLen  = 16
+	DefaultQueueWait = 30 * time.Second
+	DefaultGrace     = 10 * time.Second
+	// DefaultPoolSize is vmgated serve's --pool; a Config's zero
+	// PoolSize means no pool.
+	DefaultPoolSize = 1
+)
 
 func (c *Config) setDefaults() {
 	if c.Socket == "" {
-		c.Socket = DefaultSocket
+		c.Socket = wire.DefaultSocket
 	}
 	if c.SocketMode == 0 {
 		c.SocketMode = 0o660
@@ -107,19 +116,19 @@ func (c *Config) setDefaults() {
 		c.AuditPath = filepath.Join(c.StateDir, "audit.jsonl")
 	}
 	if c.MaxVMs == 0 {
-		c.MaxVMs = 4
+		c.MaxVMs = DefaultMaxVMs
 	}
 	switch {
 	case c.QueueLen == 0:
-		c.QueueLen = 16
+		c.QueueLen = DefaultQueueLen
 	case c.QueueLen < 0:
 		c.QueueLen = 0
 	}
 	if c.QueueWait == 0 {
-		c.QueueWait = 30 * time.Second
+		c.QueueWait = DefaultQueueWait
 	}
 	if c.Grace == 0 {
-		c.Grace = 10 * time.Second
+		c.Grace = DefaultGrace
 	}
 	if c.Accel == "" {
 		c.Accel = vm.AccelAuto

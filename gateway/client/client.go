@@ -22,10 +22,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 )
 
-// DefaultSocket is used when neither an explicit path nor VMGATE_SOCKET is set.
-const DefaultSocket = "/run/vmgate/vmgate.sock"
-
-// SocketPath returns explicit, else $VMGATE_SOCKET, else DefaultSocket.
+// SocketPath returns explicit, else $VMGATE_SOCKET, else wire.DefaultSocket.
 func SocketPath(explicit string) string {
 	if explicit != "" {
 		return explicit
@@ -33,7 +30,7 @@ func SocketPath(explicit string) string {
 	if s := os.Getenv("VMGATE_SOCKET"); s != "" {
 		return s
 	}
-	return DefaultSocket
+	return wire.DefaultSocket
 }
 
 // Client is a vmgated client. The zero value is not usable; use New.

@@ -32,6 +32,10 @@ import (
 	"github.com/vmgate/vmgate/internal/signum"
 )
 
+// DefaultSocket is the daemon's socket when none is configured; clients
+// use it when neither a path nor VMGATE_SOCKET is given.
+const DefaultSocket = "/run/vmgate/vmgate.sock"
+
 // Version is the API version prefix of every path.
 const Version = "v1"
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 )
@@ -25,21 +26,21 @@ const DefaultSSHAuthorizedKeys = "/etc/vmgate/ssh_authorized_keys"
 func serve(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("vmgated serve", flag.ContinueOnError)
 	config := fs.String("config", "", "policy file (default "+DefaultConfig+" if it exists, else the embedded default policy)")
-	socket := fs.String("socket", "", "socket path (default "+gateway.DefaultSocket+"; ignored under socket activation)")
+	socket := fs.String("socket", "", "socket path (default "+wire.DefaultSocket+"; ignored under socket activation)")
 	group := fs.String("socket-group", "", "group owning the socket (mode 0660)")
 	state := fs.String("state-dir", defaultStateDir(), "state directory")
 	imgDir := fs.String("image", "", "image directory (default STATE/image)")
 	auditPath := fs.String("audit-log", "", "audit log (default /var/log/vmgate/audit.jsonl if writable, else STATE/audit.jsonl)")
-	maxVMs := fs.Int("max-vms", 4, "maximum live VMs")
-	queue := fs.Int("queue", 16, "maximum requests waiting for a VM")
-	queueWait := fs.Duration("queue-wait", 30*time.Second, "how long a request waits for a VM before it gets busy")
-	grace := fs.Duration("grace", 10*time.Second, "how long running commands may finish on shutdown")
+	maxVMs := fs.Int("max-vms", gateway.DefaultMaxVMs, "maximum live VMs")
+	queue := fs.Int("queue", gateway.DefaultQueueLen, "maximum requests waiting for a VM")
+	queueWait := fs.Duration("queue-wait", gateway.DefaultQueueWait, "how long a request waits for a VM before it gets busy")
+	grace := fs.Duration("grace", gateway.DefaultGrace, "how long running commands may finish on shutdown")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	seccompMode := fs.String("seccomp", "", "override the policy's [isolate] seccomp: required or off (a logged relaxation)")
 	builtin := fs.Bool("builtin-policy", false, "use the embedded default policy, ignore "+DefaultConfig)
 	allowRoot := fs.Bool("allow-root", false, "allow running as root (tests, containers)")
 	noTemplate := fs.Bool("no-template", false, "boot every VM cold (no template snapshot, no pool)")
-	pool := fs.Int("pool", 1, "restored VMs to keep ready per VM shape (0: restore on demand)")
+	pool := fs.Int("pool", gateway.DefaultPoolSize, "restored VMs to keep ready per VM shape (0: restore on demand)")
 	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
 	netHosts := fs.String("net-hosts", "", "hosts(5)-style file pinning guest DNS names to addresses (checked before the host's resolver)")
 	var redact multiFlag
