@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/policy/netrule"
 	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
@@ -64,7 +65,7 @@ func ParseHosts(text string) (map[string][]netip.Addr, error) {
 			return nil, fmt.Errorf("hosts line %d: want an address and at least one name", n)
 		}
 		for _, name := range f[1:] {
-			nn := guestnet.NormalizeName(name)
+			nn := netrule.NormalizeName(name)
 			if nn == "" {
 				return nil, fmt.Errorf("hosts line %d: %q is not a DNS name", n, name)
 			}

@@ -10,7 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/policy/netrule"
 )
 
 // Request size limits that Decide enforces whatever the profile says. They
@@ -138,7 +138,7 @@ type Verdict struct {
 
 // NetworkPolicy is a profile's guest network (network.mode = "allowlist").
 type NetworkPolicy struct {
-	Rules         guestnet.Rules // TCP egress allowlist (names and ranges)
+	Rules         netrule.Rules  // TCP egress allowlist (names and ranges)
 	AllowedRanges []netip.Prefix // special ranges allowed anyway (a relaxation)
 	MaxConns      int            // concurrent connections per VM
 	MaxBytes      int64          // bytes per VM, both directions

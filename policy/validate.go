@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/policy/netrule"
 )
 
 // Built-in values of settings that neither a profile nor [defaults] sets.
@@ -319,7 +319,7 @@ type settings struct {
 	timeoutDefault, timeoutMax *time.Duration
 	sessionIdle, sessionMax    *time.Duration
 	badTimeout, badSessions    bool
-	netAllow                   *guestnet.Rules
+	netAllow                   *netrule.Rules
 	netRanges                  *[]netip.Prefix
 	netMaxConns                *int
 	netMaxBytes                *int64
@@ -450,7 +450,7 @@ func (c *compiler) network(label string, n *networkDoc, s *settings) {
 		}
 	}
 	if n.Allow != nil {
-		rs, err := guestnet.ParseRules(*n.Allow)
+		rs, err := netrule.ParseRules(*n.Allow)
 		if err != nil {
 			c.errorf("%s: network.allow: %w", label, err)
 		} else {

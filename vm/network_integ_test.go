@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/policy/netrule"
 	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
@@ -42,7 +43,7 @@ func newTestInternet(t *testing.T) *testInternet {
 }
 
 func (ti *testInternet) config(t *testing.T) *guestnet.Config {
-	rules, err := guestnet.ParseRules([]string{fmt.Sprintf("allowed.test:%d", ti.public.Port())})
+	rules, err := netrule.ParseRules([]string{fmt.Sprintf("allowed.test:%d", ti.public.Port())})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package guestnet
 
 import (
 	"context"
+	"github.com/vmgate/vmgate/policy/netrule"
 	"net/netip"
 	"time"
 
@@ -34,7 +35,7 @@ type Resolver func(ctx context.Context, name string) ([]netip.Addr, error)
 // (on any port) are resolved, and only to addresses that are ordinary
 // public unicast or inside a range the operator allows.
 type DNS struct {
-	Rules   Rules
+	Rules   netrule.Rules
 	Allowed []netip.Prefix // special ranges the operator allows anyway
 	Resolve Resolver
 	TTL     uint32 // answer TTL in seconds (default 30)
@@ -64,7 +65,7 @@ func (d *DNS) Handle(ctx context.Context, query []byte) ([]byte, DNSVerdict) {
 	}
 	qq := q.Question[0]
 	v.Type = dns.TypeToString[qq.Qtype]
-	v.Name = NormalizeName(qq.Name)
+	v.Name = netrule.NormalizeName(qq.Name)
 	if qq.Qclass != dns.ClassINET || v.Name == "" {
 		resp.Rcode = dns.RcodeRefused
 		v.Reason = "not an Internet-class query for a DNS name"

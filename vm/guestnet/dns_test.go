@@ -3,6 +3,7 @@ package guestnet
 import (
 	"context"
 	"errors"
+	"github.com/vmgate/vmgate/policy/netrule"
 	"net/netip"
 	"testing"
 
@@ -10,7 +11,7 @@ import (
 )
 
 func testDNS(t testing.TB) *DNS {
-	rs, err := ParseRules([]string{"allowed.test:80", "*.allowed.test:443", "private.test:80", "broken.test:80"})
+	rs, err := netrule.ParseRules([]string{"allowed.test:80", "*.allowed.test:443", "private.test:80", "broken.test:80"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,8 +33,8 @@ func testDNS(t testing.TB) *DNS {
 	}}
 }
 
-func mustRules(t testing.TB, specs ...string) Rules {
-	rs, err := ParseRules(specs)
+func mustRules(t testing.TB, specs ...string) netrule.Rules {
+	rs, err := netrule.ParseRules(specs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
-// Package guestnet holds the pieces of the host-side guest network that
-// decide and parse: the operator's egress allowlist (Rule, Rules), the
-// classification of destination addresses (Classify), the reading of the
+// Package guestnet is the host-side guest network of one VM. Its pieces that
+// decide and parse: the operator's egress allowlist (package
+// policy/netrule, which it enforces), the classification of destination
+// addresses (Classify), the reading of the
 // name a connection claims (TLS SNI, HTTP Host) and the framing of QEMU's
 // stream netdev. They are pure and fuzzed; the network stack that uses them
 // is built on top.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vmgate/vmgate/policy/netrule"
 	"io"
 	"log/slog"
 	"net"
@@ -40,7 +41,7 @@ const nicID = 1
 
 // Config is one VM's network policy and plumbing.
 type Config struct {
-	Rules         Rules          // TCP egress allowlist
+	Rules         netrule.Rules  // TCP egress allowlist
 	AllowedRanges []netip.Prefix // special ranges allowed anyway (operator's relaxation)
 	Resolve       Resolver       // DNS lookups for allowed names (default: the host's resolver)
 	// MaxConns bounds concurrent connections (default 32); MaxBytes the
@@ -93,7 +94,7 @@ type Network struct {
 // Policy is what a network allows; it can change while the network runs
 // (a pooled VM gets its request's policy when it is handed out).
 type Policy struct {
-	Rules         Rules
+	Rules         netrule.Rules
 	AllowedRanges []netip.Prefix
 	MaxConns      int
 	MaxBytes      int64
@@ -377,12 +378,12 @@ func (n *Network) namesFor(a netip.Addr) []string {
 
 // decide checks a TCP destination before the connection is accepted: by
 // a name the guest resolved to it, or by an address rule.
-func (n *Network) decide(dst netip.Addr, port uint16) (name string, rule Rule, reason string) {
+func (n *Network) decide(dst netip.Addr, port uint16) (name string, rule netrule.Rule, reason string) {
 	if GuestPrefix.Contains(dst) {
-		return "", Rule{}, "the gateway and the guest network are not reachable"
+		return "", netrule.Rule{}, "the gateway and the guest network are not reachable"
 	}
 	if c := Classify(dst); c != "" && !n.p().dns.allowedRange(dst) {
-		return "", Rule{}, "address refused: " + c
+		return "", netrule.Rule{}, "address refused: " + c
 	}
 	for _, nm := range n.namesFor(dst) {
 		if r, ok := n.p().Rules.AllowsName(nm, port); ok {
@@ -393,9 +394,9 @@ func (n *Network) decide(dst netip.Addr, port uint16) (name string, rule Rule, r
 		return "", r, ""
 	}
 	if names := n.namesFor(dst); len(names) > 0 {
-		return names[0], Rule{}, fmt.Sprintf("port %d is not allowed for %s", port, names[0])
+		return names[0], netrule.Rule{}, fmt.Sprintf("port %d is not allowed for %s", port, names[0])
 	}
-	return "", Rule{}, "direct connection to an address no allowed name resolved to"
+	return "", netrule.Rule{}, "direct connection to an address no allowed name resolved to"
 }
 
 func (n *Network) tcp(r *tcp.ForwarderRequest) {

@@ -3,6 +3,7 @@ package guestnet
 import (
 	"context"
 	"fmt"
+	"github.com/vmgate/vmgate/policy/netrule"
 	"io"
 	"net"
 	"net/http"
@@ -202,7 +203,7 @@ func TestNetwork(t *testing.T) {
 		}
 		return nil, fmt.Errorf("no such name %s", name)
 	}
-	rules, err := ParseRules([]string{fmt.Sprintf("allowed.test:%d", port), "other.test:1", fmt.Sprintf("private.test:%d", port)})
+	rules, err := netrule.ParseRules([]string{fmt.Sprintf("allowed.test:%d", port), "other.test:1", fmt.Sprintf("private.test:%d", port)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +328,7 @@ func TestTokenBucket(t *testing.T) {
 }
 
 func TestNetworkRateLimit(t *testing.T) {
-	rules, _ := ParseRules([]string{"a.test:80"})
+	rules, _ := netrule.ParseRules([]string{"a.test:80"})
 	g, audit := startNetwork(t, Config{Rules: rules, ConnectRate: 6, Resolve: func(context.Context, string) ([]netip.Addr, error) {
 		return []netip.Addr{netip.MustParseAddr("198.51.100.10")}, nil
 	}, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {

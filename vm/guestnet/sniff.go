@@ -3,6 +3,7 @@ package guestnet
 import (
 	"bytes"
 	"errors"
+	"github.com/vmgate/vmgate/policy/netrule"
 	"strings"
 )
 
@@ -82,7 +83,7 @@ func httpHost(b []byte) (string, error) {
 	if h, _, ok := strings.Cut(host, ":"); ok && !strings.HasPrefix(host, "[") {
 		host = h
 	}
-	name := NormalizeName(host)
+	name := netrule.NormalizeName(host)
 	if name == "" {
 		return "", errors.New("http: Host is not a DNS name")
 	}
@@ -145,7 +146,7 @@ func clientHelloSNI(b []byte) (string, error) {
 				if name != "" {
 					return "", errors.New("tls: two host names")
 				}
-				if name = NormalizeName(string(host)); name == "" {
+				if name = netrule.NormalizeName(string(host)); name == "" {
 					return "", errors.New("tls: server name is not a DNS name")
 				}
 			}
