@@ -4,12 +4,12 @@ import (
 	"os"
 	"testing"
 
-	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/internal/reexec"
 )
 
 // TestMain lets the test binary serve as the jail's re-exec child, as
 // vmgated does.
 func TestMain(m *testing.M) {
-	isolate.MaybeRunChild()
+	reexec.MaybeRunChild()
 	os.Exit(m.Run())
 }

@@ -1,4 +1,5 @@
-// Package isolate runs QEMU in a jail and hosts vmgated's re-exec registry.
+// Package isolate runs QEMU in a jail (its init is the re-exec role
+// "jail-init", registered with internal/reexec).
 //
 // Threat model: a guest that escapes the emulator lands in the QEMU
 // process. Under TCG, QEMU's own documentation says the emulator is not a

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/isolate/cgroup"
@@ -66,10 +67,10 @@ func escapeRunner(args []string) error {
 // escapeMemMiB is the guest memory the probe's jail is sized for.
 const escapeMemMiB = 512
 
-func init() { isolate.Register("escape-runner", escapeRunner) }
+func init() { reexec.Register("escape-runner", escapeRunner) }
 
 func TestMain(m *testing.M) {
-	isolate.MaybeRunChild()
+	reexec.MaybeRunChild()
 	os.Exit(m.Run())
 }
 
@@ -180,7 +181,7 @@ func TestEscape_Isolated(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(runner, append([]string{specFile}, delegated...)...)
-	cmd.Env = []string{isolate.ChildEnv + "=escape-runner"}
+	cmd.Env = []string{reexec.ChildEnv + "=escape-runner"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

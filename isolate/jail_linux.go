@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,13 +17,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/isolate/seccomp"
 )
 
 // JailRole is the re-exec role of the jail's init.
 const JailRole = "jail-init"
 
-func init() { Register(JailRole, jailInit) }
+func init() { reexec.Register(JailRole, jailInit) }
 
 // specFD is the inherited fd carrying the Spec as JSON.
 const specFD = 3
@@ -67,7 +70,7 @@ func Command(spec Spec, files ...*os.File) (*Jail, error) {
 	}
 	cmd := exec.Command(self)
 	cmd.Args = []string{"vmgate-jail"}
-	cmd.Env = []string{ChildEnv + "=" + JailRole}
+	cmd.Env = []string{reexec.ChildEnv + "=" + JailRole}
 	cmd.ExtraFiles = append([]*os.File{r}, files...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
@@ -170,6 +173,21 @@ func jailInit(_ []string) error {
 	// Last call: nothing may run between the filter and the program.
 	err = unix.Exec(s.Argv[0], s.Argv, []string{})
 	return fmt.Errorf("exec %s: %w", s.Argv[0], err)
+}
+
+// loadSeccomp installs the jail's filter (package isolate/seccomp) as the
+// last step before exec; a build without libseccomp fails here, since the
+// policy requires the filter, unless the operator turned it off.
+func loadSeccomp(s *Spec) error {
+	if s.Seccomp == "off" {
+		fmt.Fprintln(os.Stderr, "vmgate-jail: SECCOMP WARNING: seccomp filter disabled by configuration")
+		return nil
+	}
+	opts := seccomp.Options{Accel: s.SeccompAccel, Network: s.SeccompNetwork, Incoming: s.SeccompIncoming}
+	if err := seccomp.Install(opts, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		return fmt.Errorf("seccomp: %w", err)
+	}
+	return nil
 }
 
 // closeFDs closes every fd above 2 except keep.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"debug/elf"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,15 +12,7 @@ import (
 
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/isolate/cgroup"
-	"github.com/vmgate/vmgate/isolate/seccomp"
 )
-
-// The jail loads this package's filter as its last step before exec.
-func init() {
-	isolate.SeccompInstaller = func(accel string, network, incoming bool, log *slog.Logger) error {
-		return seccomp.Install(seccomp.Options{Accel: accel, Network: network, Incoming: incoming}, log)
-	}
-}
 
 // QEMU's data the jail must show it: loadable modules (the TCG accelerator
 // is one on Debian) and firmware (microvm's qboot).

@@ -6,10 +6,10 @@ import (
 	"os"
 
 	"github.com/vmgate/vmgate/internal/cli"
-	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/internal/reexec"
 )
 
 func main() {
-	isolate.MaybeRunChild()
+	reexec.MaybeRunChild()
 	os.Exit(cli.Vmgated(os.Args[1:]))
 }

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/internal/reexec"
 )
 
 // Options configure Build.
@@ -296,7 +296,7 @@ func validName(s string) bool {
 // customize hook re-executes self in the image-customize role with the root
 // directory and the spec file.
 func MmdebstrapArgs(in Inputs, self, specPath string) []string {
-	hook := isolate.ChildEnv + "=" + customizeRole + " " + shellQuote(self) + ` "$1" ` + shellQuote(specPath)
+	hook := reexec.ChildEnv + "=" + customizeRole + " " + shellQuote(self) + ` "$1" ` + shellQuote(specPath)
 	argv := []string{
 		"mmdebstrap",
 		"--variant=minbase",

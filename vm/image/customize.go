@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/vm/agentproto"
 	"github.com/vmgate/vmgate/vm/initramfs"
 )
@@ -33,8 +33,8 @@ const customizeRole = "image-customize"
 const mkfsRole = "image-mkfs"
 
 func init() {
-	isolate.Register(customizeRole, runCustomize)
-	isolate.Register(mkfsRole, runMkfs)
+	reexec.Register(customizeRole, runCustomize)
+	reexec.Register(mkfsRole, runMkfs)
 }
 
 // makeFS creates the ext4 image from root via the mkfs role.
@@ -45,7 +45,7 @@ func makeFS(root, img string, sizeMiB int) error {
 	}
 	var buf bytes.Buffer
 	cmd := exec.Command(self, root, img, strconv.Itoa(sizeMiB))
-	cmd.Env = isolate.ChildCommandEnv(os.Environ(), mkfsRole)
+	cmd.Env = reexec.ChildCommandEnv(os.Environ(), mkfsRole)
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	if err := cmd.Run(); err != nil {

@@ -1,12 +1,14 @@
-package isolate
-
-// The re-exec registry: a child role is registered under a name with
-// [Register], and [MaybeRunChild], the first call in main, runs the
-// registered function when the process was started as that role. The role
-// travels in the environment variable [ChildEnv], never as a user-visible
-// command-line verb, and is removed from the environment before the role's
-// function runs, so grandchildren do not inherit it. The registry grants
-// nothing: each role validates its own inputs as untrusted data.
+// Package reexec is vmgated's registry of re-exec roles: the jail's init
+// (package isolate), the image build's customize and mkfs steps (package
+// vm/image). A role is registered under a name with [Register], and
+// [MaybeRunChild], the first call in main, runs the registered function
+// when the process was started as that role. The role travels in the
+// environment variable [ChildEnv], never as a user-visible command-line
+// verb, and is removed from the environment before the role's function
+// runs, so grandchildren do not inherit it. Only /proc/self/exe is
+// re-exec'd. The registry grants nothing: each role validates its own
+// inputs as untrusted data.
+package reexec
 
 import (
 	"fmt"
@@ -28,10 +30,10 @@ func Register(name string, fn func(args []string) error) {
 	regMu.Lock()
 	defer regMu.Unlock()
 	if name == "" || fn == nil {
-		panic("isolate: Register with empty name or nil func")
+		panic("reexec: Register with empty name or nil func")
 	}
 	if _, dup := registry[name]; dup {
-		panic("isolate: duplicate re-exec role " + name)
+		panic("reexec: duplicate re-exec role " + name)
 	}
 	registry[name] = fn
 }
