@@ -17,7 +17,7 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags osusergo,netgo -ldflags='-s -w' -o $(BIN)/vmgate-agent ./cmd/vmgate-agent
 	$(GO) build -trimpath -o $(BIN)/vmgated ./cmd/vmgated
-	$(GO) build -trimpath -o $(BIN)/vm-exec ./cmd/vm-exec
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/vm-exec ./cmd/vm-exec
 
 # Installs the Debian packages vmgate needs (root).
 deps:

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy/netrule"
 )
 
@@ -163,13 +164,9 @@ func (v Verdict) Err() error {
 	return fmt.Errorf("%w: %s", ErrDenied, b.String())
 }
 
-var sessionNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-// ValidSessionName reports whether s is an acceptable session name: 1 to 64
-// of [A-Za-z0-9._-], and not "." or "..", so that it is safe as a file name.
-func ValidSessionName(s string) bool {
-	return sessionNameRE.MatchString(s) && s != "." && s != ".."
-}
+// ValidSessionName reports whether s is an acceptable session name; the
+// rule is the protocol's (wire.ValidSessionName), which clients check too.
+func ValidSessionName(s string) bool { return wire.ValidSessionName(s) }
 
 // Decide returns the verdict for req from the caller id. It is pure: no I/O,
 // no clock, no mutation; safe for concurrent use. A nil Policy denies

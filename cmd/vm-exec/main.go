@@ -5,7 +5,7 @@ package main
 import (
 	"os"
 
-	"github.com/vmgate/vmgate/internal/cli"
+	"github.com/vmgate/vmgate/internal/vmexec"
 )
 
-func main() { os.Exit(cli.VMExec(os.Args[1:])) }
+func main() { os.Exit(vmexec.Run(os.Args[1:])) }

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"time"
 
@@ -35,6 +36,15 @@ import (
 // DefaultSocket is the daemon's socket when none is configured; clients
 // use it when neither a path nor VMGATE_SOCKET is given.
 const DefaultSocket = "/run/vmgate/vmgate.sock"
+
+var sessionNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// ValidSessionName reports whether s is an acceptable session name: 1 to 64
+// of [A-Za-z0-9._-], and not "." or "..", so that it is safe as a file name
+// (and as an SSH login, whose user names allow the same characters).
+func ValidSessionName(s string) bool {
+	return sessionNameRE.MatchString(s) && s != "." && s != ".."
+}
 
 // Version is the API version prefix of every path.
 const Version = "v1"

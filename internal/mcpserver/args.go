@@ -6,10 +6,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"runtime/debug"
 
 	"github.com/vmgate/vmgate/internal/shelltool"
-	"github.com/vmgate/vmgate/policy"
 )
 
 // The session tools' arguments come from a model, like exec_shell_command's:
@@ -18,7 +18,7 @@ import (
 
 // sessionField decodes the string field key of the JSON object raw. A
 // missing or null field is "" (the caller decides whether that is allowed);
-// a present one must be a valid session name (policy.ValidSessionName).
+// a present one must be a valid session name (wire.ValidSessionName).
 func sessionField(raw json.RawMessage, key string) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
@@ -36,7 +36,7 @@ func sessionField(raw json.RawMessage, key string) (string, error) {
 	if err := json.Unmarshal(v, &name); err != nil {
 		return "", fmt.Errorf("%w: %q must be a string", shelltool.ErrArgs, key)
 	}
-	if !policy.ValidSessionName(name) {
+	if !wire.ValidSessionName(name) {
 		return "", fmt.Errorf("%w: %q: %q is not a session name (1 to 64 of A-Z a-z 0-9 . _ -, not . or ..)",
 			shelltool.ErrArgs, key, name)
 	}

@@ -1,4 +1,9 @@
-package cli
+// Package vmexec is the vm-exec command: the client that runs a command in
+// a disposable VM through vmgated with the command's own output streams
+// and exit code, and its MCP server mode. It links the client side only
+// (gateway/client, gateway/wire, internal/mcpserver): no VM, jail, policy
+// or network code, no cgo; it is the piece users copy into containers.
+package vmexec
 
 import (
 	"bytes"
@@ -40,6 +45,7 @@ Exit status: the command's, 128+N for signal N, or
   201 denied by policy, 202 busy, 203 timed out, 204 gateway unreachable, 205 VM failure, 200 other.
 `
 
+// multiFlag collects a repeatable flag.
 type multiFlag []string
 
 func (m *multiFlag) String() string     { return fmt.Sprint(*m) }
@@ -97,10 +103,10 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	return o, nil
 }
 
-// VMExec runs the vm-exec command line and returns the process exit code.
+// Run runs the vm-exec command line and returns the process exit code.
 // A first argument "mcp" runs the MCP server (`vm-exec -- mcp` runs a
 // program called mcp).
-func VMExec(args []string) int {
+func Run(args []string) int {
 	if len(args) > 0 && args[0] == "mcp" {
 		return vmexecMCP(args[1:])
 	}
@@ -164,7 +170,7 @@ func vmexecMCP(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv := mcpserver.New(mcpserver.Options{Client: client.New(*socket), Log: newLogger(os.Stderr, slog.LevelInfo)})
+	srv := mcpserver.New(mcpserver.Options{Client: client.New(*socket), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err := srv.ServeStdio(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n", err)
 		return wire.ExitInternal
@@ -182,7 +188,7 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	} else {
 		sio.Stdout, sio.Stderr = os.Stdout, os.Stderr
 	}
-	if o.forceStdin || !isTerminal(os.Stdin) {
+	if o.forceStdin || !term.IsTerminal(int(os.Stdin.Fd())) {
 		sio.Stdin = os.Stdin
 	}
 	if o.tty {
@@ -190,7 +196,7 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
 			req.TTY.Cols, req.TTY.Rows = uint32(w), uint32(h)
 		}
-		if sio.Stdin != nil && isTerminal(os.Stdin) {
+		if sio.Stdin != nil && term.IsTerminal(int(os.Stdin.Fd())) {
 			if old, err := term.MakeRaw(int(os.Stdin.Fd())); err == nil {
 				defer func() { _ = term.Restore(int(os.Stdin.Fd()), old) }()
 			}
