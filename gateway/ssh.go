@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"io"
 	"log/slog"
 	"net"
@@ -483,24 +484,6 @@ type sshJob struct {
 	tty         *wire.TTY
 }
 
-// RFC 4254 request payloads.
-type (
-	sshEnvReq struct{ Name, Value string }
-	sshPtyReq struct {
-		Term                string
-		Columns, Rows, W, H uint32
-		Modes               string
-	}
-	sshExecReq   struct{ Command string }
-	sshSignalReq struct{ Signal string }
-	sshExitSig   struct {
-		Signal     string
-		CoreDumped bool
-		Message    string
-		Lang       string
-	}
-)
-
 // serveChannel serves one session channel: it collects env and pty-req
 // requests, then runs the exec or shell request through admit and runExec,
 // and reports the outcome as exit-status or exit-signal. The command is
@@ -523,8 +506,8 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 		for r := range reqs {
 			ok := false
 			switch r.Type {
-			case "env":
-				var p sshEnvReq
+			case sshmsg.Env:
+				var p sshmsg.EnvRequest
 				switch {
 				case started || ssh.Unmarshal(r.Payload, &p) != nil:
 				case envSeen[p.Name] || len(job.env) >= policy.MaxEnv || len(p.Name)+len(p.Value) >= policy.MaxArgBytes ||
@@ -536,17 +519,17 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 					job.env = append(job.env, p.Name+"="+p.Value)
 					ok = true
 				}
-			case "pty-req":
-				var p sshPtyReq
-				if !started && !noPTY && ssh.Unmarshal(r.Payload, &p) == nil && p.Columns <= 4096 && p.Rows <= 4096 && len(p.Term) <= 64 && !strings.ContainsAny(p.Term, "\x00\n") {
+			case sshmsg.PtyReq:
+				var p sshmsg.PtyRequest
+				if !started && !noPTY && ssh.Unmarshal(r.Payload, &p) == nil && sshmsg.TermSizeOK(p.Columns, p.Rows) && sshmsg.TermNameOK(p.Term) {
 					job.tty = &wire.TTY{Term: p.Term, Cols: p.Columns, Rows: p.Rows}
 					ok = true
 				}
-			case "window-change":
+			case sshmsg.WindowChange:
 				// Before the command starts the size is the pty's; after,
 				// the latest size goes to the running command.
-				var p struct{ Columns, Rows, W, H uint32 }
-				if job.tty == nil || ssh.Unmarshal(r.Payload, &p) != nil || p.Columns == 0 || p.Rows == 0 || p.Columns > 4096 || p.Rows > 4096 {
+				var p sshmsg.WindowChangeRequest
+				if job.tty == nil || ssh.Unmarshal(r.Payload, &p) != nil || p.Columns == 0 || p.Rows == 0 || !sshmsg.TermSizeOK(p.Columns, p.Rows) {
 					break
 				}
 				ok = true
@@ -567,12 +550,12 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 					default:
 					}
 				}
-			case "exec", "shell":
+			case sshmsg.Exec, sshmsg.Shell:
 				if started {
 					break
 				}
-				if r.Type == "exec" {
-					var p sshExecReq
+				if r.Type == sshmsg.Exec {
+					var p sshmsg.ExecRequest
 					if ssh.Unmarshal(r.Payload, &p) != nil {
 						break
 					}
@@ -587,8 +570,8 @@ func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool
 				}
 				startc <- job
 				continue
-			case "signal":
-				var p sshSignalReq
+			case sshmsg.Signal:
+				var p sshmsg.SignalRequest
 				if started && ssh.Unmarshal(r.Payload, &p) == nil {
 					select {
 					case signals <- strings.TrimPrefix(p.Signal, "SIG"):
@@ -626,7 +609,7 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 	fail := func(code int, msg string) {
 		_, _ = io.WriteString(ch.Stderr(), "vmgate: "+msg+nl)
 		_ = ch.CloseWrite()
-		_, _ = ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(code)}))
+		_, _ = ch.SendRequest(sshmsg.ExitStatus, false, ssh.Marshal(sshmsg.ExitStatusMsg{Status: uint32(code)}))
 	}
 	if strings.ContainsRune(job.command, 0) {
 		fail(wire.ExitInternal, "the command contains a NUL byte")
@@ -692,9 +675,9 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 		}
 		_ = ch.CloseWrite()
 		if res.Signal != "" {
-			_, _ = ch.SendRequest("exit-signal", false, ssh.Marshal(sshExitSig{Signal: res.Signal}))
+			_, _ = ch.SendRequest(sshmsg.ExitSignal, false, ssh.Marshal(sshmsg.ExitSignalMsg{Signal: res.Signal}))
 		} else {
-			_, _ = ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(res.ExitCode)}))
+			_, _ = ch.SendRequest(sshmsg.ExitStatus, false, ssh.Marshal(sshmsg.ExitStatusMsg{Status: uint32(res.ExitCode)}))
 		}
 	}
 }

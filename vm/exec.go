@@ -13,6 +13,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/internal/signum"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -149,21 +150,16 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		defer close(reqsDone)
 		for r := range reqs {
 			switch r.Type {
-			case "exit-status":
-				var p struct{ Status uint32 }
+			case sshmsg.ExitStatus:
+				var p sshmsg.ExitStatusMsg
 				if ssh.Unmarshal(r.Payload, &p) == nil {
 					select {
 					case exitc <- exit{code: int(p.Status)}:
 					default:
 					}
 				}
-			case "exit-signal":
-				var p struct {
-					Signal     string
-					CoreDumped bool
-					Error      string
-					Lang       string
-				}
+			case sshmsg.ExitSignal:
+				var p sshmsg.ExitSignalMsg
 				if ssh.Unmarshal(r.Payload, &p) == nil {
 					select {
 					case exitc <- exit{code: -1, signal: p.Signal}:
@@ -186,11 +182,7 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 			cols, rows = 80, 24
 		}
 		// RFC 4254 §6.2: term, columns, rows, width px, height px, modes.
-		ok, err := ch.SendRequest("pty-req", true, ssh.Marshal(struct {
-			Term                string
-			Columns, Rows, W, H uint32
-			Modes               string
-		}{term, cols, rows, 0, 0, ""}))
+		ok, err := ch.SendRequest(sshmsg.PtyReq, true, ssh.Marshal(sshmsg.PtyRequest{Term: term, Columns: cols, Rows: rows}))
 		if err != nil || !ok {
 			return nil, fmt.Errorf("exec: pty request refused (%v)", err)
 		}
@@ -246,7 +238,7 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	var killDeadline <-chan time.Time
 	var ctxErr error
 	kill := func() {
-		_, _ = ch.SendRequest("signal", false, ssh.Marshal(struct{ Signal string }{"KILL"}))
+		_, _ = ch.SendRequest(sshmsg.Signal, false, ssh.Marshal(sshmsg.SignalRequest{Signal: "KILL"}))
 		killDeadline = time.After(req.KillGrace)
 	}
 	done := ctx.Done()
@@ -298,11 +290,11 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 			kill()
 		case sig := <-req.Signals:
 			if signum.IsRFC4254(sig) {
-				_, _ = ch.SendRequest("signal", false, ssh.Marshal(struct{ Signal string }{sig}))
+				_, _ = ch.SendRequest(sshmsg.Signal, false, ssh.Marshal(sshmsg.SignalRequest{Signal: sig}))
 			}
 		case sz := <-req.Resize:
-			if req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && sz.Columns <= 4096 && sz.Rows <= 4096 {
-				_, _ = ch.SendRequest("window-change", false, ssh.Marshal(struct{ Columns, Rows, Width, Height uint32 }{sz.Columns, sz.Rows, 0, 0}))
+			if req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && sshmsg.TermSizeOK(sz.Columns, sz.Rows) {
+				_, _ = ch.SendRequest(sshmsg.WindowChange, false, ssh.Marshal(sshmsg.WindowChangeRequest{Columns: sz.Columns, Rows: sz.Rows}))
 			}
 		case <-killDeadline:
 			v.log.Warn("command did not die after SIGKILL, killing the vm")

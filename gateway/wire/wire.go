@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/signum"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 )
 
 // DefaultSocket is the daemon's socket when none is configured; clients
@@ -267,7 +268,7 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 		return nil, errors.New("exec request: negative timeout")
 	}
 	if t := req.TTY; t != nil {
-		if t.Cols > 4096 || t.Rows > 4096 || len(t.Term) > 64 || strings.ContainsAny(t.Term, "\x00\n") {
+		if !sshmsg.TermSizeOK(t.Cols, t.Rows) || !sshmsg.TermNameOK(t.Term) {
 			return nil, errors.New("exec request: unreasonable tty size or terminal name")
 		}
 	}

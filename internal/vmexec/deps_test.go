@@ -23,6 +23,7 @@ var clientPackages = []string{
 	"github.com/vmgate/vmgate/gateway/client",
 	"github.com/vmgate/vmgate/gateway/wire",
 	"github.com/vmgate/vmgate/internal/signum",
+	"github.com/vmgate/vmgate/internal/sshmsg",
 }
 
 func TestClientDependencies(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -214,11 +215,11 @@ func TestExecEnvironment(t *testing.T) {
 	c := client(t)
 	r := openSession(t, c)
 	for _, kv := range [][2]string{{"FROM_REQ", "req"}, {"BOTH", "from-request"}, {"LANG", "en_US.UTF-8"}} {
-		if !r.request(t, "env", envRequest{Name: kv[0], Value: kv[1]}) {
+		if !r.request(t, "env", sshmsg.EnvRequest{Name: kv[0], Value: kv[1]}) {
 			t.Fatalf("env %s rejected", kv[0])
 		}
 	}
-	for _, bad := range []envRequest{{Name: "", Value: "x"}, {Name: "A=B", Value: "x"}, {Name: "NUL", Value: "a\x00b"}} {
+	for _, bad := range []sshmsg.EnvRequest{{Name: "", Value: "x"}, {Name: "A=B", Value: "x"}, {Name: "NUL", Value: "a\x00b"}} {
 		if r.request(t, "env", bad) {
 			t.Errorf("env request %+v accepted", bad)
 		}
@@ -357,7 +358,7 @@ func TestInvalidExecRequests(t *testing.T) {
 	}
 	// "exec" with a NUL byte.
 	r = openSession(t, c)
-	if r.request(t, "exec", execRequest{Command: "echo a\x00b"}) {
+	if r.request(t, "exec", sshmsg.ExecRequest{Command: "echo a\x00b"}) {
 		t.Error("exec with a NUL byte accepted")
 	}
 }
@@ -387,16 +388,16 @@ func TestOneCommandPerSession(t *testing.T) {
 	if r.execSpec(t, argv("echo", "second")) {
 		t.Error("second ExecRequest accepted")
 	}
-	if r.request(t, "exec", execRequest{Command: "echo second"}) {
+	if r.request(t, "exec", sshmsg.ExecRequest{Command: "echo second"}) {
 		t.Error("exec after ExecRequest accepted")
 	}
-	if r.request(t, "env", envRequest{Name: "A", Value: "b"}) {
+	if r.request(t, "env", sshmsg.EnvRequest{Name: "A", Value: "b"}) {
 		t.Error("env after the command started accepted")
 	}
-	if r.request(t, "pty-req", ptyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
+	if r.request(t, "pty-req", sshmsg.PtyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
 		t.Error("pty-req after the command started accepted")
 	}
-	if r.request(t, "subsystem", execRequest{Command: "sftp"}) {
+	if r.request(t, "subsystem", sshmsg.ExecRequest{Command: "sftp"}) {
 		t.Error("subsystem accepted")
 	}
 	if st := r.wait(t); st != 0 {
@@ -424,10 +425,10 @@ func TestSignalTerm(t *testing.T) {
 		t.Fatal("exec rejected")
 	}
 	pids := waitPIDs(t, r, 2)
-	if r.request(t, "signal", signalRequest{Signal: "NOPE"}) {
+	if r.request(t, "signal", sshmsg.SignalRequest{Signal: "NOPE"}) {
 		t.Error("unknown signal accepted")
 	}
-	if !r.request(t, "signal", signalRequest{Signal: "TERM"}) {
+	if !r.request(t, "signal", sshmsg.SignalRequest{Signal: "TERM"}) {
 		t.Fatal("signal TERM rejected")
 	}
 	if st := r.wait(t); st != -1 || r.signal.Signal != "TERM" {

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"io"
 	"log/slog"
 	"net"
@@ -172,7 +173,7 @@ type remote struct {
 
 	mu     sync.Mutex
 	status *int
-	signal *exitSignalMsg
+	signal *sshmsg.ExitSignalMsg
 	done   chan struct{} // closed when the channel is closed and drained
 }
 
@@ -200,7 +201,7 @@ func (r *remote) collect(reqs <-chan *ssh.Request) {
 	for req := range reqs {
 		switch req.Type {
 		case "exit-status":
-			var m exitStatusMsg
+			var m sshmsg.ExitStatusMsg
 			if ssh.Unmarshal(req.Payload, &m) == nil {
 				st := int(m.Status)
 				r.mu.Lock()
@@ -208,7 +209,7 @@ func (r *remote) collect(reqs <-chan *ssh.Request) {
 				r.mu.Unlock()
 			}
 		case "exit-signal":
-			var m exitSignalMsg
+			var m sshmsg.ExitSignalMsg
 			if ssh.Unmarshal(req.Payload, &m) == nil {
 				r.mu.Lock()
 				r.signal = &m

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"regexp"
 	"strings"
 	"syscall"
@@ -57,10 +58,10 @@ func TestPtyExecSpecExitStatus(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	r := openSession(t, c)
-	if !r.request(t, "pty-req", ptyRequest{Term: "vt100", Columns: 80, Rows: 24}) {
+	if !r.request(t, "pty-req", sshmsg.PtyRequest{Term: "vt100", Columns: 80, Rows: 24}) {
 		t.Fatal("pty-req rejected")
 	}
-	if r.request(t, "pty-req", ptyRequest{Term: "vt100", Columns: 80, Rows: 24}) {
+	if r.request(t, "pty-req", sshmsg.PtyRequest{Term: "vt100", Columns: 80, Rows: 24}) {
 		t.Error("second pty-req accepted")
 	}
 	if !r.execSpec(t, argv("sh", "-c", "test -t 0 || exit 9; echo $TERM; exit 7")) {
@@ -89,7 +90,7 @@ func TestPtyWindowChange(t *testing.T) {
 	}
 	waitFor(t, &out, "ready")
 	// Want a reply so that the resize is done before the input arrives.
-	ok, err := s.SendRequest("window-change", true, ssh.Marshal(windowChangeRequest{Columns: 132, Rows: 50}))
+	ok, err := s.SendRequest("window-change", true, ssh.Marshal(sshmsg.WindowChangeRequest{Columns: 132, Rows: 50}))
 	if err != nil || !ok {
 		t.Fatalf("window-change: ok=%v err=%v", ok, err)
 	}
@@ -108,7 +109,7 @@ func TestPtyWithoutPtyRejectsWindowChange(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	r := openSession(t, c)
-	if r.request(t, "window-change", windowChangeRequest{Columns: 1, Rows: 1}) {
+	if r.request(t, "window-change", sshmsg.WindowChangeRequest{Columns: 1, Rows: 1}) {
 		t.Error("window-change without a pty accepted")
 	}
 }
@@ -139,7 +140,7 @@ func TestPtyCloseKillsCommand(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	r := openSession(t, c)
-	if !r.request(t, "pty-req", ptyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
+	if !r.request(t, "pty-req", sshmsg.PtyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
 		t.Fatal("pty-req rejected")
 	}
 	if !r.execSpec(t, agentproto.ExecSpec{Argv: []string{"sh", "-c", "trap '' HUP; sleep 100 & echo $!; echo $$; wait"}}) {
@@ -165,7 +166,7 @@ func TestPtyBackgroundChildDoesNotBlockExit(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	r := openSession(t, c)
-	if !r.request(t, "pty-req", ptyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
+	if !r.request(t, "pty-req", sshmsg.PtyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
 		t.Fatal("pty-req rejected")
 	}
 	start := time.Now()

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"io"
 	"log/slog"
 	"os"
@@ -23,36 +24,6 @@ const waitDelay = time.Second
 
 // maxEnvRequests bounds the number of "env" requests per session.
 const maxEnvRequests = 4096
-
-// Wire payloads of RFC 4254 session requests.
-type (
-	envRequest struct {
-		Name, Value string
-	}
-	ptyRequest struct {
-		Term                         string
-		Columns, Rows, Width, Height uint32
-		Modes                        string
-	}
-	windowChangeRequest struct {
-		Columns, Rows, Width, Height uint32
-	}
-	execRequest struct {
-		Command string
-	}
-	signalRequest struct {
-		Signal string
-	}
-	exitStatusMsg struct {
-		Status uint32
-	}
-	exitSignalMsg struct {
-		Signal     string
-		CoreDumped bool
-		Error      string
-		Lang       string
-	}
-)
 
 // session is one session channel: it collects "env" and "pty-req" requests,
 // runs exactly one command and reports how it ended.
@@ -154,7 +125,7 @@ func (p *ptyState) close() {
 
 // setEnv handles an "env" request.
 func (s *session) setEnv(payload []byte) bool {
-	var r envRequest
+	var r sshmsg.EnvRequest
 	if s.started || ssh.Unmarshal(payload, &r) != nil || len(s.env) >= maxEnvRequests {
 		return false
 	}
@@ -168,8 +139,8 @@ func (s *session) setEnv(payload []byte) bool {
 
 // allocatePty handles a "pty-req" request.
 func (s *session) allocatePty(payload []byte) bool {
-	var r ptyRequest
-	if s.started || s.pty != nil || ssh.Unmarshal(payload, &r) != nil {
+	var r sshmsg.PtyRequest
+	if s.started || s.pty != nil || ssh.Unmarshal(payload, &r) != nil || !sshmsg.TermSizeOK(r.Columns, r.Rows) || !sshmsg.TermNameOK(r.Term) {
 		return false
 	}
 	if err := validateEnvVar("TERM", r.Term); err != nil {
@@ -189,8 +160,8 @@ func (s *session) allocatePty(payload []byte) bool {
 
 // resizePty handles a "window-change" request.
 func (s *session) resizePty(payload []byte) bool {
-	var r windowChangeRequest
-	if s.pty == nil || ssh.Unmarshal(payload, &r) != nil {
+	var r sshmsg.WindowChangeRequest
+	if s.pty == nil || ssh.Unmarshal(payload, &r) != nil || !sshmsg.TermSizeOK(r.Columns, r.Rows) {
 		return false
 	}
 	return setWinsize(s.pty.ptmx, r.Columns, r.Rows, r.Width, r.Height) == nil
@@ -199,7 +170,7 @@ func (s *session) resizePty(payload []byte) bool {
 // signal handles a "signal" request: the signal goes to the command's whole
 // process group until the command's end has been reported.
 func (s *session) signal(payload []byte) bool {
-	var r signalRequest
+	var r sshmsg.SignalRequest
 	if s.proc == nil || ssh.Unmarshal(payload, &r) != nil {
 		return false
 	}
@@ -245,7 +216,7 @@ func (s *session) execShellCommand(req *ssh.Request) {
 		s.reject(req, errors.New("a command was already started in this session"))
 		return
 	}
-	var r execRequest
+	var r sshmsg.ExecRequest
 	if err := ssh.Unmarshal(req.Payload, &r); err != nil {
 		s.reject(req, fmt.Errorf("decode exec request: %w", err))
 		return
@@ -312,7 +283,7 @@ func (s *session) run(req *ssh.Request, spec agentproto.ExecSpec) {
 func (s *session) exitEarly(code uint32, msg string) {
 	s.log.Info("command not started", "exit_status", code, "reason", strings.TrimSpace(msg))
 	_, _ = io.WriteString(s.ch.Stderr(), msg)
-	s.report(&exitStatusMsg{Status: code}, nil)
+	s.report(&sshmsg.ExitStatusMsg{Status: code}, nil)
 }
 
 // start starts cmd wired to the channel or to the pty and the goroutines that
@@ -403,19 +374,19 @@ func isExitError(err error) bool {
 
 // exitMessage converts how a process ended into an "exit-status" or an
 // "exit-signal" message; exactly one of the results is non-nil.
-func exitMessage(ps *os.ProcessState) (*exitStatusMsg, *exitSignalMsg) {
+func exitMessage(ps *os.ProcessState) (*sshmsg.ExitStatusMsg, *sshmsg.ExitSignalMsg) {
 	if ps == nil {
-		return &exitStatusMsg{Status: 255}, nil
+		return &sshmsg.ExitStatusMsg{Status: 255}, nil
 	}
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return nil, &exitSignalMsg{Signal: signalName(ws.Signal()), CoreDumped: ws.CoreDump()}
+		return nil, &sshmsg.ExitSignalMsg{Signal: signalName(ws.Signal()), CoreDumped: ws.CoreDump()}
 	}
-	return &exitStatusMsg{Status: uint32(ps.ExitCode())}, nil
+	return &sshmsg.ExitStatusMsg{Status: uint32(ps.ExitCode())}, nil
 }
 
 // report sends EOF, then the exit message, then closes the channel. All
 // output has been written to the channel before report is called.
-func (s *session) report(status *exitStatusMsg, sig *exitSignalMsg) {
+func (s *session) report(status *sshmsg.ExitStatusMsg, sig *sshmsg.ExitSignalMsg) {
 	_ = s.ch.CloseWrite()
 	if sig != nil {
 		_, _ = s.ch.SendRequest("exit-signal", false, ssh.Marshal(sig))

@@ -3,6 +3,7 @@ package agent
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"io"
 	"strings"
 	"sync"
@@ -59,7 +60,7 @@ func (c *recordingChannel) CloseWrite() error {
 }
 
 func (c *recordingChannel) SendRequest(name string, _ bool, payload []byte) (bool, error) {
-	var m exitStatusMsg
+	var m sshmsg.ExitStatusMsg
 	if name == "exit-status" && ssh.Unmarshal(payload, &m) == nil {
 		name = fmt.Sprintf("exit-status %d", m.Status)
 	}
@@ -147,7 +148,7 @@ func TestSessionSendsOutputBeforeExitStatus(t *testing.T) {
 
 func TestSessionPtySendsOutputBeforeExitStatus(t *testing.T) {
 	t.Parallel()
-	pty := &ssh.Request{Type: "pty-req", Payload: ssh.Marshal(ptyRequest{Term: "dumb", Columns: 80, Rows: 24})}
+	pty := &ssh.Request{Type: "pty-req", Payload: ssh.Marshal(sshmsg.PtyRequest{Term: "dumb", Columns: 80, Rows: 24})}
 	ch := runRecorded(t, pty, execReq(t, argv("sh", "-c", "stty raw; head -c 100000 /dev/zero; exit 2")))
 	checkOrder(t, ch, "exit-status 2")
 	if ch.stdout != 100000 {
