@@ -570,7 +570,9 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 		Resize: sio.resize,
 	})
 	execDur := time.Since(t0)
-	vmOK := err == nil || !errors.Is(err, vm.ErrVMDied)
+	// A VM whose QEMU is gone, or whose agent was given up (and the VM
+	// killed), cannot serve a session's next command.
+	vmOK := !errors.Is(err, vm.ErrVMDied) && !errors.Is(err, vm.ErrAgentUnresponsive) && !target.vm.Gone()
 	select {
 	case <-sio.gone:
 		if err == nil {

@@ -75,105 +75,221 @@ func (r *ExecResult) ShellExitCode() int {
 	return r.ExitCode
 }
 
-// capWriter passes through at most limit bytes and counts the rest.
+// capWriter passes through at most limit bytes and counts the rest. Its
+// counters may be read (counts) while a stream is still being copied.
 type capWriter struct {
 	w         io.Writer
 	limit     int64 // 0: unlimited
+	mu        sync.Mutex
 	n         int64
 	truncated bool
 }
 
+// counts returns the bytes written so far and whether some were dropped.
+func (c *capWriter) counts() (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.truncated
+}
+
+// Write never fails and never holds the lock while the consumer writes (a
+// slow consumer must not block counts). One goroutine writes at a time.
 func (c *capWriter) Write(p []byte) (int, error) {
 	total := len(p)
+	c.mu.Lock()
 	c.n += int64(total)
-	if c.w == nil {
-		return total, nil
-	}
-	if c.limit > 0 {
+	w := c.w
+	if w != nil && c.limit > 0 {
 		room := c.limit - (c.n - int64(total))
 		if room <= 0 {
-			c.truncated = true
-			return total, nil
-		}
-		if int64(len(p)) > room {
-			p = p[:room]
-			c.truncated = true
+			w, c.truncated = nil, true
+		} else if int64(len(p)) > room {
+			p, c.truncated = p[:room], true
 		}
 	}
-	if _, err := c.w.Write(p); err != nil {
+	c.mu.Unlock()
+	if w == nil {
+		return total, nil
+	}
+	if _, err := w.Write(p); err != nil {
 		// The consumer is gone: keep draining so the guest does not block.
-		c.w = nil
-		c.truncated = true
+		c.mu.Lock()
+		c.w, c.truncated = nil, true
+		c.mu.Unlock()
 	}
 	return total, nil
 }
 
+// ErrAgentUnresponsive reports a guest agent that stopped answering; its VM
+// has been killed.
+var ErrAgentUnresponsive = errors.New("guest agent unresponsive")
+
+// controlTimeout bounds each control step of a command (opening its
+// channel, the pty and exec requests) that a healthy agent answers in
+// milliseconds; an agent that does not is given up, with its VM.
+const controlTimeout = 30 * time.Second
+
 // Exec runs req in the VM and waits for it to finish. A non-nil error means
 // the command's outcome is unknown (VM died, channel failed, ctx ended); a
 // timeout is not an error but ExecResult.TimedOut.
+//
+// Postcondition: Exec returns within req.Timeout + req.KillGrace + a
+// second or so (each control step within controlTimeout), whatever the
+// guest does; when the agent does not play along (stops reading, never
+// answers a request, never lets the command die) the VM is killed.
 func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
+	if err := v.checkExec(&req); err != nil {
+		return nil, err
+	}
+	s := &execSession{v: v, req: req, start: time.Now()}
+	if req.Timeout > 0 {
+		s.deadline = s.start.Add(req.Timeout + req.KillGrace)
+	}
+	if err := s.open(ctx); err != nil {
+		return nil, err
+	}
+	defer s.close()
+	if err := s.begin(ctx); err != nil {
+		return nil, err
+	}
+	s.pump()
+	return s.wait(ctx)
+}
+
+// checkExec validates a request and fills in its defaults.
+func (v *VM) checkExec(req *ExecRequest) error {
 	v.mu.Lock()
 	closed := v.closed
 	v.mu.Unlock()
 	if closed {
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	if len(req.Argv) == 0 {
-		return nil, errors.New("exec: empty argv")
+		return errors.New("exec: empty argv")
 	}
 	for _, a := range append(append([]string{}, req.Argv...), req.Env...) {
 		if strings.IndexByte(a, 0) >= 0 {
-			return nil, errors.New("exec: argument or environment contains a NUL byte")
+			return errors.New("exec: argument or environment contains a NUL byte")
 		}
 	}
 	if req.KillGrace == 0 {
 		req.KillGrace = 5 * time.Second
 	}
-	start := time.Now()
-	ch, reqs, err := v.client.OpenChannel("session", nil)
-	if err != nil {
-		if v.isDead() {
-			return nil, v.died("before exec")
-		}
-		return nil, fmt.Errorf("exec: open session: %w", err)
-	}
-	defer ch.Close()
+	return nil
+}
 
-	// Exit records arrive as channel requests.
-	type exit struct {
-		code   int
-		signal string
+// exitRecord is a command's exit-status or exit-signal.
+type exitRecord struct {
+	code   int
+	signal string
+}
+
+// execSession is one command on one SSH session channel: open the
+// channel, begin (pty and exec requests), pump the streams, wait for the
+// exit record. It is the host's side of the agent's session (package
+// agent): one method per protocol step.
+type execSession struct {
+	v     *VM
+	req   ExecRequest
+	start time.Time
+	// deadline, with a time limit, is when even a command that would not
+	// die must be over (Timeout + KillGrace); control steps end by then.
+	deadline time.Time
+
+	ch       ssh.Channel
+	exitc    chan exitRecord // the first exit record
+	reqsDone chan struct{}   // closed when the channel's requests end
+
+	stdout, stderr *capWriter
+	streams        chan struct{} // closed at EOF of both output streams
+}
+
+// bounded runs a control step, which a healthy agent answers at once. When
+// it has not returned within controlTimeout and by the session's deadline
+// (or ctx ends, or QEMU exits) the agent is given up: the VM is killed,
+// which ends the step, and the error says which step hung.
+func (s *execSession) bounded(ctx context.Context, step string, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	limit := controlTimeout
+	if !s.deadline.IsZero() {
+		limit = max(min(limit, time.Until(s.deadline)), 0)
 	}
-	exitc := make(chan exit, 1)
-	reqsDone := make(chan struct{})
-	go func() {
-		defer close(reqsDone)
-		for r := range reqs {
-			switch r.Type {
-			case sshmsg.ExitStatus:
-				var p sshmsg.ExitStatusMsg
-				if ssh.Unmarshal(r.Payload, &p) == nil {
-					select {
-					case exitc <- exit{code: int(p.Status)}:
-					default:
-					}
-				}
-			case sshmsg.ExitSignal:
-				var p sshmsg.ExitSignalMsg
-				if ssh.Unmarshal(r.Payload, &p) == nil {
-					select {
-					case exitc <- exit{code: -1, signal: p.Signal}:
-					default:
-					}
-				}
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	var why error
+	select {
+	case err := <-done:
+		return err
+	case <-s.v.exited:
+		<-done
+		return s.v.died("during " + step)
+	case <-t.C:
+		why = fmt.Errorf("exec: %w: it did not answer the %s within %v; vm killed", ErrAgentUnresponsive, step, limit.Round(time.Millisecond))
+	case <-ctx.Done():
+		why = fmt.Errorf("exec: %s: %w; vm killed", step, ctx.Err())
+	}
+	s.v.log.Warn("giving up the guest agent", "step", step, "err", why)
+	_ = s.v.Kill()
+	<-done
+	return why
+}
+
+// open opens the session channel and starts collecting its exit record.
+func (s *execSession) open(ctx context.Context) error {
+	var reqs <-chan *ssh.Request
+	err := s.bounded(ctx, "session channel", func() error {
+		var err error
+		s.ch, reqs, err = s.v.client.OpenChannel("session", nil)
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrAgentUnresponsive) || errors.Is(err, ErrVMDied):
+		return err
+	case err != nil && s.v.isDead():
+		return s.v.died("before exec")
+	case err != nil:
+		return fmt.Errorf("exec: open session: %w", err)
+	}
+	s.exitc = make(chan exitRecord, 1)
+	s.reqsDone = make(chan struct{})
+	go s.exitRecords(reqs)
+	return nil
+}
+
+// exitRecords takes the channel's requests: the exit record, refusing the
+// rest.
+func (s *execSession) exitRecords(reqs <-chan *ssh.Request) {
+	defer close(s.reqsDone)
+	for r := range reqs {
+		var rec *exitRecord
+		switch r.Type {
+		case sshmsg.ExitStatus:
+			var p sshmsg.ExitStatusMsg
+			if ssh.Unmarshal(r.Payload, &p) == nil {
+				rec = &exitRecord{code: int(p.Status)}
 			}
-			if r.WantReply {
-				_ = r.Reply(false, nil)
+		case sshmsg.ExitSignal:
+			var p sshmsg.ExitSignalMsg
+			if ssh.Unmarshal(r.Payload, &p) == nil {
+				rec = &exitRecord{code: -1, signal: p.Signal}
 			}
 		}
-	}()
+		if rec != nil {
+			select {
+			case s.exitc <- *rec:
+			default:
+			}
+		}
+		if r.WantReply {
+			_ = r.Reply(false, nil)
+		}
+	}
+}
 
-	if p := req.PTY; p != nil {
+// begin asks for the pty, if any, and starts the command.
+func (s *execSession) begin(ctx context.Context) error {
+	if p := s.req.PTY; p != nil {
 		term, cols, rows := p.Term, p.Columns, p.Rows
 		if term == "" {
 			term = "xterm"
@@ -181,56 +297,85 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		if cols == 0 || rows == 0 {
 			cols, rows = 80, 24
 		}
-		// RFC 4254 §6.2: term, columns, rows, width px, height px, modes.
-		ok, err := ch.SendRequest(sshmsg.PtyReq, true, ssh.Marshal(sshmsg.PtyRequest{Term: term, Columns: cols, Rows: rows}))
+		var ok bool
+		err := s.bounded(ctx, "pty request", func() error {
+			var err error
+			ok, err = s.ch.SendRequest(sshmsg.PtyReq, true, ssh.Marshal(sshmsg.PtyRequest{Term: term, Columns: cols, Rows: rows}))
+			return err
+		})
 		if err != nil || !ok {
-			return nil, fmt.Errorf("exec: pty request refused (%v)", err)
+			return fmt.Errorf("exec: pty request refused (%v)", err)
 		}
 	}
-	spec := agentproto.ExecSpec{Argv: req.Argv, Env: req.Env, Dir: req.Dir, User: req.User}
+	spec := agentproto.ExecSpec{Argv: s.req.Argv, Env: s.req.Env, Dir: s.req.Dir, User: s.req.User}
 	js, _ := json.Marshal(spec)
-	ok, err := ch.SendRequest(agentproto.ExecRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: string(js)}))
-	if err != nil {
-		if v.isDead() {
-			return nil, v.died("during exec")
-		}
-		return nil, fmt.Errorf("exec: %w", err)
+	var ok bool
+	err := s.bounded(ctx, "exec request", func() error {
+		var err error
+		ok, err = s.ch.SendRequest(agentproto.ExecRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: string(js)}))
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrAgentUnresponsive) || errors.Is(err, ErrVMDied):
+		return err
+	case err != nil && s.v.isDead():
+		return s.v.died("during exec")
+	case err != nil:
+		return fmt.Errorf("exec: %w", err)
+	case !ok:
+		return fmt.Errorf("exec: agent refused the request: %s", s.refusal())
 	}
-	if !ok {
-		// The agent explains a refusal on stderr and keeps the session open:
-		// take what arrives promptly, then close.
-		msgc := make(chan []byte, 1)
-		go func() {
-			buf := make([]byte, 4096)
-			n, _ := ch.Stderr().Read(buf)
-			msgc <- buf[:n]
-		}()
-		var msg []byte
-		select {
-		case msg = <-msgc:
-		case <-time.After(500 * time.Millisecond):
-		}
-		return nil, fmt.Errorf("exec: agent refused the request: %s", strings.TrimSpace(string(msg)))
-	}
+	return nil
+}
 
-	stdout := &capWriter{w: req.Stdout, limit: req.OutputLimit}
-	stderr := &capWriter{w: req.Stderr, limit: req.OutputLimit}
+// refusal reads what the agent says on stderr about a refused request:
+// what arrives promptly.
+func (s *execSession) refusal() string {
+	msgc := make(chan []byte, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		n, _ := s.ch.Stderr().Read(buf)
+		msgc <- buf[:n]
+	}()
+	select {
+	case msg := <-msgc:
+		return strings.TrimSpace(string(msg))
+	case <-time.After(500 * time.Millisecond):
+		return ""
+	}
+}
+
+// pump copies stdin in and the output streams out.
+func (s *execSession) pump() {
+	s.stdout = &capWriter{w: s.req.Stdout, limit: s.req.OutputLimit}
+	s.stderr = &capWriter{w: s.req.Stderr, limit: s.req.OutputLimit}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _, _ = io.Copy(stdout, ch) }()
-	go func() { defer wg.Done(); _, _ = io.Copy(stderr, ch.Stderr()) }()
+	go func() { defer wg.Done(); _, _ = io.Copy(s.stdout, s.ch) }()
+	go func() { defer wg.Done(); _, _ = io.Copy(s.stderr, s.ch.Stderr()) }()
 	go func() {
-		if req.Stdin != nil {
-			_, _ = io.Copy(ch, req.Stdin)
+		if s.req.Stdin != nil {
+			_, _ = io.Copy(s.ch, s.req.Stdin)
 		}
-		_ = ch.CloseWrite()
+		_ = s.ch.CloseWrite()
 	}()
-	streams := make(chan struct{})
-	go func() { wg.Wait(); close(streams) }()
+	s.streams = make(chan struct{})
+	go func() { wg.Wait(); close(s.streams) }()
+}
 
+// send sends a request that needs no answer without waiting for it: an
+// agent that has stopped reading must not hold the host (the kill
+// deadline ends such a command with its VM).
+func (s *execSession) send(name string, payload []byte) {
+	go func() { _, _ = s.ch.SendRequest(name, false, payload) }()
+}
+
+// wait forwards signals and resizes, enforces the time limit and ctx, and
+// returns the command's result once its exit record (and output) arrived.
+func (s *execSession) wait(ctx context.Context) (*ExecResult, error) {
 	var timeout <-chan time.Time
-	if req.Timeout > 0 {
-		t := time.NewTimer(req.Timeout)
+	if s.req.Timeout > 0 {
+		t := time.NewTimer(s.req.Timeout)
 		defer t.Stop()
 		timeout = t.C
 	}
@@ -238,72 +383,97 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 	var killDeadline <-chan time.Time
 	var ctxErr error
 	kill := func() {
-		_, _ = ch.SendRequest(sshmsg.Signal, false, ssh.Marshal(sshmsg.SignalRequest{Signal: "KILL"}))
-		killDeadline = time.After(req.KillGrace)
+		s.send(sshmsg.Signal, ssh.Marshal(sshmsg.SignalRequest{Signal: "KILL"}))
+		if killDeadline == nil {
+			killDeadline = time.After(s.req.KillGrace)
+		}
 	}
 	done := ctx.Done()
+	streams := s.streams
 	for {
 		select {
-		case e := <-exitc:
-			// Output sent before the exit record is already queued; wait for
-			// EOF unless it came first (streams is then nil).
-			if streams != nil {
-				select {
-				case <-streams:
-				case <-time.After(req.KillGrace):
-				}
-			}
-			res.ExitCode, res.Signal = e.code, e.signal
-			res.Duration = time.Since(start)
-			res.StdoutTruncated, res.StderrTruncated = stdout.truncated, stderr.truncated
-			res.StdoutBytes, res.StderrBytes = stdout.n, stderr.n
-			if ctxErr != nil {
-				return res, ctxErr
-			}
-			return res, nil
+		case e := <-s.exitc:
+			s.drain(streams, killDeadline)
+			s.fill(res, e)
+			return res, ctxErr
 		case <-streams:
-			// EOF on both streams but no exit record yet: wait for it, or for
-			// the connection to end (VM died).
+			// EOF on both streams but no exit record yet: wait for it, or
+			// for the connection to end (VM died).
 			streams = nil
-		case <-v.exited:
-			return nil, v.died("during exec")
-		case <-reqsDone:
-			reqsDone = nil
+		case <-s.v.exited:
+			return nil, s.v.died("during exec")
+		case <-s.reqsDone:
 			select {
-			case e := <-exitc:
-				exitc <- e // handled by the exit case on the next iteration
-				continue
+			case e := <-s.exitc:
+				s.drain(streams, killDeadline)
+				s.fill(res, e)
+				return res, ctxErr
 			default:
 			}
-			if v.isDead() {
-				return nil, v.died("during exec")
+			if s.v.isDead() {
+				return nil, s.v.died("during exec")
 			}
 			return nil, errors.New("exec: the agent closed the session without an exit status")
 		case <-timeout:
 			timeout = nil
 			res.TimedOut = true
-			v.log.Info("exec timed out, killing", "argv0", req.Argv[0], "timeout", req.Timeout)
+			s.v.log.Info("exec timed out, killing", "argv0", s.req.Argv[0], "timeout", s.req.Timeout)
 			kill()
 		case <-done:
 			done = nil
 			ctxErr = fmt.Errorf("exec: %w", ctx.Err())
 			kill()
-		case sig := <-req.Signals:
+		case sig := <-s.req.Signals:
 			if signum.IsRFC4254(sig) {
-				_, _ = ch.SendRequest(sshmsg.Signal, false, ssh.Marshal(sshmsg.SignalRequest{Signal: sig}))
+				s.send(sshmsg.Signal, ssh.Marshal(sshmsg.SignalRequest{Signal: sig}))
 			}
-		case sz := <-req.Resize:
-			if req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && sshmsg.TermSizeOK(sz.Columns, sz.Rows) {
-				_, _ = ch.SendRequest(sshmsg.WindowChange, false, ssh.Marshal(sshmsg.WindowChangeRequest{Columns: sz.Columns, Rows: sz.Rows}))
+		case sz := <-s.req.Resize:
+			if s.req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && sshmsg.TermSizeOK(sz.Columns, sz.Rows) {
+				s.send(sshmsg.WindowChange, ssh.Marshal(sshmsg.WindowChangeRequest{Columns: sz.Columns, Rows: sz.Rows}))
 			}
 		case <-killDeadline:
-			v.log.Warn("command did not die after SIGKILL, killing the vm")
-			_ = v.Kill()
+			s.v.log.Warn("command did not die after SIGKILL, killing the vm")
+			_ = s.v.Kill()
 			if ctxErr != nil {
 				return nil, ctxErr
 			}
-			return nil, fmt.Errorf("exec: command did not die within %v of SIGKILL; vm killed", req.KillGrace)
+			return nil, fmt.Errorf("exec: %w: the command did not end within %v of SIGKILL; vm killed", ErrAgentUnresponsive, s.req.KillGrace)
 		}
+	}
+}
+
+// drain waits for the output sent before the exit record (already queued)
+// to reach EOF, unless it came first (streams is then nil): at most the
+// kill grace, and never past a kill deadline already running.
+func (s *execSession) drain(streams <-chan struct{}, killDeadline <-chan time.Time) {
+	if streams == nil {
+		return
+	}
+	t := time.NewTimer(s.req.KillGrace)
+	defer t.Stop()
+	select {
+	case <-streams:
+	case <-t.C:
+	case <-killDeadline:
+	}
+}
+
+// fill completes res from the exit record and the streams.
+func (s *execSession) fill(res *ExecResult, e exitRecord) {
+	res.ExitCode, res.Signal = e.code, e.signal
+	res.Duration = time.Since(s.start)
+	res.StdoutBytes, res.StdoutTruncated = s.stdout.counts()
+	res.StderrBytes, res.StderrTruncated = s.stderr.counts()
+}
+
+// close closes the channel without waiting on an agent that has stopped
+// reading (the close message could otherwise block).
+func (s *execSession) close() {
+	done := make(chan struct{})
+	go func() { _ = s.ch.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
 	}
 }
 

@@ -168,6 +168,16 @@ func (v *VM) phase(name string, since *time.Time) {
 	*since = now
 }
 
+// Gone reports whether QEMU has exited (without waiting).
+func (v *VM) Gone() bool {
+	select {
+	case <-v.exited:
+		return true
+	default:
+		return false
+	}
+}
+
 // Exited is closed when the QEMU process has exited.
 func (v *VM) Exited() <-chan struct{} { return v.exited }
 
