@@ -101,40 +101,48 @@ const NetSocket = "net.sock"
 // GuestMAC is the MAC address of a VM's NIC (each VM has its own segment).
 const GuestMAC = "52:54:00:12:34:56"
 
-// Cmdline returns the QEMU argv for s (argv[0] is the binary). It is pure:
-// no file is touched.
-func (s LaunchSpec) Cmdline() ([]string, error) {
+// validate checks what the command line is built from.
+func (s LaunchSpec) validate() error {
 	if s.Accel != AccelKVM && s.Accel != AccelTCG {
-		return nil, fmt.Errorf("qemu cmdline: accelerator must be kvm or tcg, got %q", s.Accel)
+		return fmt.Errorf("qemu cmdline: accelerator must be kvm or tcg, got %q", s.Accel)
 	}
 	if !filepath.IsAbs(s.Dir) || !filepath.IsAbs(s.Kernel) || !filepath.IsAbs(s.Initrd) {
-		return nil, errors.New("qemu cmdline: directory, kernel and initrd must be absolute paths")
+		return errors.New("qemu cmdline: directory, kernel and initrd must be absolute paths")
 	}
 	if s.MemoryMiB < 64 || s.MemoryMiB > 1<<20 {
-		return nil, fmt.Errorf("qemu cmdline: memory %d MiB out of range", s.MemoryMiB)
+		return fmt.Errorf("qemu cmdline: memory %d MiB out of range", s.MemoryMiB)
 	}
 	if s.CPUs < 1 || s.CPUs > 64 {
-		return nil, fmt.Errorf("qemu cmdline: %d CPUs out of range", s.CPUs)
+		return fmt.Errorf("qemu cmdline: %d CPUs out of range", s.CPUs)
 	}
 	if s.RAMPath != "" && !filepath.IsAbs(s.RAMPath) {
-		return nil, fmt.Errorf("qemu cmdline: RAM path %q is not absolute", s.RAMPath)
+		return fmt.Errorf("qemu cmdline: RAM path %q is not absolute", s.RAMPath)
 	}
 	if s.Probe && (s.RAMPath != "" || s.Incoming) {
-		return nil, errors.New("qemu cmdline: a probe boot has no RAM file and no incoming state")
+		return errors.New("qemu cmdline: a probe boot has no RAM file and no incoming state")
 	}
 	for _, p := range []string{s.Dir, s.Kernel, s.Initrd, s.RAMPath} {
 		if strings.ContainsAny(p, ",\n") {
-			return nil, fmt.Errorf("qemu cmdline: path %q contains a comma or newline", p)
+			return fmt.Errorf("qemu cmdline: path %q contains a comma or newline", p)
 		}
 	}
 	if s.Probe && s.Network {
-		return nil, errors.New("qemu cmdline: a probe boot has no network")
+		return errors.New("qemu cmdline: a probe boot has no network")
 	}
 	for _, sock := range []string{AgentSocket, QMPSocket, NetSocket} {
 		p := filepath.Join(s.Dir, sock)
 		if len(p) >= maxSunPath {
-			return nil, fmt.Errorf("qemu cmdline: socket path %s is %d bytes, the limit is %d: use a shorter state directory", p, len(p), maxSunPath-1)
+			return fmt.Errorf("qemu cmdline: socket path %s is %d bytes, the limit is %d: use a shorter state directory", p, len(p), maxSunPath-1)
 		}
+	}
+	return nil
+}
+
+// Cmdline returns the QEMU argv for s (argv[0] is the binary). It is pure:
+// no file is touched.
+func (s LaunchSpec) Cmdline() ([]string, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
 	}
 	qemu := s.QEMU
 	if qemu == "" {

@@ -247,98 +247,16 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 	}()
 	t0 := time.Now()
 	tp := t0
-
-	vmsDir := filepath.Join(opts.StateDir, "vms")
-	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
-		return nil, fmt.Errorf("start vm: %w", err)
-	}
-	v.Dir, err = filepath.Abs(filepath.Join(vmsDir, id))
-	if err != nil {
-		return nil, fmt.Errorf("start vm: %w", err)
-	}
-	if err := os.Mkdir(v.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("start vm: %w", err)
-	}
-	v.push(func() error { return os.RemoveAll(v.Dir) })
-
-	if err := createOverlay(ctx, m.backing, filepath.Join(v.Dir, OverlayFile)); err != nil {
+	if err := v.makeDir(ctx, opts.StateDir, m.backing); err != nil {
 		return nil, err
 	}
 	v.phase("overlay", &tp)
-	spec := LaunchSpec{
-		QEMU: opts.QEMU, Dir: v.Dir, Kernel: img.kernel, Initrd: img.initrd,
-		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, TSCkHz: HostTSCkHz(),
-	}
-	switch m.ram {
-	case ramSharedFile:
-		spec.RAMPath, spec.RAMShared = filepath.Join(v.Dir, RAMFile), true
-	case ramPrivateFD:
-		spec.RAMPath = "/proc/self/fd/4"
-	}
-	spec.Incoming = m.restore
-	spec.Network = opts.Network != nil
-	argv, err := spec.Cmdline()
-	if err != nil {
-		return nil, err
-	}
-	if opts.Network != nil {
-		if err := v.startNetwork(*opts.Network); err != nil {
-			return nil, err
-		}
-	}
-	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, spec.Network, m.files...)
-	if err != nil {
-		return nil, err
-	}
-	if opts.Seccomp == "off" {
-		v.log.Warn("SECCOMP WARNING: the jail's seccomp filter is off by configuration")
-	}
-	if opts.Cgroups != nil {
-		g, err := opts.Cgroups.New(id, JailLimits(opts.MemoryMiB, opts.CPUs))
-		if err != nil {
-			return nil, fmt.Errorf("start vm: %w", err)
-		}
-		// Pushed before QEMU's kill, so it runs after QEMU has exited.
-		v.push(g.Remove)
-		v.cgroup = g
-		if opts.Background {
-			if err := g.SetCPUWeight(backgroundWeight); err != nil {
-				v.log.Warn("background CPU weight", "err", err)
-			}
-		}
-	}
-	if err := v.launch(j, argv); err != nil {
+	if err := v.startQEMU(opts, img, accel, m); err != nil {
 		return nil, err
 	}
 	v.phase("launch", &tp)
-	bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
-	defer cancel()
-	if m.restore {
-		if err := v.loadState(bootCtx); err != nil {
-			return nil, err
-		}
-		v.phase("load_state", &tp)
-	}
-	if err := v.connect(bootCtx, img); err != nil {
-		return nil, fmt.Errorf("vm %s: %w", v.ID, err)
-	}
-	v.phase("agent", &tp)
-	// A clone wakes with its template's clock and entropy pool: both are
-	// refreshed before it is handed out.
-	if err := v.refresh(m.restore); err != nil {
-		if m.restore {
-			return nil, err
-		}
-		v.log.Warn("set guest clock", "err", err)
-	}
-	v.phase("refresh", &tp)
-	// The agent answers before the guest's network is up (a cold boot's
-	// DHCP comes seconds later): a command must not start without it.
-	if opts.Network != nil {
-		if _, err := v.waitNetwork(ctx, opts.NetworkTimeout); err != nil {
-			return nil, fmt.Errorf("vm %s: %w", v.ID, err)
-		}
-		v.phase("network", &tp)
+	if err := v.ready(ctx, opts, img, m, &tp); err != nil {
+		return nil, err
 	}
 	v.bootTime = time.Since(t0)
 	kind := "boot_ms"
@@ -351,6 +269,108 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 		v.log.Warn("vm ready, jail report unavailable", "accel", accel, kind, v.bootTime.Milliseconds(), "err", err)
 	}
 	return v, nil
+}
+
+// makeDir creates the VM's private directory (removed by Close) and its
+// overlay on backing.
+func (v *VM) makeDir(ctx context.Context, stateDir, backing string) error {
+	vmsDir := filepath.Join(stateDir, "vms")
+	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
+		return fmt.Errorf("start vm: %w", err)
+	}
+	dir, err := filepath.Abs(filepath.Join(vmsDir, v.ID))
+	if err != nil {
+		return fmt.Errorf("start vm: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("start vm: %w", err)
+	}
+	v.Dir = dir
+	v.push(func() error { return os.RemoveAll(v.Dir) })
+	return createOverlay(ctx, backing, filepath.Join(v.Dir, OverlayFile))
+}
+
+// startQEMU builds the command line, the network and the cgroup, and
+// starts QEMU in its jail.
+func (v *VM) startQEMU(opts Options, img *imageFiles, accel Accel, m launchMode) error {
+	spec := LaunchSpec{
+		QEMU: opts.QEMU, Dir: v.Dir, Kernel: img.kernel, Initrd: img.initrd,
+		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, TSCkHz: HostTSCkHz(),
+		Incoming: m.restore, Network: opts.Network != nil,
+	}
+	switch m.ram {
+	case ramSharedFile:
+		spec.RAMPath, spec.RAMShared = filepath.Join(v.Dir, RAMFile), true
+	case ramPrivateFD:
+		spec.RAMPath = "/proc/self/fd/4"
+	}
+	argv, err := spec.Cmdline()
+	if err != nil {
+		return err
+	}
+	if opts.Network != nil {
+		if err := v.startNetwork(*opts.Network); err != nil {
+			return err
+		}
+	}
+	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, spec.Network, m.files...)
+	if err != nil {
+		return err
+	}
+	if opts.Seccomp == "off" {
+		v.log.Warn("SECCOMP WARNING: the jail's seccomp filter is off by configuration")
+	}
+	if opts.Cgroups != nil {
+		g, err := opts.Cgroups.New(v.ID, JailLimits(opts.MemoryMiB, opts.CPUs))
+		if err != nil {
+			return fmt.Errorf("start vm: %w", err)
+		}
+		// Pushed before QEMU's kill, so it runs after QEMU has exited.
+		v.push(g.Remove)
+		v.cgroup = g
+		if opts.Background {
+			if err := g.SetCPUWeight(backgroundWeight); err != nil {
+				v.log.Warn("background CPU weight", "err", err)
+			}
+		}
+	}
+	return v.launch(j, argv)
+}
+
+// ready brings a started QEMU to a VM that can run a command: the saved
+// state loaded (a restore), the agent connected, clock and entropy
+// refreshed, the network up (with a NIC).
+func (v *VM) ready(ctx context.Context, opts Options, img *imageFiles, m launchMode, tp *time.Time) error {
+	bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
+	defer cancel()
+	if m.restore {
+		if err := v.loadState(bootCtx); err != nil {
+			return err
+		}
+		v.phase("load_state", tp)
+	}
+	if err := v.connect(bootCtx, img); err != nil {
+		return fmt.Errorf("vm %s: %w", v.ID, err)
+	}
+	v.phase("agent", tp)
+	// A clone wakes with its template's clock and entropy pool: both are
+	// refreshed before it is handed out.
+	if err := v.refresh(m.restore); err != nil {
+		if m.restore {
+			return err
+		}
+		v.log.Warn("set guest clock", "err", err)
+	}
+	v.phase("refresh", tp)
+	// The agent answers before the guest's network is up (a cold boot's
+	// DHCP comes seconds later): a command must not start without it.
+	if opts.Network != nil {
+		if _, err := v.waitNetwork(ctx, opts.NetworkTimeout); err != nil {
+			return fmt.Errorf("vm %s: %w", v.ID, err)
+		}
+		v.phase("network", tp)
+	}
+	return nil
 }
 
 // startNetwork builds the VM's user-space network and listens on its

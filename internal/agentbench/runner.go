@@ -318,19 +318,7 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 			o.Log.Warn("ending the trial's session", "session", session, "err", err)
 		}
 	}()
-	script := func(ctx context.Context, text []byte, limit time.Duration) (string, int, *wire.Result, error) {
-		out := &shelltool.Capped{Limit: 64 << 10}
-		res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{"bash", "-s"}, Session: session, TimeoutMS: max(limit.Milliseconds(), 1000)},
-			client.ExecIO{Stdin: bytes.NewReader(text), Stdout: out, Stderr: out})
-		if err != nil {
-			return string(out.Bytes()), -1, nil, err
-		}
-		code := res.ExitCode
-		if res.TimedOut {
-			return string(out.Bytes()), 124, res, fmt.Errorf("timed out after %v", limit)
-		}
-		return string(out.Bytes()), code, res, nil
-	}
+	script := sessionScript(c, session)
 
 	// Break the VM.
 	out, code, res, err := script(ctx, sc.Inject, 5*time.Minute)
@@ -347,9 +335,43 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 		r.FailureMode, r.Error = FailHarness, "protected files: "+err.Error()
 		return r
 	}
+	o.runAgent(ctx, c, sc, run, session, script, tr, &r)
+	if ctx.Err() != nil {
+		r.Stop, r.FailureMode, r.Error = StopCanceled, FailHarness, "run interrupted"
+		return r
+	}
+	// Settle, then verify.
+	select {
+	case <-ctx.Done():
+	case <-time.After(sc.Settle):
+	}
+	r.judge(o.verify(ctx, sc, script, before, tr, &r))
+	tr.event("verdict", map[string]any{"resolved": r.Resolved, "failure_mode": r.FailureMode, "checks": r.Checks})
+	return r
+}
 
-	// The agent.
+// sessionScript runs a script (bash -s, the text on stdin) in the trial's
+// session: its output (capped), exit code and result.
+func sessionScript(c *client.Client, session string) scriptFunc {
+	return func(ctx context.Context, text []byte, limit time.Duration) (string, int, *wire.Result, error) {
+		out := &shelltool.Capped{Limit: 64 << 10}
+		res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{"bash", "-s"}, Session: session, TimeoutMS: max(limit.Milliseconds(), 1000)},
+			client.ExecIO{Stdin: bytes.NewReader(text), Stdout: out, Stderr: out})
+		if err != nil {
+			return string(out.Bytes()), -1, nil, err
+		}
+		if res.TimedOut {
+			return string(out.Bytes()), 124, res, fmt.Errorf("timed out after %v", limit)
+		}
+		return string(out.Bytes()), res.ExitCode, res, nil
+	}
+}
+
+// runAgent lets the agent work on the broken VM, within the scenario's
+// limits, and records how it stopped.
+func (o *Options) runAgent(ctx context.Context, c *client.Client, sc *Scenario, run int, session string, script scriptFunc, tr *tracer, r *TrialResult) {
 	actx, cancel := context.WithTimeout(ctx, sc.AgentLimit)
+	defer cancel()
 	env := &Env{Instruction: sc.Instruction, MaxTurns: sc.MaxTurns, Solve: sc.Solve, Trace: tr.event,
 		Shell: func(ctx context.Context, a shelltool.Args) shelltool.Outcome {
 			return shelltool.Run(ctx, c, session, a)
@@ -364,19 +386,13 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 	if r.Stop != StopTimeout && actx.Err() != nil && ctx.Err() == nil {
 		r.Stop = StopTimeout
 	}
-	cancel()
 	r.AgentSeconds = math.Round(time.Since(ta).Seconds()*10) / 10
 	tr.event("agent_stopped", map[string]any{"result": r.AgentResult, "seconds": r.AgentSeconds})
-	if ctx.Err() != nil {
-		r.Stop, r.FailureMode, r.Error = StopCanceled, FailHarness, "run interrupted"
-		return r
-	}
+}
 
-	// Settle, then verify.
-	select {
-	case <-ctx.Done():
-	case <-time.After(sc.Settle):
-	}
+// verify runs the scenario's check and guards and compares the protected
+// files with their hashes from before; it returns the harness errors.
+func (o *Options) verify(ctx context.Context, sc *Scenario, script scriptFunc, before map[string]string, tr *tracer, r *TrialResult) []string {
 	var harness []string
 	for _, step := range []struct {
 		phase string
@@ -394,24 +410,31 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 		r.Checks = append(r.Checks, checks...)
 		*step.ok = ok && err == nil
 	}
-	if len(sc.Protect) > 0 {
-		after, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
-		if err != nil {
-			harness = append(harness, "protected files: "+err.Error())
-		}
-		for _, p := range sc.Protect {
-			ok := err == nil && after[p] == before[p]
-			cr := CheckResult{Phase: "protect", Name: p, OK: ok}
-			if !ok && err == nil {
-				cr.Detail = fmt.Sprintf("sha256 %.12s… → %.12s…", before[p], after[p])
-				if after[p] == "" {
-					cr.Detail = "removed"
-				}
-			}
-			r.Checks = append(r.Checks, cr)
-			r.GuardsPassed = r.GuardsPassed && ok
-		}
+	if len(sc.Protect) == 0 {
+		return harness
 	}
+	after, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
+	if err != nil {
+		harness = append(harness, "protected files: "+err.Error())
+	}
+	for _, p := range sc.Protect {
+		ok := err == nil && after[p] == before[p]
+		cr := CheckResult{Phase: "protect", Name: p, OK: ok}
+		if !ok && err == nil {
+			cr.Detail = fmt.Sprintf("sha256 %.12s… → %.12s…", before[p], after[p])
+			if after[p] == "" {
+				cr.Detail = "removed"
+			}
+		}
+		r.Checks = append(r.Checks, cr)
+		r.GuardsPassed = r.GuardsPassed && ok
+	}
+	return harness
+}
+
+// judge sets the verdict from the checks, the guards, the harness errors
+// and how the agent stopped.
+func (r *TrialResult) judge(harness []string) {
 	r.Resolved = len(harness) == 0 && r.CheckPassed && r.GuardsPassed
 	switch {
 	case r.Resolved:
@@ -430,8 +453,6 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 	default:
 		r.FailureMode = FailNotFix
 	}
-	tr.event("verdict", map[string]any{"resolved": r.Resolved, "failure_mode": r.FailureMode, "checks": r.Checks})
-	return r
 }
 
 type scriptFunc func(ctx context.Context, text []byte, limit time.Duration) (string, int, *wire.Result, error)

@@ -175,73 +175,102 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	defer os.RemoveAll(work)
-	rep := &ExecReport{When: time.Now().UTC(), RestorePhasesMS: map[string]Stat{}, ColdPhasesMS: map[string]Stat{}, Ratios: map[string]float64{}}
-	rep.Machine = machine()
-	step := func(format string, args ...any) { fmt.Fprintf(o.Progress, "bench: "+format+"\n", args...) }
-
+	r := &execRun{o: o, work: work, rep: &ExecReport{When: time.Now().UTC(), RestorePhasesMS: map[string]Stat{}, ColdPhasesMS: map[string]Stat{}, Ratios: map[string]float64{}}}
+	r.rep.Machine = machine()
 	cgm, err := cgroup.OpenMode("auto", cgroup.GroupName(work), o.Log)
 	if err != nil {
 		return nil, err
 	}
 	if cgm != nil {
 		defer cgm.Close()
-		rep.Machine.Cgroups = cgm.String()
+		r.rep.Machine.Cgroups = cgm.String()
 	} else {
-		rep.Machine.Cgroups = "none (rlimits only)"
+		r.rep.Machine.Cgroups = "none (rlimits only)"
 	}
-	base := vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
-
-	// 1. The cold path: new overlay, full boot, first command.
-	var cold []time.Duration
-	coldPhases := map[string][]time.Duration{}
-	for i := 0; i < o.ColdRuns; i++ {
-		step("cold boot %d/%d", i+1, o.ColdRuns)
-		t0 := time.Now()
-		v, err := vm.Start(ctx, base)
-		if err != nil {
-			return nil, fmt.Errorf("cold boot: %w", err)
-		}
-		if err := execTrue(ctx, v); err != nil {
-			v.Close()
-			return nil, fmt.Errorf("cold boot: %w", err)
-		}
-		cold = append(cold, time.Since(t0))
-		rep.Machine.Accel = string(v.Accel)
-		for _, p := range v.Phases() {
-			coldPhases[p.Name] = append(coldPhases[p.Name], p.Dur)
-		}
-		if i == o.ColdRuns-1 {
-			rep.IdleCold = idleMemory(ctx, []*vm.VM{v})
-		}
-		if err := v.Close(); err != nil {
-			return nil, err
-		}
+	r.base = vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
+	if err := r.cold(ctx); err != nil {
+		return nil, err
 	}
-	rep.ColdBootMS = summarize(cold)
-	for k, d := range coldPhases {
-		rep.ColdPhasesMS[k] = summarize(d)
-	}
-
-	// 2. The template (built unless a previous run left it).
-	step("template")
+	r.step("template")
 	t0 := time.Now()
-	tmpl, err := vm.EnsureTemplate(ctx, base)
+	tmpl, err := vm.EnsureTemplate(ctx, r.base)
 	if err != nil {
 		return nil, err
 	}
 	defer tmpl.Close()
-	rep.TemplateMS = ms(time.Since(t0))
-	rep.TemplateBuilt = tmpl.Built
-	rep.TemplateRAMMiB = float64(tmpl.Meta.RAMDataBytes) / (1 << 20)
+	r.rep.TemplateMS = ms(time.Since(t0))
+	r.rep.TemplateBuilt = tmpl.Built
+	r.rep.TemplateRAMMiB = float64(tmpl.Meta.RAMDataBytes) / (1 << 20)
+	for _, phase := range []func(context.Context, *vm.Template) error{r.restores, r.idleAndSession} {
+		if err := phase(ctx, tmpl); err != nil {
+			return nil, err
+		}
+	}
+	r.rep.RestoreHandshakeFailures += tmpl.HandshakeFailures()
+	if err := r.daemons(ctx); err != nil {
+		return nil, err
+	}
+	r.ratios()
+	return r.rep, nil
+}
 
-	// 3. Restores: request to agent ready, and the first command after.
+// execRun is one run of the exec benchmark: one phase per method, each
+// filling its part of the report.
+type execRun struct {
+	o    ExecOptions
+	work string
+	base vm.Options
+	rep  *ExecReport
+}
+
+func (r *execRun) step(format string, args ...any) {
+	fmt.Fprintf(r.o.Progress, "bench: "+format+"\n", args...)
+}
+
+// cold measures the cold path: new overlay, full boot, first command.
+func (r *execRun) cold(ctx context.Context) error {
+	var cold []time.Duration
+	coldPhases := map[string][]time.Duration{}
+	for i := 0; i < r.o.ColdRuns; i++ {
+		r.step("cold boot %d/%d", i+1, r.o.ColdRuns)
+		t0 := time.Now()
+		v, err := vm.Start(ctx, r.base)
+		if err != nil {
+			return fmt.Errorf("cold boot: %w", err)
+		}
+		if err := execTrue(ctx, v); err != nil {
+			v.Close()
+			return fmt.Errorf("cold boot: %w", err)
+		}
+		cold = append(cold, time.Since(t0))
+		r.rep.Machine.Accel = string(v.Accel)
+		for _, p := range v.Phases() {
+			coldPhases[p.Name] = append(coldPhases[p.Name], p.Dur)
+		}
+		if i == r.o.ColdRuns-1 {
+			r.rep.IdleCold = idleMemory(ctx, []*vm.VM{v})
+		}
+		if err := v.Close(); err != nil {
+			return err
+		}
+	}
+	r.rep.ColdBootMS = summarize(cold)
+	for k, d := range coldPhases {
+		r.rep.ColdPhasesMS[k] = summarize(d)
+	}
+	return nil
+}
+
+// restores measures restores (request to agent ready) and the first
+// command after each.
+func (r *execRun) restores(ctx context.Context, tmpl *vm.Template) error {
 	var restores, firsts []time.Duration
 	phases := map[string][]time.Duration{}
-	for i := 0; i < o.Runs; i++ {
-		step("restore %d/%d", i+1, o.Runs)
-		v, err := tmpl.Restore(ctx, base)
+	for i := 0; i < r.o.Runs; i++ {
+		r.step("restore %d/%d", i+1, r.o.Runs)
+		v, err := tmpl.Restore(ctx, r.base)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		restores = append(restores, v.BootDuration())
 		for _, p := range v.Phases() {
@@ -252,52 +281,59 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		firsts = append(firsts, time.Since(t1))
 		v.Close()
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
-	rep.RestoreMS, rep.RestoreFirstMS = summarize(restores), summarize(firsts)
+	r.rep.RestoreMS, r.rep.RestoreFirstMS = summarize(restores), summarize(firsts)
 	for k, d := range phases {
-		rep.RestorePhasesMS[k] = summarize(d)
+		r.rep.RestorePhasesMS[k] = summarize(d)
 	}
+	return nil
+}
 
-	// 4. Idle memory of restored VMs, and commands in a kept VM.
-	step("idle memory and session exec")
+// idleAndSession measures the memory of idle restored VMs and commands in
+// a kept VM.
+func (r *execRun) idleAndSession(ctx context.Context, tmpl *vm.Template) error {
+	r.step("idle memory and session exec")
 	var idle []*vm.VM
-	for i := 0; i < 2; i++ {
-		v, err := tmpl.Restore(ctx, base)
-		if err != nil {
-			return nil, err
+	defer func() {
+		for _, v := range idle {
+			v.Close()
 		}
-		defer v.Close()
-		if err := execTrue(ctx, v); err != nil {
-			return nil, err
+	}()
+	for i := 0; i < 2; i++ {
+		v, err := tmpl.Restore(ctx, r.base)
+		if err != nil {
+			return err
 		}
 		idle = append(idle, v)
+		if err := execTrue(ctx, v); err != nil {
+			return err
+		}
 	}
-	rep.IdleRestored = idleMemory(ctx, idle)
+	r.rep.IdleRestored = idleMemory(ctx, idle)
 	var sess []time.Duration
-	for i := 0; i < o.Runs; i++ {
+	for i := 0; i < r.o.Runs; i++ {
 		t1 := time.Now()
 		if err := execTrue(ctx, idle[0]); err != nil {
-			return nil, err
+			return err
 		}
 		sess = append(sess, time.Since(t1))
 	}
-	rep.SessionExecMS = summarize(sess)
-	for _, v := range idle {
-		v.Close()
-	}
+	r.rep.SessionExecMS = summarize(sess)
+	return nil
+}
 
-	rep.RestoreHandshakeFailures += tmpl.HandshakeFailures()
-
-	// 5. Through the daemon: one-shot with a pool (and throughput), without
-	// one, and the same through a profile with a network.
+// daemons measures through the daemon: one-shots with a pool (and
+// throughput), without one, and the same through a profile with a network.
+func (r *execRun) daemons(ctx context.Context) error {
+	o, rep := r.o, r.rep
 	throughputs := func(c *client.Client, waitPool func() error) error {
 		for _, conc := range o.Concurrency {
 			if err := waitPool(); err != nil {
 				return err
 			}
-			step("throughput at concurrency %d", conc)
+			r.step("throughput at concurrency %d", conc)
 			tp, err := throughput(ctx, c, conc, max(o.Runs, 2*conc))
 			if err != nil {
 				return err
@@ -319,12 +355,18 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		{"netpool", true, o.PoolSize, &rep.OneshotNetPoolMS, &rep.OneshotNetPoolPartsMS, nil},
 		{"netnopool", true, 0, &rep.OneshotNetNoPoolMS, &rep.OneshotNetNoPoolPartsMS, nil},
 	} {
-		step("daemon %s (network %v, pool of %d)", d.name, d.network, d.pool)
-		if *d.stat, *d.parts, err = daemonOneshots(ctx, o, work, d.name, d.network, d.pool, rep, d.then); err != nil {
-			return nil, err
+		r.step("daemon %s (network %v, pool of %d)", d.name, d.network, d.pool)
+		var err error
+		if *d.stat, *d.parts, err = daemonOneshots(ctx, o, r.work, d.name, d.network, d.pool, rep, d.then); err != nil {
+			return err
 		}
 	}
+	return nil
+}
 
+// ratios puts each fast path beside the cold path.
+func (r *execRun) ratios() {
+	rep := r.rep
 	coldP50 := rep.ColdBootMS.P50
 	ratio := func(name string, x float64) {
 		if x > 0 {
@@ -338,7 +380,6 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	if rep.Machine.Accel == string(vm.AccelTCG) {
 		rep.Notes = append(rep.Notes, "TCG: a restored QEMU starts with an empty translation cache, so the guest's first code paths (the agent's SSH handshake, the first commands) run several times slower than in a settled VM; the pool hides this by running one command in each VM before handing it out")
 	}
-	return rep, nil
 }
 
 // daemonOneshots starts a daemon with a pool of pool VMs (0: each request

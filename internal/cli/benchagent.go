@@ -56,22 +56,9 @@ func benchAgent(ctx context.Context, args []string) error {
 	if *runs < 1 || *parallel < 1 || *parallel > 64 {
 		return fmt.Errorf("%w: --runs must be at least 1, --parallel from 1 to 64", errUsage)
 	}
-	sampling := agentbench.Sampling{MaxTokens: *maxTokens}
-	if *agentName == "openai" {
-		sampling.Seed = seed
-	}
-	for _, f := range []struct {
-		name, v string
-		dst     **float64
-	}{{"--temperature", *temperature, &sampling.Temperature}, {"--top-p", *topP, &sampling.TopP}} {
-		if f.v == "" {
-			continue
-		}
-		var x float64
-		if _, err := fmt.Sscan(f.v, &x); err != nil || x < 0 || x > 2 {
-			return fmt.Errorf("%w: %s %q: want a number from 0 to 2", errUsage, f.name, f.v)
-		}
-		*f.dst = &x
+	sampling, err := parseSampling(*agentName == "openai", *seed, *temperature, *topP, *maxTokens)
+	if err != nil {
+		return err
 	}
 	o := agentbench.Options{Scenarios: scenarios, AgentName: *agentName, Runs: *runs, Parallel: *parallel, Seed: *seed,
 		Socket: *socket, StateDir: *state, ImageDir: *imgDir, TemplateDir: *templateDir, Accel: a, MemoryMiB: *memory,
@@ -102,20 +89,48 @@ func benchAgent(ctx context.Context, args []string) error {
 	o.Out = *out
 	fmt.Fprintf(os.Stderr, "vmgated bench agent: %d scenarios × %d runs, agent %s, %d at once; results in %s\n",
 		len(scenarios), *runs, *agentName, *parallel, *out)
+	return runBenchAgent(ctx, o)
+}
+
+// parseSampling reads the sampling flags; the seed is sent only to an
+// endpoint (the openai agent).
+func parseSampling(endpoint bool, seed int64, temperature, topP string, maxTokens int) (agentbench.Sampling, error) {
+	sampling := agentbench.Sampling{MaxTokens: maxTokens}
+	if endpoint {
+		sampling.Seed = &seed
+	}
+	for _, f := range []struct {
+		name, v string
+		dst     **float64
+	}{{"--temperature", temperature, &sampling.Temperature}, {"--top-p", topP, &sampling.TopP}} {
+		if f.v == "" {
+			continue
+		}
+		var x float64
+		if _, err := fmt.Sscan(f.v, &x); err != nil || x < 0 || x > 2 {
+			return sampling, fmt.Errorf("%w: %s %q: want a number from 0 to 2", errUsage, f.name, f.v)
+		}
+		*f.dst = &x
+	}
+	return sampling, nil
+}
+
+// runBenchAgent runs the trials and writes the report.
+func runBenchAgent(ctx context.Context, o agentbench.Options) error {
 	s, err := agentbench.Run(ctx, o)
 	if err != nil {
 		return err
 	}
-	results, err := agentbench.ReadResults(*out)
+	results, err := agentbench.ReadResults(o.Out)
 	if err != nil {
 		return err
 	}
-	if err := agentbench.WriteReport(*out, s, results); err != nil {
+	if err := agentbench.WriteReport(o.Out, s, results); err != nil {
 		return err
 	}
 	fmt.Println()
 	agentbench.WriteMarkdown(os.Stdout, s, nil)
-	fmt.Printf("\nReport: %s\n", filepath.Join(*out, "report.html"))
+	fmt.Printf("\nReport: %s\n", filepath.Join(o.Out, "report.html"))
 	return nil
 }
 

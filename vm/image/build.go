@@ -77,31 +77,11 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image build: %w", err)
 	}
-	agent, err := FindAgent(opts.AgentPath)
+	agent, in, err := buildInputs(opts)
 	if err != nil {
-		return nil, err
-	}
-	agentSum, err := fileSHA256(agent)
-	if err != nil {
-		return nil, err
-	}
-	in := Inputs{
-		BuilderVersion: BuilderVersion,
-		Suite:          cmp(opts.Suite, DefaultSuite),
-		Mirror:         opts.Mirror,
-		Packages:       append(slices.Clone(DefaultPackages), opts.ExtraPackages...),
-		AgentSHA256:    agentSum,
-		DiskSizeMiB:    opts.DiskSizeMiB,
-	}
-	if in.DiskSizeMiB == 0 {
-		in.DiskSizeMiB = 4096
-	}
-	in = in.Normalize()
-	if err := validateInputs(in); err != nil {
 		return nil, err
 	}
 	digest := in.Digest()
-
 	if !opts.Force {
 		if m, err := ReadManifest(out); err == nil && m.InputsDigest == digest {
 			if verr := m.Verify(out, true); verr == nil {
@@ -134,86 +114,183 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 			log.Error("clean up build directory", "err", err)
 		}
 	}()
-
-	p := newProgress(opts.Progress, log, 5)
-	defer p.stop()
-	start := time.Now()
-
-	p.step("generating agent keys")
-	keys, err := generateKeys()
+	b := &builder{in: in, digest: digest, agent: agent, tmp: tmp, work: filepath.Join(tmp, "work"), log: log,
+		p: newProgress(opts.Progress, log, 5), start: time.Now()}
+	defer b.p.stop()
+	m, err := b.build(ctx)
 	if err != nil {
 		return nil, err
 	}
-	work := filepath.Join(tmp, "work")
-	if err := os.Mkdir(work, 0o700); err != nil {
+	b.p.step("installing image")
+	if err := replaceDir(tmp, out); err != nil {
+		return nil, err
+	}
+	log.Info("image built", "dir", out, "kernel", m.KernelVersion, "packages", len(m.Packages),
+		"base_bytes", m.Artifacts[BaseFile].Size, "seconds", m.BuildSeconds)
+	return &Result{Manifest: m}, nil
+}
+
+// buildInputs resolves the agent binary and what the image is built from.
+func buildInputs(opts Options) (string, Inputs, error) {
+	agent, err := FindAgent(opts.AgentPath)
+	if err != nil {
+		return "", Inputs{}, err
+	}
+	agentSum, err := fileSHA256(agent)
+	if err != nil {
+		return "", Inputs{}, err
+	}
+	in := Inputs{
+		BuilderVersion: BuilderVersion,
+		Suite:          cmp(opts.Suite, DefaultSuite),
+		Mirror:         opts.Mirror,
+		Packages:       append(slices.Clone(DefaultPackages), opts.ExtraPackages...),
+		AgentSHA256:    agentSum,
+		DiskSizeMiB:    opts.DiskSizeMiB,
+	}
+	if in.DiskSizeMiB == 0 {
+		in.DiskSizeMiB = 4096
+	}
+	in = in.Normalize()
+	if err := validateInputs(in); err != nil {
+		return "", Inputs{}, err
+	}
+	return agent, in, nil
+}
+
+// builder is one image build in its temporary directory, step by step.
+type builder struct {
+	in     Inputs
+	digest string
+	agent  string
+	tmp    string // the new image directory
+	work   string // scratch inside tmp
+	log    *slog.Logger
+	p      *progress
+	start  time.Time
+	keys   *agentKeys
+}
+
+// build runs every step up to a complete image in b.tmp.
+func (b *builder) build(ctx context.Context) (*Manifest, error) {
+	b.p.step("generating agent keys")
+	var err error
+	if b.keys, err = generateKeys(); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(b.work, 0o700); err != nil {
 		return nil, fmt.Errorf("image build: %w", err)
 	}
+	specPath, err := b.writeSpec()
+	if err != nil {
+		return nil, err
+	}
+	b.p.step("building root filesystem (mmdebstrap " + b.in.Suite + ")")
+	res, err := b.rootfs(ctx, specPath)
+	if err != nil {
+		return nil, err
+	}
+	b.p.step("converting root filesystem to qcow2")
+	if err := b.artifacts(ctx); err != nil {
+		return nil, err
+	}
+	b.p.step("hashing artefacts and writing manifest")
+	m, err := b.manifest(res)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(b.work); err != nil {
+		return nil, fmt.Errorf("image build: %w", err)
+	}
+	_ = os.Remove(specPath)
+	if err := WriteManifest(b.tmp, m); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(b.tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("image build: %w", err)
+	}
+	return m, nil
+}
+
+// writeSpec writes what the customize step (run inside mmdebstrap) does.
+func (b *builder) writeSpec() (string, error) {
 	spec := customizeSpec{
-		WorkDir:        work,
-		AgentPath:      agent,
-		HostKeyPEM:     string(keys.hostPEM),
-		AuthorizedKey:  string(keys.clientAuthorized),
-		DiskSizeMiB:    in.DiskSizeMiB,
+		WorkDir:        b.work,
+		AgentPath:      b.agent,
+		HostKeyPEM:     string(b.keys.hostPEM),
+		AuthorizedKey:  string(b.keys.clientAuthorized),
+		DiskSizeMiB:    b.in.DiskSizeMiB,
 		KernelMetaPkg:  "linux-image-amd64",
 		InitrdModules:  InitrdModules,
 		PruneModuleDir: PrunedModuleDirs,
 	}
-	specPath := filepath.Join(tmp, "customize.json")
+	specPath := filepath.Join(b.tmp, "customize.json")
 	sb, _ := json.Marshal(spec)
 	if err := os.WriteFile(specPath, sb, 0o600); err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
+		return "", fmt.Errorf("image build: %w", err)
 	}
+	return specPath, nil
+}
 
-	p.step("building root filesystem (mmdebstrap " + in.Suite + ")")
+// rootfs runs mmdebstrap, whose customize hook (a re-exec of this binary)
+// installs the agent and makes the root filesystem, kernel and initramfs.
+func (b *builder) rootfs(ctx context.Context, specPath string) (*customizeResult, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("image build: find own executable: %w", err)
 	}
-	argv := MmdebstrapArgs(in, self, specPath)
+	argv := MmdebstrapArgs(b.in, self, specPath)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var logBuf tailBuffer
 	cmd.Stdout = &logBuf
 	cmd.Stderr = &logBuf
-	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	cmd.Env = append(os.Environ(), "TMPDIR="+b.tmp)
 	// On cancellation let mmdebstrap unmount and clean up its chroot; kill it
 	// only if it does not finish within the grace period.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 60 * time.Second
-	log.Info("running mmdebstrap", "argv", strings.Join(argv, " "))
+	b.log.Info("running mmdebstrap", "argv", strings.Join(argv, " "))
 	if err := cmd.Run(); err != nil {
 		return nil, explainMmdebstrap(err, logBuf.String())
 	}
 	var res customizeResult
-	if b, err := os.ReadFile(filepath.Join(work, "result.json")); err != nil {
+	if data, err := os.ReadFile(filepath.Join(b.work, "result.json")); err != nil {
 		return nil, fmt.Errorf("image build: customize step left no result: %w", err)
-	} else if err := json.Unmarshal(b, &res); err != nil {
+	} else if err := json.Unmarshal(data, &res); err != nil {
 		return nil, fmt.Errorf("image build: customize result: %w", err)
 	}
+	return &res, nil
+}
 
-	p.step("converting root filesystem to qcow2")
-	if err := run(ctx, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", filepath.Join(work, "rootfs.ext4"), filepath.Join(tmp, BaseFile)); err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
+// artifacts converts the root filesystem to qcow2 and puts the kernel,
+// initramfs and keys beside it.
+func (b *builder) artifacts(ctx context.Context) error {
+	if err := run(ctx, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", filepath.Join(b.work, "rootfs.ext4"), filepath.Join(b.tmp, BaseFile)); err != nil {
+		return fmt.Errorf("image build: %w", err)
 	}
 	for _, n := range []string{KernelFile, InitrdFile} {
-		if err := os.Rename(filepath.Join(work, n), filepath.Join(tmp, n)); err != nil {
-			return nil, fmt.Errorf("image build: %w", err)
+		if err := os.Rename(filepath.Join(b.work, n), filepath.Join(b.tmp, n)); err != nil {
+			return fmt.Errorf("image build: %w", err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(tmp, ClientKeyFile), keys.clientPEM, 0o600); err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
+	if err := os.WriteFile(filepath.Join(b.tmp, ClientKeyFile), b.keys.clientPEM, 0o600); err != nil {
+		return fmt.Errorf("image build: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(tmp, HostPubKeyFile), keys.hostAuthorized, 0o644); err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
+	if err := os.WriteFile(filepath.Join(b.tmp, HostPubKeyFile), b.keys.hostAuthorized, 0o644); err != nil {
+		return fmt.Errorf("image build: %w", err)
 	}
+	return nil
+}
 
-	p.step("hashing artefacts and writing manifest")
+// manifest hashes the artefacts and describes the image.
+func (b *builder) manifest(res *customizeResult) (*Manifest, error) {
 	pkgs, err := ParsePackageList(res.Packages)
 	if err != nil {
 		return nil, fmt.Errorf("image build: %w", err)
 	}
 	m := &Manifest{
-		Inputs:        in,
-		InputsDigest:  digest,
+		Inputs:        b.in,
+		InputsDigest:  b.digest,
 		KernelVersion: res.KernelVersion,
 		KernelPackage: res.KernelPackage,
 		Modules:       res.Modules,
@@ -222,31 +299,14 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 		BuiltAt:       time.Now().UTC().Truncate(time.Second),
 	}
 	for _, n := range artifactNames {
-		a, err := artifact(filepath.Join(tmp, n))
+		a, err := artifact(filepath.Join(b.tmp, n))
 		if err != nil {
 			return nil, fmt.Errorf("image build: %w", err)
 		}
 		m.Artifacts[n] = a
 	}
-	m.BuildSeconds = time.Since(start).Round(time.Second).Seconds()
-	if err := os.RemoveAll(work); err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
-	}
-	_ = os.Remove(specPath)
-	if err := WriteManifest(tmp, m); err != nil {
-		return nil, err
-	}
-
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
-	}
-	p.step("installing image")
-	if err := replaceDir(tmp, out); err != nil {
-		return nil, err
-	}
-	log.Info("image built", "dir", out, "kernel", m.KernelVersion, "packages", len(m.Packages),
-		"base_bytes", m.Artifacts[BaseFile].Size, "seconds", m.BuildSeconds)
-	return &Result{Manifest: m}, nil
+	m.BuildSeconds = time.Since(b.start).Round(time.Second).Seconds()
+	return m, nil
 }
 
 func cmp(s, def string) string {
