@@ -1,4 +1,4 @@
-package gateway
+package gateway_test
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"io"
 	"log/slog"
 	"net"
@@ -50,99 +52,24 @@ name = "no-rm"
 program = ["rm"]
 `
 
-type testDaemon struct {
-	socket, state, audit, policy string
-	cancel                       context.CancelFunc
-	done                         chan error
-	c                            *client.Client
-}
-
-// startDaemon runs the real gateway in-process on a socket in a temp dir.
-func startDaemon(t *testing.T, mutate func(*Config)) *testDaemon {
+// startDaemon runs the real gateway in-process on a socket in a temp dir,
+// on testPolicy.
+func startDaemon(t *testing.T, mutate func(*gateway.Config)) *gatewaytest.Daemon {
 	t.Helper()
-	img := testutil.RequiresImage(t)
-	dir := t.TempDir()
-	d := &testDaemon{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"),
-		audit: filepath.Join(dir, "audit.jsonl"), policy: filepath.Join(dir, "policy.toml"), done: make(chan error, 1)}
-	if err := os.WriteFile(d.policy, []byte(testPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ready := make(chan struct{})
-	cfg := Config{Socket: d.socket, SocketMode: 0o666, StateDir: d.state, ImageDir: img, AuditPath: d.audit,
-		PolicyPath: d.policy, PolicyExplicit: true, MaxVMs: 2, Accel: "auto", AllowRoot: true, Grace: 2 * time.Second,
-		// Cold boots unless a test turns the fast path on (TestGateway_FastPath).
-		NoTemplate: true,
-		Log:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), Ready: func() { close(ready) }}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	d.cancel = cancel
-	go func() { d.done <- Run(ctx, cfg) }()
-	select {
-	case <-ready:
-	case err := <-d.done:
-		t.Fatalf("daemon exited: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("daemon not ready")
-	}
-	d.c = client.New(d.socket)
-	t.Cleanup(func() { d.stop(t) })
-	return d
-}
-
-func (d *testDaemon) stop(t *testing.T) {
-	t.Helper()
-	if d.cancel == nil {
-		return
-	}
-	d.cancel()
-	d.cancel = nil
-	select {
-	case err := <-d.done:
-		if err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Error("daemon did not stop")
-	}
-	if ents, _ := os.ReadDir(filepath.Join(d.state, "vms")); len(ents) != 0 {
-		t.Errorf("VM directories left after shutdown: %v", ents)
-	}
-	if _, err := os.Stat(d.socket); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("socket not removed: %v", err)
-	}
-}
-
-func (d *testDaemon) exec(t *testing.T, req wire.ExecRequest, stdin io.Reader) (*wire.Result, string, string, error) {
-	t.Helper()
-	var so, se bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	res, err := d.c.Exec(ctx, req, client.ExecIO{Stdin: stdin, Stdout: &so, Stderr: &se})
-	return res, so.String(), se.String(), err
-}
-
-func (d *testDaemon) mustExec(t *testing.T, req wire.ExecRequest, stdin io.Reader) (*wire.Result, string, string) {
-	t.Helper()
-	res, so, se, err := d.exec(t, req, stdin)
-	if err != nil {
-		t.Fatalf("exec %q: %v", req.Argv, err)
-	}
-	return res, so, se
+	return gatewaytest.Start(t, testPolicy, mutate)
 }
 
 func TestGateway_ExecPaths(t *testing.T) {
 	d := startDaemon(t, nil)
 
 	t.Run("uname", func(t *testing.T) {
-		res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"uname", "-a"}}, nil)
+		res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"uname", "-a"}}, nil)
 		if res.ExitCode != 0 || !strings.HasPrefix(so, "Linux vmgate ") || res.VMID == "" || res.Profile != "test" {
 			t.Fatalf("%+v %q", res, so)
 		}
 	})
 	t.Run("exit code and env", func(t *testing.T) {
-		res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{`echo "$GREETING"; exit 7`}, Shell: true, Env: []string{"GREETING=hi there"}}, nil)
+		res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{`echo "$GREETING"; exit 7`}, Shell: true, Env: []string{"GREETING=hi there"}}, nil)
 		if res.ExitCode != 7 || so != "hi there\n" {
 			t.Fatalf("%+v %q", res, so)
 		}
@@ -150,13 +77,13 @@ func TestGateway_ExecPaths(t *testing.T) {
 	t.Run("stdin streaming", func(t *testing.T) {
 		data := make([]byte, 300<<10)
 		_, _ = rand.Read(data)
-		res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"sha256sum"}}, bytes.NewReader(data))
+		res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"sha256sum"}}, bytes.NewReader(data))
 		if res.ExitCode != 0 || !strings.HasPrefix(so, sha256hex(data)) {
 			t.Fatalf("%+v %q", res, so)
 		}
 	})
 	t.Run("denied", func(t *testing.T) {
-		_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"rm", "-rf", "/"}}, nil)
+		_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"rm", "-rf", "/"}}, nil)
 		var ae *client.APIError
 		if !errors.Is(err, client.ErrDenied) || !errors.As(err, &ae) || ae.Body.Rule == "" || ae.Status != http.StatusForbidden {
 			t.Fatalf("got %v", err)
@@ -164,7 +91,7 @@ func TestGateway_ExecPaths(t *testing.T) {
 		if !strings.Contains(err.Error(), "no-rm") {
 			t.Errorf("denial does not name the rule: %v", err)
 		}
-		_, _, _, err = d.exec(t, wire.ExecRequest{Argv: []string{"env"}, Env: []string{"SECRET=x"}}, nil)
+		_, _, _, err = d.Exec(t, wire.ExecRequest{Argv: []string{"env"}, Env: []string{"SECRET=x"}}, nil)
 		if !errors.Is(err, client.ErrDenied) {
 			t.Fatalf("env outside the allowlist: %v", err)
 		}
@@ -178,59 +105,59 @@ func TestGateway_ExecPaths(t *testing.T) {
 			"huge":          `{"argv":["` + strings.Repeat("a", 2<<20) + `"]}`,
 			"trailing":      `{"argv":["true"]} {}`,
 		} {
-			status := rawPost(t, d.socket, "/v1/exec", body, true)
+			status := rawPost(t, d.Socket, "/v1/exec", body, true)
 			if status != http.StatusBadRequest {
 				t.Errorf("%s: status %d, want 400", name, status)
 			}
 		}
-		if status := rawPost(t, d.socket, "/v1/exec", `{"argv":["true"]}`, false); status != http.StatusBadRequest {
+		if status := rawPost(t, d.Socket, "/v1/exec", `{"argv":["true"]}`, false); status != http.StatusBadRequest {
 			t.Errorf("no upgrade header: %d", status)
 		}
-		if _, err := d.c.Status(context.Background()); err != nil {
+		if _, err := d.Client.Status(context.Background()); err != nil {
 			t.Fatalf("daemon down after malformed requests: %v", err)
 		}
 	})
 	t.Run("sessions", func(t *testing.T) {
-		d.mustExec(t, wire.ExecRequest{Argv: []string{"echo state > /root/mark"}, Shell: true, Session: "s1"}, nil)
-		_, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"cat", "/root/mark"}, Session: "s1"}, nil)
+		d.MustExec(t, wire.ExecRequest{Argv: []string{"echo state > /root/mark"}, Shell: true, Session: "s1"}, nil)
+		_, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"cat", "/root/mark"}, Session: "s1"}, nil)
 		if so != "state\n" {
 			t.Fatalf("state lost within the session: %q", so)
 		}
-		_, so, _ = d.mustExec(t, wire.ExecRequest{Argv: []string{"tty; stty size"}, Shell: true, Session: "s1", TTY: &wire.TTY{Cols: 100, Rows: 30}}, nil)
+		_, so, _ = d.MustExec(t, wire.ExecRequest{Argv: []string{"tty; stty size"}, Shell: true, Session: "s1", TTY: &wire.TTY{Cols: 100, Rows: 30}}, nil)
 		if !strings.HasPrefix(so, "/dev/pts/") || !strings.Contains(so, "30 100") {
 			t.Fatalf("tty: %q", so)
 		}
-		ss, err := d.c.Sessions(context.Background())
+		ss, err := d.Client.Sessions(context.Background())
 		if err != nil || len(ss) != 1 || ss[0].Name != "s1" {
 			t.Fatalf("sessions: %v %v", ss, err)
 		}
 		// Another uid sees no session and cannot end ours.
-		out, code := asNobody(t, d.socket, "--list-sessions")
+		out, code := asNobody(t, d.Socket, "--list-sessions")
 		if code != 0 || strings.TrimSpace(out) != "" {
 			t.Fatalf("nobody lists sessions: code %d out %q", code, out)
 		}
-		if _, code := asNobody(t, d.socket, "--end-session", "s1"); code == 0 {
+		if _, code := asNobody(t, d.Socket, "--end-session", "s1"); code == 0 {
 			t.Fatal("another uid ended our session")
 		}
-		if err := d.c.EndSession(context.Background(), "s1"); err != nil {
+		if err := d.Client.EndSession(context.Background(), "s1"); err != nil {
 			t.Fatal(err)
 		}
-		if ss, _ := d.c.Sessions(context.Background()); len(ss) != 0 {
+		if ss, _ := d.Client.Sessions(context.Background()); len(ss) != 0 {
 			t.Fatalf("session still listed: %v", ss)
 		}
 		// A fresh VM has no state from the session.
-		res, _, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"test", "-e", "/root/mark"}}, nil)
+		res, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"test", "-e", "/root/mark"}}, nil)
 		if res.ExitCode != 1 {
 			t.Fatalf("state leaked into a fresh VM: %+v", res)
 		}
 	})
 
-	d.stop(t)
-	rep, err := audit.VerifyFile(d.audit)
+	d.StopAndCheck(t)
+	rep, err := audit.VerifyFile(d.AuditPath)
 	if err != nil {
 		t.Fatalf("audit chain: %v", err)
 	}
-	b, _ := os.ReadFile(d.audit)
+	b, _ := os.ReadFile(d.AuditPath)
 	log := string(b)
 	for _, want := range []string{`"verdict":"deny"`, `"rule":"deny[0] no-rm"`, `"exit_code":7`, `"kind":"session"`, `"stdout_sha256"`,
 		`new namespaces [user mnt pid net ipc uts cgroup]`, `no_new_privs=true; seccomp mode 2`} {
@@ -304,7 +231,7 @@ func asNobody(t *testing.T, socket string, args ...string) (string, int) {
 // request is refused as busy, then disconnects the first client and checks
 // that its VM is destroyed.
 func TestGateway_BusyAndDisconnect(t *testing.T) {
-	d := startDaemon(t, func(c *Config) { c.MaxVMs = 1; c.QueueLen = -1 })
+	d := startDaemon(t, func(c *gateway.Config) { c.MaxVMs = 1; c.QueueLen = -1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -312,17 +239,17 @@ func TestGateway_BusyAndDisconnect(t *testing.T) {
 	started := &firstWrite{ch: make(chan struct{})}
 	go func() {
 		defer wg.Done()
-		_, firstErr = d.c.Exec(ctx, wire.ExecRequest{Argv: []string{"echo started; exec sleep 600"}, Shell: true}, client.ExecIO{Stdout: started})
+		_, firstErr = d.Client.Exec(ctx, wire.ExecRequest{Argv: []string{"echo started; exec sleep 600"}, Shell: true}, client.ExecIO{Stdout: started})
 	}()
 	select {
 	case <-started.ch:
 	case <-time.After(3 * time.Minute):
 		t.Fatal("the first command never started")
 	}
-	if n := len(vmDirs(d.state)); n != 1 {
+	if n := len(vmDirs(d.Config.StateDir)); n != 1 {
 		t.Fatalf("%d VM directories, want 1", n)
 	}
-	_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
 	if !errors.Is(err, client.ErrBusy) {
 		t.Fatalf("second request: want busy, got %v", err)
 	}
@@ -331,19 +258,19 @@ func TestGateway_BusyAndDisconnect(t *testing.T) {
 	if firstErr == nil {
 		t.Fatal("cancelled exec returned no error")
 	}
-	waitFor(t, 30*time.Second, "the VM of the disconnected client to go", func() bool { return len(vmDirs(d.state)) == 0 })
-	if out, err := exec.Command("pgrep", "-f", "qemu-system.*"+d.state).Output(); err == nil {
+	waitFor(t, 30*time.Second, "the VM of the disconnected client to go", func() bool { return len(vmDirs(d.Config.StateDir)) == 0 })
+	if out, err := exec.Command("pgrep", "-f", "qemu-system.*"+d.Config.StateDir).Output(); err == nil {
 		t.Fatalf("qemu still running: %s", out)
 	}
 }
 
-// TestGateway_ReloadKeepsOldPolicyOnError sends SIGHUP with a new policy,
-// then with a broken one. The policies differ in a deny rule's name, so
+// TestGateway_ReloadKeepsOldPolicyOnError reloads a new policy, then a
+// broken one (SIGHUP's reload; the signal itself is TestServe_Acceptance's). The policies differ in a deny rule's name, so
 // every probe is a denial and no VM boots.
 func TestGateway_ReloadKeepsOldPolicyOnError(t *testing.T) {
 	d := startDaemon(t, nil)
 	ruleOf := func() string {
-		_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"rm", "x"}}, nil)
+		_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"rm", "x"}}, nil)
 		var ae *client.APIError
 		if !errors.As(err, &ae) {
 			t.Fatalf("rm not denied: %v", err)
@@ -353,20 +280,21 @@ func TestGateway_ReloadKeepsOldPolicyOnError(t *testing.T) {
 	if r := ruleOf(); r != "deny[0] no-rm" {
 		t.Fatalf("initial rule %q", r)
 	}
-	if err := os.WriteFile(d.policy, []byte(strings.Replace(testPolicy, `name = "no-rm"`, `name = "no-rm-v2"`, 1)), 0o644); err != nil {
+	if err := os.WriteFile(d.Config.PolicyPath, []byte(strings.Replace(testPolicy, `name = "no-rm"`, `name = "no-rm-v2"`, 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	waitFor(t, 10*time.Second, "the reload", func() bool { return ruleOf() == "deny[0] no-rm-v2" })
-	if err := os.WriteFile(d.policy, []byte("version = 1\nbogus = true\n"), 0o644); err != nil {
+	d.Reload()
+	if r := ruleOf(); r != "deny[0] no-rm-v2" {
+		t.Fatalf("after the reload, rule %q", r)
+	}
+	if err := os.WriteFile(d.Config.PolicyPath, []byte("version = 1\nbogus = true\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_ = syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	time.Sleep(time.Second)
+	d.Reload()
 	if r := ruleOf(); r != "deny[0] no-rm-v2" {
 		t.Fatalf("after a broken reload the old policy should still apply, rule %q", r)
 	}
-	if _, err := d.c.Status(context.Background()); err != nil {
+	if _, err := d.Client.Status(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -376,13 +304,13 @@ func TestGateway_RefusesBadStart(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.toml")
 	_ = os.WriteFile(bad, []byte("version = 1\n[[profile]]\nname = \"x\"\nmatch = { any = true }\nbogus = 1\n"), 0o644)
-	err := Run(context.Background(), Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img,
+	err := gateway.Run(context.Background(), gateway.Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img,
 		PolicyPath: bad, PolicyExplicit: true, AllowRoot: true})
 	if err == nil || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("invalid policy: %v", err)
 	}
 	if os.Geteuid() == 0 {
-		err = Run(context.Background(), Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img})
+		err = gateway.Run(context.Background(), gateway.Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img})
 		if err == nil || !strings.Contains(err.Error(), "--allow-root") {
 			t.Fatalf("root without --allow-root: %v", err)
 		}
@@ -431,17 +359,17 @@ func TestGateway_SessionIdleExpiry(t *testing.T) {
 	if err := os.WriteFile(short, []byte(pol), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, func(c *Config) { c.PolicyPath = short })
-	d.mustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "short"}, nil)
-	if ss, _ := d.c.Sessions(context.Background()); len(ss) != 1 {
+	d := startDaemon(t, func(c *gateway.Config) { c.PolicyPath = short })
+	d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "short"}, nil)
+	if ss, _ := d.Client.Sessions(context.Background()); len(ss) != 1 {
 		t.Fatalf("session not created: %v", ss)
 	}
 	waitFor(t, 30*time.Second, "the idle session to end", func() bool {
-		ss, _ := d.c.Sessions(context.Background())
-		return len(ss) == 0 && len(vmDirs(d.state)) == 0
+		ss, _ := d.Client.Sessions(context.Background())
+		return len(ss) == 0 && len(vmDirs(d.Config.StateDir)) == 0
 	})
-	d.stop(t)
-	b, err := os.ReadFile(d.audit)
+	d.StopAndCheck(t)
+	b, err := os.ReadFile(d.AuditPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,10 +391,10 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 		t.Fatalf("mount tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
-	d := startDaemon(t, func(c *Config) { c.AuditPath = filepath.Join(mnt, "audit.jsonl") })
+	d := startDaemon(t, func(c *gateway.Config) { c.AuditPath = filepath.Join(mnt, "audit.jsonl") })
 	var last error
 	for i := 0; i < 200; i++ {
-		_, _, _, last = d.exec(t, wire.ExecRequest{Argv: []string{"rm", strings.Repeat("x", 200)}}, nil)
+		_, _, _, last = d.Exec(t, wire.ExecRequest{Argv: []string{"rm", strings.Repeat("x", 200)}}, nil)
 		var ae *client.APIError
 		if errors.As(last, &ae) && ae.Body.Code == wire.CodeAudit {
 			break
@@ -483,18 +411,18 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 		t.Errorf("error does not say why: %v", last)
 	}
 	// An allowed command is refused too, before any VM starts.
-	_, _, _, err := d.exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
 	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeAudit {
 		t.Fatalf("allowed command while audit is down: %v", err)
 	}
-	if n := len(vmDirs(d.state)); n != 0 {
+	if n := len(vmDirs(d.Config.StateDir)); n != 0 {
 		t.Fatalf("%d VMs started while the audit log was down", n)
 	}
-	st, err := d.c.Status(context.Background())
+	st, err := d.Client.Status(context.Background())
 	if err != nil || !strings.Contains(st["audit"].(string), "unavailable") {
 		t.Fatalf("status: %v %v", st, err)
 	}
-	d.stop(t)
+	d.StopAndCheck(t)
 	if _, err := audit.VerifyFile(filepath.Join(mnt, "audit.jsonl")); err != nil {
 		t.Fatalf("what was written must still verify: %v", err)
 	}
@@ -504,14 +432,14 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 // template: from the pool, then restored on demand, in a session, all
 // audited with how the VM was made, and nothing left at shutdown.
 func TestGateway_FastPath(t *testing.T) {
-	d := startDaemon(t, func(c *Config) {
+	d := startDaemon(t, func(c *gateway.Config) {
 		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 1, testutil.TemplateDir(t)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	waitPool := func() {
 		for {
-			st, err := d.c.Status(ctx)
+			st, err := d.Client.Status(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -528,27 +456,27 @@ func TestGateway_FastPath(t *testing.T) {
 		}
 	}
 	waitPool()
-	res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo fast; hostname"}}, nil)
+	res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo fast; hostname"}}, nil)
 	if res.ExitCode != 0 || so != "fast\nvmgate\n" || res.VMStart != "pool" {
 		t.Fatalf("from the pool: %+v %q", res, so)
 	}
 	// Straight after, the pool may still be refilling: either way a fresh
 	// restored VM, never the one just used.
-	res2, _, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	res2, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
 	if res2.VMID == res.VMID || (res2.VMStart != "pool" && res2.VMStart != "restore") {
 		t.Fatalf("second command: %+v (first %s)", res2, res.VMID)
 	}
 	waitPool()
-	res3, so3, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo kept > /root/f"}, Session: "s"}, nil)
+	res3, so3, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo kept > /root/f"}, Session: "s"}, nil)
 	if res3.ExitCode != 0 || res3.VMStart != "pool" {
 		t.Fatalf("session start: %+v %q", res3, so3)
 	}
-	res4, so4, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"cat", "/root/f"}, Session: "s"}, nil)
+	res4, so4, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"cat", "/root/f"}, Session: "s"}, nil)
 	if so4 != "kept\n" || res4.VMID != res3.VMID || res4.VMStart != "" {
 		t.Fatalf("session reuse: %+v %q", res4, so4)
 	}
-	d.stop(t)
-	b, err := os.ReadFile(d.audit)
+	d.StopAndCheck(t)
+	b, err := os.ReadFile(d.AuditPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,18 +494,18 @@ func TestGateway_FastPath(t *testing.T) {
 func TestGateway_RestoreFailureFallsBack(t *testing.T) {
 	tdir := t.TempDir() // damaged below: never the shared templates
 	var logs testutil.SyncBuffer
-	d := startDaemon(t, func(c *Config) {
+	d := startDaemon(t, func(c *gateway.Config) {
 		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, tdir
 		c.Log = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, &logs), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	waitFor(t, 5*time.Minute, "the template", func() bool {
-		st, err := d.c.Status(ctx)
+		st, err := d.Client.Status(ctx)
 		pools, _ := st["pools"].([]any)
 		return err == nil && len(pools) == 1
 	})
-	res, _, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	res, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
 	if res.VMStart != "restore" {
 		t.Fatalf("with a good template: %+v", res)
 	}
@@ -590,7 +518,7 @@ func TestGateway_RestoreFailureFallsBack(t *testing.T) {
 	if err := os.WriteFile(states[0], []byte("not a migration stream"), 0o400); err != nil {
 		t.Fatal(err)
 	}
-	res, so, _ := d.mustExec(t, wire.ExecRequest{Argv: []string{"echo", "still works"}}, nil)
+	res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"echo", "still works"}}, nil)
 	if res.ExitCode != 0 || so != "still works\n" || res.VMStart != "boot" {
 		t.Fatalf("after the damage: %+v %q", res, so)
 	}
@@ -629,7 +557,7 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 	if err := os.WriteFile(pol, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, func(c *Config) {
+	d := startDaemon(t, func(c *gateway.Config) {
 		c.PolicyPath = pol
 		c.NetHosts = map[string][]netip.Addr{
 			"allowed.test": {inet.Addr}, "denied.test": {inet.Addr}, "private.test": {netip.MustParseAddr("10.9.8.7")},
@@ -637,7 +565,7 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 	})
 	// The first command of a cold-booted VM: no waiting for the network
 	// in the command, the daemon hands the VM out once it works.
-	res, so, se := d.mustExec(t, wire.ExecRequest{Session: "web", Argv: []string{"wget", "-q", "-U", "Mozilla", "-O-", "http://allowed.test/"}}, nil)
+	res, so, se := d.MustExec(t, wire.ExecRequest{Session: "web", Argv: []string{"wget", "-q", "-U", "Mozilla", "-O-", "http://allowed.test/"}}, nil)
 	if res.ExitCode != 0 || so != "hello from allowed.test\n" || res.VMStart != "boot" {
 		t.Fatalf("allowed fetch: %+v %q %q", res, so, se)
 	}
@@ -645,7 +573,7 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 		"https with the resolved name as SNI":  "curl -sSk https://allowed.test/",
 		"direct address under an address rule": "curl -sS http://198.51.100.10:8080/",
 	} {
-		res, so, se := d.mustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{cmd}}, nil)
+		res, so, se := d.MustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{cmd}}, nil)
 		if res.ExitCode != 0 || !strings.HasPrefix(so, "hello from ") {
 			t.Errorf("%s: %+v %q %q", name, res, so, se)
 		}
@@ -660,15 +588,15 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 		"sni mismatch":             "curl -sSk -m 5 --connect-to other.test:443:allowed.test:443 https://other.test/",
 		"address rule, other port": "curl -sS -m 5 http://198.51.100.10:8081/",
 	} {
-		res, so, _ := d.mustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{cmd}}, nil)
+		res, so, _ := d.MustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{cmd}}, nil)
 		if res.ExitCode == 0 || strings.Contains(so, "hello") {
 			t.Errorf("%s: %+v %q", name, res, so)
 		}
 	}
 	// UDP goes nowhere but to the resolver; the datagram is recorded.
-	d.mustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{"bash -c 'echo x > /dev/udp/198.51.100.10/9999'"}}, nil)
-	d.stop(t)
-	b, err := os.ReadFile(d.audit)
+	d.MustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{"bash -c 'echo x > /dev/udp/198.51.100.10/9999'"}}, nil)
+	d.StopAndCheck(t)
+	b, err := os.ReadFile(d.AuditPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -728,12 +656,12 @@ allow = ["other.test:80"]
 	if err := os.WriteFile(pol, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, func(c *Config) {
+	d := startDaemon(t, func(c *gateway.Config) {
 		c.PolicyPath, c.NoTemplate, c.PoolSize, c.TemplateDir = pol, false, 1, testutil.TemplateDir(t)
 		c.NetHosts = map[string][]netip.Addr{"allowed.test": {inet.Addr}, "other.test": {inet.Addr}}
 	})
 	wget := func(url string) (*wire.Result, string, string) {
-		return d.mustExec(t, wire.ExecRequest{Argv: []string{"wget", "-q", "-T", "10", "-O-", url}}, nil)
+		return d.MustExec(t, wire.ExecRequest{Argv: []string{"wget", "-q", "-T", "10", "-O-", url}}, nil)
 	}
 	// The first request of the shape boots cold or restores (the
 	// template may be shared with other tests); either way its only
@@ -744,7 +672,7 @@ allow = ["other.test:80"]
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	waitFor(t, 5*time.Minute, "the networked pool", func() bool {
-		st, err := d.c.Status(ctx)
+		st, err := d.Client.Status(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -768,22 +696,22 @@ allow = ["other.test:80"]
 	// Another profile's VMs come from the same pool with their own
 	// allowlist: the name web may reach, narrow may not, and the other
 	// way round.
-	if out, code := asNobody(t, d.socket, "wget", "-q", "-T", "5", "-O-", "http://allowed.test/"); code == 0 || strings.Contains(out, "hello") {
+	if out, code := asNobody(t, d.Socket, "wget", "-q", "-T", "5", "-O-", "http://allowed.test/"); code == 0 || strings.Contains(out, "hello") {
 		t.Errorf("narrow profile reached web's name: %d %q", code, out)
 	}
-	if out, code := asNobody(t, d.socket, "wget", "-q", "-T", "10", "-O-", "http://other.test/"); code != 0 || out != "hello from other.test\n" {
+	if out, code := asNobody(t, d.Socket, "wget", "-q", "-T", "10", "-O-", "http://other.test/"); code != 0 || out != "hello from other.test\n" {
 		t.Errorf("narrow profile's own name: %d %q", code, out)
 	}
 	if res, _, _ := wget("http://other.test/"); res.ExitCode == 0 {
 		t.Errorf("web profile reached narrow's name: %+v", res)
 	}
-	st, err := d.c.Status(ctx)
+	st, err := d.Client.Status(ctx)
 	if err != nil || st["restore_handshake_failures"] != float64(0) {
 		t.Errorf("status: %v %v", st["restore_handshake_failures"], err)
 	}
-	d.stop(t)
+	d.StopAndCheck(t)
 	// The pooled VM's connection is audited as its request's, on its VM.
-	b, err := os.ReadFile(d.audit)
+	b, err := os.ReadFile(d.AuditPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -87,8 +87,6 @@ type Config struct {
 	AllowRoot bool
 	// Log defaults to slog.Default().
 	Log *slog.Logger
-	// Ready, if set, is called once the daemon accepts requests.
-	Ready func()
 }
 
 // Defaults of Config's zero values, and of vmgated serve's flags.
@@ -166,158 +164,218 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[sessionKey]*session
+
+	// closers undo New, in reverse order (Close).
+	closers []func() error
 }
 
-// Run starts the daemon and serves until ctx is cancelled or SIGTERM/SIGINT
-// arrives; SIGHUP reloads the policy. It returns after every VM is destroyed
-// and the socket is removed.
+// Run is the daemon: New, then Listen, Serve until ctx is cancelled or
+// SIGTERM/SIGINT arrives (SIGHUP reloads the policy), and Close. It returns
+// after every VM is destroyed and the socket it created is removed.
 func Run(ctx context.Context, cfg Config) error {
+	// Signals are caught before anything else, so that a reload sent right
+	// after readiness cannot kill the daemon with the default action.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	s, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ln, owned, err := Listen(s.cfg, s.log)
+	if err != nil {
+		return err
+	}
+	if owned {
+		defer os.Remove(s.cfg.Socket)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(sctx, ln) }()
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				s.Reload()
+				continue
+			}
+			s.log.Info("shutting down", "signal", sig.String())
+			stop()
+			return <-served
+		case <-ctx.Done():
+			s.log.Info("shutting down", "reason", ctx.Err())
+			return <-served
+		case err := <-served:
+			return err
+		}
+	}
+}
+
+// New prepares the daemon from cfg: the state directory and its lock, the
+// cleanup of what a crashed daemon left, the policy, the cgroups, the
+// image check, the audit log, the SSH front door's files and the fast
+// path (whose templates start loading). It neither listens nor serves.
+//
+// Postcondition: on error everything it acquired is released again.
+func New(cfg Config) (_ *Server, err error) {
 	cfg.setDefaults()
 	log := cfg.Log
+	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			_ = s.Close()
+		}
+	}()
+	if err := checkConfig(cfg); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	unlock, err := lockState(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	s.push(func() error { unlock(); return nil })
+	if n, err := vm.CleanupStale(cfg.StateDir, log); err != nil {
+		return nil, fmt.Errorf("clean up leftovers: %w", err)
+	} else if n > 0 {
+		log.Warn("removed VMs left by a previous run", "count", n)
+	}
+	pol, err := loadPolicy(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	s.policy.Store(pol)
+	if s.cgroups, err = cgroup.OpenMode(pol.Cgroups(), cgroup.GroupName(cfg.StateDir), log); err != nil {
+		return nil, err
+	}
+	if s.cgroups != nil {
+		// Pushed before anything that runs VMs, so it runs after every
+		// VM (and its group) is gone.
+		s.push(func() error {
+			if err := s.cgroups.Close(); err != nil {
+				log.Warn("remove the jails' cgroup", "err", err)
+			}
+			return nil
+		})
+	}
+	m, err := image.ReadManifest(cfg.ImageDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Verify(cfg.ImageDir, true); err != nil {
+		return nil, err
+	}
+	s.digest = m.Artifacts[image.BaseFile].SHA256
+	if s.audit, err = audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror()}); err != nil {
+		return nil, fmt.Errorf("audit log: %w", err)
+	}
+	s.push(s.audit.Close)
+	s.slots = newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait)
+	// The SSH front door's files and addresses are checked before any VM
+	// work starts; it serves once the daemon is ready.
+	if cfg.SSH != nil {
+		if s.ssh, err = newSSHFront(s, *cfg.SSH, pol, log); err != nil {
+			return nil, err
+		}
+		s.push(func() error { s.ssh.closeListeners(); return nil })
+	}
+	s.startFastPath(pol)
+	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
+		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")
+	}
+	s.execCtx, s.execCancel = context.WithCancel(context.Background())
+	s.push(func() error { s.execCancel(); return nil })
+	return s, nil
+}
+
+// checkConfig refuses what the daemon must not run with, and logs the
+// relaxations it may.
+func checkConfig(cfg Config) error {
 	if os.Geteuid() == 0 && !cfg.AllowRoot {
 		return errors.New("refusing to run as root: run vmgated as its own unprivileged user (vmgate), or pass --allow-root")
 	}
 	if os.Geteuid() == 0 {
-		log.Warn("RELAXATION: running as root (--allow-root); QEMU and VM files are owned by root")
+		cfg.Log.Warn("RELAXATION: running as root (--allow-root); QEMU and VM files are owned by root")
 	}
 	switch cfg.Seccomp {
 	case "", "required":
 	case "off":
-		log.Warn("RELAXATION: SECCOMP WARNING: the jail's seccomp filter is off (--seccomp off)")
+		cfg.Log.Warn("RELAXATION: SECCOMP WARNING: the jail's seccomp filter is off (--seccomp off)")
 	default:
 		return fmt.Errorf("seccomp %q: want required or off", cfg.Seccomp)
 	}
 	if cfg.StateDir == "" {
 		return errors.New("no state directory")
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
-		return fmt.Errorf("state dir: %w", err)
-	}
-	unlock, err := lockState(cfg.StateDir)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if n, err := vm.CleanupStale(cfg.StateDir, log); err != nil {
-		return fmt.Errorf("clean up leftovers: %w", err)
-	} else if n > 0 {
-		log.Warn("removed VMs left by a previous run", "count", n)
-	}
+	return nil
+}
 
-	pol, err := loadPolicy(cfg, log)
-	if err != nil {
-		return err
+// startFastPath starts loading (or building) the templates of the default
+// shape and of every shape the policy uses, unless templates are off.
+func (s *Server) startFastPath(pol *policy.Policy) {
+	if s.cfg.NoTemplate {
+		s.log.Info("VM templates off: every VM boots cold")
+		return
 	}
-	cgm, err := cgroup.OpenMode(pol.Cgroups(), cgroup.GroupName(cfg.StateDir), log)
-	if err != nil {
-		return err
+	cfg := s.cfg
+	s.fast = newFastPath(vm.Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: s.log,
+		Cgroups: s.cgroups, TemplateDir: cfg.TemplateDir}, s.netBase(), cfg.PoolSize, s.log)
+	// Closed after the server has stopped and every session is closed,
+	// before the cgroup manager goes.
+	s.push(func() error { s.fast.close(); return nil })
+	// A shape that only a later policy uses is built on first use.
+	s.fast.warm(shapeKey{mem: vm.DefaultMemoryMiB, cpus: vm.DefaultCPUs, seccomp: s.seccompMode()})
+	for _, sh := range pol.Shapes() {
+		s.fast.warm(shapeKey{mem: sh.MemoryMiB, cpus: sh.CPUs, seccomp: s.seccompMode(), network: sh.Network})
 	}
-	if cgm != nil {
-		// Registered before anything that runs VMs, so it runs after
-		// every VM (and its group) is gone.
-		defer func() {
-			if err := cgm.Close(); err != nil {
-				log.Warn("remove the jails' cgroup", "err", err)
-			}
-		}()
-	}
-	m, err := image.ReadManifest(cfg.ImageDir)
-	if err != nil {
-		return err
-	}
-	if err := m.Verify(cfg.ImageDir, true); err != nil {
-		return err
-	}
-	al, err := audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror()})
-	if err != nil {
-		return fmt.Errorf("audit log: %w", err)
-	}
-	defer al.Close()
+}
 
-	s := &Server{cfg: cfg, log: log, audit: al, digest: m.Artifacts[image.BaseFile].SHA256,
-		slots: newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
-	s.cgroups = cgm
-	s.policy.Store(pol)
-	// The SSH front door's files and addresses are checked before any VM
-	// work starts; it serves once the daemon is ready.
-	if cfg.SSH != nil {
-		if s.ssh, err = newSSHFront(s, *cfg.SSH, pol, log); err != nil {
-			return err
-		}
-	}
-	if !cfg.NoTemplate {
-		s.fast = newFastPath(vm.Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log,
-			Cgroups: cgm, TemplateDir: cfg.TemplateDir}, s.netBase(), cfg.PoolSize, log)
-		// Runs after the server has stopped and every session is closed,
-		// before the cgroup manager goes.
-		defer s.fast.close()
-		// The templates of the default shape and of every shape the
-		// policy uses: loaded when they exist (`vmgated image warm` or an
-		// earlier run made them), else built in the background, one at a
-		// time; a shape a later policy adds is built on first use.
-		s.fast.warm(shapeKey{mem: vm.DefaultMemoryMiB, cpus: vm.DefaultCPUs, seccomp: s.seccompMode()})
-		for _, sh := range pol.Shapes() {
-			s.fast.warm(shapeKey{mem: sh.MemoryMiB, cpus: sh.CPUs, seccomp: s.seccompMode(), network: sh.Network})
-		}
-	} else {
-		log.Info("VM templates off: every VM boots cold")
-	}
-	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
-		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")
-	}
-	s.execCtx, s.execCancel = context.WithCancel(context.Background())
-	defer s.execCancel()
+// push adds a step to what Close undoes, in reverse order.
+func (s *Server) push(fn func() error) { s.closers = append(s.closers, fn) }
 
-	// Signals are caught before READY, so that a reload sent right after
-	// readiness cannot kill the daemon with the default action.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
-	defer signal.Stop(sigs)
-	ln, err := listen(cfg, log)
-	if err != nil {
-		if s.ssh != nil {
-			s.ssh.closeListeners()
-		}
-		return err
+// Close releases what New acquired, in reverse order: the fast path's pools
+// and templates, the cgroups, the audit log, the state lock. Call it after
+// Serve has returned (or instead of Serve). It is safe to call twice.
+func (s *Server) Close() error {
+	var errs []error
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		errs = append(errs, s.closers[i]())
 	}
+	s.closers = nil
+	return errors.Join(errs...)
+}
+
+// Serve serves the local API on ln (and the SSH front door) until ctx ends,
+// then shuts down: no new requests, running commands get the grace period,
+// then they are killed and every session's VM destroyed. It tells systemd
+// once it serves, and returns when every command has ended.
+// It does not close ln's socket file (Run does, for a socket it made).
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.routes(), ConnContext: connContext, ReadHeaderTimeout: 10 * time.Second}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	if s.ssh != nil {
 		s.ssh.serve()
-		log.Info("SSH front door ready", "listen", s.ssh.addrs(), "host_key", s.ssh.cfg.HostKey+".pub",
+		s.log.Info("SSH front door ready", "listen", s.ssh.addrs(), "host_key", s.ssh.cfg.HostKey+".pub",
 			"host_key_fingerprint", s.ssh.hostFP, "authorized_keys", s.ssh.cfg.AuthorizedKeys, "keys", s.ssh.keys.Load().Len())
 	}
-
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.digest})
-	log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", pol.Source(), "image", cfg.ImageDir, "audit", cfg.AuditPath, "max_vms", cfg.MaxVMs)
+	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.policy.Load().Source(), "image", s.cfg.ImageDir,
+		"audit", s.cfg.AuditPath, "max_vms", s.cfg.MaxVMs)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-		log.Warn("sd_notify READY", "err", err)
-	}
-	if cfg.Ready != nil {
-		cfg.Ready()
+		s.log.Warn("sd_notify READY", "err", err)
 	}
 	stopReaper := s.startReaper()
 	defer stopReaper()
-
 	var runErr error
-loop:
-	for {
-		select {
-		case sig := <-sigs:
-			if sig == syscall.SIGHUP {
-				s.reload()
-				continue
-			}
-			log.Info("shutting down", "signal", sig.String())
-			break loop
-		case <-ctx.Done():
-			log.Info("shutting down", "reason", ctx.Err())
-			break loop
-		case err := <-serveErr:
-			runErr = fmt.Errorf("serve: %w", err)
-			break loop
-		}
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve: %w", err)
 	}
 	s.shutdown(srv)
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "stopped"})
@@ -356,9 +414,6 @@ func (s *Server) shutdown(srv *http.Server) {
 		s.ssh.closeConns()
 	}
 	s.closeAllSessions("daemon shutdown")
-	if s.cfg.Socket != "" && !activated {
-		_ = os.Remove(s.cfg.Socket)
-	}
 }
 
 // begin registers a request in flight; it fails once shutdown started.
@@ -390,7 +445,9 @@ func (s *Server) seccompMode() string {
 	return s.policy.Load().Seccomp()
 }
 
-func (s *Server) reload() {
+// Reload reads the policy again (SIGHUP); a policy that does not load
+// leaves the old one in force, logged and audited.
+func (s *Server) Reload() {
 	p, err := loadPolicy(s.cfg, s.log)
 	if err != nil {
 		s.log.Error("policy reload failed, keeping the old policy", "err", err)
@@ -421,28 +478,27 @@ func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {
 	return p, nil
 }
 
-// activated is set when the listener came from systemd.
-var activated bool
-
-// listen returns the socket-activated listener or creates the socket.
-func listen(cfg Config, log *slog.Logger) (net.Listener, error) {
+// Listen returns the listener systemd passed (socket activation), or
+// creates the socket cfg.Socket; owned reports the latter: the caller
+// removes the socket file when done.
+func Listen(cfg Config, log *slog.Logger) (ln net.Listener, owned bool, err error) {
 	lns, err := activation.Listeners()
 	if err != nil {
-		return nil, fmt.Errorf("socket activation: %w", err)
+		return nil, false, fmt.Errorf("socket activation: %w", err)
 	}
 	switch len(lns) {
 	case 0:
 	case 1:
 		if lns[0] == nil {
-			return nil, errors.New("socket activation: the passed socket is not a listener")
+			return nil, false, errors.New("socket activation: the passed socket is not a listener")
 		}
-		activated = true
 		log.Info("using the socket passed by systemd", "addr", lns[0].Addr().String())
-		return lns[0], nil
+		return lns[0], false, nil
 	default:
-		return nil, fmt.Errorf("socket activation: want 1 socket, got %d", len(lns))
+		return nil, false, fmt.Errorf("socket activation: want 1 socket, got %d", len(lns))
 	}
-	return listenUnix(cfg.Socket, cfg.SocketMode, cfg.SocketGroup, log)
+	ln, err = listenUnix(cfg.Socket, cfg.SocketMode, cfg.SocketGroup, log)
+	return ln, err == nil, err
 }
 
 // listenUnix creates a Unix socket at path with mode and, if group is

@@ -20,7 +20,6 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/gateway/audit"
-	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/sshkeys"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
@@ -632,9 +631,9 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 	}()
 	st := newExecState(id, req, job.interactive)
 	log = log.With("req", st.reqID)
-	target, ref := f.s.admit(ctx, log, st)
-	if ref != nil {
-		code, msg := sshRefusal(ref.body)
+	target, rerr := f.s.admit(ctx, log, st)
+	if rerr != nil {
+		code, msg := sshRefusal(rerr.Wire())
 		fail(code, msg)
 		return
 	}
@@ -685,7 +684,7 @@ func (f *sshFront) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job
 // sshRefusal maps a refusal to the message an SSH client gets on stderr
 // and the exit status, with vm-exec's codes (wire.Error.ExitCode).
 func sshRefusal(e wire.Error) (int, string) {
-	msg := (&client.APIError{Body: e}).Error()
+	msg := e.Message()
 	if e.RequestID != "" {
 		msg += " (request " + e.RequestID + ")"
 	}

@@ -1,4 +1,4 @@
-package gateway
+package gateway_test
 
 import (
 	"bufio"
@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"io"
 	"net"
@@ -114,14 +115,14 @@ func TestGateway_SSH(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	d := startDaemon(t, func(c *Config) {
+	d := startDaemon(t, func(c *gateway.Config) {
 		c.PolicyPath = polFile
-		c.SSH = &SSHConfig{Listeners: []net.Listener{ln}, AuthorizedKeys: keysFile}
+		c.SSH = &gateway.SSHConfig{Listeners: []net.Listener{ln}, AuthorizedKeys: keysFile}
 		c.NoTemplate, c.PoolSize, c.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 3
 	})
 
 	// The daemon created its host key; the client pins it.
-	hostKey := filepath.Join(d.state, DefaultSSHHostKey)
+	hostKey := filepath.Join(d.Config.StateDir, gateway.DefaultSSHHostKey)
 	if st, err := os.Stat(hostKey); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("host key: %v %v", st, err)
 	}
@@ -338,10 +339,10 @@ func TestGateway_SSH(t *testing.T) {
 		_ = cmd.Process.Signal(syscall.SIGKILL)
 		_ = cmd.Wait()
 		waitFor(t, time.Minute, "the VM of the dropped command to go", func() bool {
-			st, err := d.c.Status(context.Background())
+			st, err := d.Client.Status(context.Background())
 			return err == nil && st["live_vms"].(float64) == 0
 		})
-		for _, r := range readAudit(t, d.audit) {
+		for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
 			if r.Kind == audit.KindExec && len(r.Argv) == 3 && strings.Contains(r.Argv[2], "sleep 300") {
 				goneReq = r.RequestID
 				// Killed when the client went away: an error, never a
@@ -356,10 +357,10 @@ func TestGateway_SSH(t *testing.T) {
 		}
 	})
 
-	d.stop(t)
+	d.StopAndCheck(t)
 	agentFP, narrowFP := ssh.FingerprintSHA256(agentPub), ssh.FingerprintSHA256(narrowPub)
 	var execs, denials, interactive int
-	for _, r := range readAudit(t, d.audit) {
+	for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
 		if r.SSH == nil {
 			continue
 		}
@@ -378,9 +379,9 @@ func TestGateway_SSH(t *testing.T) {
 	}
 	if execs < 8 || denials != 1 || interactive != 2 {
 		t.Fatalf("audit log: %d exec records with the agent key's fingerprint (want ≥ 8), %d denials of the narrow key (want 1), %d interactive shells (want 2)\n%s",
-			execs, denials, interactive, mustRead(t, d.audit))
+			execs, denials, interactive, testutil.ReadFile(t, d.AuditPath))
 	}
-	if _, err := audit.VerifyFile(d.audit); err != nil {
+	if _, err := audit.VerifyFile(d.AuditPath); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -393,7 +392,7 @@ func TestSSHFront_Unit(t *testing.T) {
 	})
 
 	// The audit log names the keys, not a uid.
-	recs := readAudit(t, u.audit)
+	recs := testutil.JSONLines[audit.Record](t, u.audit)
 	var sawDeny, sawExec bool
 	for _, r := range recs {
 		if r.UID != nil || r.GID != nil {
@@ -411,7 +410,7 @@ func TestSSHFront_Unit(t *testing.T) {
 		}
 	}
 	if !sawDeny || !sawExec {
-		t.Fatalf("audit log lacks the SSH records (deny %v, exec %v):\n%s", sawDeny, sawExec, mustRead(t, u.audit))
+		t.Fatalf("audit log lacks the SSH records (deny %v, exec %v):\n%s", sawDeny, sawExec, testutil.ReadFile(t, u.audit))
 	}
 }
 
@@ -507,26 +506,4 @@ func TestSSHFront_Refuses(t *testing.T) {
 	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ssh socket left behind: %v", err)
 	}
-}
-
-func readAudit(t *testing.T, path string) []audit.Record {
-	t.Helper()
-	var out []audit.Record
-	for _, line := range strings.Split(strings.TrimSpace(mustRead(t, path)), "\n") {
-		var r audit.Record
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("audit line %q: %v", line, err)
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-func mustRead(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }

@@ -59,22 +59,7 @@ type APIError struct {
 	Body   wire.Error
 }
 
-func (e *APIError) Error() string {
-	switch e.Body.Code {
-	case wire.CodeDenied:
-		msg := "denied by policy"
-		if e.Body.Profile != "" {
-			msg += " profile " + e.Body.Profile
-		}
-		if e.Body.Rule != "" {
-			msg += ": rule " + e.Body.Rule
-		}
-		return msg + ": " + e.Body.Error
-	case wire.CodeBusy:
-		return "gateway busy: " + e.Body.Error
-	}
-	return e.Body.Error
-}
+func (e *APIError) Error() string { return e.Body.Message() }
 
 // Is lets errors.Is match ErrDenied and ErrBusy.
 func (e *APIError) Is(target error) bool {

@@ -166,6 +166,25 @@ func (e Error) ExitCode() int {
 	return ExitInternal
 }
 
+// Message is the error as a person reads it: a refusal by policy names the
+// profile and the rule, busy says so.
+func (e Error) Message() string {
+	switch e.Code {
+	case CodeDenied:
+		msg := "denied by policy"
+		if e.Profile != "" {
+			msg += " profile " + e.Profile
+		}
+		if e.Rule != "" {
+			msg += ": rule " + e.Rule
+		}
+		return msg + ": " + e.Error
+	case CodeBusy:
+		return "gateway busy: " + e.Error
+	}
+	return e.Error
+}
+
 // Error codes in Error.Code.
 const (
 	CodeBadRequest = "bad_request"

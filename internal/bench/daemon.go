@@ -2,8 +2,10 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -25,16 +27,22 @@ type DaemonOptions struct {
 	Log         *slog.Logger
 }
 
-// Daemon is the real gateway running in this process on its own socket.
+// Daemon is the real gateway serving in this process on a Unix socket of
+// its own: gateway.New, a listener, Serve in a goroutine, a client. The
+// benchmarks use it, and so does every in-process daemon test (through
+// gateway/gatewaytest).
 type Daemon struct {
+	Config    gateway.Config
 	Socket    string
 	AuditPath string
 	Client    *client.Client
-	cancel    context.CancelFunc
-	done      chan error
+
+	srv    *gateway.Server
+	cancel context.CancelFunc
+	done   chan error
 }
 
-// StartDaemon starts the gateway and returns once it serves requests.
+// StartDaemon writes o's policy into o.Dir and starts a daemon there.
 func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, err
@@ -43,29 +51,48 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if err := os.WriteFile(pol, o.Policy, 0o600); err != nil {
 		return nil, err
 	}
-	d := &Daemon{Socket: filepath.Join(o.Dir, "s.sock"), AuditPath: filepath.Join(o.Dir, "audit.jsonl"), done: make(chan error, 1)}
-	ready := make(chan struct{})
-	dctx, cancel := context.WithCancel(ctx)
-	d.cancel = cancel
-	cfg := gateway.Config{Socket: d.Socket, SocketMode: 0o600, StateDir: filepath.Join(o.Dir, "state"), ImageDir: o.ImageDir,
-		AuditPath: d.AuditPath, MaxVMs: o.MaxVMs, QueueLen: 64, PolicyPath: pol, PolicyExplicit: true, Accel: o.Accel,
-		AllowRoot: os.Geteuid() == 0, Log: o.Log, PoolSize: o.PoolSize, TemplateDir: o.TemplateDir, Ready: func() { close(ready) }}
-	go func() { d.done <- gateway.Run(dctx, cfg) }()
-	select {
-	case <-ready:
-	case err := <-d.done:
-		cancel()
+	return StartGateway(ctx, gateway.Config{Socket: filepath.Join(o.Dir, "s.sock"), SocketMode: 0o600, StateDir: filepath.Join(o.Dir, "state"),
+		ImageDir: o.ImageDir, AuditPath: filepath.Join(o.Dir, "audit.jsonl"), MaxVMs: o.MaxVMs, QueueLen: 64, PolicyPath: pol,
+		PolicyExplicit: true, Accel: o.Accel, AllowRoot: os.Geteuid() == 0, Log: o.Log, PoolSize: o.PoolSize, TemplateDir: o.TemplateDir})
+}
+
+// StartGateway builds the daemon from cfg (it listens on cfg.Socket, which
+// Stop removes) and returns once it serves.
+func StartGateway(ctx context.Context, cfg gateway.Config) (*Daemon, error) {
+	if cfg.Socket == "" {
+		return nil, errors.New("daemon: no socket")
+	}
+	srv, err := gateway.New(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	d.Client = client.New(d.Socket)
+	var ln net.Listener
+	if ln, _, err = gateway.Listen(cfg, cfg.Log); err != nil {
+		_ = srv.Close()
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	d := &Daemon{Config: cfg, Socket: cfg.Socket, AuditPath: cfg.AuditPath, Client: client.New(cfg.Socket),
+		srv: srv, cancel: cancel, done: make(chan error, 1)}
+	go func() { d.done <- srv.Serve(sctx, ln) }()
 	return d, nil
 }
 
-// Stop shuts the daemon down and returns its exit error.
+// Stop shuts the daemon down (running commands get its grace period),
+// releases it and returns Serve's error. It is safe to call twice.
 func (d *Daemon) Stop() error {
+	if d.cancel == nil {
+		return nil
+	}
 	d.cancel()
-	return <-d.done
+	d.cancel = nil
+	err := <-d.done
+	_ = os.Remove(d.Socket)
+	return errors.Join(err, d.srv.Close())
 }
+
+// Reload reloads the policy, as SIGHUP does.
+func (d *Daemon) Reload() { d.srv.Reload() }
 
 // WaitPool waits until the pool of VMs without a NIC holds n ready VMs
 // (at most 5 min).

@@ -39,7 +39,9 @@ type served struct {
 	socket string
 	state  string
 	audit  string
+	policy string
 	exited chan error
+	reload chan string // the daemon's log lines about a policy reload
 }
 
 // startServe runs the built `vmgated serve` and waits until it accepts.
@@ -51,7 +53,7 @@ func startServe(t *testing.T, dir string) *served {
 	if err := os.WriteFile(pol, []byte(servePolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := &served{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"), audit: filepath.Join(dir, "audit.jsonl"), exited: make(chan error, 1)}
+	s := &served{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"), audit: filepath.Join(dir, "audit.jsonl"), policy: pol, exited: make(chan error, 1), reload: make(chan string, 4)}
 	s.cmd = exec.Command(bin, "serve", "--config", pol, "--socket", s.socket, "--state-dir", s.state, "--image", img,
 		"--audit-log", s.audit, "--allow-root", "--grace", "2s", "--max-vms", "2", "--template-dir", testutil.TemplateDir(t))
 	// Stand in for systemd's notification socket (a restart in the same
@@ -79,6 +81,12 @@ func startServe(t *testing.T, dir string) *served {
 			if !once && strings.Contains(sc.Text(), "vmgated ready") {
 				once = true
 				close(ready)
+			}
+			if strings.Contains(sc.Text(), "policy reload") {
+				select { // never block the daemon's stderr
+				case s.reload <- sc.Text():
+				default:
+				}
 			}
 		}
 		_, _ = io.Copy(io.Discard, pr)
@@ -150,6 +158,24 @@ func TestServe_Acceptance(t *testing.T) {
 	_, se, code = vmExec(t, s.socket, "rm", "-rf", "/")
 	if code != 201 || !strings.Contains(se, "denied by policy") || !strings.Contains(se, "no-rm") {
 		t.Fatalf("denied: %d %q", code, se)
+	}
+	// SIGHUP reloads the policy: the deny rule's new name is in force.
+	if err := os.WriteFile(s.policy, []byte(strings.Replace(servePolicy, `"no-rm"`, `"no-rm-v2"`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case line := <-s.reload:
+		if !strings.Contains(line, "policy reloaded") {
+			t.Fatalf("reload: %s", line)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no reload after SIGHUP")
+	}
+	if _, se, code = vmExec(t, s.socket, "rm", "x"); code != 201 || !strings.Contains(se, "no-rm-v2") {
+		t.Fatalf("denied after reload: %d %q", code, se)
 	}
 	_, se, code = runCmd(t, append(os.Environ(), "VMGATE_SOCKET="+filepath.Join(t.TempDir(), "none.sock")), binary(t, "vm-exec"), "true")
 	if code != 204 || !strings.Contains(se, "is vmgated running") {

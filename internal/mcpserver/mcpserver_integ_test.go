@@ -3,7 +3,6 @@ package mcpserver
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +14,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/internal/bench"
 	"github.com/vmgate/vmgate/internal/shelltool"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/policy"
@@ -53,21 +53,8 @@ args_any = ["*forbidden-word*"]
 // that each fresh VM is a restore (< 1 s) rather than a boot.
 func startDaemon(t *testing.T) (sock string, c *client.Client) {
 	t.Helper()
-	img := testutil.RequiresImage(t)
-	dir := t.TempDir()
-	d, err := bench.StartDaemon(context.Background(), bench.DaemonOptions{Dir: dir, ImageDir: img, TemplateDir: testutil.TemplateDir(t),
-		Policy: []byte(integPolicy), MaxVMs: 4, PoolSize: 1, Accel: "auto",
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-		if ents, _ := os.ReadDir(filepath.Join(dir, "state", "vms")); len(ents) != 0 {
-			t.Errorf("VM directories left after shutdown: %v", ents)
-		}
+	d := gatewaytest.Start(t, integPolicy, func(c *gateway.Config) {
+		c.NoTemplate, c.PoolSize, c.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 4
 	})
 	wctx, wcancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer wcancel()

@@ -8,8 +8,10 @@
 package testutil
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -85,4 +87,29 @@ func TemplateDir(t testing.TB) string {
 		return d
 	}
 	return t.TempDir()
+}
+
+// ReadFile returns the file's content, failing the test when it cannot be
+// read.
+func ReadFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// JSONLines decodes a file of one JSON value per line (an audit log).
+func JSONLines[T any](t testing.TB, path string) []T {
+	t.Helper()
+	var out []T
+	for _, line := range strings.Split(strings.TrimSpace(ReadFile(t, path)), "\n") {
+		var v T
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Fatalf("%s: line %q: %v", path, line, err)
+		}
+		out = append(out, v)
+	}
+	return out
 }

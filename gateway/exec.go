@@ -1,20 +1,22 @@
 package gateway
 
+// The exec core: a request that a front door (the local API in api.go, the
+// SSH front door in ssh.go) has parsed goes admit (audit check, policy
+// decision, audited) → acquire (a fresh VM: pool, restore or boot; or the
+// caller's session's) → runExec (the command, with the front door's
+// streams) → audit. It knows no transport: refusals are *RequestError,
+// outcomes wire.Result, and each front door maps them to its own terms.
+
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,89 +28,11 @@ import (
 	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
-func (s *Server) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/exec", s.handleExec)
-	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
-	mux.HandleFunc("DELETE /v1/sessions/{name}", s.handleEndSession)
-	mux.HandleFunc("GET /v1/status", s.handleStatus)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
-	})
-	return mux
-}
-
-func writeError(w http.ResponseWriter, status int, e wire.Error) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(e)
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(v)
-}
-
+// newRequestID returns a fresh request id for the audit log and the caller.
 func newRequestID() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
-	if _, err := identityFrom(r.Context()); err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
-		return
-	}
-	used, waiting := s.slots.stats()
-	health := "ok"
-	if err := s.audit.Healthy(); err != nil {
-		health = err.Error()
-	}
-	st := map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()}
-	if s.fast != nil {
-		pools := []map[string]any{}
-		for k, ss := range s.fast.stats() {
-			p := ss.pool
-			pools = append(pools, map[string]any{"memory_mib": k.mem, "cpus": k.cpus, "seccomp": k.seccomp, "network": k.network,
-				"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk,
-				"restore_handshake_failures": ss.handshakeFailures})
-		}
-		st["pools"] = pools
-		st["restore_handshake_failures"] = s.fast.handshakeFailures()
-	}
-	writeJSON(w, st)
-}
-
-func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
-	id, err := identityFrom(r.Context())
-	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
-		return
-	}
-	out := s.listSessions(id.UID)
-	if out == nil {
-		out = []wire.Session{}
-	}
-	writeJSON(w, out)
-}
-
-func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
-	id, err := identityFrom(r.Context())
-	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
-		return
-	}
-	name := r.PathValue("name")
-	s.mu.Lock()
-	ss := s.sessions[sessionKey{id.UID, name}]
-	s.mu.Unlock()
-	if ss == nil {
-		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q for uid %d", name, id.UID)})
-		return
-	}
-	s.destroySession(ss, "ended by client")
-	w.WriteHeader(http.StatusNoContent)
 }
 
 // execState collects what the audit record of one exec needs.
@@ -162,61 +86,6 @@ func (s *Server) auditDecision(st *execState) error {
 	return s.audit.Write(rec)
 }
 
-// refusal is a request turned away before its command ran: the HTTP
-// status and the wire error (which the SSH front door maps to a message
-// and an exit status).
-type refusal struct {
-	status int
-	body   wire.Error
-}
-
-func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
-	id, err := identityFrom(r.Context())
-	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "cannot identify the caller: " + err.Error()})
-		return
-	}
-	if !s.begin() {
-		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeShutdown, Error: "vmgated is shutting down"})
-		return
-	}
-	defer s.end()
-	// Booting and running end when the client goes away or when the
-	// shutdown grace period is over, whichever comes first.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	defer context.AfterFunc(s.execCtx, cancel)()
-	if !strings.EqualFold(r.Header.Get("Upgrade"), wire.Upgrade) {
-		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: "exec needs the header Upgrade: " + wire.Upgrade})
-		return
-	}
-	req, err := wire.DecodeExecRequest(r.Body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error()})
-		return
-	}
-	st := newExecState(id, req, false)
-	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
-	target, ref := s.admit(ctx, log, st)
-	if ref != nil {
-		writeError(w, ref.status, ref.body)
-		return
-	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		target.done(false)
-		log.Error("hijack", "err", err)
-		return
-	}
-	defer conn.Close()
-	_, _ = fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nVmgate-Request-Id: %s\r\n\r\n", wire.Upgrade, st.reqID)
-	if err := brw.Flush(); err != nil {
-		target.done(false)
-		return
-	}
-	s.serveExec(log, conn, brw.Reader, st, target)
-}
-
 // admit takes a request that every front door (the HTTP API, SSH) has
 // parsed into st from the audit check through the policy decision (audited)
 // to its VM: a fresh one, or the caller's session's. A refusal is returned
@@ -227,44 +96,32 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 //
 // Precondition: s.begin() succeeded. Postcondition: on success the caller
 // runs the command with runExec, or calls target.done(false).
-func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*vmTarget, *refusal) {
+func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*vmTarget, *RequestError) {
+	unaudited := func(err error) *RequestError {
+		return &RequestError{Kind: ErrAuditUnavailable, Msg: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}
+	}
 	if err := s.audit.Healthy(); err != nil {
 		log.Error("refusing request: audit log unavailable", "err", err)
-		return nil, &refusal{http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}}
+		return nil, unaudited(err)
 	}
 	st.verdict = s.policy.Load().Decide(st.id, policy.Request{
 		Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
 	})
 	if err := s.auditDecision(st); err != nil {
-		return nil, &refusal{http.StatusServiceUnavailable, wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}}
+		return nil, unaudited(err)
 	}
 	if !st.verdict.Allowed {
 		log.Info("denied", "profile", st.verdict.Profile, "rule", st.verdict.Rule, "reason", st.verdict.Reason)
-		return nil, &refusal{http.StatusForbidden, wire.Error{Code: wire.CodeDenied, Error: st.verdict.Reason,
-			Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID}}
+		return nil, &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID}
 	}
 	target, err := s.acquireVM(ctx, st)
 	if err != nil {
-		status, code := http.StatusServiceUnavailable, wire.CodeBusy
-		var ue userError
-		if errors.As(err, &ue) {
-			status, code = ue.status, ue.code
-		}
 		s.auditExec(st, execOutcome{err: err})
-		return nil, &refusal{status, wire.Error{Code: code, Error: err.Error(), Profile: st.verdict.Profile, RequestID: st.reqID}}
+		return nil, requestError(err, st)
 	}
 	return target, nil
 }
-
-// userError is an error with its HTTP status and wire code.
-type userError struct {
-	status int
-	code   string
-	msg    string
-}
-
-func (e userError) Error() string { return e.msg }
 
 // vmTarget is the VM an exec runs in: fresh (destroyed afterwards) or a
 // session's (kept).
@@ -317,7 +174,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	t0 := time.Now()
 	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
 	if err != nil {
-		return nil, nil, userError{http.StatusServiceUnavailable, wire.CodeBusy, fmt.Sprintf("busy: no VM slot free within %v (max %d VMs, profile %q max %d)", s.cfg.QueueWait, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs)}
+		return nil, nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("busy: no VM slot free within %v (max %d VMs, profile %q max %d)", s.cfg.QueueWait, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs)}
 	}
 	queue := time.Since(t0)
 	t1 := time.Now()
@@ -332,7 +189,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	t, err := s.getVM(ctx, k)
 	if err != nil {
 		release()
-		return nil, nil, userError{http.StatusInternalServerError, wire.CodeVM, "start vm: " + err.Error()}
+		return nil, nil, &RequestError{Kind: ErrVMFailed, Msg: "start vm: " + err.Error()}
 	}
 	t.boot, t.queue = time.Since(t1), queue
 	// Every VM with a NIC starts with a network that allows nothing; it
@@ -373,7 +230,7 @@ func (s *Server) getVM(ctx context.Context, k shapeKey) (*vmTarget, error) {
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	if !st.id.Local() {
 		// Sessions are keyed by uid; an SSH caller has none.
-		return nil, userError{http.StatusBadRequest, wire.CodeBadRequest, "named sessions are for local callers"}
+		return nil, &RequestError{Kind: ErrBadRequest, Msg: "named sessions are for local callers"}
 	}
 	key := sessionKey{st.id.UID, st.req.Session}
 	s.mu.Lock()
@@ -383,7 +240,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 		if ss.busy || ss.closed {
 			ss.mu.Unlock()
 			s.mu.Unlock()
-			return nil, userError{http.StatusConflict, wire.CodeBusy, fmt.Sprintf("session %q is running another command", key.name)}
+			return nil, &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is running another command", key.name)}
 		}
 		ss.busy = true
 		ss.mu.Unlock()
@@ -407,7 +264,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 		s.mu.Unlock()
 		_ = m.Close()
 		release()
-		return nil, userError{http.StatusConflict, wire.CodeBusy, fmt.Sprintf("session %q is being created by another request", key.name)}
+		return nil, &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is being created by another request", key.name)}
 	}
 	s.sessions[key] = ss
 	s.mu.Unlock()
@@ -436,98 +293,6 @@ func (s *Server) sessionDone(ss *session) func(bool) {
 			s.destroySession(ss, "vm failed")
 		}
 	}
-}
-
-// frameWriter turns writes into frames of one type on a shared connection.
-type frameWriter struct {
-	mu  *sync.Mutex
-	w   io.Writer
-	typ byte
-	err error
-}
-
-func (f *frameWriter) Write(p []byte) (int, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.err != nil {
-		return 0, f.err
-	}
-	for rest := p; len(rest) > 0; {
-		n := min(len(rest), wire.MaxFrame)
-		if err := wire.WriteFrame(f.w, f.typ, rest[:n]); err != nil {
-			f.err = err
-			return 0, err
-		}
-		rest = rest[n:]
-	}
-	return len(p), nil
-}
-
-// serveExec relays an accepted HTTP exec as frames on the upgraded
-// connection.
-func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
-	ctx, cancel := context.WithCancel(s.execCtx)
-	defer cancel()
-
-	// Client → daemon frames. A read error means the client is gone:
-	// cancel the command.
-	var stdinR *io.PipeReader
-	var stdinW *io.PipeWriter
-	if st.req.Stdin {
-		stdinR, stdinW = io.Pipe()
-	}
-	signals := make(chan string, 8)
-	clientGone := make(chan struct{})
-	go func() {
-		defer close(clientGone)
-		for {
-			typ, p, err := wire.ReadFrame(br)
-			if err != nil {
-				if stdinW != nil {
-					stdinW.CloseWithError(errors.New("client disconnected"))
-				}
-				cancel()
-				return
-			}
-			switch typ {
-			case wire.FrameStdin:
-				if stdinW != nil {
-					if _, err := stdinW.Write(p); err != nil {
-						stdinW = nil // command closed its stdin; drop the rest
-					}
-				}
-			case wire.FrameStdinEOF:
-				if stdinW != nil {
-					stdinW.Close()
-					stdinW = nil
-				}
-			case wire.FrameSignal:
-				select {
-				case signals <- string(p):
-				default:
-				}
-			}
-		}
-	}()
-
-	var mu sync.Mutex
-	sio := execIO{
-		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout},
-		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr},
-		signals: signals, gone: clientGone,
-	}
-	if stdinR != nil {
-		sio.stdin = stdinR
-		defer stdinR.Close()
-	}
-	res, err := s.runExec(ctx, log, st, target, sio)
-	mu.Lock()
-	defer mu.Unlock()
-	if err != nil {
-		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: wire.CodeVM, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
-		return
-	}
-	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res)
 }
 
 // execIO is a front door's side of a running command.
@@ -581,8 +346,10 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	default:
 	}
 	target.done(vmOK) // a session whose VM died is ended; a fresh VM always goes
-	out := s.auditExec(st, execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes.Load(), execDur: execDur,
-		stdoutSHA: stdout.sum(), stderrSHA: stderr.sum()})
+	o := execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes.Load(), execDur: execDur,
+		stdoutSHA: stdout.sum(), stderrSHA: stderr.sum()}
+	s.auditExec(st, o)
+	out := result(st, o)
 	if err != nil {
 		log.Warn("exec failed", "err", err)
 		return out, err
@@ -636,36 +403,43 @@ type execOutcome struct {
 	stdoutSHA, stderrSHA string
 }
 
-// auditExec writes the exec record and returns the wire result.
-func (s *Server) auditExec(st *execState, o execOutcome) wire.Result {
+// auditExec writes the exec record of an outcome.
+func (s *Server) auditExec(st *execState, o execOutcome) {
 	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
 		ImageDigest: s.digest, DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdinBytes, StdoutSHA256: o.stdoutSHA, StderrSHA256: o.stderrSHA}
 	setCaller(&rec, st.id)
-	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: rec.DurationMS, ExecMS: o.execDur.Milliseconds()}
 	if t := o.target; t != nil {
 		rec.VMID, rec.BootMS, rec.VMStart = t.vm.ID, t.boot.Milliseconds(), t.start
 		if t.jail != "" {
 			rec.Message = "jail: " + t.jail
 		}
-		out.VMID, out.BootMS, out.QueueMS, out.VMStart = t.vm.ID, t.boot.Milliseconds(), t.queue.Milliseconds(), t.start
 	}
-	res, execErr := o.res, o.err
-	if res != nil {
+	if res := o.res; res != nil {
 		code := res.ExitCode
 		rec.ExitCode, rec.Signal, rec.TimedOut = &code, res.Signal, res.TimedOut
 		rec.StdoutBytes, rec.StderrBytes = res.StdoutBytes, res.StderrBytes
 		rec.Truncated = res.StdoutTruncated || res.StderrTruncated
-		out.ExitCode, out.Signal, out.TimedOut = res.ExitCode, res.Signal, res.TimedOut
-		out.StdoutTruncated, out.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
-		out.StdoutBytes, out.StderrBytes = res.StdoutBytes, res.StderrBytes
 	}
-	if execErr != nil {
-		rec.Error = execErr.Error()
+	if o.err != nil {
+		rec.Error = o.err.Error()
 	}
 	if err := s.audit.Write(rec); err != nil {
 		s.log.Error("audit exec record", "req", st.reqID, "err", err)
+	}
+}
+
+// result is an outcome as the protocol reports it.
+func result(st *execState, o execOutcome) wire.Result {
+	out := wire.Result{RequestID: st.reqID, Profile: st.verdict.Profile, TotalMS: time.Since(st.start).Milliseconds(), ExecMS: o.execDur.Milliseconds()}
+	if t := o.target; t != nil {
+		out.VMID, out.BootMS, out.QueueMS, out.VMStart = t.vm.ID, t.boot.Milliseconds(), t.queue.Milliseconds(), t.start
+	}
+	if res := o.res; res != nil {
+		out.ExitCode, out.Signal, out.TimedOut = res.ExitCode, res.Signal, res.TimedOut
+		out.StdoutTruncated, out.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
+		out.StdoutBytes, out.StderrBytes = res.StdoutBytes, res.StderrBytes
 	}
 	return out
 }

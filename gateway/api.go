@@ -1,0 +1,251 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/vmgate/vmgate/gateway/wire"
+)
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/exec", s.handleExec)
+	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
+	mux.HandleFunc("DELETE /v1/sessions/{name}", s.handleEndSession)
+	mux.HandleFunc("GET /v1/status", s.handleStatus)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
+	})
+	return mux
+}
+
+// httpStatus is the local API's status for a refusal of the exec core
+// (docs/protocol.md lists them).
+func httpStatus(kind error) int {
+	switch kind {
+	case ErrBadRequest:
+		return http.StatusBadRequest
+	case ErrDenied:
+		return http.StatusForbidden
+	case ErrSessionBusy:
+		return http.StatusConflict
+	case ErrBusy, ErrAuditUnavailable, ErrShutdown:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, status int, e wire.Error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	if _, err := identityFrom(r.Context()); err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	used, waiting := s.slots.stats()
+	health := "ok"
+	if err := s.audit.Healthy(); err != nil {
+		health = err.Error()
+	}
+	st := map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()}
+	if s.fast != nil {
+		pools := []map[string]any{}
+		for k, ss := range s.fast.stats() {
+			p := ss.pool
+			pools = append(pools, map[string]any{"memory_mib": k.mem, "cpus": k.cpus, "seccomp": k.seccomp, "network": k.network,
+				"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk,
+				"restore_handshake_failures": ss.handshakeFailures})
+		}
+		st["pools"] = pools
+		st["restore_handshake_failures"] = s.fast.handshakeFailures()
+	}
+	writeJSON(w, st)
+}
+
+func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	out := s.listSessions(id.UID)
+	if out == nil {
+		out = []wire.Session{}
+	}
+	writeJSON(w, out)
+}
+
+func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	name := r.PathValue("name")
+	s.mu.Lock()
+	ss := s.sessions[sessionKey{id.UID, name}]
+	s.mu.Unlock()
+	if ss == nil {
+		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q for uid %d", name, id.UID)})
+		return
+	}
+	s.destroySession(ss, "ended by client")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "cannot identify the caller: " + err.Error()})
+		return
+	}
+	if !s.begin() {
+		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeShutdown, Error: "vmgated is shutting down"})
+		return
+	}
+	defer s.end()
+	// Booting and running end when the client goes away or when the
+	// shutdown grace period is over, whichever comes first.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(s.execCtx, cancel)()
+	if !strings.EqualFold(r.Header.Get("Upgrade"), wire.Upgrade) {
+		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: "exec needs the header Upgrade: " + wire.Upgrade})
+		return
+	}
+	req, err := wire.DecodeExecRequest(r.Body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error()})
+		return
+	}
+	st := newExecState(id, req, false)
+	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
+	target, rerr := s.admit(ctx, log, st)
+	if rerr != nil {
+		writeError(w, httpStatus(rerr.Kind), rerr.Wire())
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		target.done(false)
+		log.Error("hijack", "err", err)
+		return
+	}
+	defer conn.Close()
+	_, _ = fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nVmgate-Request-Id: %s\r\n\r\n", wire.Upgrade, st.reqID)
+	if err := brw.Flush(); err != nil {
+		target.done(false)
+		return
+	}
+	s.serveExec(log, conn, brw.Reader, st, target)
+}
+
+// frameWriter turns writes into frames of one type on a shared connection.
+type frameWriter struct {
+	mu  *sync.Mutex
+	w   io.Writer
+	typ byte
+	err error
+}
+
+func (f *frameWriter) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return 0, f.err
+	}
+	for rest := p; len(rest) > 0; {
+		n := min(len(rest), wire.MaxFrame)
+		if err := wire.WriteFrame(f.w, f.typ, rest[:n]); err != nil {
+			f.err = err
+			return 0, err
+		}
+		rest = rest[n:]
+	}
+	return len(p), nil
+}
+
+// serveExec relays an accepted HTTP exec as frames on the upgraded
+// connection.
+func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
+	ctx, cancel := context.WithCancel(s.execCtx)
+	defer cancel()
+
+	// Client → daemon frames. A read error means the client is gone:
+	// cancel the command.
+	var stdinR *io.PipeReader
+	var stdinW *io.PipeWriter
+	if st.req.Stdin {
+		stdinR, stdinW = io.Pipe()
+	}
+	signals := make(chan string, 8)
+	clientGone := make(chan struct{})
+	go func() {
+		defer close(clientGone)
+		for {
+			typ, p, err := wire.ReadFrame(br)
+			if err != nil {
+				if stdinW != nil {
+					stdinW.CloseWithError(errors.New("client disconnected"))
+				}
+				cancel()
+				return
+			}
+			switch typ {
+			case wire.FrameStdin:
+				if stdinW != nil {
+					if _, err := stdinW.Write(p); err != nil {
+						stdinW = nil // command closed its stdin; drop the rest
+					}
+				}
+			case wire.FrameStdinEOF:
+				if stdinW != nil {
+					stdinW.Close()
+					stdinW = nil
+				}
+			case wire.FrameSignal:
+				select {
+				case signals <- string(p):
+				default:
+				}
+			}
+		}
+	}()
+
+	var mu sync.Mutex
+	sio := execIO{
+		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout},
+		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr},
+		signals: signals, gone: clientGone,
+	}
+	if stdinR != nil {
+		sio.stdin = stdinR
+		defer stdinR.Close()
+	}
+	res, err := s.runExec(ctx, log, st, target, sio)
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil {
+		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: wire.CodeVM, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
+		return
+	}
+	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res)
+}
