@@ -66,17 +66,15 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		health = err.Error()
 	}
 	st := map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()}
-	if s.fast != nil {
-		pools := []map[string]any{}
-		for k, ss := range s.fast.stats() {
-			p := ss.pool
-			pools = append(pools, map[string]any{"memory_mib": k.mem, "cpus": k.cpus, "seccomp": k.seccomp, "network": k.network,
-				"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk,
-				"restore_handshake_failures": ss.handshakeFailures})
-		}
-		st["pools"] = pools
-		st["restore_handshake_failures"] = s.fast.handshakeFailures()
+	pools := []map[string]any{}
+	for _, ss := range s.host.Stats() {
+		p := ss.Pool
+		pools = append(pools, map[string]any{"memory_mib": ss.MemoryMiB, "cpus": ss.CPUs, "seccomp": ss.Seccomp, "network": ss.Network,
+			"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk,
+			"restore_handshake_failures": ss.HandshakeFailures})
 	}
+	st["pools"] = pools
+	st["restore_handshake_failures"] = s.host.HandshakeFailures()
 	writeJSON(w, st)
 }
 

@@ -185,13 +185,12 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	if cpus == 0 {
 		cpus = vm.DefaultCPUs
 	}
-	k := shapeKey{mem: mem, cpus: cpus, seccomp: s.seccompMode(), network: v.Network != nil}
-	t, err := s.getVM(ctx, k)
+	m, how, err := s.host.Get(ctx, vm.Shape{MemoryMiB: mem, CPUs: cpus, Seccomp: s.seccompMode(), Network: v.Network != nil})
 	if err != nil {
 		release()
 		return nil, nil, &RequestError{Kind: ErrVMFailed, Msg: "start vm: " + err.Error()}
 	}
-	t.boot, t.queue = time.Since(t1), queue
+	t := &vmTarget{vm: m, start: how, jail: jailOf(m), boot: time.Since(t1), queue: queue}
 	// Every VM with a NIC starts with a network that allows nothing; it
 	// gets the profile's allowlist, audited as this request's, only now
 	// that it is this request's VM.
@@ -200,31 +199,6 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 			MaxBytes: n.MaxBytes, ConnectRate: n.ConnectRate, Audit: s.netAudit(st, t.vm.ID)})
 	}
 	return t, release, nil
-}
-
-// getVM returns a fresh VM of shape k: from the fast path when the shape
-// has a template, else booted cold.
-func (s *Server) getVM(ctx context.Context, k shapeKey) (*vmTarget, error) {
-	if s.fast != nil {
-		m, how, err := s.fast.get(ctx, k)
-		switch {
-		case m != nil:
-			return &vmTarget{vm: m, start: how, jail: jailOf(m)}, nil
-		case err != nil && ctx.Err() == nil:
-			s.log.Warn("restore from template failed, booting cold", "err", err)
-		}
-	}
-	opts := vm.Options{ImageDir: s.cfg.ImageDir, StateDir: s.cfg.StateDir, MemoryMiB: k.mem, CPUs: k.cpus,
-		Accel: s.cfg.Accel, Log: s.log, Seccomp: k.seccomp, Cgroups: s.cgroups}
-	if k.network {
-		nc := s.netBase()
-		opts.Network = &nc
-	}
-	m, err := vm.Start(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &vmTarget{vm: m, start: "boot", jail: jailOf(m)}, nil
 }
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
@@ -407,7 +381,7 @@ type execOutcome struct {
 func (s *Server) auditExec(st *execState, o execOutcome) {
 	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
-		ImageDigest: s.digest, DurationMS: time.Since(st.start).Milliseconds(),
+		ImageDigest: s.host.ImageDigest(), DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdinBytes, StdoutSHA256: o.stdoutSHA, StderrSHA256: o.stderrSHA}
 	setCaller(&rec, st.id)
 	if t := o.target; t != nil {

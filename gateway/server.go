@@ -25,10 +25,8 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/image"
 )
 
 // Config configures the daemon. Zero values get the documented defaults.
@@ -142,14 +140,12 @@ type Server struct {
 	log    *slog.Logger
 	policy atomic.Pointer[policy.Policy]
 	audit  *audit.Log
-	digest string
 	slots  *slots
-	// fast restores VMs from templates; nil when NoTemplate.
-	fast *fastPath
+	// host is where VMs come from: the image, the cgroups, templates
+	// and pools.
+	host *vm.Host
 	// ssh is the SSH front door; nil when off.
 	ssh *sshFront
-	// cgroups holds the jails' cgroups; nil means rlimits only.
-	cgroups *cgroup.Manager
 
 	// execCtx is cancelled when the grace period after shutdown ends.
 	execCtx    context.Context
@@ -214,9 +210,10 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // New prepares the daemon from cfg: the state directory and its lock, the
-// cleanup of what a crashed daemon left, the policy, the cgroups, the
-// image check, the audit log, the SSH front door's files and the fast
-// path (whose templates start loading). It neither listens nor serves.
+// policy, the VM host (which cleans up what a crashed daemon left, opens
+// the cgroups and checks the image), the audit log, the SSH front door's
+// files; then the templates of the policy's shapes start loading. It
+// neither listens nor serves.
 //
 // Postcondition: on error everything it acquired is released again.
 func New(cfg Config) (_ *Server, err error) {
@@ -239,37 +236,19 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	s.push(func() error { unlock(); return nil })
-	if n, err := vm.CleanupStale(cfg.StateDir, log); err != nil {
-		return nil, fmt.Errorf("clean up leftovers: %w", err)
-	} else if n > 0 {
-		log.Warn("removed VMs left by a previous run", "count", n)
-	}
 	pol, err := loadPolicy(cfg, log)
 	if err != nil {
 		return nil, err
 	}
 	s.policy.Store(pol)
-	if s.cgroups, err = cgroup.OpenMode(pol.Cgroups(), cgroup.GroupName(cfg.StateDir), log); err != nil {
-		return nil, err
-	}
-	if s.cgroups != nil {
-		// Pushed before anything that runs VMs, so it runs after every
-		// VM (and its group) is gone.
-		s.push(func() error {
-			if err := s.cgroups.Close(); err != nil {
-				log.Warn("remove the jails' cgroup", "err", err)
-			}
-			return nil
-		})
-	}
-	m, err := image.ReadManifest(cfg.ImageDir)
+	s.host, err = vm.NewHost(vm.HostConfig{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, TemplateDir: cfg.TemplateDir,
+		Accel: cfg.Accel, Cgroups: pol.Cgroups(), Network: s.netBase(), PoolSize: cfg.PoolSize, NoTemplate: cfg.NoTemplate, Log: log})
 	if err != nil {
 		return nil, err
 	}
-	if err := m.Verify(cfg.ImageDir, true); err != nil {
-		return nil, err
-	}
-	s.digest = m.Artifacts[image.BaseFile].SHA256
+	// Pushed before anything that runs VMs, so it runs after every VM
+	// (sessions, requests) is gone.
+	s.push(s.host.Close)
 	if s.audit, err = audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror()}); err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
@@ -283,7 +262,7 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 		s.push(func() error { s.ssh.closeListeners(); return nil })
 	}
-	s.startFastPath(pol)
+	s.warmShapes(pol)
 	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
 		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")
 	}
@@ -314,31 +293,21 @@ func checkConfig(cfg Config) error {
 	return nil
 }
 
-// startFastPath starts loading (or building) the templates of the default
-// shape and of every shape the policy uses, unless templates are off.
-func (s *Server) startFastPath(pol *policy.Policy) {
-	if s.cfg.NoTemplate {
-		s.log.Info("VM templates off: every VM boots cold")
-		return
-	}
-	cfg := s.cfg
-	s.fast = newFastPath(vm.Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: s.log,
-		Cgroups: s.cgroups, TemplateDir: cfg.TemplateDir}, s.netBase(), cfg.PoolSize, s.log)
-	// Closed after the server has stopped and every session is closed,
-	// before the cgroup manager goes.
-	s.push(func() error { s.fast.close(); return nil })
-	// A shape that only a later policy uses is built on first use.
-	s.fast.warm(shapeKey{mem: vm.DefaultMemoryMiB, cpus: vm.DefaultCPUs, seccomp: s.seccompMode()})
+// warmShapes starts loading (or building) the templates of the default
+// shape and of every shape the policy uses. A shape that only a later
+// policy uses is built on first use.
+func (s *Server) warmShapes(pol *policy.Policy) {
+	s.host.Warm(vm.Shape{MemoryMiB: vm.DefaultMemoryMiB, CPUs: vm.DefaultCPUs, Seccomp: s.seccompMode()})
 	for _, sh := range pol.Shapes() {
-		s.fast.warm(shapeKey{mem: sh.MemoryMiB, cpus: sh.CPUs, seccomp: s.seccompMode(), network: sh.Network})
+		s.host.Warm(vm.Shape{MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Seccomp: s.seccompMode(), Network: sh.Network})
 	}
 }
 
 // push adds a step to what Close undoes, in reverse order.
 func (s *Server) push(fn func() error) { s.closers = append(s.closers, fn) }
 
-// Close releases what New acquired, in reverse order: the fast path's pools
-// and templates, the cgroups, the audit log, the state lock. Call it after
+// Close releases what New acquired, in reverse order: the audit log, the
+// VM host's pools, templates and cgroups, the state lock. Call it after
 // Serve has returned (or instead of Serve). It is safe to call twice.
 func (s *Server) Close() error {
 	var errs []error
@@ -363,7 +332,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.log.Info("SSH front door ready", "listen", s.ssh.addrs(), "host_key", s.ssh.cfg.HostKey+".pub",
 			"host_key_fingerprint", s.ssh.hostFP, "authorized_keys", s.ssh.cfg.AuthorizedKeys, "keys", s.ssh.keys.Load().Len())
 	}
-	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.digest})
+	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.host.ImageDigest()})
 	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.policy.Load().Source(), "image", s.cfg.ImageDir,
 		"audit", s.cfg.AuditPath, "max_vms", s.cfg.MaxVMs)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {

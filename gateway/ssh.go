@@ -483,113 +483,169 @@ type sshJob struct {
 	tty         *wire.TTY
 }
 
-// serveChannel serves one session channel: it collects env and pty-req
-// requests, then runs the exec or shell request through admit and runExec,
-// and reports the outcome as exit-status or exit-signal. The command is
-// killed (and its VM destroyed) when the channel or connection closes.
+// serveChannel serves one session channel: an sshSession collects env
+// and pty-req requests, then the exec or shell request starts the command
+// through admit and runExec (run), whose outcome is reported as
+// exit-status or exit-signal. The command is killed (and its VM
+// destroyed) when the channel or connection closes.
 func (f *sshFront) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool, nc ssh.NewChannel) {
 	ch, reqs, err := nc.Accept()
 	if err != nil {
 		return
 	}
 	defer ch.Close()
+	ss := &sshSession{f: f, log: log, id: id, noPTY: noPTY, envSeen: map[string]bool{},
+		startc: make(chan sshJob, 1), signals: make(chan string, 8), resize: make(chan vm.PTY, 1)}
 	gone := make(chan struct{})
-	startc := make(chan sshJob, 1)
-	signals := make(chan string, 8)
-	resize := make(chan vm.PTY, 1)
 	go func() {
 		defer close(gone)
-		var job sshJob
-		envSeen := map[string]bool{}
-		started := false
 		for r := range reqs {
-			ok := false
-			switch r.Type {
-			case sshmsg.Env:
-				var p sshmsg.EnvRequest
-				switch {
-				case started || ssh.Unmarshal(r.Payload, &p) != nil:
-				case envSeen[p.Name] || len(job.env) >= policy.MaxEnv || len(p.Name)+len(p.Value) >= policy.MaxArgBytes ||
-					strings.ContainsRune(p.Name+p.Value, 0):
-				case !f.s.policy.Load().AllowsEnv(id, p.Name):
-					log.Debug("ssh env variable not passed: the profile does not allow it", "name", truncate(p.Name, 64))
-				default:
-					envSeen[p.Name] = true
-					job.env = append(job.env, p.Name+"="+p.Value)
-					ok = true
-				}
-			case sshmsg.PtyReq:
-				var p sshmsg.PtyRequest
-				if !started && !noPTY && ssh.Unmarshal(r.Payload, &p) == nil && sshmsg.TermSizeOK(p.Columns, p.Rows) && sshmsg.TermNameOK(p.Term) {
-					job.tty = &wire.TTY{Term: p.Term, Cols: p.Columns, Rows: p.Rows}
-					ok = true
-				}
-			case sshmsg.WindowChange:
-				// Before the command starts the size is the pty's; after,
-				// the latest size goes to the running command.
-				var p sshmsg.WindowChangeRequest
-				if job.tty == nil || ssh.Unmarshal(r.Payload, &p) != nil || p.Columns == 0 || p.Rows == 0 || !sshmsg.TermSizeOK(p.Columns, p.Rows) {
-					break
-				}
-				ok = true
-				if !started {
-					job.tty.Cols, job.tty.Rows = p.Columns, p.Rows
-					break
-				}
-				sz := vm.PTY{Columns: p.Columns, Rows: p.Rows}
-				select {
-				case resize <- sz:
-				default: // replace the size not yet taken
-					select {
-					case <-resize:
-					default:
-					}
-					select {
-					case resize <- sz:
-					default:
-					}
-				}
-			case sshmsg.Exec, sshmsg.Shell:
-				if started {
-					break
-				}
-				if r.Type == sshmsg.Exec {
-					var p sshmsg.ExecRequest
-					if ssh.Unmarshal(r.Payload, &p) != nil {
-						break
-					}
-					job.command = p.Command
-				} else {
-					job.interactive = true
-				}
-				// Reply before the command can send anything.
-				started = true
-				if r.WantReply {
-					_ = r.Reply(true, nil)
-				}
-				startc <- job
-				continue
-			case sshmsg.Signal:
-				var p sshmsg.SignalRequest
-				if started && ssh.Unmarshal(r.Payload, &p) == nil {
-					select {
-					case signals <- strings.TrimPrefix(p.Signal, "SIG"):
-						ok = true
-					default:
-					}
-				}
-			}
-			if r.WantReply {
-				_ = r.Reply(ok, nil)
-			}
+			ss.handle(r)
 		}
 	}()
 	select {
-	case job := <-startc:
-		f.run(log, id, ch, job, signals, resize, gone)
+	case job := <-ss.startc:
+		f.run(log, id, ch, job, ss.signals, ss.resize, gone)
 	case <-gone:
 	case <-time.After(f.cfg.HandshakeTimeout):
 		log.Info("ssh session asked for no command or shell in time, closing it", "timeout", f.cfg.HandshakeTimeout)
+	}
+}
+
+// sshSession is one session channel's requests, in the order RFC 4254
+// gives them (as the guest agent's session takes them): env, pty-req and
+// window-change set the command up; exec or shell starts it; then signal
+// and window-change reach the running command. Requests arrive on one
+// goroutine; what reaches the command goes through channels.
+type sshSession struct {
+	f     *sshFront
+	log   *slog.Logger
+	id    policy.Identity
+	noPTY bool // the key's no-pty option
+
+	job     sshJob
+	envSeen map[string]bool
+	started bool
+
+	startc  chan sshJob // the job, once
+	signals chan string // RFC 4254 signal names for the command
+	resize  chan vm.PTY // the latest terminal size for the command
+}
+
+// handle answers one channel request.
+func (ss *sshSession) handle(r *ssh.Request) {
+	ok := false
+	switch r.Type {
+	case sshmsg.Env:
+		ok = ss.env(r.Payload)
+	case sshmsg.PtyReq:
+		ok = ss.pty(r.Payload)
+	case sshmsg.WindowChange:
+		ok = ss.windowChange(r.Payload)
+	case sshmsg.Exec, sshmsg.Shell:
+		if ss.start(r) {
+			return // replied already
+		}
+	case sshmsg.Signal:
+		ok = ss.signal(r.Payload)
+	}
+	if r.WantReply {
+		_ = r.Reply(ok, nil)
+	}
+}
+
+// env passes a variable the profile allows, before the command starts.
+func (ss *sshSession) env(payload []byte) bool {
+	var p sshmsg.EnvRequest
+	switch {
+	case ss.started || ssh.Unmarshal(payload, &p) != nil:
+		return false
+	case ss.envSeen[p.Name] || len(ss.job.env) >= policy.MaxEnv || len(p.Name)+len(p.Value) >= policy.MaxArgBytes ||
+		strings.ContainsRune(p.Name+p.Value, 0):
+		return false
+	case !ss.f.s.policy.Load().AllowsEnv(ss.id, p.Name):
+		ss.log.Debug("ssh env variable not passed: the profile does not allow it", "name", truncate(p.Name, 64))
+		return false
+	}
+	ss.envSeen[p.Name] = true
+	ss.job.env = append(ss.job.env, p.Name+"="+p.Value)
+	return true
+}
+
+// pty asks for a terminal, before the command starts, unless the key
+// forbids it.
+func (ss *sshSession) pty(payload []byte) bool {
+	var p sshmsg.PtyRequest
+	if ss.started || ss.noPTY || ssh.Unmarshal(payload, &p) != nil || !sshmsg.TermSizeOK(p.Columns, p.Rows) || !sshmsg.TermNameOK(p.Term) {
+		return false
+	}
+	ss.job.tty = &wire.TTY{Term: p.Term, Cols: p.Columns, Rows: p.Rows}
+	return true
+}
+
+// windowChange sets the terminal's size: before the command starts, the
+// pty's; after, the latest size goes to the running command (a size not
+// yet taken is replaced).
+func (ss *sshSession) windowChange(payload []byte) bool {
+	var p sshmsg.WindowChangeRequest
+	if ss.job.tty == nil || ssh.Unmarshal(payload, &p) != nil || p.Columns == 0 || p.Rows == 0 || !sshmsg.TermSizeOK(p.Columns, p.Rows) {
+		return false
+	}
+	if !ss.started {
+		ss.job.tty.Cols, ss.job.tty.Rows = p.Columns, p.Rows
+		return true
+	}
+	sz := vm.PTY{Columns: p.Columns, Rows: p.Rows}
+	select {
+	case ss.resize <- sz:
+	default:
+		select {
+		case <-ss.resize:
+		default:
+		}
+		select {
+		case ss.resize <- sz:
+		default:
+		}
+	}
+	return true
+}
+
+// start takes the exec or shell request: the first one starts the job,
+// replied to before the command can send anything. It reports whether it
+// replied.
+func (ss *sshSession) start(r *ssh.Request) bool {
+	if ss.started {
+		return false
+	}
+	if r.Type == sshmsg.Exec {
+		var p sshmsg.ExecRequest
+		if ssh.Unmarshal(r.Payload, &p) != nil {
+			return false
+		}
+		ss.job.command = p.Command
+	} else {
+		ss.job.interactive = true
+	}
+	ss.started = true
+	if r.WantReply {
+		_ = r.Reply(true, nil)
+	}
+	ss.startc <- ss.job
+	return true
+}
+
+// signal passes a signal to the running command (dropped when 8 wait).
+func (ss *sshSession) signal(payload []byte) bool {
+	var p sshmsg.SignalRequest
+	if !ss.started || ssh.Unmarshal(payload, &p) != nil {
+		return false
+	}
+	select {
+	case ss.signals <- strings.TrimPrefix(p.Signal, "SIG"):
+		return true
+	default:
+		return false
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"log/slog"
@@ -23,6 +25,8 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 func TestParseSSHListen(t *testing.T) {
@@ -199,7 +203,13 @@ func newUnitFront(t *testing.T, keys string, mutate func(*SSHConfig)) *unitFront
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { al.Close() })
-	s := &Server{cfg: Config{StateDir: dir, ImageDir: filepath.Join(dir, "no-image"), MaxVMs: 1, Log: log},
+	img := unbootableImage(t)
+	host, err := vm.NewHost(vm.HostConfig{ImageDir: img, StateDir: dir, Cgroups: "off", NoTemplate: true, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Close() })
+	s := &Server{cfg: Config{StateDir: dir, ImageDir: img, MaxVMs: 1, Log: log}, host: host,
 		log: log, audit: al, slots: newSlots(1, 0, time.Second), sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
 	s.policy.Store(pol)
 	var cancel context.CancelFunc
@@ -237,6 +247,26 @@ func newUnitFront(t *testing.T, keys string, mutate func(*SSHConfig)) *unitFront
 		t.Fatal(err)
 	}
 	return &unitFront{f: f, s: s, addr: ln.Addr().String(), hostPK: hostPK, audit: filepath.Join(dir, "audit.jsonl"), logs: logs}
+}
+
+// unbootableImage is an image directory whose manifest verifies but whose
+// disk is no qcow2: every VM start fails.
+func unbootableImage(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	m := &image.Manifest{Artifacts: map[string]image.Artifact{}}
+	for _, n := range []string{image.BaseFile, image.KernelFile, image.InitrdFile, image.ClientKeyFile, image.HostPubKeyFile} {
+		b := []byte("not an image: " + n)
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		m.Artifacts[n] = image.Artifact{Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])}
+	}
+	if err := image.WriteManifest(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 func (u *unitFront) dial(t *testing.T, auth ...ssh.AuthMethod) (*ssh.Client, error) {

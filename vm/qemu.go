@@ -1,5 +1,10 @@
 // Package vm runs commands in disposable QEMU virtual machines.
 //
+// A daemon builds one [Host] and takes every VM from [Host.Get]: the Host
+// owns the checked image, the jails' cgroup, and a template and a pool per
+// VM shape (memory, CPUs, seccomp mode, NIC). [Start] boots one VM cold;
+// [Template] and [Pool] are the fast path (docs/fast-path.md).
+//
 // Each VM gets a private 0700 directory under the state directory holding a
 // qcow2 overlay on the image's read-only base, the QMP and agent Unix
 // sockets, the serial console log and a pid file. The guest agent (package

@@ -1,0 +1,358 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/image"
+)
+
+// Host is where VMs come from: built once per daemon, it owns the checked
+// image, the jails' cgroup, and one template and one pool per VM shape.
+// Get returns a fresh VM of a shape, with or without a NIC: ready in the
+// shape's pool, restored from its template, or (until the template is
+// ready, when it cannot be built, or with templates off) booted cold.
+// Templates load, or build in the background, the first time a shape is
+// asked for (Warm asks ahead).
+//
+// A VM of a shape with a NIC comes with a network that allows nothing
+// (HostConfig.Network); the caller gives it the request's policy with
+// Network().SetPolicy.
+type Host struct {
+	cfg     HostConfig
+	base    Options // image, state, accelerator, log, cgroups
+	cgroups *cgroup.Manager
+	digest  string
+	log     *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	// building admits one template build (a boot) at a time: on a small
+	// host parallel builds only slow each other and the cold boots that
+	// serve requests meanwhile.
+	building chan struct{}
+
+	mu     sync.Mutex
+	shapes map[Shape]*shapeEntry
+	// pastFailures counts the handshake failures of discarded templates.
+	pastFailures int64
+}
+
+// HostConfig is what a Host is built from.
+type HostConfig struct {
+	ImageDir, StateDir string
+	// TemplateDir holds the templates (default StateDir/templates).
+	TemplateDir string
+	Accel       Accel
+	// Cgroups is the cgroup mode (cgroup.OpenMode): "auto", "required"
+	// or "off".
+	Cgroups string
+	// Network is the plumbing of every NIC's network (resolver, log),
+	// with no policy.
+	Network guestnet.Config
+	// PoolSize is how many restored VMs each shape keeps ready.
+	PoolSize int
+	// NoTemplate boots every VM cold.
+	NoTemplate bool
+	Log        *slog.Logger
+}
+
+// Shape is what VMs of one template share.
+type Shape struct {
+	MemoryMiB, CPUs int
+	Seccomp         string // the jail's filter mode
+	Network         bool   // the VMs have a NIC
+}
+
+// How a VM came from Get.
+const (
+	FromPool    = "pool"    // ready in the shape's pool
+	FromRestore = "restore" // restored from the template now
+	FromBoot    = "boot"    // booted cold
+)
+
+type shapeEntry struct {
+	// loaded is closed once the attempt to load an existing template
+	// ended (ready, or building now, or failed): a request waits for a
+	// load (a second or so), never for a build.
+	loaded   chan struct{}
+	ready    bool
+	failedAt time.Time // the build failed; retried after retryAfter
+	tmpl     *Template
+	pool     *Pool
+}
+
+// retryAfter is how long a shape whose template failed boots cold before
+// the build is tried again.
+const retryAfter = 10 * time.Minute
+
+// NewHost removes what a crashed daemon left in the state directory,
+// opens the jails' cgroup and checks the image. It starts no VM.
+//
+// Postcondition: on error nothing is left open.
+func NewHost(cfg HostConfig) (*Host, error) {
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if n, err := CleanupStale(cfg.StateDir, log); err != nil {
+		return nil, fmt.Errorf("clean up leftovers: %w", err)
+	} else if n > 0 {
+		log.Warn("removed VMs left by a previous run", "count", n)
+	}
+	m, err := image.ReadManifest(cfg.ImageDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Verify(cfg.ImageDir, true); err != nil {
+		return nil, err
+	}
+	cg, err := cgroup.OpenMode(cfg.Cgroups, cgroup.GroupName(cfg.StateDir), log)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &Host{cfg: cfg, cgroups: cg, digest: m.Artifacts[image.BaseFile].SHA256, log: log, ctx: ctx, cancel: cancel,
+		building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{},
+		base: Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log, Cgroups: cg, TemplateDir: cfg.TemplateDir}}
+	if cfg.NoTemplate {
+		log.Info("VM templates off: every VM boots cold")
+	}
+	return h, nil
+}
+
+// ImageDigest is the SHA-256 of the base image every VM starts from.
+func (h *Host) ImageDigest() string { return h.digest }
+
+// Get returns a fresh VM of the shape and how it was made (FromPool,
+// FromRestore, FromBoot). A restore that fails discards the shape's
+// template (rebuilt on the next request) and the VM boots cold. If ctx
+// ends first, nothing is left running.
+func (h *Host) Get(ctx context.Context, k Shape) (*VM, string, error) {
+	if !h.cfg.NoTemplate {
+		m, how, err := h.restore(ctx, k)
+		switch {
+		case m != nil:
+			return m, how, nil
+		case err != nil && ctx.Err() == nil:
+			h.log.Warn("restore from template failed, booting cold", "err", err)
+		}
+	}
+	m, err := Start(ctx, h.options(k))
+	if err != nil {
+		return nil, "", err
+	}
+	return m, FromBoot, nil
+}
+
+// options returns the VM options of a shape.
+func (h *Host) options(k Shape) Options {
+	opts := h.base
+	opts.MemoryMiB, opts.CPUs, opts.Seccomp = k.MemoryMiB, k.CPUs, k.Seccomp
+	if k.Network {
+		nc := h.cfg.Network
+		opts.Network = &nc
+	}
+	return opts
+}
+
+// Warm loads (or builds) the template of a shape and fills its pool, in
+// the background. It does nothing with templates ofh.
+func (h *Host) Warm(k Shape) {
+	if !h.cfg.NoTemplate {
+		h.entry(k)
+	}
+}
+
+// entry returns the shape's entry, starting its load (and, when there is
+// no template, its build) when new or when a failed build may be retried.
+func (h *Host) entry(k Shape) *shapeEntry {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.shapes[k]
+	if e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < retryAfter) {
+		return e
+	}
+	if h.ctx.Err() != nil {
+		e := &shapeEntry{loaded: make(chan struct{})}
+		close(e.loaded)
+		return e
+	}
+	e = &shapeEntry{loaded: make(chan struct{})}
+	h.shapes[k] = e
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.build(k, e)
+	}()
+	return e
+}
+
+func (h *Host) build(k Shape, e *shapeEntry) {
+	opts := h.options(k)
+	t0 := time.Now()
+	tmpl, err := LoadTemplate(h.ctx, opts)
+	if err == nil {
+		h.ready(k, e, tmpl, t0)
+		close(e.loaded)
+		return
+	}
+	close(e.loaded)
+	if errors.Is(err, ErrNoTemplate) {
+		h.log.Info("building the VM template of a shape; its requests boot cold meanwhile", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "network", k.Network, "why", err)
+		select {
+		case h.building <- struct{}{}:
+			tmpl, err = EnsureTemplate(h.ctx, opts)
+			<-h.building
+		case <-h.ctx.Done():
+			err = h.ctx.Err()
+		}
+	}
+	if err != nil {
+		h.mu.Lock()
+		e.failedAt = time.Now()
+		h.mu.Unlock()
+		if h.ctx.Err() == nil {
+			h.log.Error("VM template failed; this shape boots cold", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "network", k.Network, "err", err, "retry_in", retryAfter)
+		}
+		return
+	}
+	h.ready(k, e, tmpl, t0)
+}
+
+// ready starts the shape's pool on its template.
+func (h *Host) ready(k Shape, e *shapeEntry, tmpl *Template, t0 time.Time) {
+	pool := NewPool(tmpl, h.options(k), h.cfg.PoolSize)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx.Err() != nil {
+		_ = pool.Close()
+		_ = tmpl.Close()
+		return
+	}
+	e.tmpl, e.pool, e.ready = tmpl, pool, true
+	h.log.Info("fast path ready", "template", tmpl.String(), "network", k.Network, "built", tmpl.Built, "ms", time.Since(t0).Milliseconds(), "pool_size", h.cfg.PoolSize)
+}
+
+// restore returns a restored VM of the shape and how it was made
+// (FromPool, FromRestore), or nil when the shape has no template yet.
+func (h *Host) restore(ctx context.Context, k Shape) (*VM, string, error) {
+	e := h.entry(k)
+	select {
+	case <-e.loaded:
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
+	h.mu.Lock()
+	ready, pool := e.ready, e.pool
+	h.mu.Unlock()
+	if !ready {
+		return nil, "", nil
+	}
+	v, fromPool, err := pool.Get(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			h.discard(k, e, err)
+		}
+		return nil, "", err
+	}
+	if fromPool {
+		return v, FromPool, nil
+	}
+	return v, FromRestore, nil
+}
+
+// discard drops a shape whose restore failed: its pool is closed and its
+// template removed, so the next request of the shape starts a rebuild
+// (and boots cold meanwhile).
+func (h *Host) discard(k Shape, e *shapeEntry, why error) {
+	h.mu.Lock()
+	if h.shapes[k] != e || !e.ready || h.ctx.Err() != nil {
+		h.mu.Unlock()
+		return
+	}
+	delete(h.shapes, k)
+	h.pastFailures += e.tmpl.HandshakeFailures()
+	h.mu.Unlock()
+	h.log.Error("restore from template failed: discarding the template; it is rebuilt on the next request", "template", e.tmpl.String(), "err", why)
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		if err := e.pool.Close(); err != nil {
+			h.log.Warn("close pool", "err", err)
+		}
+		if err := e.tmpl.Discard(); err != nil {
+			h.log.Warn("remove template", "err", err)
+		}
+	}()
+}
+
+// ShapeStats is what the status reports of a shape whose template is ready.
+type ShapeStats struct {
+	Shape
+	Pool PoolStats
+	// HandshakeFailures counts restores whose first agent handshake
+	// failed (each replaced by a second clone).
+	HandshakeFailures int64
+}
+
+// Stats returns each ready shape's counters.
+func (h *Host) Stats() []ShapeStats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []ShapeStats
+	for k, e := range h.shapes {
+		if e.ready {
+			out = append(out, ShapeStats{Shape: k, Pool: e.pool.Stats(), HandshakeFailures: e.tmpl.HandshakeFailures()})
+		}
+	}
+	return out
+}
+
+// HandshakeFailures counts, over the Host's life, restores whose first
+// agent handshake failed.
+func (h *Host) HandshakeFailures() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := h.pastFailures
+	for _, e := range h.shapes {
+		if e.ready {
+			n += e.tmpl.HandshakeFailures()
+		}
+	}
+	return n
+}
+
+// Close stops building, destroys pooled VMs, releases templates and
+// removes the jails' cgroup. Call it once every VM from Get is closed.
+func (h *Host) Close() error {
+	h.cancel()
+	h.wg.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k, e := range h.shapes {
+		if e.ready {
+			if err := e.pool.Close(); err != nil {
+				h.log.Warn("close pool", "err", err)
+			}
+			_ = e.tmpl.Close()
+		}
+		delete(h.shapes, k)
+	}
+	var err error
+	if h.cgroups != nil {
+		if err = h.cgroups.Close(); err != nil {
+			err = fmt.Errorf("remove the jails' cgroup: %w", err)
+		}
+		h.cgroups = nil
+	}
+	return err
+}
