@@ -1,10 +1,10 @@
 package gateway
 
-// The exec core: a request that a front door (the local API in api.go, the
-// SSH front door in ssh.go) has parsed goes admit (audit check, policy
-// decision, audited) → acquire (a fresh VM: pool, restore or boot; or the
-// caller's session's) → runExec (the command, with the front door's
-// streams) → audit. It knows no transport: refusals are *RequestError,
+// The exec core: a request that a front door (the local API in api.go;
+// the SSH front door, package sshfront, through sshcore.go) has parsed
+// goes admit (audit check, policy decision, audited) → acquire (a fresh
+// VM: pool, restore or boot; or the caller's session's) → runExec (the
+// command, with the front door's streams) → audit. It knows no transport: refusals are *RequestError,
 // outcomes wire.Result, and each front door maps them to its own terms.
 
 import (

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
@@ -80,7 +81,7 @@ type Config struct {
 	// host's resolver; the allowlist and address checks still apply).
 	NetHosts map[string][]netip.Addr
 	// SSH, if set, turns the SSH front door on.
-	SSH *SSHConfig
+	SSH *sshfront.Config
 	// AllowRoot permits running as uid 0.
 	AllowRoot bool
 	// Log defaults to slog.Default().
@@ -145,7 +146,7 @@ type Server struct {
 	// and pools.
 	host *vm.Host
 	// ssh is the SSH front door; nil when off.
-	ssh *sshFront
+	ssh *sshfront.Front
 
 	// execCtx is cancelled when the grace period after shutdown ends.
 	execCtx    context.Context
@@ -257,10 +258,10 @@ func New(cfg Config) (_ *Server, err error) {
 	// The SSH front door's files and addresses are checked before any VM
 	// work starts; it serves once the daemon is ready.
 	if cfg.SSH != nil {
-		if s.ssh, err = newSSHFront(s, *cfg.SSH, pol, log); err != nil {
+		if s.ssh, err = sshfront.New(sshCore{s}, *cfg.SSH, cfg.StateDir, log); err != nil {
 			return nil, err
 		}
-		s.push(func() error { s.ssh.closeListeners(); return nil })
+		s.push(func() error { s.ssh.CloseListeners(); return nil })
 	}
 	s.warmShapes(pol)
 	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
@@ -328,9 +329,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	if s.ssh != nil {
-		s.ssh.serve()
-		s.log.Info("SSH front door ready", "listen", s.ssh.addrs(), "host_key", s.ssh.cfg.HostKey+".pub",
-			"host_key_fingerprint", s.ssh.hostFP, "authorized_keys", s.ssh.cfg.AuthorizedKeys, "keys", s.ssh.keys.Load().Len())
+		s.ssh.Serve()
+		s.ssh.LogReady()
 	}
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.host.ImageDigest()})
 	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.policy.Load().Source(), "image", s.cfg.ImageDir,
@@ -360,7 +360,7 @@ func (s *Server) shutdown(srv *http.Server) {
 	s.activeMu.Unlock()
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	if s.ssh != nil {
-		s.ssh.closeListeners()
+		s.ssh.CloseListeners()
 	}
 	grace := time.NewTimer(s.cfg.Grace)
 	defer grace.Stop()
@@ -380,7 +380,7 @@ func (s *Server) shutdown(srv *http.Server) {
 	}
 	_ = srv.Close()
 	if s.ssh != nil {
-		s.ssh.closeConns()
+		s.ssh.CloseConns()
 	}
 	s.closeAllSessions("daemon shutdown")
 }
@@ -427,7 +427,7 @@ func (s *Server) Reload() {
 	s.log.Info("policy reloaded", "source", p.Source())
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reloaded: " + p.Source()})
 	if s.ssh != nil {
-		s.ssh.reload(p)
+		s.ssh.Reload(p)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"io"
 	"net"
@@ -117,12 +118,12 @@ func TestGateway_SSH(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	d := startDaemon(t, func(c *gateway.Config) {
 		c.PolicyPath = polFile
-		c.SSH = &gateway.SSHConfig{Listeners: []net.Listener{ln}, AuthorizedKeys: keysFile}
+		c.SSH = &sshfront.Config{Listeners: []net.Listener{ln}, AuthorizedKeys: keysFile}
 		c.NoTemplate, c.PoolSize, c.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 3
 	})
 
 	// The daemon created its host key; the client pins it.
-	hostKey := filepath.Join(d.Config.StateDir, gateway.DefaultSSHHostKey)
+	hostKey := filepath.Join(d.Config.StateDir, sshfront.DefaultHostKey)
 	if st, err := os.Stat(hostKey); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("host key: %v %v", st, err)
 	}

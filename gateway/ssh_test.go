@@ -11,141 +11,22 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/image"
 )
-
-func TestParseSSHListen(t *testing.T) {
-	tests := []struct {
-		in       string
-		network  string
-		addr     string
-		loopback bool
-		err      string
-	}{
-		{"127.0.0.1:2222", "tcp", "127.0.0.1:2222", true, ""},
-		{"127.1.2.3:22", "tcp", "127.1.2.3:22", true, ""},
-		{"[::1]:2222", "tcp", "[::1]:2222", true, ""},
-		{"[::ffff:127.0.0.1]:2222", "tcp", "127.0.0.1:2222", true, ""},
-		{"127.0.0.1:0", "tcp", "127.0.0.1:0", true, ""},
-		{"0.0.0.0:2222", "tcp", "0.0.0.0:2222", false, ""},
-		{"[::]:2222", "tcp", "[::]:2222", false, ""},
-		{"192.0.2.10:2222", "tcp", "192.0.2.10:2222", false, ""},
-		{"unix:/run/vmgate/ssh.sock", "unix", "/run/vmgate/ssh.sock", true, ""},
-
-		{":2222", "", "", false, "no address"},
-		{"localhost:2222", "", "", false, "not an IP address"},
-		{"[fe80::1%eth0]:22", "", "", false, "not an IP address without zone"},
-		{"127.0.0.1", "", "", false, "want IP:PORT"},
-		{"127.0.0.1:ssh", "", "", false, "want a number"},
-		{"127.0.0.1:65536", "", "", false, "want a number"},
-		{"127.0.0.1:+22", "", "", false, "want a number"},
-		{"127.0.0.1:022", "", "", false, "want a number"},
-		{"unix:relative.sock", "", "", false, "ABSOLUTE"},
-		{"unix:/a/../b.sock", "", "", false, "CLEAN"},
-		{"unix:/" + strings.Repeat("a", 120), "", "", false, "too long"},
-		{"", "", "", false, "want IP:PORT"},
-	}
-	for _, tt := range tests {
-		got, err := parseSSHListen(tt.in)
-		if tt.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.err) {
-				t.Errorf("parseSSHListen(%q) = %+v, %v; want error ~%q", tt.in, got, err, tt.err)
-			}
-			continue
-		}
-		if err != nil || got.network != tt.network || got.addr != tt.addr || got.loopback != tt.loopback {
-			t.Errorf("parseSSHListen(%q) = %+v, %v; want {%s %s %v}", tt.in, got, err, tt.network, tt.addr, tt.loopback)
-		}
-	}
-}
-
-func FuzzParseSSHListen(f *testing.F) {
-	for _, s := range []string{"127.0.0.1:2222", "[::1]:22", "[::ffff:127.0.0.1]:1", "0.0.0.0:0", "unix:/run/x.sock",
-		"unix:", ":22", "localhost:22", "[fe80::1%lo]:22", "1.2.3.4:99999", "unix:/a/../b"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		a, err := parseSSHListen(s)
-		if err != nil {
-			return
-		}
-		// What parses is canonical: parsing it again gives the same.
-		again := a.addr
-		if a.network == "unix" {
-			again = "unix:" + a.addr
-		}
-		b, err := parseSSHListen(again)
-		if err != nil || b != a {
-			t.Fatalf("%q parsed to %+v, which parses to %+v, %v", s, a, b, err)
-		}
-		if a.network == "tcp" {
-			host, _, _ := net.SplitHostPort(a.addr)
-			ip, err := netip.ParseAddr(host)
-			if err != nil || ip.IsLoopback() != a.loopback {
-				t.Fatalf("%q: loopback %v for %s", s, a.loopback, host)
-			}
-		}
-	})
-}
-
-func TestSSHRefusal(t *testing.T) {
-	tests := []struct {
-		e    wire.Error
-		code int
-		msg  string
-	}{
-		{wire.Error{Code: wire.CodeDenied, Error: "shell strings are not allowed", Profile: "narrow", RequestID: "r1"}, wire.ExitDenied,
-			"denied by policy profile narrow: shell strings are not allowed (request r1)"},
-		{wire.Error{Code: wire.CodeDenied, Error: "argv matches deny rule", Profile: "p", Rule: "deny[0] no-rm"}, wire.ExitDenied,
-			"denied by policy profile p: rule deny[0] no-rm: argv matches deny rule"},
-		{wire.Error{Code: wire.CodeBusy, Error: "busy: no VM slot"}, wire.ExitBusy, "gateway busy: busy: no VM slot"},
-		{wire.Error{Code: wire.CodeVM, Error: "start vm: boom"}, wire.ExitVMFailed, "start vm: boom"},
-		{wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited"}, wire.ExitInternal, "refusing to run unaudited"},
-		{wire.Error{Code: wire.CodeShutdown, Error: "stopping"}, wire.ExitInternal, "stopping"},
-		{wire.Error{Code: wire.CodeBadRequest, Error: "named sessions are for local callers"}, wire.ExitInternal, "named sessions are for local callers"},
-	}
-	for _, tt := range tests {
-		code, msg := sshRefusal(tt.e)
-		if code != tt.code || msg != tt.msg {
-			t.Errorf("sshRefusal(%+v) = %d %q, want %d %q", tt.e, code, msg, tt.code, tt.msg)
-		}
-	}
-}
-
-func TestActivityWatch(t *testing.T) {
-	a := &activity{}
-	a.touch()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var fired atomic.Int32
-	go a.watch(ctx, 200*time.Millisecond, func() { fired.Add(1) })
-	for range 6 {
-		time.Sleep(60 * time.Millisecond)
-		a.touch()
-	}
-	if fired.Load() != 0 {
-		t.Fatal("idle fired while there was traffic")
-	}
-	time.Sleep(500 * time.Millisecond)
-	if fired.Load() != 1 {
-		t.Fatalf("idle fired %d times, want once", fired.Load())
-	}
-}
 
 // sshUnitPolicy gives key profiles that never reach a VM in these tests.
 const sshUnitPolicy = `version = 1
@@ -181,15 +62,16 @@ func newKey(t testing.TB) (ssh.Signer, string) {
 // unitFront is an SSH front door on a Server without an image: requests
 // are decided and audited, and those allowed fail to get a VM.
 type unitFront struct {
-	f      *sshFront
+	f      *sshfront.Front
 	s      *Server
+	keys   string // the authorized-keys file
 	addr   string
 	hostPK ssh.PublicKey
 	audit  string
 	logs   *testutil.SyncBuffer
 }
 
-func newUnitFront(t *testing.T, keys string, mutate func(*SSHConfig)) *unitFront {
+func newUnitFront(t *testing.T, keys string, mutate func(*sshfront.Config)) *unitFront {
 	t.Helper()
 	dir := t.TempDir()
 	pol, err := policy.Parse("unit.toml", []byte(sshUnitPolicy))
@@ -223,22 +105,22 @@ func newUnitFront(t *testing.T, keys string, mutate func(*SSHConfig)) *unitFront
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := SSHConfig{Listeners: []net.Listener{ln}, AuthorizedKeys: kf}
+	cfg := sshfront.Config{Listeners: []net.Listener{ln}, AuthorizedKeys: kf}
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	f, err := newSSHFront(s, cfg, pol, log)
+	f, err := sshfront.New(sshCore{s}, cfg, dir, log)
 	if err != nil {
 		ln.Close()
 		t.Fatal(err)
 	}
 	s.ssh = f
-	f.serve()
+	f.Serve()
 	t.Cleanup(func() {
-		f.closeListeners()
-		f.closeConns()
+		f.CloseListeners()
+		f.CloseConns()
 	})
-	pub, err := os.ReadFile(filepath.Join(dir, DefaultSSHHostKey+".pub"))
+	pub, err := os.ReadFile(filepath.Join(dir, sshfront.DefaultHostKey+".pub"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +128,7 @@ func newUnitFront(t *testing.T, keys string, mutate func(*SSHConfig)) *unitFront
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &unitFront{f: f, s: s, addr: ln.Addr().String(), hostPK: hostPK, audit: filepath.Join(dir, "audit.jsonl"), logs: logs}
+	return &unitFront{f: f, s: s, keys: kf, addr: ln.Addr().String(), hostPK: hostPK, audit: filepath.Join(dir, "audit.jsonl"), logs: logs}
 }
 
 // unbootableImage is an image directory whose manifest verifies but whose
@@ -314,7 +196,7 @@ func TestSSHFront_Unit(t *testing.T) {
 	agent, agentLine := newKey(t)
 	narrow, narrowLine := newKey(t)
 	stranger, _ := newKey(t)
-	u := newUnitFront(t, `profile="agent" `+agentLine+" agent@unit\n"+`profile="narrow",no-pty `+narrowLine+" narrow@unit\n", func(c *SSHConfig) {
+	u := newUnitFront(t, `profile="agent" `+agentLine+" agent@unit\n"+`profile="narrow",no-pty `+narrowLine+" narrow@unit\n", func(c *sshfront.Config) {
 		c.MaxSessions = 2
 	})
 
@@ -448,7 +330,7 @@ func TestSSHFront_Unit(t *testing.T) {
 // that SIGHUP's reload revokes a removed key.
 func TestSSHFront_IdleAndReload(t *testing.T) {
 	agent, agentLine := newKey(t)
-	u := newUnitFront(t, `profile="agent" `+agentLine+"\n", func(c *SSHConfig) { c.IdleTimeout = 300 * time.Millisecond })
+	u := newUnitFront(t, `profile="agent" `+agentLine+"\n", func(c *sshfront.Config) { c.IdleTimeout = 300 * time.Millisecond })
 	c, err := u.dial(t, ssh.PublicKeys(agent))
 	if err != nil {
 		t.Fatal(err)
@@ -461,19 +343,26 @@ func TestSSHFront_IdleAndReload(t *testing.T) {
 		t.Fatal("idle connection not closed")
 	}
 
-	if err := os.WriteFile(u.f.cfg.AuthorizedKeys, []byte("# nobody\n"), 0o600); err != nil {
+	// A file that does not parse keeps the old keys; a removed key is
+	// refused after the reload.
+	if err := os.WriteFile(u.keys, []byte("garbage\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	u.f.reload(u.s.policy.Load())
+	u.f.Reload(u.s.policy.Load())
+	if !strings.Contains(u.logs.String(), "keeping the old keys") {
+		t.Fatalf("bad file on reload: %s", u.logs.String())
+	}
+	c, err = u.dial(t, ssh.PublicKeys(agent))
+	if err != nil {
+		t.Fatalf("the old keys are gone after a bad reload: %v", err)
+	}
+	c.Close()
+	if err := os.WriteFile(u.keys, []byte("# nobody\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u.f.Reload(u.s.policy.Load())
 	if _, err := u.dial(t, ssh.PublicKeys(agent)); err == nil {
 		t.Fatal("removed key still accepted after reload")
-	}
-	if err := os.WriteFile(u.f.cfg.AuthorizedKeys, []byte("garbage\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	u.f.reload(u.s.policy.Load())
-	if u.f.keys.Load().Source() != u.f.cfg.AuthorizedKeys || !strings.Contains(u.logs.String(), "keeping the old keys") {
-		t.Fatalf("bad file on reload: %s", u.logs.String())
 	}
 }
 
@@ -486,6 +375,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Server{cfg: Config{StateDir: dir, SocketMode: 0o660}}
+	s.policy.Store(pol)
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
@@ -496,33 +386,34 @@ func TestSSHFront_Refuses(t *testing.T) {
 	good := write("good", `profile="agent" `+line+"\n")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for name, tt := range map[string]struct {
-		cfg  SSHConfig
+		cfg  sshfront.Config
 		want string
 	}{
-		"non-loopback":        {SSHConfig{Listen: []string{"0.0.0.0:0"}, AuthorizedKeys: good}, "not a loopback address"},
-		"host name":           {SSHConfig{Listen: []string{"localhost:0"}, AuthorizedKeys: good}, "not an IP address"},
-		"no keys file":        {SSHConfig{Listen: []string{"127.0.0.1:0"}}, "no authorized-keys file"},
-		"missing keys file":   {SSHConfig{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: filepath.Join(dir, "nope")}, "no such file"},
-		"no address":          {SSHConfig{AuthorizedKeys: good}, "no address"},
-		"profile without ssh": {SSHConfig{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("local", `profile="local" `+line+"\n")}, `:1: key SHA256:`},
-		"unknown profile":     {SSHConfig{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("nosuch", "\n"+`profile="nosuch" `+line+"\n")}, `nosuch:2: key SHA256:`},
+		"non-loopback":        {sshfront.Config{Listen: []string{"0.0.0.0:0"}, AuthorizedKeys: good}, "not a loopback address"},
+		"host name":           {sshfront.Config{Listen: []string{"localhost:0"}, AuthorizedKeys: good}, "not an IP address"},
+		"no keys file":        {sshfront.Config{Listen: []string{"127.0.0.1:0"}}, "no authorized-keys file"},
+		"missing keys file":   {sshfront.Config{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: filepath.Join(dir, "nope")}, "no such file"},
+		"no address":          {sshfront.Config{AuthorizedKeys: good}, "no address"},
+		"profile without ssh": {sshfront.Config{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("local", `profile="local" `+line+"\n")}, `:1: key SHA256:`},
+		"unknown profile":     {sshfront.Config{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("nosuch", "\n"+`profile="nosuch" `+line+"\n")}, `nosuch:2: key SHA256:`},
 	} {
-		f, err := newSSHFront(s, tt.cfg, pol, log)
+		f, err := sshfront.New(sshCore{s}, tt.cfg, dir, log)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			if f != nil {
-				f.closeListeners()
+				f.CloseListeners()
 			}
 			t.Errorf("%s: %v, want an error ~%q", name, err, tt.want)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, DefaultSSHHostKey)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, sshfront.DefaultHostKey)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a refused start left a host key: %v", err)
 	}
 	// A unix socket and, as a logged relaxation, every interface.
 	var logs testutil.SyncBuffer
 	sock := filepath.Join(dir, "ssh.sock")
-	f, err := newSSHFront(s, SSHConfig{Listen: []string{"unix:" + sock, "0.0.0.0:0"}, AuthorizedKeys: good, AllowRemote: true},
-		pol, slog.New(slog.NewTextHandler(&logs, nil)))
+	s.log = slog.New(slog.NewTextHandler(&logs, nil))
+	f, err := sshfront.New(sshCore{s}, sshfront.Config{Listen: []string{"unix:" + sock, "0.0.0.0:0"}, AuthorizedKeys: good, AllowRemote: true},
+		dir, s.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,7 +423,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o660 {
 		t.Errorf("ssh socket: %v %v", st, err)
 	}
-	f.closeListeners()
+	f.CloseListeners()
 	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("ssh socket left behind: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
@@ -47,7 +48,7 @@ func serve(ctx context.Context, args []string) error {
 	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
 	var sshListen multiFlag
 	fs.Var(&sshListen, "ssh-listen", "serve SSH on IP:PORT (loopback) or unix:/PATH (repeatable; default off)")
-	sshHostKey := fs.String("ssh-host-key", "", "SSH host key, created (ed25519, 0600) when missing (default STATE/"+gateway.DefaultSSHHostKey+")")
+	sshHostKey := fs.String("ssh-host-key", "", "SSH host key, created (ed25519, 0600) when missing (default STATE/"+sshfront.DefaultHostKey+")")
 	sshKeys := fs.String("ssh-authorized-keys", DefaultSSHAuthorizedKeys, "authorized-keys file: each key names its policy profile with profile=\"NAME\"")
 	sshRemote := fs.Bool("ssh-allow-remote", false, "allow --ssh-listen on non-loopback addresses (a logged relaxation)")
 	sshSessions := fs.Int("ssh-max-sessions", 4, "SSH sessions (commands) one connection may run at once")
@@ -71,7 +72,7 @@ func serve(ctx context.Context, args []string) error {
 		if *sshSessions < 1 || *sshIdle <= 0 {
 			return fmt.Errorf("%w: --ssh-max-sessions must be 1 or more and --ssh-idle-timeout positive", errUsage)
 		}
-		cfg.SSH = &gateway.SSHConfig{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
+		cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
 			AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
 	}
 	if *netHosts != "" {

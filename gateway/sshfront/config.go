@@ -1,0 +1,108 @@
+package sshfront
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config configures the SSH front door (see the package doc). The zero
+// values of the limits get the documented defaults.
+type Config struct {
+	// Listen holds the addresses to serve: "127.0.0.1:2222", "[::1]:2222"
+	// or "unix:/run/vmgate/ssh.sock". A TCP address must be an IP literal,
+	// and a loopback one unless AllowRemote is set.
+	Listen []string
+	// Listeners are open listeners to serve as well (tests, embedding);
+	// TCP ones are checked like Listen. They are closed at shutdown.
+	Listeners []net.Listener
+	// AllowRemote permits non-loopback TCP addresses: a logged relaxation.
+	AllowRemote bool
+	// HostKey is the host key file (default STATE/ssh_host_ed25519_key),
+	// created (ed25519, mode 0600, with HostKey.pub) when missing.
+	HostKey string
+	// AuthorizedKeys is the authorized-keys file (package sshkeys); required.
+	AuthorizedKeys string
+	// MaxSessions bounds the session channels one connection may have
+	// open at once (default 4); each running command holds one.
+	MaxSessions int
+	// MaxConns bounds connections, authenticated or not (default 64).
+	MaxConns int
+	// IdleTimeout closes a connection that has had no session for this
+	// long (default 10m).
+	IdleTimeout time.Duration
+	// HandshakeTimeout bounds the SSH handshake and authentication, and
+	// the time from opening a session to asking for a command or shell
+	// (default 20s).
+	HandshakeTimeout time.Duration
+}
+
+// DefaultHostKey is the host key's file name under the state directory.
+const DefaultHostKey = "ssh_host_ed25519_key"
+
+// InteractiveShell is what an SSH session without a command runs: the
+// guest's login shell (Debian's bash), decided on and audited as this argv
+// with policy.Request.Interactive set.
+var InteractiveShell = []string{"bash", "-l"}
+
+func (c *Config) setDefaults(stateDir string) {
+	if c.HostKey == "" {
+		c.HostKey = filepath.Join(stateDir, DefaultHostKey)
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = 4
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 64
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = 20 * time.Second
+	}
+}
+
+// listenAddr is a parsed --ssh-listen address.
+type listenAddr struct {
+	network, addr string
+	loopback      bool // always true for unix sockets
+}
+
+// parseListen parses "unix:/abs/path" or "IP:PORT" ("[IPv6]:PORT").
+func parseListen(s string) (listenAddr, error) {
+	if p, ok := strings.CutPrefix(s, "unix:"); ok {
+		switch {
+		case !filepath.IsAbs(p) || filepath.Clean(p) != p:
+			return listenAddr{}, fmt.Errorf("ssh listen %q: want unix:/ABSOLUTE/CLEAN/PATH", s)
+		case len(p) >= 108:
+			return listenAddr{}, fmt.Errorf("ssh listen %q: socket path too long (max 107 bytes)", s)
+		}
+		return listenAddr{network: "unix", addr: p, loopback: true}, nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return listenAddr{}, fmt.Errorf("ssh listen %q: want IP:PORT or unix:/PATH: %w", s, err)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || strconv.FormatUint(n, 10) != port {
+		return listenAddr{}, fmt.Errorf("ssh listen %q: port %q: want a number 0 to 65535", s, port)
+	}
+	if host == "" {
+		return listenAddr{}, fmt.Errorf("ssh listen %q: no address: give one, e.g. 127.0.0.1:%s (0.0.0.0 for every interface, with --ssh-allow-remote)", s, port)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.Zone() != "" {
+		return listenAddr{}, fmt.Errorf("ssh listen %q: %q is not an IP address without zone: use 127.0.0.1 or ::1, not a host name", s, host)
+	}
+	ip = ip.Unmap()
+	return listenAddr{network: "tcp", addr: netip.AddrPortFrom(ip, uint16(mustAtoi(port))).String(), loopback: ip.IsLoopback()}, nil
+}
+
+func mustAtoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}

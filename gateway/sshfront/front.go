@@ -1,0 +1,435 @@
+package sshfront
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/sshkeys"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/policy"
+)
+
+// Core is the daemon as the front door sees it: the policy in force, the
+// audit log, its way of making Unix sockets, and its exec core.
+type Core interface {
+	// Policy is the policy in force.
+	Policy() *policy.Policy
+	// Audit writes a record to the audit log.
+	Audit(audit.Record) error
+	// ListenUnix makes a Unix socket at path with the daemon socket's
+	// mode and group.
+	ListenUnix(path string) (net.Listener, error)
+	// Exec takes one request through the exec core (decision, audit, a
+	// VM, the command) with the front door's streams. It returns when
+	// the command is over, was refused, or was killed (r.Gone closed, or
+	// the daemon's shutdown grace period ended).
+	Exec(ctx context.Context, log *slog.Logger, r Request) Outcome
+}
+
+// Request is one command or shell for Core.Exec.
+type Request struct {
+	ID   policy.Identity
+	Exec *wire.ExecRequest
+	// Interactive marks a login shell on a terminal (a session without a
+	// command); Exec.Argv is then the shell.
+	Interactive    bool
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// Signals carries RFC 4254 signal names to the command.
+	Signals <-chan string
+	// Resize carries new terminal sizes of a TTY command (Cols, Rows).
+	Resize <-chan wire.TTY
+	// Gone is closed when the client went away.
+	Gone <-chan struct{}
+	// Admitted, when set, is called once the request is admitted, before
+	// the command starts, with the limits it runs under.
+	Admitted func(policy.Limits)
+}
+
+// Outcome is how a request ended.
+type Outcome struct {
+	RequestID string
+	// Limits are the ones the request ran under (once admitted).
+	Limits policy.Limits
+	// Refused is set when the request did not run: refused by the policy,
+	// busy, no VM, shutting down. Nothing was written to the streams.
+	Refused *wire.Error
+	Result  wire.Result
+	// Err means the outcome is unknown: the VM failed, the client went
+	// away, or the shutdown grace period ended (Stopping).
+	Err      error
+	Stopping bool
+}
+
+// Front is the SSH front door: its listeners, its connections and the
+// authorized keys (replaced on SIGHUP).
+type Front struct {
+	core   Core
+	cfg    Config
+	log    *slog.Logger
+	config *ssh.ServerConfig
+	keys   atomic.Pointer[sshkeys.Set]
+	lns    []listener
+	sem    chan struct{} // one token per connection
+	hostFP string        // the host key's fingerprint
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup // accept loops and connections
+}
+
+type listener struct {
+	ln   net.Listener
+	unix string // socket path to remove at shutdown; "" for TCP
+}
+
+// New loads the keys and the host key (default under stateDir), checks
+// the keys against the policy in force, and opens the listeners. Nothing
+// is served until Serve.
+//
+// Postcondition: on error no listener is left open.
+func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, err error) {
+	cfg.setDefaults(stateDir)
+	log = log.With("front", "ssh")
+	pol := core.Policy()
+	f := &Front{core: core, cfg: cfg, log: log, sem: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]struct{}{}}
+	for _, ln := range cfg.Listeners {
+		f.lns = append(f.lns, listener{ln: ln})
+	}
+	defer func() {
+		if err != nil {
+			f.CloseListeners()
+		}
+	}()
+	if cfg.AuthorizedKeys == "" {
+		return nil, errors.New("ssh: no authorized-keys file (--ssh-authorized-keys)")
+	}
+	if len(cfg.Listen) == 0 && len(cfg.Listeners) == 0 {
+		return nil, errors.New("ssh: no address to listen on (--ssh-listen)")
+	}
+	// Addresses first: a refused one must not leave a host key behind.
+	var addrs []listenAddr
+	var remote []string
+	for _, a := range cfg.Listen {
+		la, err := parseListen(a)
+		if err != nil {
+			return nil, err
+		}
+		if !la.loopback {
+			remote = append(remote, la.addr)
+		}
+		addrs = append(addrs, la)
+	}
+	for _, ln := range cfg.Listeners {
+		if ta, ok := ln.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
+			remote = append(remote, ta.String())
+		}
+	}
+	if len(remote) > 0 {
+		if !cfg.AllowRemote {
+			return nil, fmt.Errorf("ssh: refusing to listen on %s, which is not a loopback address: the keys would be the only barrier against the network (pass --ssh-allow-remote to accept that)", strings.Join(remote, ", "))
+		}
+		log.Warn("RELAXATION: the SSH front door listens on non-loopback addresses (--ssh-allow-remote): anyone who reaches them with a listed key runs commands", "addrs", remote)
+	}
+
+	keys, err := sshkeys.Load(cfg.AuthorizedKeys)
+	if err != nil {
+		return nil, fmt.Errorf("ssh: %w", err)
+	}
+	if errs := checkKeyProfiles(keys, pol); len(errs) > 0 {
+		return nil, fmt.Errorf("ssh: %w", errors.Join(errs...))
+	}
+	if keys.Len() == 0 {
+		log.Warn("the authorized-keys file lists no key: nobody can log in", "file", cfg.AuthorizedKeys)
+	}
+	f.keys.Store(keys)
+	signer, created, err := sshkeys.LoadOrCreateHostKey(cfg.HostKey)
+	if err != nil {
+		return nil, fmt.Errorf("ssh: %w", err)
+	}
+	if created {
+		log.Info("created the SSH host key; clients pin its public half", "file", cfg.HostKey, "pub", cfg.HostKey+".pub")
+	}
+	f.hostFP = ssh.FingerprintSHA256(signer.PublicKey())
+	f.config = &ssh.ServerConfig{
+		// Public keys only: no PasswordCallback or
+		// KeyboardInteractiveCallback, so those methods are not offered.
+		PublicKeyCallback: f.checkKey,
+		MaxAuthTries:      6,
+		ServerVersion:     "SSH-2.0-vmgated",
+	}
+	f.config.AddHostKey(signer)
+
+	for _, la := range addrs {
+		var ln net.Listener
+		if la.network == "unix" {
+			ln, err = core.ListenUnix(la.addr)
+		} else {
+			ln, err = net.Listen("tcp", la.addr)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("ssh: %w", err)
+		}
+		l := listener{ln: ln}
+		if la.network == "unix" {
+			l.unix = la.addr
+		}
+		f.lns = append(f.lns, l)
+	}
+	return f, nil
+}
+
+// checkKeyProfiles reports the keys whose profile pol does not give them.
+func checkKeyProfiles(keys *sshkeys.Set, pol *policy.Policy) []error {
+	var errs []error
+	for _, e := range keys.Entries() {
+		if err := pol.CheckKeyProfile(e.Profile); err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: key %s: %w", keys.Source(), e.Line, e.Fingerprint, err))
+		}
+	}
+	return errs
+}
+
+// Reload reads the authorized-keys file again (SIGHUP). A file that does
+// not parse keeps the old keys; keys whose profile the policy no longer
+// gives them are logged (their requests are denied with the reason).
+func (f *Front) Reload(pol *policy.Policy) {
+	keys, err := sshkeys.Load(f.cfg.AuthorizedKeys)
+	if err != nil {
+		f.log.Error("authorized keys reload failed, keeping the old keys", "err", err)
+		_ = f.core.Audit(audit.Record{Kind: audit.KindDaemon, Message: "ssh authorized keys reload failed", Error: err.Error()})
+		return
+	}
+	for _, err := range checkKeyProfiles(keys, pol) {
+		f.log.Warn("authorized key cannot get its profile; its requests will be denied", "err", err)
+	}
+	f.keys.Store(keys)
+	f.log.Info("authorized keys reloaded", "file", keys.Source(), "keys", keys.Len())
+	_ = f.core.Audit(audit.Record{Kind: audit.KindDaemon, Message: fmt.Sprintf("ssh authorized keys reloaded: %s (%d keys)", keys.Source(), keys.Len())})
+}
+
+// Permission extensions that carry the authenticated key's entry from
+// checkKey to the connection. package ssh hands the connection the
+// Permissions of the key the client actually proved it holds (not of the
+// last key it merely offered: CVE-2024-45337, fixed in x/crypto 0.31), so
+// the identity is taken from there and nowhere else.
+const (
+	extFingerprint = "vmgate-fingerprint"
+	extProfile     = "vmgate-profile"
+	extComment     = "vmgate-comment"
+	extNoPTY       = "vmgate-no-pty"
+)
+
+func (f *Front) checkKey(meta ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+	e := f.keys.Load().Lookup(key)
+	if e == nil {
+		f.log.Debug("ssh key not authorized", "remote", meta.RemoteAddr().String(), "key", ssh.FingerprintSHA256(key))
+		return nil, errors.New("key not authorized")
+	}
+	ext := map[string]string{extFingerprint: e.Fingerprint, extProfile: e.Profile, extComment: e.Comment}
+	if e.NoPTY {
+		ext[extNoPTY] = "1"
+	}
+	return &ssh.Permissions{Extensions: ext}, nil
+}
+
+// LogReady logs where the front door listens and with which keys.
+func (f *Front) LogReady() {
+	f.log.Info("SSH front door ready", "listen", f.Addrs(), "host_key", f.cfg.HostKey+".pub",
+		"host_key_fingerprint", f.hostFP, "authorized_keys", f.cfg.AuthorizedKeys, "keys", f.keys.Load().Len())
+}
+
+// Addrs lists what the front door listens on, for the log.
+func (f *Front) Addrs() []string {
+	var out []string
+	for _, l := range f.lns {
+		if l.unix != "" {
+			out = append(out, "unix:"+l.unix)
+		} else {
+			out = append(out, l.ln.Addr().String())
+		}
+	}
+	return out
+}
+
+// Serve starts an accept loop per listener.
+func (f *Front) Serve() {
+	for _, l := range f.lns {
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			f.acceptLoop(l)
+		}()
+	}
+}
+
+func (f *Front) acceptLoop(l listener) {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			f.log.Warn("ssh accept", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		select {
+		case f.sem <- struct{}{}:
+		default:
+			f.log.Warn("too many SSH connections, refusing one", "max", f.cfg.MaxConns, "remote", c.RemoteAddr().String())
+			c.Close()
+			continue
+		}
+		if !f.track(c) {
+			<-f.sem
+			c.Close()
+			return
+		}
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			defer func() { <-f.sem }()
+			defer f.untrack(c)
+			defer c.Close()
+			remote := c.RemoteAddr().String()
+			if l.unix != "" {
+				remote = "unix:" + l.unix
+			}
+			f.serveConn(c, remote)
+		}()
+	}
+}
+
+func (f *Front) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+func (f *Front) untrack(c net.Conn) {
+	f.mu.Lock()
+	delete(f.conns, c)
+	f.mu.Unlock()
+}
+
+// CloseListeners stops accepting (shutdown starts) and removes the Unix
+// sockets the front door created.
+func (f *Front) CloseListeners() {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	for _, l := range f.lns {
+		_ = l.ln.Close()
+		if l.unix != "" {
+			_ = os.Remove(l.unix)
+		}
+	}
+}
+
+// CloseConns drops every connection (after the commands ended or were
+// killed) and waits for their goroutines.
+func (f *Front) CloseConns() {
+	f.mu.Lock()
+	f.closed = true
+	for c := range f.conns {
+		_ = c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+// connState is one authenticated connection: its open sessions and the
+// timer that closes it once it has had none for IdleTimeout.
+type connState struct {
+	mu     sync.Mutex
+	active int
+	idle   *time.Timer
+}
+
+func (sc *connState) acquire(max int) bool {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.active >= max {
+		return false
+	}
+	sc.active++
+	sc.idle.Stop()
+	return true
+}
+
+func (sc *connState) release(idle time.Duration) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.active--
+	if sc.active == 0 {
+		sc.idle.Reset(idle)
+	}
+}
+
+func (f *Front) serveConn(c net.Conn, remote string) {
+	_ = c.SetDeadline(time.Now().Add(f.cfg.HandshakeTimeout))
+	conn, chans, reqs, err := ssh.NewServerConn(c, f.config)
+	if err != nil {
+		f.log.Info("ssh handshake failed", "remote", remote, "err", err)
+		return
+	}
+	defer conn.Close()
+	_ = c.SetDeadline(time.Time{})
+	ext := conn.Permissions.Extensions
+	id := policy.Identity{SSH: &policy.SSHKey{Profile: ext[extProfile], Fingerprint: ext[extFingerprint], Comment: ext[extComment],
+		User: truncate(conn.User(), 64), RemoteAddr: remote}}
+	noPTY := ext[extNoPTY] != ""
+	log := f.log.With("remote", remote, "key", id.SSH.Fingerprint)
+	log.Info("ssh connection", "user", id.SSH.User, "comment", id.SSH.Comment, "profile", id.SSH.Profile)
+	go ssh.DiscardRequests(reqs)
+
+	sc := &connState{idle: time.AfterFunc(f.cfg.IdleTimeout, func() {
+		log.Info("closing an idle SSH connection", "idle", f.cfg.IdleTimeout)
+		conn.Close()
+	})}
+	defer sc.idle.Stop()
+	var chWG sync.WaitGroup
+	defer chWG.Wait()
+	for nc := range chans {
+		if nc.ChannelType() != "session" {
+			_ = nc.Reject(ssh.UnknownChannelType, "vmgated serves session channels only (no forwarding)")
+			continue
+		}
+		if !sc.acquire(f.cfg.MaxSessions) {
+			_ = nc.Reject(ssh.ResourceShortage, fmt.Sprintf("too many sessions on this connection (at most %d)", f.cfg.MaxSessions))
+			continue
+		}
+		chWG.Add(1)
+		go func() {
+			defer chWG.Done()
+			defer sc.release(f.cfg.IdleTimeout)
+			f.serveChannel(log, id, noPTY, nc)
+		}()
+	}
+	log.Debug("ssh connection closed")
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
