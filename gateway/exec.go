@@ -195,8 +195,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	// gets the profile's allowlist, audited as this request's, only now
 	// that it is this request's VM.
 	if n := v.Network; n != nil {
-		t.vm.Network().SetPolicy(guestnet.Policy{Rules: n.Rules, AllowedRanges: n.AllowedRanges, MaxConns: n.MaxConns,
-			MaxBytes: n.MaxBytes, ConnectRate: n.ConnectRate, Audit: s.netAudit(st, t.vm.ID)})
+		t.vm.Network().SetPolicy(guestnet.Policy{Egress: *n, Audit: s.netAudit(st, t.vm.ID)})
 	}
 	return t, release, nil
 }

@@ -3,7 +3,6 @@ package policy
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -138,13 +137,7 @@ type Verdict struct {
 }
 
 // NetworkPolicy is a profile's guest network (network.mode = "allowlist").
-type NetworkPolicy struct {
-	Rules         netrule.Rules  // TCP egress allowlist (names and ranges)
-	AllowedRanges []netip.Prefix // special ranges allowed anyway (a relaxation)
-	MaxConns      int            // concurrent connections per VM
-	MaxBytes      int64          // bytes per VM, both directions
-	ConnectRate   int            // new connections per minute per VM
-}
+type NetworkPolicy = netrule.Egress
 
 // Err returns nil for an allowed verdict, and otherwise an error that wraps
 // [ErrDenied] and says which profile and rule refused and why.

@@ -48,8 +48,8 @@ func (ti *testInternet) config(t *testing.T) *guestnet.Config {
 		t.Fatal(err)
 	}
 	real := strings.TrimPrefix(ti.srv.URL, "http://")
-	return &guestnet.Config{
-		Rules: rules,
+	cfg := &guestnet.Config{
+		Policy: guestnet.Policy{Egress: netrule.Egress{Rules: rules}},
 		Resolve: func(_ context.Context, name string) ([]netip.Addr, error) {
 			switch name {
 			case "allowed.test", "denied.test":
@@ -64,8 +64,9 @@ func (ti *testInternet) config(t *testing.T) *guestnet.Config {
 			var d net.Dialer
 			return d.DialContext(ctx, network, real)
 		},
-		Audit: func(r guestnet.Record) { ti.mu.Lock(); ti.recs = append(ti.recs, r); ti.mu.Unlock() },
 	}
+	cfg.Audit = func(r guestnet.Record) { ti.mu.Lock(); ti.recs = append(ti.recs, r); ti.mu.Unlock() }
+	return cfg
 }
 
 func (ti *testInternet) records() []guestnet.Record {

@@ -131,6 +131,17 @@ func (r Rule) MatchAddr(a netip.Addr, port uint16) bool {
 // Rules is a profile's allowlist.
 type Rules []Rule
 
+// Egress is what a profile lets a VM's network do: the policy compiles it
+// from the profile's [profile.network] table, the guest network enforces
+// it. Zero limits get the enforcer's defaults.
+type Egress struct {
+	Rules         Rules          // TCP egress allowlist (names and ranges)
+	AllowedRanges []netip.Prefix // special ranges allowed anyway (a relaxation)
+	MaxConns      int            // concurrent connections per VM
+	MaxBytes      int64          // bytes per VM, both directions
+	ConnectRate   int            // new connections per minute per VM
+}
+
 // ParseRules parses every entry, reporting all errors.
 func ParseRules(list []string) (Rules, error) {
 	var rs Rules

@@ -41,21 +41,13 @@ const nicID = 1
 
 // Config is one VM's network policy and plumbing.
 type Config struct {
-	Rules         netrule.Rules  // TCP egress allowlist
-	AllowedRanges []netip.Prefix // special ranges allowed anyway (operator's relaxation)
-	Resolve       Resolver       // DNS lookups for allowed names (default: the host's resolver)
-	// MaxConns bounds concurrent connections (default 32); MaxBytes the
-	// bytes of all connections in both directions (default 256 MiB);
-	// ConnectRate new connections per minute (default 120).
-	MaxConns    int
-	MaxBytes    int64
-	ConnectRate int
+	// Policy is the network's first policy (SetPolicy replaces it).
+	Policy
+	Resolve Resolver // DNS lookups for allowed names (default: the host's resolver)
 	// Dial makes the outbound connection (default: a net.Dialer with a
 	// 10 s timeout).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Audit receives one record per connection attempt and DNS query.
-	Audit func(Record)
-	Log   *slog.Logger
+	Log  *slog.Logger
 }
 
 // Record is one audited network event.
@@ -94,14 +86,13 @@ type Network struct {
 // Policy is what a network allows; it can change while the network runs
 // (a pooled VM gets its request's policy when it is handed out).
 type Policy struct {
-	Rules         netrule.Rules
-	AllowedRanges []netip.Prefix
-	MaxConns      int
-	MaxBytes      int64
-	// ConnectRate bounds new connections per minute (default 120), with
-	// bursts of up to a tenth of it.
-	ConnectRate int
-	Audit       func(Record)
+	// Egress is what the network allows. MaxConns bounds concurrent
+	// connections (default 32); MaxBytes the bytes of all connections in
+	// both directions (default 256 MiB); ConnectRate new connections per
+	// minute (default 120), with bursts of up to a tenth of it.
+	netrule.Egress
+	// Audit receives one record per connection attempt and DNS query.
+	Audit func(Record)
 }
 
 type policyState struct {
@@ -163,12 +154,6 @@ func (n *Network) p() *policyState { return n.pol.Load() }
 
 // New builds the network; Serve connects it to QEMU.
 func New(cfg Config) (*Network, error) {
-	if cfg.MaxConns == 0 {
-		cfg.MaxConns = 32
-	}
-	if cfg.MaxBytes == 0 {
-		cfg.MaxBytes = 256 << 20
-	}
 	if cfg.Dial == nil {
 		d := &net.Dialer{Timeout: 10 * time.Second}
 		cfg.Dial = d.DialContext
@@ -183,7 +168,7 @@ func New(cfg Config) (*Network, error) {
 	}
 	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.SetPolicy(Policy{Rules: cfg.Rules, AllowedRanges: cfg.AllowedRanges, MaxConns: cfg.MaxConns, MaxBytes: cfg.MaxBytes, ConnectRate: cfg.ConnectRate, Audit: cfg.Audit})
+	n.SetPolicy(cfg.Policy)
 	n.st = stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},

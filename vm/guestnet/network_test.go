@@ -207,7 +207,7 @@ func TestNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, audit := startNetwork(t, Config{Rules: rules, Resolve: resolve, Dial: dial})
+	g, audit := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules}}, Resolve: resolve, Dial: dial})
 
 	t.Run("allowed name and port", func(t *testing.T) {
 		rc, addrs := g.resolve(t, "allowed.test")
@@ -298,7 +298,7 @@ func TestNetwork(t *testing.T) {
 		}
 	})
 	// A fresh network: the guest never resolved anything.
-	g3, audit3 := startNetwork(t, Config{Rules: rules, Resolve: resolve, Dial: dial})
+	g3, audit3 := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules}}, Resolve: resolve, Dial: dial})
 	t.Run("direct IP refused without a name", func(t *testing.T) {
 		if _, err := g3.fetch(sp, "allowed.test"); err == nil {
 			t.Fatal("connected to an address the guest never resolved")
@@ -329,7 +329,7 @@ func TestTokenBucket(t *testing.T) {
 
 func TestNetworkRateLimit(t *testing.T) {
 	rules, _ := netrule.ParseRules([]string{"a.test:80"})
-	g, audit := startNetwork(t, Config{Rules: rules, ConnectRate: 6, Resolve: func(context.Context, string) ([]netip.Addr, error) {
+	g, audit := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules, ConnectRate: 6}}, Resolve: func(context.Context, string) ([]netip.Addr, error) {
 		return []netip.Addr{netip.MustParseAddr("198.51.100.10")}, nil
 	}, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return nil, fmt.Errorf("no dialing in this test")
@@ -357,7 +357,7 @@ func TestSetPolicyForgetsNames(t *testing.T) {
 	if got := n.namesFor(a); len(got) != 1 {
 		t.Fatalf("names before: %v", got)
 	}
-	n.SetPolicy(Policy{Rules: mustRules(t, "allowed.test:80")})
+	n.SetPolicy(Policy{Egress: netrule.Egress{Rules: mustRules(t, "allowed.test:80")}})
 	if got := n.namesFor(a); len(got) != 0 {
 		t.Errorf("names after SetPolicy: %v, want none", got)
 	}
