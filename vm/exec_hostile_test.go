@@ -8,14 +8,14 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
-	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // hostileAgent is what a fake guest agent does once its SSH connection is
@@ -57,7 +57,7 @@ func fakeVM(t *testing.T, agent hostileAgent) *VM {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostEnd, pipeEnd := socketPair(t)
+	hostEnd, pipeEnd := testutil.SocketPair(t)
 	guestEnd := &stallConn{Conn: pipeEnd, stalled: make(chan struct{}), gone: make(chan struct{})}
 	qemu := exec.Command("sleep", "600")
 	if err := qemu.Start(); err != nil {
@@ -149,23 +149,4 @@ func TestExecHostileAgent(t *testing.T) {
 			t.Logf("%v after %v", err, took.Round(time.Millisecond))
 		})
 	}
-}
-
-func socketPair(t *testing.T) (net.Conn, net.Conn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns [2]net.Conn
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-	}
-	return conns[0], conns[1]
 }

@@ -14,6 +14,8 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/vm/agentproto"
+
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 func TestServeRejectsWrongClientKey(t *testing.T) {
@@ -82,7 +84,7 @@ func TestServeInvalidConfig(t *testing.T) {
 		"no host key":        {AuthorizedKeys: []ssh.PublicKey{key.PublicKey()}},
 		"no authorized keys": {HostKey: key},
 	} {
-		server, peer := socketPair(t)
+		server, peer := testutil.SocketPair(t)
 		err := Serve(context.Background(), server, cfg)
 		if err == nil {
 			t.Errorf("%s: Serve returned nil", name)

@@ -40,32 +40,6 @@ func newSigner(t testing.TB) ssh.Signer {
 	return s
 }
 
-// socketPair returns the two ends of a connected Unix stream socket pair.
-func socketPair(t testing.TB) (net.Conn, net.Conn) {
-	t.Helper()
-	syscall.ForkLock.RLock()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
-	if err == nil {
-		syscall.CloseOnExec(fds[0])
-		syscall.CloseOnExec(fds[1])
-	}
-	syscall.ForkLock.RUnlock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conns := make([]net.Conn, 2)
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "socketpair")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns[i] = c
-	}
-	return conns[0], conns[1]
-}
-
 // testLogger logs to the test's output.
 func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -98,7 +72,7 @@ func startAgent(t *testing.T, edit func(*Config)) *agent {
 	if edit != nil {
 		edit(&cfg)
 	}
-	serverEnd, clientEnd := socketPair(t)
+	serverEnd, clientEnd := testutil.SocketPair(t)
 	a.conn = clientEnd
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel

@@ -17,6 +17,8 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/vm/agentproto"
+
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 func TestLoadHostKey(t *testing.T) {
@@ -220,12 +222,12 @@ func TestServePortServesConnectionsInTurn(t *testing.T) {
 	go func() { done <- servePort(ctx, port, cfg) }()
 
 	// A peer that hangs up during the handshake does not stop the loop.
-	server, peer := socketPair(t)
+	server, peer := testutil.SocketPair(t)
 	port.conns <- server
 	peer.Close()
 
 	for i := range 3 {
-		server, peer := socketPair(t)
+		server, peer := testutil.SocketPair(t)
 		port.conns <- server
 		conn, chans, reqs, err := ssh.NewClientConn(peer, "agent", clientConfig(agentproto.User, clientKey, hostKey.PublicKey()))
 		if err != nil {
