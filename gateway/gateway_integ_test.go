@@ -422,9 +422,30 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 	if err != nil || !strings.Contains(st["audit"].(string), "unavailable") {
 		t.Fatalf("status: %v %v", st, err)
 	}
+	// The operator makes room: the daemon records again without a
+	// restart, and the outage is in the log.
+	if err := syscall.Mount("", mnt, "", syscall.MS_REMOUNT, "size=1m"); err != nil {
+		t.Fatalf("remount: %v", err)
+	}
+	waitFor(t, 30*time.Second, "the audit log to recover", func() bool {
+		st, err := d.Client.Status(context.Background())
+		return err == nil && st["audit"] == "ok"
+	})
+	if _, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"rm", "x"}}, nil); !errors.Is(err, client.ErrDenied) {
+		t.Fatalf("after the recovery a request is decided again: %v", err)
+	}
 	d.StopAndCheck(t)
-	if _, err := audit.VerifyFile(filepath.Join(mnt, "audit.jsonl")); err != nil {
+	rep, err := audit.VerifyFile(filepath.Join(mnt, "audit.jsonl"))
+	if err != nil {
 		t.Fatalf("what was written must still verify: %v", err)
+	}
+	recs := testutil.JSONLines[audit.Record](t, filepath.Join(mnt, "audit.jsonl"))
+	var recovered bool
+	for _, r := range recs {
+		recovered = recovered || (r.Kind == audit.KindDaemon && strings.Contains(r.Message, "audit log recovered") && strings.Contains(r.Error, "no space left"))
+	}
+	if !recovered || recs[len(recs)-1].Seq != uint64(rep.Lines) {
+		t.Fatalf("no recovery record in %d lines", rep.Lines)
 	}
 }
 

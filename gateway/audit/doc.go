@@ -9,20 +9,28 @@
 // newline; the first line of every file carries [GenesisPrev], the SHA-256 of
 // the empty string, and has Seq 1. Seq grows by exactly one per line.
 //
-// # Fail closed
+// # Fail closed, then recover
 //
 // vmgated must not run what it cannot audit. When a write or an fsync fails
-// (a full disk, an I/O error) the [Log] enters a permanent failed state:
-// every later [Log.Write] and [Log.Healthy] returns an error wrapping
+// (a full disk, an I/O error) the [Log] enters the failed state: every
+// later [Log.Write] and [Log.Healthy] returns an error wrapping
 // [ErrUnavailable], for example
 //
 //	audit log unavailable: write /var/lib/vmgate/audit.jsonl: no space left on device
 //
-// and the daemon refuses new requests with that message. There is no
-// automatic recovery: the operator frees space and restarts the daemon, and
-// [Open] checks the tail of the file before it appends again. A failed fsync
-// is never retried, because after one the kernel may already have dropped the
-// dirty pages (the "fsyncgate" finding, https://wiki.postgresql.org/wiki/Fsync_Errors).
+// and the daemon refuses new requests with that message. Every
+// [Options.RetryInterval] (default 2 s) the Log tries to recover
+// ([Log.Recover]): once the disk takes records again it makes every
+// accepted line durable, writes a daemon record saying how long it was
+// unavailable, why and how many records it refused, and records again; no
+// restart is needed. Nothing that Write accepted is lost or reordered, and
+// the chain goes on. A failed fsync is never simply retried, because after
+// one the kernel may already have dropped the dirty pages (the "fsyncgate"
+// finding, https://wiki.postgresql.org/wiki/Fsync_Errors): the Log keeps the
+// lines written since the last good fsync in memory, cuts the file back to
+// what was on disk, writes them again and fsyncs that. With a negative
+// SyncInterval a record whose fsync failed is not accepted (Write returns
+// the error) and leaves the chain.
 //
 // # Durability
 //

@@ -15,8 +15,9 @@ import (
 )
 
 // TestLog_TmpfsFull_Isolated fills a 64 KiB tmpfs: the Log must fail
-// closed with ENOSPC, leave a valid chain behind, and resume after the
-// operator makes room (here: remounts the tmpfs larger).
+// closed with ENOSPC, leave a valid chain behind, recover in place once
+// the operator makes room (here: remounts the tmpfs larger), and a restart
+// continues the chain.
 func TestLog_TmpfsFull_Isolated(t *testing.T) {
 	testutil.RequiresRoot(t)
 	dir := filepath.Join(t.TempDir(), "tmpfs")
@@ -37,7 +38,7 @@ func TestLog_TmpfsFull_Isolated(t *testing.T) {
 	})
 
 	path := filepath.Join(dir, "audit", "audit.jsonl")
-	l, _ := openDisk(t, Options{Path: path})
+	l, _ := openDisk(t, Options{Path: path, RetryInterval: -1})
 	big := strings.Repeat("x", 3000)
 	var (
 		ok  int
@@ -57,21 +58,28 @@ func TestLog_TmpfsFull_Isolated(t *testing.T) {
 	if !strings.Contains(err.Error(), path) {
 		t.Errorf("error %q does not name the file", err)
 	}
-	l.Close()
-
 	rep, err := VerifyFile(path)
 	if err != nil || rep.Lines != ok {
 		t.Fatalf("VerifyFile = %+v, %v; want %d intact lines", rep, err, ok)
 	}
-
-	// The operator makes room and restarts the daemon: the chain goes on.
+	// The operator makes room: the same Log records again.
 	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|flags, "size=1m"); err != nil {
 		t.Fatalf("remount: %v", err)
 	}
-	l2, _ := openDisk(t, Options{Path: path})
-	writeN(t, l2, ok+1, ok+2)
-	l2.Close()
+	if err := l.Recover(); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+	writeN(t, l, ok+1, ok+1)
+	l.Close()
 	if rep, err := VerifyFile(path); err != nil || rep.Lines != ok+2 {
-		t.Fatalf("after recovery: %+v, %v", rep, err)
+		t.Fatalf("after recovery: %+v, %v; want %d lines", rep, err, ok+2)
+	}
+
+	// A restart continues the chain.
+	l2, _ := openDisk(t, Options{Path: path})
+	writeN(t, l2, ok+2, ok+2)
+	l2.Close()
+	if rep, err := VerifyFile(path); err != nil || rep.Lines != ok+3 {
+		t.Fatalf("after restart: %+v, %v", rep, err)
 	}
 }

@@ -14,14 +14,18 @@ import (
 
 // memFile is an in-memory file. quota >= 0 makes writes beyond quota bytes
 // fail with ENOSPC after writing what fits, as write(2) does; syncErr makes
-// Sync fail.
+// Sync fail, and with loseUnsynced a failed Sync drops what was written
+// since the last good one, as the kernel may drop dirty pages whose
+// writeback failed.
 type memFile struct {
-	mu      sync.Mutex
-	buf     []byte
-	quota   int
-	syncErr error
-	syncs   int
-	closed  bool
+	mu           sync.Mutex
+	buf          []byte
+	quota        int
+	syncErr      error
+	loseUnsynced bool
+	durable      int
+	syncs        int
+	closed       bool
 }
 
 func newMemFile(content []byte) *memFile {
@@ -61,15 +65,26 @@ func (m *memFile) Sync() error {
 	defer m.mu.Unlock()
 	m.syncs++
 	if m.syncErr != nil {
+		if m.loseUnsynced {
+			m.buf = m.buf[:min(m.durable, len(m.buf))]
+		}
 		return &os.PathError{Op: "sync", Path: "mem", Err: m.syncErr}
 	}
+	m.durable = len(m.buf)
 	return nil
+}
+
+func (m *memFile) set(f func(m *memFile)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(m)
 }
 
 func (m *memFile) Truncate(size int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.buf = m.buf[:size]
+	m.durable = min(m.durable, int(size))
 	return nil
 }
 

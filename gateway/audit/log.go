@@ -15,6 +15,10 @@ import (
 // [Options.SyncInterval] is zero.
 const DefaultSyncInterval = 100 * time.Millisecond
 
+// DefaultRetryInterval is how often a failed Log tries to recover when
+// [Options.RetryInterval] is zero.
+const DefaultRetryInterval = 2 * time.Second
+
 // ErrUnavailable is wrapped by every error of a [Log] that can no longer
 // record: after a failed write or fsync, or after Close. The daemon must
 // refuse new requests while [Log.Healthy] returns it.
@@ -45,6 +49,10 @@ type Options struct {
 	// Logger receives the Log's own events (open, failure); nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// RetryInterval is how often a failed Log tries to recover
+	// ([Log.Recover]) on its own: zero means DefaultRetryInterval, a
+	// negative value never (only explicit Recover calls).
+	RetryInterval time.Duration
 	// Mirror, if set, receives each record after it was written to the
 	// file, redacted and with Time, Seq and Prev filled in (e.g. to send it
 	// to the journal). It runs outside the Log's locks; the file stays the
@@ -60,6 +68,7 @@ type Log struct {
 	redact   []*regexp.Regexp
 	mirror   func(Record)
 	interval time.Duration // < 0: fsync in Write
+	retryIn  time.Duration // < 0: no automatic recovery
 	now      func() time.Time
 
 	// syncMu serialises fsync and Close. Lock order: syncMu, then mu.
@@ -75,6 +84,20 @@ type Log struct {
 	timer  *time.Timer
 	closed bool
 	err    error // non-nil: failed or closed; wraps ErrUnavailable
+
+	// synced is the length of f known to be on disk (fsynced); tail holds
+	// the lines after it, as written, so that a failed fsync (whose pages
+	// the kernel may have dropped) is repaired by writing them again.
+	synced int64
+	tail   []byte
+	// The failed state: its cause, since when, whether an fsync failed
+	// (the unsynced lines must then be written again), how many records
+	// were refused, and the timer of the next recovery attempt.
+	cause      error
+	failedAt   time.Time
+	syncFailed bool
+	refused    int
+	retry      *time.Timer
 }
 
 // Open opens the audit log at opts.Path for appending, creating it if
@@ -100,7 +123,11 @@ func open(opts Options, openf opener) (*Log, error) {
 		logger:   opts.Logger,
 		mirror:   opts.Mirror,
 		interval: opts.SyncInterval,
+		retryIn:  opts.RetryInterval,
 		now:      time.Now,
+	}
+	if l.retryIn == 0 {
+		l.retryIn = DefaultRetryInterval
 	}
 	if l.logger == nil {
 		l.logger = slog.Default()
@@ -126,7 +153,9 @@ func open(opts Options, openf opener) (*Log, error) {
 		f.Close()
 		return nil, err
 	}
-	l.f, l.size, l.seq, l.head = f, size, seq, head
+	// What the file held at open is taken as on disk: it was written
+	// by an earlier daemon whose lines are already in the chain.
+	l.f, l.size, l.seq, l.head, l.synced = f, size, seq, head, size
 	l.logger.Info("audit log open", "seq", seq, "head", head)
 	return l, nil
 }
@@ -237,8 +266,17 @@ func (l *Log) write(r *Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
+		if !l.closed {
+			l.refused++
+		}
 		return l.err
 	}
+	return l.appendLocked(r)
+}
+
+// appendLocked encodes r as the next line and appends it. Precondition:
+// l.mu is held, the Log is healthy and r is valid and redacted.
+func (l *Log) appendLocked(r *Record) error {
 	r.Time = l.now().UTC()
 	r.Seq = l.seq + 1
 	r.Prev = l.head
@@ -252,6 +290,7 @@ func (l *Log) write(r *Record) error {
 	n, err := l.f.Write(line)
 	if err != nil {
 		l.failLocked(err)
+		l.refused++
 		if n > 0 {
 			if terr := l.f.Truncate(l.size); terr != nil {
 				l.logger.Error("audit log: cannot remove the partly written line; Open will refuse the file until it is removed",
@@ -263,12 +302,21 @@ func (l *Log) write(r *Record) error {
 	l.size += int64(n)
 	l.seq = r.Seq
 	l.head = lineHash(line[:len(line)-1])
+	l.tail = append(l.tail, line...)
 
 	if l.interval < 0 {
 		if err := l.f.Sync(); err != nil {
+			// Not durable, so not accepted: the line leaves the chain,
+			// and Recover writes the file again without it.
+			l.tail = l.tail[:len(l.tail)-len(line)]
+			l.size -= int64(n)
+			l.seq, l.head = r.Seq-1, r.Prev
+			l.syncFailed = true
 			l.failLocked(err)
+			l.refused++
 			return l.err
 		}
+		l.syncedLocked(l.size)
 		return nil
 	}
 	l.dirty = true
@@ -322,6 +370,7 @@ func (l *Log) Sync() error {
 	}
 	dirty := l.dirty
 	l.dirty = false
+	upto := l.size
 	l.mu.Unlock()
 	if !dirty {
 		// Every earlier write was covered by an fsync that completed
@@ -329,22 +378,125 @@ func (l *Log) Sync() error {
 		return nil
 	}
 
-	if err := l.f.Sync(); err != nil {
-		l.mu.Lock()
-		defer l.mu.Unlock()
+	err := l.f.Sync()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.syncFailed = true
 		l.failLocked(err)
 		return l.err
 	}
+	l.syncedLocked(upto)
 	return nil
 }
 
-// failLocked enters the failed state. Precondition: l.mu is held.
+// syncedLocked records that f is on disk up to upto: the lines before it
+// leave the tail. Precondition: l.mu is held.
+func (l *Log) syncedLocked(upto int64) {
+	if upto <= l.synced {
+		return
+	}
+	l.tail = l.tail[upto-l.synced:]
+	if len(l.tail) == 0 {
+		l.tail = nil // let the backing array go
+	}
+	l.synced = upto
+}
+
+// failLocked enters the failed state and arms the next recovery attempt.
+// Precondition: l.mu is held.
 func (l *Log) failLocked(err error) {
 	if l.err != nil {
 		return
 	}
 	l.err = fmt.Errorf("%w: %w", ErrUnavailable, err)
-	l.logger.Error("audit log failed; refusing further records", "err", err)
+	l.cause, l.failedAt, l.refused = err, l.now(), 0
+	l.logger.Error("audit log failed; refusing further records until it recovers", "err", err, "retry_every", l.retryIn)
+	l.armRetryLocked()
+}
+
+func (l *Log) armRetryLocked() {
+	if l.retryIn < 0 || l.closed {
+		return
+	}
+	if l.retry == nil {
+		l.retry = time.AfterFunc(l.retryIn, l.retryRecover)
+	} else {
+		l.retry.Reset(l.retryIn)
+	}
+}
+
+// retryRecover is the recovery timer's function.
+func (l *Log) retryRecover() { _ = l.Recover() }
+
+// Recover tries to leave the failed state, and returns nil once the Log
+// records again. The lines written since the last good fsync are made
+// durable: after a failed fsync they are written again from memory (the
+// kernel may have dropped their pages, so the old ones are never trusted:
+// the file is cut back to what was on disk first), after a failed write
+// they are fsynced. Nothing that Write accepted is lost or reordered, and
+// the chain goes on from the last accepted record. The first record after
+// a recovery says how long the Log was unavailable, why, and how many
+// records it refused meanwhile. A failed Log calls Recover on its own
+// every [Options.RetryInterval].
+func (l *Log) Recover() error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.mu.Lock()
+	if l.closed || l.err == nil {
+		defer l.mu.Unlock()
+		return l.err
+	}
+	if err := l.repairLocked(); err != nil {
+		l.err = fmt.Errorf("%w: %w (recovery: %w)", ErrUnavailable, l.cause, err)
+		l.armRetryLocked()
+		defer l.mu.Unlock()
+		return l.err
+	}
+	cause, down, refused := l.cause, l.now().Sub(l.failedAt).Round(time.Millisecond), l.refused
+	l.err, l.cause, l.syncFailed = nil, nil, false
+	// The recovery record is the first line after the outage; writing it
+	// is also the proof that the disk takes records again.
+	r := Record{Kind: KindDaemon, Message: fmt.Sprintf("audit log recovered: unavailable for %v, %d records refused meanwhile", down, refused),
+		Error: cause.Error()}
+	err := l.appendLocked(&r)
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	l.logger.Warn("audit log recovered", "unavailable_for", down, "refused_records", refused, "cause", cause)
+	if l.mirror != nil {
+		l.mirror(r)
+	}
+	return nil
+}
+
+// repairLocked makes every accepted line durable (see Recover).
+// Precondition: l.mu is held and the Log is failed.
+func (l *Log) repairLocked() error {
+	if l.syncFailed {
+		if err := l.f.Truncate(l.synced); err != nil {
+			return err
+		}
+		if len(l.tail) > 0 {
+			n, err := l.f.Write(l.tail)
+			if err != nil {
+				if n > 0 {
+					_ = l.f.Truncate(l.synced)
+				}
+				return err
+			}
+		}
+	}
+	if err := l.f.Sync(); err != nil {
+		// A failed fsync taints what it covered: write it again next time.
+		l.syncFailed = true
+		return err
+	}
+	l.size = l.synced + int64(len(l.tail))
+	l.syncedLocked(l.size)
+	l.dirty = false
+	return nil
 }
 
 // Healthy returns nil while the Log can record, and otherwise the error
@@ -379,6 +531,9 @@ func (l *Log) Close() error {
 	l.closed = true
 	if l.timer != nil {
 		l.timer.Stop()
+	}
+	if l.retry != nil {
+		l.retry.Stop()
 	}
 	var errs []error
 	if err := l.f.Sync(); err != nil {

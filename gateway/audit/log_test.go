@@ -393,7 +393,7 @@ func TestLog_NoSpace(t *testing.T) {
 func TestLog_FsyncFailure(t *testing.T) {
 	m := newMemFile(nil)
 	m.syncErr = syscall.EIO
-	l := openMem(t, m, Options{SyncInterval: time.Millisecond})
+	l := openMem(t, m, Options{SyncInterval: time.Millisecond, RetryInterval: -1})
 	writeN(t, l, 1, 1) // accepted: the fsync comes later
 	eventually(t, "the background fsync to fail", func() bool { return l.Healthy() != nil })
 	checkFailed(t, l, l.Write(rec(2)), syscall.EIO)
@@ -404,8 +404,97 @@ func TestLog_FsyncFailure(t *testing.T) {
 	// With a negative interval the failing fsync is reported by Write.
 	m2 := newMemFile(nil)
 	m2.syncErr = syscall.EIO
-	l2 := openMem(t, m2, Options{SyncInterval: -1})
+	l2 := openMem(t, m2, Options{SyncInterval: -1, RetryInterval: -1})
 	checkFailed(t, l2, l2.Write(rec(1)), syscall.EIO)
+}
+
+// TestLog_RecoversAfterLostFsync: the fsync of three accepted records
+// fails and the kernel drops their pages. While the disk keeps failing
+// the Log stays failed; once it works, Recover writes the three again,
+// records the outage, and the chain goes on: nothing accepted is lost,
+// nothing refused appears.
+func TestLog_RecoversAfterLostFsync(t *testing.T) {
+	for _, interval := range []time.Duration{time.Hour, -1} {
+		t.Run(fmt.Sprint("sync interval ", interval), func(t *testing.T) {
+			m := newMemFile(nil)
+			m.loseUnsynced = true
+			l := openMem(t, m, Options{SyncInterval: interval, RetryInterval: -1})
+			writeN(t, l, 1, 2)
+			m.set(func(m *memFile) { m.syncErr = syscall.EIO })
+			accepted := 2
+			if err := l.Write(rec(3)); err == nil {
+				accepted = 3 // the fsync comes later
+				if err := l.Sync(); !errors.Is(err, syscall.EIO) {
+					t.Fatalf("Sync = %v", err)
+				}
+			}
+			if len(m.bytes()) != 0 && interval > 0 {
+				t.Fatalf("the failed fsync kept %d bytes; the test wants them lost", len(m.bytes()))
+			}
+			checkFailed(t, l, l.Write(rec(9)), syscall.EIO) // refuses 2: rec(9), rec(0)
+			if err := l.Recover(); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "recovery") {
+				t.Fatalf("Recover on a failing disk = %v", err)
+			}
+			m.set(func(m *memFile) { m.syncErr = nil })
+			if err := l.Recover(); err != nil {
+				t.Fatalf("Recover = %v", err)
+			}
+			if err := l.Write(rec(accepted + 2)); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := Verify(bytes.NewReader(m.bytes()))
+			if err != nil || rep.Lines != accepted+2 {
+				t.Fatalf("Verify = %+v, %v; want %d lines", rep, err, accepted+2)
+			}
+			for i, line := range bytes.Split(bytes.TrimSpace(m.bytes()), []byte("\n")) {
+				r, err := parseLine(line)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case i < accepted && r.RequestID != fmt.Sprintf("req-%d", i+1):
+					t.Errorf("line %d: %+v, want accepted record %d", i+1, r, i+1)
+				case i == accepted && (r.Kind != KindDaemon || !strings.Contains(r.Message, "audit log recovered") ||
+					!strings.Contains(r.Message, fmt.Sprintf("%d records refused", 5-accepted)) || !strings.Contains(r.Error, "input/output error")):
+					t.Errorf("recovery record %+v", r)
+				}
+			}
+		})
+	}
+}
+
+// TestLog_RecoversWhenSpaceReturns: a full disk fails the Log; once
+// there is room again it recovers on its own (RetryInterval) and the
+// chain holds every accepted record.
+func TestLog_RecoversWhenSpaceReturns(t *testing.T) {
+	m := newMemFile(nil)
+	m.quota = 4000
+	l := openMem(t, m, Options{RetryInterval: time.Hour})
+	ok := 0
+	for ; ok < 1000; ok++ {
+		if err := l.Write(rec(ok + 1)); err != nil {
+			break
+		}
+	}
+	checkFailed(t, l, l.Write(rec(0)), syscall.ENOSPC)
+	// Not a byte left: the recovery record does not fit either.
+	m.set(func(m *memFile) { m.quota = len(m.buf) })
+	if err := l.Recover(); !errors.Is(err, ErrUnavailable) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Recover on a full disk = %v", err)
+	}
+	m.set(func(m *memFile) { m.quota = -1 })
+	l.mu.Lock()
+	l.retry.Reset(time.Millisecond) // the next attempt, now
+	l.mu.Unlock()
+	eventually(t, "the Log to recover on its own", func() bool { return l.Healthy() == nil })
+	writeN(t, l, ok+1, ok+1)
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(bytes.NewReader(m.bytes()))
+	if err != nil || rep.Lines != ok+2 {
+		t.Fatalf("Verify = %+v, %v; want %d lines (%d accepted, the recovery, one more)", rep, err, ok+2, ok)
+	}
 }
 
 // checkFailed checks that err, Healthy and a further Write all report the
