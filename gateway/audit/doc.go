@@ -61,9 +61,13 @@
 // append-only attribute (chattr +a) on the file so that even root must first
 // clear it, leaving a trace, before rewriting history.
 //
-// Only argv is redacted. Other free-text fields (Reason, Error, Message) are
-// written as given, so callers must not copy command lines or secrets into
-// them.
+// Redaction covers argv and what quotes it: in Reason, Error and Message
+// every redacted argument, and every quoted string that a pattern matches
+// or that starts a redacted argument, is replaced too (a denial's reason
+// quotes the argument it matched, cut when long). Other text is written as
+// given, so callers must not copy secrets into it. Every string field is
+// bounded ([MaxFieldBytes], [MaxArgvBytes], [MaxArgs]): a longer value is
+// cut and marked with its full length and SHA-256.
 //
 // # Locking
 //

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -231,8 +233,9 @@ func lastLine(f io.ReaderAt, size int64) (line []byte, off int64, torn bool, err
 }
 
 // Write appends r to the log. It sets r.Time (now, UTC), r.Seq and r.Prev,
-// ignoring the caller's values, and replaces argv elements that match
-// [Options.Redact] (the caller's slice is not modified). When Write returns
+// ignoring the caller's values, replaces argv elements that match
+// [Options.Redact] and abridges values over [MaxFieldBytes],
+// [MaxArgvBytes] or [MaxArgs] (the caller's record is not modified). When Write returns
 // nil the line is in the file (the page cache); it is fsynced within
 // [Options.SyncInterval], or before Write returns if that is negative.
 //
@@ -261,7 +264,10 @@ func (l *Log) write(r *Record) error {
 	default:
 		return fmt.Errorf("audit write: invalid verdict %q", r.Verdict)
 	}
-	r.Argv = l.redactArgv(r.Argv)
+	var secrets []string
+	r.Argv, secrets = l.redactArgv(r.Argv)
+	r.Reason, r.Error, r.Message = l.redactText(r.Reason, secrets), l.redactText(r.Error, secrets), l.redactText(r.Message, secrets)
+	bound(r)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -331,22 +337,66 @@ func (l *Log) appendLocked(r *Record) error {
 	return nil
 }
 
-// redactArgv returns a copy of argv with matching elements replaced.
-func (l *Log) redactArgv(argv []string) []string {
+// redactArgv returns a copy of argv with matching elements replaced, and
+// the elements it replaced.
+func (l *Log) redactArgv(argv []string) (out, secrets []string) {
 	if argv == nil {
-		return nil
+		return nil, nil
 	}
-	out := make([]string, len(argv))
+	out = make([]string, len(argv))
 	for i, a := range argv {
 		out[i] = a
-		for _, re := range l.redact {
-			if re.MatchString(a) {
-				out[i] = Redacted
-				break
+		if l.secret(a) {
+			out[i] = Redacted
+			if a != "" {
+				secrets = append(secrets, a)
 			}
 		}
 	}
-	return out
+	return out, secrets
+}
+
+// secret reports whether a redact pattern matches s.
+func (l *Log) secret(s string) bool {
+	for _, re := range l.redact {
+		if re.MatchString(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// quotedRE finds Go-quoted strings (strconv.Quote), as the policy quotes
+// arguments in its reasons.
+var quotedRE = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// redactText removes redacted arguments from free text (a denial's reason
+// quotes the argument it matched; an error may too): every occurrence of
+// a secret, and every quoted string that a redact pattern matches or that
+// is the start of a secret (the policy cuts long arguments when it quotes
+// them).
+func (l *Log) redactText(text string, secrets []string) string {
+	if text == "" || len(l.redact) == 0 {
+		return text
+	}
+	for _, sec := range secrets {
+		text = strings.ReplaceAll(text, sec, Redacted)
+	}
+	return quotedRE.ReplaceAllStringFunc(text, func(q string) string {
+		u, err := strconv.Unquote(q)
+		if err != nil || u == "" {
+			return q
+		}
+		if l.secret(u) {
+			return strconv.Quote(Redacted)
+		}
+		for _, sec := range secrets {
+			if strings.HasPrefix(sec, u) {
+				return strconv.Quote(Redacted)
+			}
+		}
+		return q
+	})
 }
 
 // timedSync is the background flusher, run by the timer.
