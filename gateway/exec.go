@@ -83,6 +83,9 @@ func (s *Server) auditDecision(st *execState) error {
 	if st.interactive {
 		rec.Message = "interactive shell"
 	}
+	if !st.verdict.Allowed {
+		return s.auditGated(s.denyGate, callerKey(st.id), rec)
+	}
 	return s.audit.Write(rec)
 }
 
@@ -319,6 +322,9 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	default:
 	}
 	target.done(vmOK) // a session whose VM died is ended; a fresh VM always goes
+	if target.session == nil {
+		s.flushGated(s.netGate, target.vm.ID)
+	}
 	o := execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes.Load(), execDur: execDur,
 		stdoutSHA: stdout.sum(), stderrSHA: stderr.sum()}
 	s.auditExec(st, o)

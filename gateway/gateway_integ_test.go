@@ -6,8 +6,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/vmgate/vmgate/gateway"
-	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"io"
 	"log/slog"
 	"net"
@@ -19,12 +17,15 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
@@ -616,6 +617,13 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 	}
 	// UDP goes nowhere but to the resolver; the datagram is recorded.
 	d.MustExec(t, wire.ExecRequest{Shell: true, Session: "web", Argv: []string{"bash -c 'echo x > /dev/udp/198.51.100.10/9999'"}}, nil)
+	// A guest that sends 100,000 refused datagrams: a burst of them is
+	// recorded one by one, the rest in summary records.
+	res, _, se = d.MustExec(t, wire.ExecRequest{Session: "web", Argv: []string{"python3", "-c",
+		"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nfor i in range(100000): s.sendto(b'x', ('198.51.100.11', 9))"}}, nil)
+	if res.ExitCode != 0 {
+		t.Fatalf("udp flood: %+v %q", res, se)
+	}
 	d.StopAndCheck(t)
 	b, err := os.ReadFile(d.AuditPath)
 	if err != nil {
@@ -637,6 +645,97 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 	}
 	if allowed < 2 || denied < 4 { // DNS + connection allowed; several refusals
 		t.Errorf("net audit records: %d allowed, %d denied\n%s", allowed, denied, b)
+	}
+	flood, summarised := 0, 0
+	for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
+		if r.Net != nil && r.Net.Addr == "198.51.100.11" {
+			flood++
+		}
+		var n int
+		if _, err := fmt.Sscanf(r.Message, "%d more refused network events", &n); err == nil {
+			summarised += n
+		}
+	}
+	if flood > 2000 || summarised == 0 {
+		t.Errorf("udp flood: %d records one by one, %d in summaries", flood, summarised)
+	}
+	t.Logf("udp flood: %d records one by one, %d in summaries", flood, summarised)
+}
+
+// TestGateway_AuditFlood: a caller that no profile matches sends 1,000
+// requests of 1 MiB of invalid UTF-8 each. The audit log grows by a few
+// records of bounded size plus summaries that count the rest, another
+// uid is still served, and the chain verifies.
+func TestGateway_AuditFlood(t *testing.T) {
+	testutil.RequiresRoot(t)
+	d := gatewaytest.Start(t, `version = 1
+[[profile]]
+name = "nobody"
+match = { uids = [65534] }
+[[profile.allow]]
+program = ["true"]
+`, nil)
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", d.Socket)
+	}}}
+	body := append(append([]byte(`{"argv":["`), bytes.Repeat([]byte{0xff}, 1<<20-20)...), `"]}`...)
+	const n, conc = 1000, 4
+	var wg sync.WaitGroup
+	var denied atomic.Int32
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += conc {
+				req, _ := http.NewRequest(http.MethodPost, "http://vmgate/v1/exec", bytes.NewReader(body))
+				req.Header.Set("Upgrade", wire.Upgrade)
+				resp, err := hc.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusForbidden {
+					denied.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if denied.Load() != n {
+		t.Fatalf("%d of %d flood requests denied", denied.Load(), n)
+	}
+	if so, code := asNobody(t, d.Socket, "true"); code != 0 {
+		t.Fatalf("another uid is not served during the flood: exit %d %q", code, so)
+	}
+	d.StopAndCheck(t)
+	st, err := os.Stat(d.AuditPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := audit.VerifyFile(d.AuditPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, summarised, nobody := 0, 0, false
+	for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
+		switch {
+		case r.Kind == audit.KindDecision && r.UID != nil && *r.UID == 0 && r.Message == "":
+			one++
+		case r.UID != nil && *r.UID == 65534 && r.Verdict == audit.VerdictAllow:
+			nobody = true
+		}
+		var k int
+		if _, err := fmt.Sscanf(r.Message, "%d more denied requests", &k); err == nil {
+			summarised += k
+		}
+	}
+	t.Logf("audit log: %d bytes, %d lines; %d denials one by one, %d in summaries", st.Size(), rep.Lines, one, summarised)
+	if st.Size() > 8<<20 || one+summarised != n || !nobody {
+		t.Errorf("audit log of the flood: %d bytes, %d denials one by one + %d in summaries (want %d), other uid recorded: %v",
+			st.Size(), one, summarised, n, nobody)
 	}
 }
 

@@ -34,7 +34,13 @@ func (s *Server) netAudit(st *execState, vmID string) func(guestnet.Record) {
 		if r.Addr.IsValid() {
 			rec.Net.Addr = r.Addr.String()
 		}
-		if err := s.audit.Write(rec); err != nil {
+		var err error
+		if r.Allowed {
+			err = s.audit.Write(rec)
+		} else {
+			err = s.auditGated(s.netGate, vmID, rec)
+		}
+		if err != nil {
 			s.log.Error("audit network event", "err", err)
 		}
 	}

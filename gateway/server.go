@@ -82,11 +82,26 @@ type Config struct {
 	NetHosts map[string][]netip.Addr
 	// SSH, if set, turns the SSH front door on.
 	SSH *sshfront.Config
+	// AuditFlood bounds the records that nothing ran for: the denied
+	// requests of one caller, and the refused network events of one VM,
+	// each written at most Burst at once and Rate per second; the rest
+	// are counted in summary records (default DefaultAuditFlood).
+	AuditFlood AuditFlood
 	// AllowRoot permits running as uid 0.
 	AllowRoot bool
 	// Log defaults to slog.Default().
 	Log *slog.Logger
 }
+
+// AuditFlood is the rate limit of one kind of record per source.
+type AuditFlood struct {
+	DenyRate, NetRate   float64 // records per second
+	DenyBurst, NetBurst int
+}
+
+// DefaultAuditFlood: a caller's denied requests 10/s after a burst of
+// 100; a VM's refused network events 20/s after a burst of 200.
+var DefaultAuditFlood = AuditFlood{DenyRate: 10, DenyBurst: 100, NetRate: 20, NetBurst: 200}
 
 // Defaults of Config's zero values, and of vmgated serve's flags.
 const (
@@ -130,6 +145,9 @@ func (c *Config) setDefaults() {
 	if c.Accel == "" {
 		c.Accel = vm.AccelAuto
 	}
+	if c.AuditFlood == (AuditFlood{}) {
+		c.AuditFlood = DefaultAuditFlood
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -145,6 +163,9 @@ type Server struct {
 	// host is where VMs come from: the image, the cgroups, templates
 	// and pools.
 	host *vm.Host
+	// denyGate and netGate bound the denied requests of a caller and the
+	// refused network events of a VM in the audit log (floodgate.go).
+	denyGate, netGate *floodGate
 	// ssh is the SSH front door; nil when off.
 	ssh *sshfront.Front
 
@@ -254,6 +275,7 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
 	s.push(s.audit.Close)
+	s.startFloodGates()
 	s.slots = newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait)
 	// The SSH front door's files and addresses are checked before any VM
 	// work starts; it serves once the daemon is ready.

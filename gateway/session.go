@@ -72,6 +72,7 @@ func (s *Server) destroySession(ss *session, why string) {
 		s.log.Error("destroy session vm", "session", ss.key.name, "err", err)
 	}
 	ss.release()
+	s.flushGated(s.netGate, ss.vm.ID)
 	uid := ss.key.uid
 	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, UID: &uid, Session: ss.key.name, VMID: ss.vm.ID, Profile: ss.profile, Message: "ended: " + why})
 	s.log.Info("session ended", "session", ss.key.name, "uid", uid, "vm", ss.vm.ID, "why", why)
