@@ -85,6 +85,10 @@ type LaunchSpec struct {
 	// RAM to the file) or a private copy-on-write mapping (a clone).
 	RAMPath   string
 	RAMShared bool
+	// ConsoleFD, when set, is the fd of the pipe QEMU writes the serial
+	// console to (console.go); otherwise it writes ConsoleLog itself
+	// (the accelerator probe).
+	ConsoleFD int
 	// Incoming starts QEMU waiting for a migration stream (-incoming
 	// defer); the stream is given later with QMP migrate-incoming.
 	Incoming bool
@@ -174,6 +178,10 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	if s.RAMPath != "" {
 		machine += ",memory-backend=ram"
 	}
+	consolePath := j(ConsoleLog)
+	if s.ConsoleFD > 0 {
+		consolePath = "/proc/self/fd/" + strconv.Itoa(s.ConsoleFD)
+	}
 	argv := []string{
 		qemu,
 		"-nodefaults", "-no-user-config", "-nographic",
@@ -188,7 +196,7 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 		// Files and sockets are named in key=value options (-chardev
 		// path=), never in the legacy "file:"/"unix:" forms, whose
 		// parser breaks on a '=' in the path.
-		"-chardev", "file,id=console,path=" + j(ConsoleLog),
+		"-chardev", "file,id=console,path=" + consolePath,
 		"-serial", "chardev:console",
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng0",

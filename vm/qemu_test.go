@@ -13,7 +13,7 @@ var update = flag.Bool("update", false, "rewrite golden files")
 func baseSpec() LaunchSpec {
 	return LaunchSpec{
 		Dir: "/var/lib/vmgate/vms/0123456789ab", Kernel: "/img/vmlinuz", Initrd: "/img/initrd.img",
-		MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, TSCkHz: 2600000,
+		MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, TSCkHz: 2600000, ConsoleFD: 4,
 	}
 }
 
@@ -21,11 +21,11 @@ func TestCmdlineGolden(t *testing.T) {
 	kvm := baseSpec()
 	kvm.Accel, kvm.CPUs, kvm.MemoryMiB, kvm.QEMU = AccelKVM, 2, 1024, "/usr/bin/qemu-system-x86_64"
 	probe := baseSpec()
-	probe.Probe, probe.TSCkHz = true, 0
+	probe.Probe, probe.TSCkHz, probe.ConsoleFD = true, 0, 0
 	template := baseSpec()
 	template.RAMPath, template.RAMShared = filepath.Join(template.Dir, "ram"), true
 	clone := baseSpec()
-	clone.RAMPath, clone.Incoming = "/proc/self/fd/4", true
+	clone.RAMPath, clone.Incoming, clone.ConsoleFD = "/proc/self/fd/4", true, 6
 	netSpec := baseSpec()
 	netSpec.Network = true
 	for name, s := range map[string]LaunchSpec{"tcg": baseSpec(), "kvm": kvm, "probe": probe, "template": template, "clone": clone, "net": netSpec} {

@@ -125,6 +125,7 @@ type VM struct {
 	bootTime time.Duration
 	cgroup   *cgroup.Group // nil without cgroups
 	net      *guestnet.Network
+	console  *console
 	phases   []Phase
 
 	mu       sync.Mutex
@@ -297,6 +298,9 @@ func (v *VM) startQEMU(opts Options, img *imageFiles, accel Accel, m launchMode)
 		QEMU: opts.QEMU, Dir: v.Dir, Kernel: img.kernel, Initrd: img.initrd,
 		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, TSCkHz: HostTSCkHz(),
 		Incoming: m.restore, Network: opts.Network != nil,
+		// The jail passes its spec pipe as fd 3, then m.files, then the
+		// console pipe.
+		ConsoleFD: 4 + len(m.files),
 	}
 	switch m.ram {
 	case ramSharedFile:
@@ -313,7 +317,16 @@ func (v *VM) startQEMU(opts Options, img *imageFiles, accel Accel, m launchMode)
 			return err
 		}
 	}
-	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, spec.Network, m.files...)
+	c, cw, err := startConsole(v.Dir)
+	if err != nil {
+		return fmt.Errorf("start vm: %w", err)
+	}
+	defer cw.Close() // QEMU has its own copy once started
+	v.console = c
+	// Pushed before QEMU's kill, so it runs after QEMU has exited (and
+	// closed the pipe); if QEMU never starts, closing cw ends it.
+	v.push(func() error { c.wait(); return nil })
+	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, spec.Network, append(m.files, cw)...)
 	if err != nil {
 		return err
 	}
@@ -600,16 +613,16 @@ func (v *VM) died(during string) error {
 	return fmt.Errorf("%w %s: qemu exited (%v); %s", ErrVMDied, during, v.exitErr, v.consoleTail())
 }
 
+// consoleTail returns the last lines of QEMU's log and of the console,
+// reading only their ends (a guest decides how much it writes).
 func (v *VM) consoleTail() string {
 	var parts []string
-	for _, n := range []string{QEMULog, ConsoleLog} {
-		b, _ := os.ReadFile(filepath.Join(v.Dir, n))
-		if t := strings.TrimSpace(string(b)); t != "" {
-			lines := strings.Split(t, "\n")
-			if len(lines) > 8 {
-				lines = lines[len(lines)-8:]
-			}
-			parts = append(parts, n+": "+strings.Join(lines, " | "))
+	if t := lastLines(fileTail(filepath.Join(v.Dir, QEMULog), consoleKeep), 8); t != "" {
+		parts = append(parts, QEMULog+": "+t)
+	}
+	if v.console != nil {
+		if t := v.console.tail(8); t != "" {
+			parts = append(parts, ConsoleLog+": "+t)
 		}
 	}
 	if len(parts) == 0 {
