@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -52,7 +51,7 @@ func (s *Server) resolve(ctx context.Context, name string) ([]netip.Addr, error)
 	if a, ok := s.cfg.NetHosts[name]; ok {
 		return a, nil
 	}
-	return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+	return guestnet.LookupHost(ctx, name)
 }
 
 // ParseHosts reads a hosts(5)-style table: an address, then the names it

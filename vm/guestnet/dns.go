@@ -2,12 +2,14 @@ package guestnet
 
 import (
 	"context"
-	"github.com/vmgate/vmgate/policy/netrule"
+	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/miekg/dns"
 
+	"github.com/vmgate/vmgate/policy/netrule"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -25,6 +27,15 @@ type DNSVerdict struct {
 	// agentproto.ReadinessName): answered here with NXDOMAIN, never
 	// looked up and not audited.
 	Probe bool
+}
+
+// LookupHost looks a guest's name up with the host's resolver as a fully
+// qualified name (with a trailing dot), so the host's search domains are
+// never tried: a name under an allowed wildcard that does not exist must
+// not become name.<the host's domain>, whose internal answer would then
+// be an allowed destination.
+func LookupHost(ctx context.Context, name string) ([]netip.Addr, error) {
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", strings.TrimSuffix(name, ".")+".")
 }
 
 // Resolver looks a name up for the guest (the daemon's resolver, or a

@@ -159,9 +159,7 @@ func New(cfg Config) (*Network, error) {
 		cfg.Dial = d.DialContext
 	}
 	if cfg.Resolve == nil {
-		cfg.Resolve = func(ctx context.Context, name string) ([]netip.Addr, error) {
-			return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
-		}
+		cfg.Resolve = LookupHost
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
