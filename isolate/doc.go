@@ -29,9 +29,14 @@
 //     directory — all at their host paths, so QEMU's command line and the
 //     overlay's backing-file path need no rewriting; a minimal /dev (null,
 //     zero, urandom, full, and kvm only when KVM is used) by bind mounts; a
-//     fresh /proc of the new pid namespace. pivot_root into it, detach the
-//     old root, remount the new root read-only.
-//  4. rlimits: address space, open files, processes, no core dumps.
+//     fresh /proc of the new pid namespace, with the entries runc masks
+//     (kcore, keys, timer_list, sched_debug, acpi, scsi, …) under /dev/null
+//     or an empty read-only tmpfs, and /proc/sys, /proc/sysrq-trigger,
+//     /proc/irq, /proc/bus and /proc/fs read-only. pivot_root into it,
+//     detach the old root, remount the new root read-only.
+//  4. rlimits: address space, open files, processes, file size (SIGXFSZ
+//     ignored, so a write past it fails instead of killing QEMU), no core
+//     dumps.
 //  5. cgroup: when the daemon has a delegated cgroup (systemd Delegate=yes)
 //     the jail runs in a child cgroup of its own with memory, pids and cpu
 //     limits (package isolate/cgroup). The daemon moves the child there

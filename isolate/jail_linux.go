@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -354,8 +355,11 @@ func buildRoot(s *Spec) (string, error) {
 	if err := unix.Mount("proc", root+"/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return "", fmt.Errorf("mount proc: %w", err)
 	}
+	if err := maskProc(root); err != nil {
+		return "", err
+	}
 	// Kernel tunables and triggers stay read-only, as in container runtimes.
-	for _, p := range []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"} {
+	for _, p := range []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"} {
 		dst := root + p
 		if _, err := os.Lstat(dst); err != nil {
 			continue
@@ -368,6 +372,33 @@ func buildRoot(s *Spec) (string, error) {
 		}
 	}
 	return root, nil
+}
+
+// maskedProc are the /proc entries that container runtimes (runc) hide:
+// kernel memory, keys, timers and scheduler internals, hardware. QEMU
+// needs none of them.
+var maskedProc = []string{"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/sched_debug", "/proc/scsi", "/proc/timer_list", "/proc/timer_stats"}
+
+// maskProc hides maskedProc in the jail's /proc: a file under the jail's
+// /dev/null, a directory under an empty read-only tmpfs.
+func maskProc(root string) error {
+	for _, p := range maskedProc {
+		dst := root + p
+		fi, err := os.Lstat(dst)
+		if err != nil {
+			continue // not in this kernel
+		}
+		if fi.IsDir() {
+			err = unix.Mount("tmpfs", dst, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0,mode=0555")
+		} else {
+			err = unix.Mount(root+"/dev/null", dst, "", unix.MS_BIND, "")
+		}
+		if err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	return nil
 }
 
 // realDir resolves the directory part of p on the host.
@@ -470,10 +501,16 @@ func setRlimits(s *Spec) error {
 		}
 		return nil
 	}
+	if s.FileSize != 0 {
+		// A write past the limit fails (EFBIG) instead of killing QEMU;
+		// an ignored signal stays ignored across execve.
+		signal.Ignore(unix.SIGXFSZ)
+	}
 	return errors.Join(
 		set(unix.RLIMIT_AS, s.AddressSpace, "AS"),
 		set(unix.RLIMIT_NOFILE, s.OpenFiles, "NOFILE"),
 		set(unix.RLIMIT_NPROC, s.Processes, "NPROC"),
+		set(unix.RLIMIT_FSIZE, s.FileSize, "FSIZE"),
 		unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{Cur: 0, Max: 0}),
 	)
 }

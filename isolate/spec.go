@@ -31,6 +31,10 @@ type Spec struct {
 	AddressSpace uint64 `json:"address_space"`
 	OpenFiles    uint64 `json:"open_files"`
 	Processes    uint64 `json:"processes"`
+	// FileSize is RLIMIT_FSIZE in bytes (0: unlimited): the largest file
+	// the process may write. SIGXFSZ is ignored, so a write past it fails
+	// with EFBIG instead of killing the process.
+	FileSize uint64 `json:"file_size"`
 	// Seccomp selects the filter: "required" (default; fail if it cannot be
 	// loaded) or "off" (logged as a relaxation).
 	Seccomp string `json:"seccomp"`

@@ -213,7 +213,7 @@ func runProbe(ctx context.Context, spec LaunchSpec, timeout time.Duration) (bool
 	// The probe runs in the same jail as every VM.
 	// It is bounded in time, not by a cgroup: it runs once per daemon
 	// before any VM and powers off at once.
-	j, err := jailedCommand(argv, spec.Dir, []string{filepath.Dir(spec.Kernel), filepath.Dir(spec.Initrd)}, spec.Accel, spec.MemoryMiB, "", false, false)
+	j, err := jailedCommand(argv, jailOpts{vmDir: spec.Dir, readOnly: []string{spec.Kernel, spec.Initrd}, accel: spec.Accel, memMiB: spec.MemoryMiB})
 	if err != nil {
 		return false, err.Error()
 	}

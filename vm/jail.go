@@ -169,16 +169,36 @@ const qemuOverhead = 1 << 30
 // jailProcesses bounds QEMU's threads (RLIMIT_NPROC and pids.max).
 const jailProcesses = 256
 
+// jailOpts are what a VM's jail depends on beside QEMU's argv.
+type jailOpts struct {
+	vmDir    string
+	readOnly []string // files and directories shown read-only
+	accel    Accel
+	memMiB   int
+	diskMiB  int // the image's virtual disk; 0 without a disk (the probe)
+	seccomp  string
+	incoming bool // a restore
+	network  bool
+}
+
+// FileSizeLimit is RLIMIT_FSIZE of a VM's QEMU: the largest file it
+// writes is its overlay (at most the virtual disk plus qcow2's metadata)
+// or a template's RAM file (the guest's memory), so nothing else it
+// writes can grow past that.
+func FileSizeLimit(memMiB, diskMiB int) uint64 {
+	return uint64(max(memMiB, diskMiB+diskMiB/8)+64) << 20
+}
+
 // jailedCommand returns the jail that runs argv.
-func jailedCommand(argv []string, vmDir string, readOnly []string, accel Accel, memMiB int, seccomp string, incoming, network bool, files ...*os.File) (*isolate.Jail, error) {
-	spec, err := JailSpec(argv, vmDir, readOnly, accel, memMiB)
+func jailedCommand(argv []string, o jailOpts, files ...*os.File) (*isolate.Jail, error) {
+	spec, err := JailSpec(argv, o.vmDir, o.readOnly, o.accel, o.memMiB)
 	if err != nil {
 		return nil, err
 	}
-	if seccomp != "" {
-		spec.Seccomp = seccomp
+	spec.FileSize = FileSizeLimit(o.memMiB, o.diskMiB)
+	if o.seccomp != "" {
+		spec.Seccomp = o.seccomp
 	}
-	spec.SeccompIncoming = incoming
-	spec.SeccompNetwork = network
+	spec.SeccompIncoming, spec.SeccompNetwork = o.incoming, o.network
 	return isolate.Command(spec, files...)
 }

@@ -377,7 +377,7 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 		// nothing else: no name resolves, no connection is made.
 		opts.Network = &guestnet.Config{Log: opts.Log}
 	}
-	v, err := start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: []string{filepath.Dir(img.base)}, ram: ramSharedFile})
+	v, err := start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: img.qemuFiles(), ram: ramSharedFile})
 	if err != nil {
 		return nil, fmt.Errorf("template boot: %w", err)
 	}
@@ -701,7 +701,7 @@ func (t *Template) restoreOnce(ctx context.Context, o Options) (*VM, error) {
 	defer state.Close()
 	return start(ctx, o, t.img, t.accel, launchMode{
 		backing:  filepath.Join(t.Dir, OverlayFile),
-		readOnly: []string{filepath.Dir(t.img.base), t.Dir},
+		readOnly: append(t.img.qemuFiles(), t.Dir),
 		ram:      ramPrivateFD,
 		files:    []*os.File{t.ram, state},
 		restore:  true,

@@ -195,7 +195,7 @@ func Start(ctx context.Context, opts Options) (*VM, error) {
 	if err != nil {
 		return nil, err
 	}
-	return start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: []string{filepath.Dir(img.base)}})
+	return start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: img.qemuFiles()})
 }
 
 // prepare loads the image and resolves the accelerator.
@@ -226,7 +226,7 @@ const RAMFile = "ram"
 // launchMode is what differs between a cold boot, a template and a clone.
 type launchMode struct {
 	backing  string     // the overlay's backing file
-	readOnly []string   // directories the jail shows read-only
+	readOnly []string   // files and directories the jail shows read-only
 	ram      ramMode    // where guest RAM lives
 	files    []*os.File // passed to QEMU as fds 4, 5, …
 	// restore, when set, is the QMP sequence that loads the migration
@@ -326,7 +326,8 @@ func (v *VM) startQEMU(opts Options, img *imageFiles, accel Accel, m launchMode)
 	// Pushed before QEMU's kill, so it runs after QEMU has exited (and
 	// closed the pipe); if QEMU never starts, closing cw ends it.
 	v.push(func() error { c.wait(); return nil })
-	j, err := jailedCommand(argv, v.Dir, m.readOnly, accel, opts.MemoryMiB, opts.Seccomp, m.restore, spec.Network, append(m.files, cw)...)
+	j, err := jailedCommand(argv, jailOpts{vmDir: v.Dir, readOnly: m.readOnly, accel: accel, memMiB: opts.MemoryMiB, diskMiB: img.diskMiB,
+		seccomp: opts.Seccomp, incoming: m.restore, network: spec.Network}, append(m.files, cw)...)
 	if err != nil {
 		return err
 	}
@@ -485,9 +486,14 @@ func (v *VM) failedRestore(err error) error {
 
 type imageFiles struct {
 	base, kernel, initrd string
+	diskMiB              int // the virtual disk's size
 	hostKey              ssh.PublicKey
 	signer               ssh.Signer
 }
+
+// qemuFiles are the image files QEMU opens: the jail shows it those and
+// nothing else of the image (not the agent's client key).
+func (img *imageFiles) qemuFiles() []string { return []string{img.base, img.kernel, img.initrd} }
 
 // loadImage checks the image before QEMU starts, so a missing or damaged
 // image is reported as such and not as a failed boot.
@@ -526,6 +532,7 @@ func loadImage(dir string) (*imageFiles, error) {
 		return nil, fmt.Errorf("image: client key: %w", err)
 	}
 	return &imageFiles{
+		diskMiB: m.Inputs.DiskSizeMiB,
 		base:    filepath.Join(abs, image.BaseFile),
 		kernel:  filepath.Join(abs, image.KernelFile),
 		initrd:  filepath.Join(abs, image.InitrdFile),

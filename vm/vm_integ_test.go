@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -100,6 +102,46 @@ func TestVM_Exec(t *testing.T) {
 		}
 		if want := fmt.Sprintf("1000 %d 1", os.Getuid()); rep.UIDMap != want {
 			t.Errorf("uid_map %q, want %q", rep.UIDMap, want)
+		}
+		// QEMU sees the image files it opens, not the agent's client key;
+		// the /proc entries runc masks are masked; its files are bounded.
+		root := fmt.Sprintf("/proc/%d/root", v.Pid())
+		abs, _ := filepath.Abs(img)
+		if _, err := os.Stat(root + filepath.Join(abs, "client_key")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the jail shows the image's client key: %v", err)
+		}
+		if _, err := os.Stat(root + filepath.Join(abs, "base.qcow2")); err != nil {
+			t.Errorf("the jail lacks the base image: %v", err)
+		}
+		var null unix.Stat_t
+		if err := unix.Stat("/dev/null", &null); err != nil {
+			t.Fatal(err)
+		}
+		masked := 0
+		for _, p := range []string{"/proc/kcore", "/proc/keys", "/proc/timer_list"} {
+			if _, err := os.Stat(p); err != nil {
+				continue // not in this kernel
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(root+p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != null.Rdev {
+				t.Errorf("%s in the jail is not masked: %v (rdev %x)", p, err, st.Rdev)
+			}
+			masked++
+		}
+		if masked == 0 {
+			t.Error("no masked /proc entry to check on this host")
+		}
+		if ents, err := os.ReadDir(root + "/proc/acpi"); err == nil && len(ents) != 0 {
+			t.Errorf("/proc/acpi in the jail is not masked: %d entries", len(ents))
+		}
+		limits, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", v.Pid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(limits), "\n") {
+			if f := strings.Fields(line); strings.HasPrefix(line, "Max file size") && (len(f) < 5 || f[3] == "unlimited" || f[3] != f[4]) {
+				t.Errorf("RLIMIT_FSIZE: %s", line)
+			}
 		}
 	})
 	t.Run("cgroup", func(t *testing.T) {
