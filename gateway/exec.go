@@ -17,6 +17,7 @@ import (
 	"hash"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,7 @@ func (s *Server) auditDecision(st *execState) error {
 		Verdict: v, Rule: st.verdict.Rule, Reason: st.verdict.Reason,
 	}
 	setCaller(&rec, st.id)
+	rec.EnvNames, rec.Dir, rec.TTY = envNames(st.req.Env), st.req.Dir, st.req.TTY != nil
 	if st.interactive {
 		rec.Message = "interactive shell"
 	}
@@ -87,6 +89,17 @@ func (s *Server) auditDecision(st *execState) error {
 		return s.auditGated(s.denyGate, callerKey(st.id), rec)
 	}
 	return s.audit.Write(rec)
+}
+
+// envNames returns the names of KEY=VALUE entries: the audit records
+// which variables a request set, never their values.
+func envNames(env []string) []string {
+	var out []string
+	for _, e := range env {
+		name, _, _ := strings.Cut(e, "=")
+		out = append(out, name)
+	}
+	return out
 }
 
 // admit takes a request that every front door (the HTTP API, SSH) has
@@ -203,6 +216,25 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	return t, release, nil
 }
 
+// sessionNetwork gives a reused session VM's network this request's
+// verdict (the policy may have been reloaded since the session began)
+// and audit, so that its connections are recorded as this request's. A
+// session without a NIC cannot get one: the caller must end it first.
+func (s *Server) sessionNetwork(st *execState, t *vmTarget) error {
+	n, vn := st.verdict.Network, t.vm.Network()
+	switch {
+	case vn == nil && n != nil:
+		return &RequestError{Kind: ErrBadRequest, RequestID: st.reqID, Msg: fmt.Sprintf("session %q has no network (it began before the profile had one): end the session to start it again with one", st.req.Session)}
+	case vn == nil:
+		return nil
+	case n == nil: // the profile no longer allows any network
+		vn.SetPolicy(guestnet.Policy{Audit: s.netAudit(st, t.vm.ID)})
+	default:
+		vn.SetPolicy(guestnet.Policy{Egress: *n, Audit: s.netAudit(st, t.vm.ID)})
+	}
+	return nil
+}
+
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	if !st.id.Local() {
 		// Sessions are keyed by uid; an SSH caller has none.
@@ -221,7 +253,12 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 		ss.busy = true
 		ss.mu.Unlock()
 		s.mu.Unlock()
-		return &vmTarget{vm: ss.vm, session: ss, done: s.sessionDone(ss), jail: jailOf(ss.vm)}, nil
+		t := &vmTarget{vm: ss.vm, session: ss, done: s.sessionDone(ss), jail: jailOf(ss.vm)}
+		if err := s.sessionNetwork(st, t); err != nil {
+			t.done(true)
+			return nil, err
+		}
+		return t, nil
 	}
 	s.mu.Unlock()
 

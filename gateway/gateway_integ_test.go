@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -297,6 +298,23 @@ func TestGateway_ReloadKeepsOldPolicyOnError(t *testing.T) {
 	}
 	if _, err := d.Client.Status(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	// A decision records the names (not the values) of the environment,
+	// the working directory and the terminal a request asked for.
+	_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"rm", "y"}, Env: []string{"GREETING=s3cret"}, Dir: "/srv",
+		TTY: &wire.TTY{Term: "xterm", Cols: 80, Rows: 24}}, nil)
+	if !errors.Is(err, client.ErrDenied) {
+		t.Fatalf("rm y: %v", err)
+	}
+	d.StopAndCheck(t)
+	var found bool
+	for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
+		if r.Kind == audit.KindDecision && slices.Equal(r.Argv, []string{"rm", "y"}) {
+			found = slices.Equal(r.EnvNames, []string{"GREETING"}) && r.Dir == "/srv" && r.TTY
+		}
+	}
+	if !found || strings.Contains(testutil.ReadFile(t, d.AuditPath), "s3cret") {
+		t.Errorf("the decision record lacks env names, dir or tty, or holds a value:\n%s", testutil.ReadFile(t, d.AuditPath))
 	}
 }
 
@@ -624,6 +642,7 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 	if res.ExitCode != 0 {
 		t.Fatalf("udp flood: %+v %q", res, se)
 	}
+	floodReq := res.RequestID
 	d.StopAndCheck(t)
 	b, err := os.ReadFile(d.AuditPath)
 	if err != nil {
@@ -650,6 +669,10 @@ allow = ["allowed.test:80", "allowed.test:443", "private.test:80", "198.51.100.0
 	for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
 		if r.Net != nil && r.Net.Addr == "198.51.100.11" {
 			flood++
+			// In a session, each command's network events are its own.
+			if r.RequestID != floodReq {
+				t.Errorf("a net record of the flood carries request %q, want %q", r.RequestID, floodReq)
+			}
 		}
 		var n int
 		if _, err := fmt.Sscanf(r.Message, "%d more refused network events", &n); err == nil {

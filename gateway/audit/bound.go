@@ -80,7 +80,8 @@ func anyLonger(ss []string, n int) bool {
 // most of them, and none needs more room.
 func bound(r *Record) {
 	r.Argv = abridgeArgv(r.Argv)
-	for _, f := range []*string{&r.RequestID, &r.User, &r.Profile, &r.Session, &r.Rule, &r.Reason, &r.VMID,
+	r.EnvNames = abridgeArgv(r.EnvNames)
+	for _, f := range []*string{&r.Dir, &r.RequestID, &r.User, &r.Profile, &r.Session, &r.Rule, &r.Reason, &r.VMID,
 		&r.ImageDigest, &r.Signal, &r.StdoutSHA256, &r.StderrSHA256, &r.VMStart, &r.Error, &r.Message} {
 		*f = abridge(*f)
 	}

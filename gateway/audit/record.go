@@ -94,6 +94,12 @@ type Record struct {
 	Shell bool `json:"shell,omitempty"`
 	// Session identifies an interactive session.
 	Session string `json:"session,omitempty"`
+	// EnvNames are the names (never the values) of the environment
+	// variables the request asked for; Dir its working directory; TTY is
+	// set when it asked for a terminal.
+	EnvNames []string `json:"env_names,omitempty"`
+	Dir      string   `json:"dir,omitempty"`
+	TTY      bool     `json:"tty,omitempty"`
 
 	// Verdict, Rule and Reason describe a policy decision.
 	Verdict Verdict `json:"verdict,omitempty"`
