@@ -59,6 +59,20 @@ func TestSniffName(t *testing.T) {
 			t.Fatalf("tls prefix %d: %v", i, err)
 		}
 	}
+	// A ClientHello split across two records (and segments) is put back
+	// together.
+	payload := hello[5 : 5+(int(hello[3])<<8|int(hello[4]))]
+	cut := len(payload) / 2
+	split := append(append([]byte{0x16, 3, 1, byte(cut >> 8), byte(cut)}, payload[:cut]...),
+		append([]byte{0x16, 3, 1, byte((len(payload) - cut) >> 8), byte(len(payload) - cut)}, payload[cut:]...)...)
+	if n, p, err := SniffName(split); err != nil || p != ProtoTLS || n != "www.example.com" {
+		t.Fatalf("split ClientHello: %q %q %v", n, p, err)
+	}
+	for i := 0; i < len(split); i += 11 {
+		if _, _, err := SniffName(split[:i]); !errors.Is(err, ErrNeedMore) {
+			t.Fatalf("split ClientHello, prefix %d: %v", i, err)
+		}
+	}
 	ipHello := clientHello(t, "198.51.100.10") // an IP: no SNI is sent
 	if n, p, err := SniffName(ipHello); err != nil || p != ProtoTLS || n != "" {
 		t.Fatalf("tls without SNI: %q %q %v", n, p, err)
@@ -74,6 +88,12 @@ func TestSniffName(t *testing.T) {
 		{"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "", ProtoHTTP, true},
 		{"GET /\r\n\r\n", "", ProtoHTTP, true},
 		{"SSH-2.0-OpenSSH\r\n", "", ProtoOther, false},
+		{"\r\nGET / HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoOther, false},
+		{"get / HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoOther, false},
+		{"GET http://b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET https://A.test:443/x HTTP/1.1\r\nHost: a.test\r\n\r\n", "a.test", ProtoHTTP, false},
+		{"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: 198.51.100.1\r\n\r\n", "", ProtoHTTP, false},
 		{"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", "", ProtoTLS, true},
 	} {
 		n, p, err := SniffName([]byte(c.in))

@@ -1,6 +1,8 @@
 package guestnet
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -421,15 +423,17 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 		defer guest.Close()
 		t0 := time.Now()
 		rec.Rule = rule.Text
-		rec.Allowed, rec.Reason = n.proxy(guest, &rec, dst, port)
+		rec.Allowed, rec.Reason = n.proxy(guest, &rec, dst, port, rule.Name != "")
 		rec.Duration = time.Since(t0)
 		n.p().Audit(rec)
 	}()
 }
 
 // proxy checks the name the connection claims, dials out and copies both
-// ways; it returns whether the connection was made and why not.
-func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16) (bool, string) {
+// ways; it returns whether the connection was made and why not (or why it
+// was cut). On a port allowed by a name rule (byName) the connection must
+// be TLS whose SNI, or HTTP whose every request's Host, is that name.
+func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16, byName bool) (bool, string) {
 	head := make([]byte, 0, 4096)
 	buf := make([]byte, 4096)
 	_ = guest.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -456,6 +460,9 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	if _, err := netip.ParseAddr(claimed); err == nil {
 		claimed = "" // "Host: 203.0.113.7": an address, not a name
 	}
+	if byName && claimed == "" {
+		return false, fmt.Sprintf("port %d of %s is allowed by name: the connection must be HTTP or TLS that names it (got %s)", port, dst, describeStart(proto, head))
+	}
 	if claimed != "" {
 		// TLS SNI or HTTP Host must be a name the guest resolved to this
 		// address and that is allowed on this port: no domain fronting.
@@ -475,12 +482,30 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		return false, "dial: " + err.Error()
 	}
 	defer out.Close()
-	if _, err := out.Write(head); err != nil {
-		return true, "write: " + err.Error()
-	}
-	rec.BytesOut += int64(len(head))
-	n.bytes.Add(int64(len(head)))
 	done := make(chan struct{}, 2)
+	var cut atomic.Value // why the guard cut the connection
+	if byName && proto == ProtoHTTP {
+		// Every request is checked, not only the first.
+		go func() {
+			in := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), guest), 32<<10)
+			w := &countWriter{w: out, n: n, total: &rec.BytesOut}
+			// On a refused request nothing more goes out; the answers to
+			// the requests before it still come back.
+			if why := copyRequests(w, in, claimed); why != "" {
+				cut.Store(why)
+			}
+			if c, ok := out.(interface{ CloseWrite() error }); ok {
+				_ = c.CloseWrite()
+			}
+			done <- struct{}{}
+		}()
+	} else {
+		if _, err := out.Write(head); err != nil {
+			return true, "write: " + err.Error()
+		}
+		rec.BytesOut += int64(len(head))
+		n.bytes.Add(int64(len(head)))
+	}
 	count := func(dstc, srcc net.Conn, total *int64) {
 		b := make([]byte, 32<<10)
 		for {
@@ -503,7 +528,9 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		}
 		done <- struct{}{}
 	}
-	go count(out, guest, &rec.BytesOut)
+	if !(byName && proto == ProtoHTTP) {
+		go count(out, guest, &rec.BytesOut)
+	}
 	go count(guest, out, &rec.BytesIn)
 	select {
 	case <-done:
@@ -513,5 +540,34 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		}
 	case <-n.ctx.Done():
 	}
+	if why, _ := cut.Load().(string); why != "" {
+		return true, "cut: " + why
+	}
 	return true, ""
+}
+
+// countWriter counts what the guest sends against the VM's byte limit.
+type countWriter struct {
+	w     io.Writer
+	n     *Network
+	total *int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	atomic.AddInt64(c.total, int64(len(p)))
+	if c.n.bytes.Add(int64(len(p))) > c.n.p().MaxBytes {
+		return 0, errors.New("byte limit reached")
+	}
+	return c.w.Write(p)
+}
+
+// describeStart says what a connection's first bytes were, for a refusal.
+func describeStart(proto string, head []byte) string {
+	switch proto {
+	case ProtoTLS:
+		return "TLS without a server name"
+	case ProtoHTTP:
+		return "HTTP whose Host is an address"
+	}
+	return fmt.Sprintf("%d bytes of neither (%.16q)", len(head), head)
 }

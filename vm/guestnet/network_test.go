@@ -125,6 +125,11 @@ func (g *guest) resolve(t *testing.T, name string) (int, []netip.Addr) {
 // fetch sends an HTTP request with host to addr and returns the response
 // (or the error the connection ended with).
 func (g *guest) fetch(addr netip.AddrPort, host string) (string, error) {
+	return g.send(addr, fmt.Sprintf("GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host))
+}
+
+// send writes raw to addr and returns what comes back until the end.
+func (g *guest) send(addr netip.AddrPort, raw string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	c, err := gonet.DialContextTCP(ctx, g.st, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(addr.Addr().AsSlice()), Port: addr.Port()}, ipv4.ProtocolNumber)
@@ -133,7 +138,7 @@ func (g *guest) fetch(addr netip.AddrPort, host string) (string, error) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host); err != nil {
+	if _, err := io.WriteString(c, raw); err != nil {
 		return "", err
 	}
 	b, err := io.ReadAll(c)
@@ -221,6 +226,32 @@ func TestNetwork(t *testing.T) {
 		r, ok := audit.find(func(r Record) bool { return r.Proto == "tcp" && r.Allowed })
 		if !ok || r.Name != "allowed.test" || r.BytesIn == 0 || r.BytesOut == 0 || r.Rule == "" {
 			t.Fatalf("audit: %+v", r)
+		}
+	})
+	t.Run("sniff corpus: only HTTP naming the allowed name, every request", func(t *testing.T) {
+		g.resolve(t, "allowed.test")
+		const a, o = "Host: allowed.test\r\n", "Host: other.test\r\n"
+		for name, c := range map[string]struct {
+			raw       string
+			want, not string
+		}{
+			"leading CRLF":        {"\r\nGET / HTTP/1.1\r\n" + a + "\r\n", "", "hello"},
+			"lowercase method":    {"get / HTTP/1.1\r\n" + a + "\r\n", "", "hello"},
+			"not HTTP":            {"HELO other.test\r\n", "", "hello"},
+			"absolute form":       {"GET http://other.test/ HTTP/1.1\r\n" + a + "Connection: close\r\n\r\n", "", "hello"},
+			"pipelined Host":      {"GET / HTTP/1.1\r\n" + a + "\r\nGET / HTTP/1.1\r\n" + o + "Connection: close\r\n\r\n", "hello allowed.test", "hello other.test"},
+			"kept alive, same":    {"GET / HTTP/1.1\r\n" + a + "\r\nPOST / HTTP/1.1\r\n" + a + "Content-Length: 5\r\n\r\nhello" + "GET / HTTP/1.1\r\n" + a + "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n", "hello allowed.test", ""},
+			"smuggled in a body":  {"POST / HTTP/1.1\r\n" + a + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\n" + o + "\r\n", "", "hello"},
+			"upgrade":             {"GET / HTTP/1.1\r\n" + a + "Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n", "", "hello"},
+			"address as the Host": {"GET / HTTP/1.1\r\nHost: 198.51.100.10\r\nConnection: close\r\n\r\n", "", "hello"},
+		} {
+			body, _ := g.send(sp, c.raw)
+			if (c.want != "" && !strings.Contains(body, c.want)) || (c.not != "" && strings.Contains(body, c.not)) {
+				t.Errorf("%s: %q", name, body)
+			}
+			if name == "kept alive, same" && strings.Count(body, "hello allowed.test") != 3 {
+				t.Errorf("%s: %d responses, want 3: %q", name, strings.Count(body, "hello allowed.test"), body)
+			}
 		}
 	})
 	t.Run("host header must be the resolved, allowed name", func(t *testing.T) {
