@@ -216,6 +216,15 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	return t, release, nil
 }
 
+// limitToLifetime ends a session's command, at the latest, when the
+// session's lifetime ends: chained commands cannot outlive max_lifetime.
+func limitToLifetime(st *execState, ss *session) {
+	left := time.Until(ss.created.Add(ss.max))
+	if t := &st.verdict.Limits.Timeout; *t == 0 || left < *t {
+		*t = max(left, time.Second)
+	}
+}
+
 // sessionNetwork gives a reused session VM's network this request's
 // verdict (the policy may have been reloaded since the session began)
 // and audit, so that its connections are recorded as this request's. A
@@ -250,9 +259,20 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 			s.mu.Unlock()
 			return nil, &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is running another command", key.name)}
 		}
+		// The reaper runs once a second and skips busy sessions: the
+		// lifetime is enforced here, on every use, as well. An expired
+		// session is ended as the reaper would, and this command starts
+		// a new one.
+		if !time.Now().Before(ss.expiryLocked()) {
+			ss.mu.Unlock()
+			s.mu.Unlock()
+			s.destroySession(ss, "expired")
+			return s.sessionVM(ctx, st)
+		}
 		ss.busy = true
 		ss.mu.Unlock()
 		s.mu.Unlock()
+		limitToLifetime(st, ss)
 		t := &vmTarget{vm: ss.vm, session: ss, done: s.sessionDone(ss), jail: jailOf(ss.vm)}
 		if err := s.sessionNetwork(st, t); err != nil {
 			t.done(true)
@@ -281,6 +301,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	}
 	s.sessions[key] = ss
 	s.mu.Unlock()
+	limitToLifetime(st, ss)
 	uid := key.uid
 	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, RequestID: st.reqID, UID: &uid, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"})
 	t.session, t.done = ss, s.sessionDone(ss)

@@ -397,6 +397,33 @@ func TestGateway_SessionIdleExpiry(t *testing.T) {
 	}
 }
 
+// TestGateway_SessionLifetime: a session's commands cannot outlive its
+// max_lifetime: a command still running then is ended as timed out, and a
+// chained command after it gets a new session (a new VM), whether the
+// reaper or the use itself ended the old one.
+func TestGateway_SessionLifetime(t *testing.T) {
+	short := filepath.Join(t.TempDir(), "short-life.toml")
+	pol := strings.Replace(strings.Replace(testPolicy, `idle_timeout = "5m"`, `idle_timeout = "8s"`, 1), `max_lifetime = "30m"`, `max_lifetime = "8s"`, 1)
+	if err := os.WriteFile(short, []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, func(c *gateway.Config) { c.PolicyPath = short })
+	first, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "life"}, nil)
+	t0 := time.Now()
+	res, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"sleep", "60"}, Session: "life"}, nil)
+	if !res.TimedOut || time.Since(t0) > 30*time.Second {
+		t.Fatalf("a command past the session's lifetime: %+v after %v", res, time.Since(t0))
+	}
+	next, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "life"}, nil)
+	if next.VMID == first.VMID {
+		t.Fatalf("a chained command after the lifetime ran in the expired session's VM %s", next.VMID)
+	}
+	d.StopAndCheck(t)
+	if !strings.Contains(testutil.ReadFile(t, d.AuditPath), `"message":"ended: expired`) {
+		t.Error("no audit record of the session's end")
+	}
+}
+
 // TestGateway_AuditFullFailsClosed puts the audit log on a tiny tmpfs: once
 // it is full, every request is refused with audit_unavailable (no VM runs
 // unaudited) and the daemon stays up.
