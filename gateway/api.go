@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vmgate/vmgate/gateway/wire"
 )
@@ -115,6 +116,21 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "cannot identify the caller: " + err.Error()})
 		return
 	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), wire.Upgrade) {
+		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: "exec needs the header Upgrade: " + wire.Upgrade})
+		return
+	}
+	// The body is read before the request counts as in flight, and in
+	// bounded time: a client that stalls it holds up neither others nor
+	// a shutdown.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(requestReadTimeout))
+	req, err := wire.DecodeExecRequest(r.Body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error()})
+		return
+	}
+	_ = rc.SetReadDeadline(time.Time{})
 	if !s.begin() {
 		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeShutdown, Error: "vmgated is shutting down"})
 		return
@@ -125,15 +141,6 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(s.execCtx, cancel)()
-	if !strings.EqualFold(r.Header.Get("Upgrade"), wire.Upgrade) {
-		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: "exec needs the header Upgrade: " + wire.Upgrade})
-		return
-	}
-	req, err := wire.DecodeExecRequest(r.Body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error()})
-		return
-	}
 	st := newExecState(id, req, false)
 	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
 	target, rerr := s.admit(ctx, log, st)
@@ -141,7 +148,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, httpStatus(rerr.Kind), rerr.Wire())
 		return
 	}
-	conn, brw, err := http.NewResponseController(w).Hijack()
+	conn, brw, err := rc.Hijack()
 	if err != nil {
 		target.done(false)
 		log.Error("hijack", "err", err)
@@ -157,11 +164,24 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 }
 
 // frameWriter turns writes into frames of one type on a shared connection.
+// A client that takes none of a frame for writeStall is gone: stalled
+// says so (and the exec ends).
 type frameWriter struct {
-	mu  *sync.Mutex
-	w   io.Writer
-	typ byte
-	err error
+	mu      *sync.Mutex
+	w       net.Conn
+	typ     byte
+	err     error
+	stalled func()
+	stop    context.Context // the shutdown grace period: over, no write waits
+}
+
+// writeDeadline is when a write to an exec's client gives up: writeStall
+// from now, or now once the shutdown grace period is over.
+func writeDeadline(stop context.Context) time.Time {
+	if stop.Err() != nil {
+		return time.Now()
+	}
+	return time.Now().Add(writeStall)
 }
 
 func (f *frameWriter) Write(p []byte) (int, error) {
@@ -170,6 +190,12 @@ func (f *frameWriter) Write(p []byte) (int, error) {
 	if f.err != nil {
 		return 0, f.err
 	}
+	_ = f.w.SetWriteDeadline(writeDeadline(f.stop))
+	defer func() {
+		if f.err != nil && f.stalled != nil {
+			f.stalled()
+		}
+	}()
 	for rest := p; len(rest) > 0; {
 		n := min(len(rest), wire.MaxFrame)
 		if err := wire.WriteFrame(f.w, f.typ, rest[:n]); err != nil {
@@ -186,6 +212,9 @@ func (f *frameWriter) Write(p []byte) (int, error) {
 func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
 	ctx, cancel := context.WithCancel(s.execCtx)
 	defer cancel()
+	// When the grace period after shutdown ends, blocked reads and writes
+	// of a client that stopped reading end too.
+	defer context.AfterFunc(s.execCtx, func() { _ = conn.SetDeadline(time.Now()) })()
 
 	// Client → daemon frames. A read error means the client is gone:
 	// cancel the command.
@@ -230,8 +259,8 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 
 	var mu sync.Mutex
 	sio := execIO{
-		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout},
-		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr},
+		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout, stalled: cancel, stop: s.execCtx},
+		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr, stalled: cancel, stop: s.execCtx},
 		signals: signals, gone: clientGone,
 	}
 	if stdinR != nil {
@@ -241,6 +270,7 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 	res, err := s.runExec(ctx, log, st, target, sio)
 	mu.Lock()
 	defer mu.Unlock()
+	_ = conn.SetWriteDeadline(writeDeadline(s.execCtx))
 	if err != nil {
 		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: wire.CodeVM, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
 		return

@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -897,4 +898,78 @@ allow = ["other.test:80"]
 	if !found {
 		t.Errorf("no net record for the pooled request %s", pooled.RequestID)
 	}
+}
+
+// TestGateway_ConnectionBounds: a kept-alive connection without a request
+// is closed; one uid cannot hold more than its connections; and shutdown
+// ends within the grace period with a client that stalls its request body
+// and one that never reads the output of a running command.
+func TestGateway_ConnectionBounds(t *testing.T) {
+	dial := func(t *testing.T, d *gatewaytest.Daemon) net.Conn {
+		c, err := net.Dial("unix", d.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	closedByServer := func(c net.Conn, within time.Duration) bool {
+		_ = c.SetReadDeadline(time.Now().Add(within))
+		_, err := c.Read(make([]byte, 1))
+		return errors.Is(err, io.EOF)
+	}
+	t.Run("idle and per uid", func(t *testing.T) {
+		d := startDaemon(t, func(c *gateway.Config) { c.MaxConnsPerUID, c.ConnIdle = 4, time.Second })
+		idle := dial(t, d)
+		if _, err := io.WriteString(idle, "GET /v1/status HTTP/1.1\r\nHost: vmgate\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(idle), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("status: %v %v", resp, err)
+		}
+		resp.Body.Close()
+		if !closedByServer(idle, 10*time.Second) {
+			t.Error("an idle kept-alive connection was not closed")
+		}
+		// The idle one is gone (the server closed it): four more fit.
+		var held []net.Conn
+		for range 4 {
+			held = append(held, dial(t, d))
+		}
+		if over := dial(t, d); !closedByServer(over, 5*time.Second) {
+			t.Error("a fifth connection of the same uid was kept")
+		}
+		for _, c := range held {
+			if closedByServer(c, 100*time.Millisecond) {
+				t.Error("a connection within the bound was closed")
+			}
+		}
+	})
+	t.Run("shutdown within grace", func(t *testing.T) {
+		d := startDaemon(t, nil)
+		stalled := dial(t, d)
+		if _, err := io.WriteString(stalled, "POST /v1/exec HTTP/1.1\r\nHost: vmgate\r\nUpgrade: "+wire.Upgrade+"\r\nConnection: Upgrade\r\nContent-Length: 1000\r\n\r\n{\"argv\":"); err != nil {
+			t.Fatal(err)
+		}
+		deaf := dial(t, d)
+		body := `{"argv":["yes"]}`
+		if _, err := fmt.Fprintf(deaf, "POST /v1/exec HTTP/1.1\r\nHost: vmgate\r\nUpgrade: %s\r\nConnection: Upgrade\r\nContent-Length: %d\r\n\r\n%s", wire.Upgrade, len(body), body); err != nil {
+			t.Fatal(err)
+		}
+		// It reads the switch to the exec stream, then nothing more.
+		_ = deaf.SetReadDeadline(time.Now().Add(3 * time.Minute))
+		resp, err := http.ReadResponse(bufio.NewReaderSize(deaf, 16), nil)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("deaf client's exec: %v %v", resp, err)
+		}
+		time.Sleep(2 * time.Second) // "yes" fills the socket
+		t0 := time.Now()
+		d.StopAndCheck(t)
+		took := time.Since(t0)
+		t.Logf("shutdown with a stalled and a deaf client: %v (grace %v)", took.Round(time.Millisecond), d.Config.Grace)
+		if took > d.Config.Grace+15*time.Second {
+			t.Errorf("shutdown took %v with a grace of %v", took, d.Config.Grace)
+		}
+	})
 }

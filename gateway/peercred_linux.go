@@ -17,6 +17,9 @@ type identityKey struct{}
 
 // peerIdentity reads the connecting process's credentials from the kernel.
 func peerIdentity(c net.Conn) (policy.Identity, error) {
+	if ic, ok := c.(*identConn); ok {
+		return ic.id, nil
+	}
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		return policy.Identity{}, errors.New("peer credentials: not a unix socket")

@@ -82,6 +82,11 @@ type Config struct {
 	NetHosts map[string][]netip.Addr
 	// SSH, if set, turns the SSH front door on.
 	SSH *sshfront.Config
+	// MaxConnsPerUID bounds one uid's open connections to the socket
+	// (default DefaultMaxConnsPerUID); ConnIdle closes a kept-alive
+	// connection without a request (default DefaultConnIdle).
+	MaxConnsPerUID int
+	ConnIdle       time.Duration
 	// AuditFlood bounds the records that nothing ran for: the denied
 	// requests of one caller, and the refused network events of one VM,
 	// each written at most Burst at once and Rate per second; the rest
@@ -144,6 +149,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Accel == "" {
 		c.Accel = vm.AccelAuto
+	}
+	if c.MaxConnsPerUID == 0 {
+		c.MaxConnsPerUID = DefaultMaxConnsPerUID
+	}
+	if c.ConnIdle == 0 {
+		c.ConnIdle = DefaultConnIdle
 	}
 	if c.AuditFlood == (AuditFlood{}) {
 		c.AuditFlood = DefaultAuditFlood
@@ -347,9 +358,9 @@ func (s *Server) Close() error {
 // once it serves, and returns when every command has ended.
 // It does not close ln's socket file (Run does, for a socket it made).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: s.routes(), ConnContext: connContext, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.routes(), ConnContext: connContext, ReadHeaderTimeout: requestReadTimeout, IdleTimeout: s.cfg.ConnIdle}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(newUIDLimitListener(ln, s.cfg.MaxConnsPerUID, s.log)) }()
 	if s.ssh != nil {
 		s.ssh.Serve()
 		s.ssh.LogReady()

@@ -1,0 +1,97 @@
+package gateway
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/policy"
+)
+
+// Connection bounds of the local API. A caller that opens connections and
+// leaves them idle, sends a request head or body slowly, or stops reading
+// its output, holds one file descriptor and some memory per connection:
+// the bounds keep that from adding up to a denial of service for others.
+const (
+	// DefaultMaxConnsPerUID bounds one uid's open connections.
+	DefaultMaxConnsPerUID = 64
+	// DefaultConnIdle closes a kept-alive connection without a request.
+	DefaultConnIdle = 60 * time.Second
+	// requestReadTimeout bounds reading a request's head and body.
+	requestReadTimeout = 10 * time.Second
+	// writeStall ends an exec whose client has not taken its output for
+	// this long: it is gone, or holds its VM without reading.
+	writeStall = 60 * time.Second
+)
+
+// uidLimitListener accepts at most max open connections per peer uid; it
+// closes the ones over (logging that at most once a minute per uid).
+type uidLimitListener struct {
+	net.Listener
+	max int
+	log *slog.Logger
+
+	mu     sync.Mutex
+	open   map[uint32]int
+	warned map[uint32]time.Time
+}
+
+func newUIDLimitListener(ln net.Listener, max int, log *slog.Logger) *uidLimitListener {
+	return &uidLimitListener{Listener: ln, max: max, log: log, open: map[uint32]int{}, warned: map[uint32]time.Time{}}
+}
+
+func (l *uidLimitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		id, err := peerIdentity(c)
+		if err != nil {
+			// connContext reports it to the handlers.
+			return c, nil
+		}
+		l.mu.Lock()
+		if l.open[id.UID] >= l.max {
+			now := time.Now()
+			if now.Sub(l.warned[id.UID]) > time.Minute {
+				l.warned[id.UID] = now
+				l.log.Warn("too many connections from one uid, refusing more", "uid", id.UID, "max", l.max)
+			}
+			l.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		l.open[id.UID]++
+		l.mu.Unlock()
+		return &identConn{UnixConn: c.(*net.UnixConn), id: id, release: func() { l.release(id.UID) }}, nil
+	}
+}
+
+func (l *uidLimitListener) release(uid uint32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open[uid]--; l.open[uid] <= 0 {
+		delete(l.open, uid)
+	}
+}
+
+// identConn is an accepted connection with its peer's identity, read
+// once; closing it frees its place in the per-uid count.
+type identConn struct {
+	*net.UnixConn
+	id      policy.Identity
+	once    sync.Once
+	release func()
+}
+
+func (c *identConn) Close() error {
+	err := c.UnixConn.Close()
+	c.once.Do(c.release)
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
