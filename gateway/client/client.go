@@ -93,8 +93,11 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	return conn, nil
 }
 
+// httpClient makes one plain API request per connection: the Client is a
+// plain value with no pool to close, so a kept-alive connection would stay
+// open (and count against the daemon's per-uid bound) until collected.
 func (c *Client) httpClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return c.dial(ctx)
 	}}}
 }

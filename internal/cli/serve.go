@@ -33,6 +33,7 @@ func serve(ctx context.Context, args []string) error {
 	imgDir := fs.String("image", "", "image directory (default STATE/image)")
 	auditPath := fs.String("audit-log", "", "audit log (default /var/log/vmgate/audit.jsonl if writable, else STATE/audit.jsonl)")
 	maxVMs := fs.Int("max-vms", gateway.DefaultMaxVMs, "maximum live VMs")
+	maxConns := fs.Int("max-conns-per-uid", gateway.DefaultMaxConnsPerUID, "maximum open connections to the socket per uid")
 	queue := fs.Int("queue", gateway.DefaultQueueLen, "maximum requests waiting for a VM")
 	queueWait := fs.Duration("queue-wait", gateway.DefaultQueueWait, "how long a request waits for a VM before it gets busy")
 	grace := fs.Duration("grace", gateway.DefaultGrace, "how long running commands may finish on shutdown")
@@ -64,7 +65,7 @@ func serve(ctx context.Context, args []string) error {
 	}
 	cfg := gateway.Config{
 		Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
-		MaxVMs: *maxVMs, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
+		MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
 		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
 		NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
 	}
