@@ -434,46 +434,9 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 // was cut). On a port allowed by a name rule (byName) the connection must
 // be TLS whose SNI, or HTTP whose every request's Host, is that name.
 func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16, byName bool) (bool, string) {
-	head := make([]byte, 0, 4096)
-	buf := make([]byte, 4096)
-	_ = guest.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var claimed, proto string
-	for {
-		k, err := guest.Read(buf)
-		head = append(head, buf[:k]...)
-		var serr error
-		claimed, proto, serr = SniffName(head)
-		if serr == nil {
-			break
-		}
-		if !errors.Is(serr, ErrNeedMore) {
-			return false, "malformed " + proto + " start: " + serr.Error()
-		}
-		if err != nil || len(head) >= MaxSniff {
-			if len(head) == 0 && err != nil {
-				return false, "the guest sent nothing"
-			}
-			return false, "could not read the name the connection claims"
-		}
-	}
-	_ = guest.SetReadDeadline(time.Time{})
-	if _, err := netip.ParseAddr(claimed); err == nil {
-		claimed = "" // "Host: 203.0.113.7": an address, not a name
-	}
-	if byName && claimed == "" {
-		return false, fmt.Sprintf("port %d of %s is allowed by name: the connection must be HTTP or TLS that names it (got %s)", port, dst, describeStart(proto, head))
-	}
-	if claimed != "" {
-		// TLS SNI or HTTP Host must be a name the guest resolved to this
-		// address and that is allowed on this port: no domain fronting.
-		resolved := false
-		for _, nm := range n.namesFor(dst) {
-			resolved = resolved || nm == claimed
-		}
-		if _, ok := n.p().Rules.AllowsName(claimed, port); !ok || (!resolved && rec.Name != "") {
-			return false, fmt.Sprintf("%s name %q does not match the allowed name for %s", proto, claimed, dst)
-		}
-		rec.Name = claimed
+	head, claimed, proto, reason := n.claim(guest, rec, dst, port, byName)
+	if reason != "" {
+		return false, reason
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, 15*time.Second)
 	out, err := n.cfg.Dial(ctx, "tcp", netip.AddrPortFrom(dst, port).String())
@@ -544,6 +507,53 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		return true, "cut: " + why
 	}
 	return true, ""
+}
+
+// claim reads the start of a guest connection and checks the name it
+// claims (TLS SNI, HTTP Host) against the address and port; it returns
+// what it read, the name and protocol, or why the connection is refused.
+func (n *Network) claim(guest net.Conn, rec *Record, dst netip.Addr, port uint16, byName bool) (head []byte, claimed, proto, reason string) {
+	head = make([]byte, 0, 4096)
+	buf := make([]byte, 4096)
+	_ = guest.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		k, err := guest.Read(buf)
+		head = append(head, buf[:k]...)
+		var serr error
+		claimed, proto, serr = SniffName(head)
+		if serr == nil {
+			break
+		}
+		if !errors.Is(serr, ErrNeedMore) {
+			return nil, "", proto, "malformed " + proto + " start: " + serr.Error()
+		}
+		if err != nil || len(head) >= MaxSniff {
+			if len(head) == 0 && err != nil {
+				return nil, "", proto, "the guest sent nothing"
+			}
+			return nil, "", proto, "could not read the name the connection claims"
+		}
+	}
+	_ = guest.SetReadDeadline(time.Time{})
+	if _, err := netip.ParseAddr(claimed); err == nil {
+		claimed = "" // "Host: 203.0.113.7": an address, not a name
+	}
+	if byName && claimed == "" {
+		return nil, "", proto, fmt.Sprintf("port %d of %s is allowed by name: the connection must be HTTP or TLS that names it (got %s)", port, dst, describeStart(proto, head))
+	}
+	if claimed != "" {
+		// TLS SNI or HTTP Host must be a name the guest resolved to this
+		// address and that is allowed on this port: no domain fronting.
+		resolved := false
+		for _, nm := range n.namesFor(dst) {
+			resolved = resolved || nm == claimed
+		}
+		if _, ok := n.p().Rules.AllowsName(claimed, port); !ok || (!resolved && rec.Name != "") {
+			return nil, "", proto, fmt.Sprintf("%s name %q does not match the allowed name for %s", proto, claimed, dst)
+		}
+		rec.Name = claimed
+	}
+	return head, claimed, proto, ""
 }
 
 // countWriter counts what the guest sends against the VM's byte limit.
