@@ -87,9 +87,11 @@ type identConn struct {
 	release func()
 }
 
+// Close frees the connection's place before closing it: a peer that sees
+// the close may connect again at once and must find the place free.
 func (c *identConn) Close() error {
-	err := c.UnixConn.Close()
 	c.once.Do(c.release)
+	err := c.UnixConn.Close()
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
