@@ -77,7 +77,13 @@ func (s *session) handle(req *ssh.Request) {
 	case "window-change":
 		reply(req, s.resizePty(req.Payload))
 	case "signal":
-		reply(req, s.signal(req.Payload))
+		// The reply goes out before the signal: a command that dies of it
+		// ends the channel, and a reply after that would be lost.
+		deliver := s.signal(req.Payload)
+		reply(req, deliver != nil)
+		if deliver != nil {
+			deliver()
+		}
 	case agentproto.ExecRequest:
 		s.execSpec(req)
 	case "exec":
@@ -169,26 +175,29 @@ func (s *session) resizePty(payload []byte) bool {
 
 // signal handles a "signal" request: the signal goes to the command's whole
 // process group until the command's end has been reported.
-func (s *session) signal(payload []byte) bool {
+// signal checks a signal request and returns the function that delivers
+// it to the command's process group, or nil to refuse it.
+func (s *session) signal(payload []byte) func() {
 	var r sshmsg.SignalRequest
 	if s.proc == nil || ssh.Unmarshal(payload, &r) != nil {
-		return false
+		return nil
 	}
 	sig, ok := parseSignal(r.Signal)
 	if !ok {
 		s.log.Debug("rejecting unknown signal", "signal", r.Signal)
-		return false
+		return nil
 	}
 	select {
 	case <-s.proc.done:
-		return false
+		return nil
 	default:
 	}
-	if err := syscall.Kill(-s.proc.pgid, sig); err != nil {
-		s.log.Debug("deliver signal", "signal", r.Signal, "err", err)
-		return false
+	pgid := s.proc.pgid
+	return func() {
+		if err := syscall.Kill(-pgid, sig); err != nil {
+			s.log.Debug("deliver signal", "signal", r.Signal, "err", err)
+		}
 	}
-	return true
 }
 
 // execSpec handles an agentproto.ExecRequest.
