@@ -188,9 +188,10 @@ func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error
 func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), error) {
 	v := st.verdict
 	t0 := time.Now()
-	release, err := s.slots.acquire(ctx, v.Profile, v.Limits.MaxVMs)
+	release, err := s.slots.acquire(ctx, slotClaim{profile: v.Profile, profileMax: v.Limits.MaxVMs,
+		caller: callerKey(st.id), callerMax: v.Limits.CallerVMs, callerQueue: v.Limits.CallerQueue})
 	if err != nil {
-		return nil, nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("busy: no VM slot free within %v (max %d VMs, profile %q max %d)", s.cfg.QueueWait, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs)}
+		return nil, nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("%v (max %d VMs, profile %q max %d, %d per caller)", err, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs, v.Limits.CallerVMs)}
 	}
 	queue := time.Since(t0)
 	t1 := time.Now()

@@ -973,3 +973,23 @@ func TestGateway_ConnectionBounds(t *testing.T) {
 		}
 	})
 }
+
+// TestGateway_CallerFairness: with a profile's built-in per-caller share
+// (half its VMs), a caller holding sessions cannot make another caller
+// get busy; its own request beyond its share is the one refused.
+func TestGateway_CallerFairness(t *testing.T) {
+	fair := filepath.Join(t.TempDir(), "fair.toml")
+	if err := os.WriteFile(fair, []byte(strings.Replace(testPolicy, "max_vms = 4", "max_vms = 2", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, func(c *gateway.Config) { c.PolicyPath = fair; c.QueueWait = 3 * time.Second })
+	d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "one"}, nil)
+	_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "two"}, nil)
+	if !errors.Is(err, client.ErrBusy) || !strings.Contains(err.Error(), "1 per caller") {
+		t.Fatalf("a second session beyond the caller's share: want busy naming the share, got %v", err)
+	}
+	if out, code := asNobody(t, d.Config.Socket, "echo", "served"); code != 0 || out != "served\n" {
+		t.Fatalf("another caller, while the first holds its share: exit %d, output %q", code, out)
+	}
+	d.StopAndCheck(t)
+}

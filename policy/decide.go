@@ -99,11 +99,16 @@ type Request struct {
 
 // Limits are the resources a request gets.
 type Limits struct {
-	Timeout       time.Duration // for this command
-	OutputLimit   int64         // bytes, per stream (stdout and stderr each)
-	MemoryMiB     int
-	CPUs          int
-	MaxVMs        int           // concurrent VMs of the profile
+	Timeout     time.Duration // for this command
+	OutputLimit int64         // bytes, per stream (stdout and stderr each)
+	MemoryMiB   int
+	CPUs        int
+	MaxVMs      int // concurrent VMs of the profile
+	// CallerVMs bounds one caller's concurrent VMs of the profile (its
+	// sessions included), CallerQueue its requests waiting for one: no
+	// caller can take every VM or queue place from the others.
+	CallerVMs     int
+	CallerQueue   int
 	SessionIdle   time.Duration // idle timeout of a session
 	SessionMax    time.Duration // maximum lifetime of a session
 	AllowSessions bool

@@ -298,11 +298,11 @@ func TestDecideLimits(t *testing.T) {
 	p := mustParse(t, "decide.toml", decideTOML)
 	v := p.Decide(idAdmin, Request{Argv: argv("ls"), Timeout: 90 * time.Second, Env: []string{"LANG=C"}})
 	want := Limits{
-		Timeout:       90 * time.Second,
-		OutputLimit:   1 << 20,
-		MemoryMiB:     1024,
-		CPUs:          2,
-		MaxVMs:        2,
+		Timeout:     90 * time.Second,
+		OutputLimit: 1 << 20,
+		MemoryMiB:   1024,
+		CPUs:        2,
+		MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 		SessionIdle:   5 * time.Minute,
 		SessionMax:    2 * time.Hour,
 		AllowSessions: true,
@@ -523,5 +523,34 @@ func TestPolicyKeyHelpers(t *testing.T) {
 	var nilp *Policy
 	if nilp.AllowsEnv(sshID("agent"), "GREETING") || nilp.CheckKeyProfile("agent") == nil {
 		t.Fatal("nil policy grants")
+	}
+}
+
+// TestCallerLimits: a caller gets half the profile's VMs by default,
+// what the policy says otherwise, and never more than max_vms; defaults
+// apply to profiles that do not say.
+func TestCallerLimits(t *testing.T) {
+	tests := []struct {
+		name      string
+		settings  string
+		vms, wait int
+	}{
+		{"built-in", "", 1, 4},
+		{"half of max_vms", "max_vms = 5\n", 3, 4},
+		{"explicit", "max_vms = 4\nmax_vms_per_caller = 4\nmax_queued_per_caller = 0\n", 4, 0},
+		{"capped by max_vms", "max_vms = 3\nmax_vms_per_caller = 8\n", 3, 4},
+		{"from defaults", "max_vms = 8\n[defaults]\nmax_vms_per_caller = 2\nmax_queued_per_caller = 1\n", 2, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustParse(t, "x.toml", minimal+tt.settings)
+			v := p.Decide(Identity{UID: 1000}, Request{Argv: []string{"true"}})
+			if !v.Allowed {
+				t.Fatalf("refused: %s", v.Reason)
+			}
+			if v.Limits.CallerVMs != tt.vms || v.Limits.CallerQueue != tt.wait {
+				t.Errorf("caller limits %d VMs, %d waiting; want %d, %d", v.Limits.CallerVMs, v.Limits.CallerQueue, tt.vms, tt.wait)
+			}
+		})
 	}
 }

@@ -36,6 +36,8 @@ type settingsDoc struct {
 	MemoryMiB   *int64       `toml:"memory_mib"`
 	CPUs        *int64       `toml:"cpus"`
 	MaxVMs      *int64       `toml:"max_vms"`
+	CallerVMs   *int64       `toml:"max_vms_per_caller"`
+	CallerQueue *int64       `toml:"max_queued_per_caller"`
 	OutputLimit *sizeValue   `toml:"output_limit"`
 	AllowShell  *bool        `toml:"allow_shell"`
 	Env         *[]string    `toml:"env"`

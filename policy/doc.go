@@ -107,6 +107,9 @@
 //	memory_mib   = 512          # guest memory, 64..1048576 (512)
 //	cpus         = 1            # guest CPUs, 1..64 (1)
 //	max_vms      = 2            # concurrent VMs for this profile, 1..1024 (2)
+//	max_vms_per_caller = 1      # of them, one caller's (a uid or SSH key), its
+//	                            # sessions included, ≤ max_vms (half of max_vms, rounded up)
+//	max_queued_per_caller = 4   # one caller's requests waiting for a VM, 0..1024 (4)
 //	output_limit = "1MiB"       # per stream (stdout, stderr); bytes as an
 //	                            # integer or "N", "NKiB", "NMiB", "NGiB"; ≤ 1 GiB (1MiB)
 //	allow_shell  = false        # allow vm-exec -c STRING (false)

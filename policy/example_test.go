@@ -128,11 +128,11 @@ func TestDefaultPolicy(t *testing.T) {
 	for _, id := range []Identity{{UID: 0, User: "root"}, {UID: 1000}, {UID: 65534, GID: 65534}} {
 		v := p.Decide(id, Request{Argv: argv("sh", "-c", "uname -a"), Shell: true, Session: "s1"})
 		want := Limits{
-			Timeout:       30 * time.Second,
-			OutputLimit:   1 << 20,
-			MemoryMiB:     512,
-			CPUs:          1,
-			MaxVMs:        2,
+			Timeout:     30 * time.Second,
+			OutputLimit: 1 << 20,
+			MemoryMiB:   512,
+			CPUs:        1,
+			MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 			SessionIdle:   10 * time.Minute,
 			SessionMax:    time.Hour,
 			AllowSessions: true,

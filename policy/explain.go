@@ -47,8 +47,8 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 	fmt.Fprintf(b, "  matches:  %s\n", prof.match.describe())
 	fmt.Fprintf(b, "  guest:    image %q, user %s, %d %s, %d MiB memory, network %s\n",
 		prof.image, prof.user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, prof.network)
-	fmt.Fprintf(b, "  limits:   timeout %s by default, at most %s; output %s per stream; at most %d %s at once\n",
-		formatDuration(l.Timeout), formatDuration(prof.timeoutMax), formatSize(l.OutputLimit), l.MaxVMs, plural(l.MaxVMs, "VM", "VMs"))
+	fmt.Fprintf(b, "  limits:   timeout %s by default, at most %s; output %s per stream; at most %d %s at once, %d per caller (%d more waiting)\n",
+		formatDuration(l.Timeout), formatDuration(prof.timeoutMax), formatSize(l.OutputLimit), l.MaxVMs, plural(l.MaxVMs, "VM", "VMs"), l.CallerVMs, l.CallerQueue)
 	if nw := prof.net; nw != nil {
 		var rules []string
 		for _, r := range nw.Rules {

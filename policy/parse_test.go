@@ -72,6 +72,8 @@ func TestParseErrors(t *testing.T) {
 		{"negative memory", minimal + "memory_mib = -1\n", []string{`profile "p": memory_mib -1: must be between 64 and 1048576`}},
 		{"zero cpus", minimal + "cpus = 0\n", []string{"cpus 0: must be between 1 and 64"}},
 		{"negative max_vms", minimal + "max_vms = -3\n", []string{"max_vms -3: must be between 1 and 1024"}},
+		{"zero max_vms_per_caller", minimal + "max_vms_per_caller = 0\n", []string{"max_vms_per_caller 0: must be between 1 and 1024"}},
+		{"negative max_queued_per_caller", minimal + "max_queued_per_caller = -1\n", []string{"max_queued_per_caller -1: must be between 0 and 1024"}},
 		{"negative output_limit", minimal + "output_limit = -1\n", []string{"output_limit -1: must be between 1 byte and 1GiB"}},
 		{"output_limit too large", minimal + "output_limit = \"2GiB\"\n", []string{`output_limit "2GiB": must be between`}},
 		{"output_limit overflow", minimal + "output_limit = \"99999999999999999999KiB\"\n", []string{"must be between"}},

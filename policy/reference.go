@@ -289,7 +289,10 @@ var refDefaults = map[string]string{
 	"profile.user":    strconv.Quote(builtinUser),
 	"profile.cpus":    strconv.Itoa(builtinCPUs),
 	"profile.max_vms": strconv.Itoa(builtinMaxVMs),
-	"profile.env":     "[]",
+	// Half of max_vms, rounded up: 1 with the built-in max_vms.
+	"profile.max_vms_per_caller":    strconv.Itoa((builtinMaxVMs + 1) / 2),
+	"profile.max_queued_per_caller": strconv.Itoa(builtinCallerQueue),
+	"profile.env":                   "[]",
 
 	"profile.memory_mib":   strconv.Itoa(builtinMemoryMiB),
 	"profile.output_limit": tomlSize(builtinOutputLimit),
@@ -367,6 +370,11 @@ var refDescriptions = map[string]string{
 	"profile.max_vms": fmt.Sprintf("VMs of this profile that may run at once, 1 to %d. ", maxMaxVMs) +
 		"A request beyond it waits in vmgated's queue and is refused as busy if no VM frees in time (`vmgated serve --queue`, `--queue-wait`); " +
 		"`vmgated serve --max-vms` bounds all profiles together.",
+	"profile.max_vms_per_caller": fmt.Sprintf("VMs of this profile that one caller (a uid, or an SSH key) may hold at once, its sessions included, 1 to %d; ", maxMaxVMs) +
+		"by default half of max_vms, rounded up, and never more than max_vms. A caller's request beyond it waits like any other, " +
+		"so that no caller can take every VM of a profile from the others.",
+	"profile.max_queued_per_caller": fmt.Sprintf("Requests of one caller that may wait for a VM of this profile at once, 0 to %d; one more is refused as busy at once. ", maxMaxVMs) +
+		"It keeps one caller from filling vmgated's queue (`vmgated serve --queue`) that all callers share.",
 	"profile.output_limit": "Output delivered per stream, stdout and stderr each. Output beyond it is discarded and the result is marked truncated; " +
 		"the command runs on.",
 	"profile.allow_shell": "Whether a client may send a shell string (`vm-exec -c STRING`), a relaxation. " +

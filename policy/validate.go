@@ -21,6 +21,7 @@ const (
 	builtinMemoryMiB      = 512
 	builtinCPUs           = 1
 	builtinMaxVMs         = 2
+	builtinCallerQueue    = 4 // max_queued_per_caller; max_vms_per_caller is half of max_vms
 	builtinOutputLimit    = 1 << 20
 	builtinAllowShell     = false
 	builtinTimeoutDefault = 30 * time.Second
@@ -226,10 +227,15 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 		MemoryMiB:     pick(builtinMemoryMiB, s.memoryMiB),
 		CPUs:          pick(builtinCPUs, s.cpus),
 		MaxVMs:        pick(builtinMaxVMs, s.maxVMs),
+		CallerQueue:   pick(builtinCallerQueue, s.callerQueue),
 		SessionIdle:   pick(builtinSessionIdle, s.sessionIdle),
 		SessionMax:    pick(builtinSessionMax, s.sessionMax),
 		AllowSessions: pick(builtinSessions, s.sessions),
 	}
+
+	// A caller gets at most half the profile's VMs unless the policy says
+	// otherwise, and never more than max_vms.
+	p.limits.CallerVMs = min(pick((p.limits.MaxVMs+1)/2, s.callerVMs), p.limits.MaxVMs)
 
 	ruleNames := map[string]string{}
 	for j := range d.Deny {
@@ -313,6 +319,7 @@ func (c *compiler) names(label, key string, v *[]string) []string {
 type settings struct {
 	image, user, network       *string
 	memoryMiB, cpus, maxVMs    *int
+	callerVMs, callerQueue     *int
 	outputLimit                *int64
 	allowShell, sessions       *bool
 	env                        *envAllow
@@ -340,6 +347,8 @@ func (s settings) merge(d settings) settings {
 	m.memoryMiB = first(s.memoryMiB, d.memoryMiB)
 	m.cpus = first(s.cpus, d.cpus)
 	m.maxVMs = first(s.maxVMs, d.maxVMs)
+	m.callerVMs = first(s.callerVMs, d.callerVMs)
+	m.callerQueue = first(s.callerQueue, d.callerQueue)
 	m.outputLimit = first(s.outputLimit, d.outputLimit)
 	m.allowShell = first(s.allowShell, d.allowShell)
 	m.sessions = first(s.sessions, d.sessions)
@@ -408,6 +417,8 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 	s.memoryMiB = c.intIn(label, "memory_mib", d.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 	s.cpus = c.intIn(label, "cpus", d.CPUs, 1, maxCPUs)
 	s.maxVMs = c.intIn(label, "max_vms", d.MaxVMs, 1, maxMaxVMs)
+	s.callerVMs = c.intIn(label, "max_vms_per_caller", d.CallerVMs, 1, maxMaxVMs)
+	s.callerQueue = c.intIn(label, "max_queued_per_caller", d.CallerQueue, 0, maxMaxVMs)
 	if d.OutputLimit != nil {
 		n, err := parseSize(*d.OutputLimit)
 		if err != nil {

@@ -218,6 +218,7 @@ user = "root"
 memory_mib = %d
 cpus = 1
 max_vms = %d
+max_vms_per_caller = %[2]d
 output_limit = "1MiB"
 allow_shell = true
 env = []

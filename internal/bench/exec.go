@@ -530,11 +530,13 @@ func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int,
 	return errors.Join(err, serr, d.Stop())
 }
 
-// benchPolicy is the built-in policy with room for maxVMs VMs (it allows
-// two per profile), and with network a network allowlist of one name: the
+// benchPolicy is the built-in policy with room for maxVMs VMs, all for
+// the one caller (it allows two per profile, one per caller), and with network a network allowlist of one name: the
 // benchmark's commands make no connection, so nothing is looked up.
 func benchPolicy(maxVMs int, network bool) []byte {
+	// One caller, the benchmark, may use every VM.
 	text := bytes.Replace(policy.DefaultTOML(), []byte("\nmax_vms = 2\n"), []byte(fmt.Sprintf("\nmax_vms = %d\n", maxVMs)), 1)
+	text = bytes.Replace(text, []byte("\nmax_vms_per_caller = 1\n"), []byte(fmt.Sprintf("\nmax_vms_per_caller = %d\n", maxVMs)), 1)
 	if network {
 		text = bytes.Replace(text, []byte("\nmode = \"none\"\n"), []byte("\nmode = \"allowlist\"\nallow = [\"bench.invalid:443\"]\n"), 1)
 	}
