@@ -261,8 +261,8 @@ func New(cfg Config) (_ *Server, err error) {
 	if err := checkConfig(cfg); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
-		return nil, fmt.Errorf("state dir: %w", err)
+	if err := openStateDir(cfg.StateDir, log); err != nil {
+		return nil, err
 	}
 	unlock, err := lockState(cfg.StateDir)
 	if err != nil {

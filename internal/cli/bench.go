@@ -37,6 +37,9 @@ func benchExec(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := needStateDir(*state); err != nil {
+		return err
+	}
 	if *from != "" {
 		b, err := os.ReadFile(*from)
 		if err != nil {
@@ -113,6 +116,9 @@ func imageWarm(ctx context.Context, args []string) error {
 	level := fs.String("log-level", "info", "log level")
 	lvl, err := parseFlags(fs, args, level)
 	if err != nil {
+		return err
+	}
+	if err := needStateDir(*state); err != nil {
 		return err
 	}
 	a, err := vm.ParseAccel(*accel)

@@ -41,6 +41,9 @@ func benchAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := needStateDir(*state); err != nil {
+		return err
+	}
 	var ids []string
 	if *only != "" {
 		ids = strings.Split(*only, ",")

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 )
@@ -11,21 +12,38 @@ const (
 )
 
 // defaultStateDir is /var/lib/vmgate for root and for the vmgate service
-// user (when it can write there), otherwise a per-user directory.
+// user (when it can write there), otherwise a per-user directory under
+// XDG_STATE_HOME or HOME. With neither it is empty, and commands that
+// need one ask for --state-dir: a predictable shared path such as
+// /tmp/vmgate-$USER could be made by another user first.
 func defaultStateDir() string {
-	if v := os.Getenv("VMGATE_STATE_DIR"); v != "" {
+	return stateDirFor(os.Geteuid() == 0 || writable(SystemStateDir), os.Getenv)
+}
+
+// stateDirFor is defaultStateDir's choice, for a caller that may use the
+// system directory (system) and the environment getenv.
+func stateDirFor(system bool, getenv func(string) string) string {
+	if v := getenv("VMGATE_STATE_DIR"); v != "" {
 		return v
 	}
-	if os.Geteuid() == 0 || writable(SystemStateDir) {
+	if system {
 		return SystemStateDir
 	}
-	if x := os.Getenv("XDG_STATE_HOME"); x != "" {
+	if x := getenv("XDG_STATE_HOME"); x != "" {
 		return filepath.Join(x, "vmgate")
 	}
-	if h, err := os.UserHomeDir(); err == nil {
+	if h := getenv("HOME"); h != "" {
 		return filepath.Join(h, ".local", "state", "vmgate")
 	}
-	return filepath.Join(os.TempDir(), "vmgate-"+os.Getenv("USER"))
+	return ""
+}
+
+// needStateDir is the error of a command run without a state directory.
+func needStateDir(dir string) error {
+	if dir == "" {
+		return errors.New("no state directory: pass --state-dir DIR or set VMGATE_STATE_DIR (neither XDG_STATE_HOME nor HOME is set)")
+	}
+	return nil
 }
 
 func writable(dir string) bool {

@@ -59,6 +59,9 @@ func serve(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := needStateDir(*state); err != nil {
+		return err
+	}
 	a, err := vm.ParseAccel(*accel)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

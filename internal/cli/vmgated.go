@@ -128,6 +128,9 @@ func imageBuild(ctx context.Context, args []string) error {
 	}
 	log := newLogger(os.Stderr, lvl)
 	if *out == "" {
+		if err := needStateDir(*state); err != nil {
+			return fmt.Errorf("%w (or --out DIR)", err)
+		}
 		*out = defaultImageDir(*state)
 	}
 	var extra []string
@@ -169,6 +172,9 @@ func debugRun(ctx context.Context, args []string) (int, error) {
 	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto (use a delegated cgroup when there is one), required or off")
 	level := fs.String("log-level", "warn", "log level")
 	if err := fs.Parse(args); err != nil {
+		return wire.ExitUsage, err
+	}
+	if err := needStateDir(*state); err != nil {
 		return wire.ExitUsage, err
 	}
 	if fs.NArg() == 0 {
