@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -16,7 +15,7 @@ import (
 // netBase is the plumbing of every VM network (the daemon's resolver and
 // log) with no policy: it allows nothing until SetPolicy.
 func (s *Server) netBase() guestnet.Config {
-	return guestnet.Config{Resolve: s.resolve, Log: s.log}
+	return guestnet.Config{Hosts: s.cfg.NetHosts, Log: s.log}
 }
 
 // netAudit returns the audit hook of a VM's network: one KindNet record
@@ -33,8 +32,11 @@ func (s *Server) netAudit(st *execState, vmID string) func(guestnet.Record) {
 		if r.Addr.IsValid() {
 			rec.Net.Addr = r.Addr.String()
 		}
+		// Only allowed connections are recorded one by one: refused
+		// events and DNS answers (allowed or not) are what a guest can
+		// make at will, so they pass the per-VM flood gate.
 		var err error
-		if r.Allowed {
+		if r.Allowed && r.Proto == "tcp" {
 			err = s.audit.Write(rec)
 		} else {
 			err = s.auditGated(s.netGate, vmID, rec)
@@ -43,15 +45,6 @@ func (s *Server) netAudit(st *execState, vmID string) func(guestnet.Record) {
 			s.log.Error("audit network event", "err", err)
 		}
 	}
-}
-
-// resolve looks a name up for a guest: the operator's hosts table first
-// (--net-hosts), then the host's resolver.
-func (s *Server) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
-	if a, ok := s.cfg.NetHosts[name]; ok {
-		return a, nil
-	}
-	return guestnet.LookupHost(ctx, name)
 }
 
 // ParseHosts reads a hosts(5)-style table: an address, then the names it

@@ -73,9 +73,13 @@ func Command(spec Spec, files ...*os.File) (*Jail, error) {
 	cmd.Args = []string{"vmgate-jail"}
 	cmd.Env = []string{reexec.ChildEnv + "=" + JailRole}
 	cmd.ExtraFiles = append([]*os.File{r}, files...)
+	flags := uintptr(syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
+		syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP)
+	if spec.HostNetwork {
+		flags &^= syscall.CLONE_NEWNET
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
-			syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP,
+		Cloneflags:                 flags,
 		UidMappings:                []syscall.SysProcIDMap{{ContainerID: int(spec.UID), HostID: hostUID, Size: 1}},
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: int(spec.GID), HostID: hostGID, Size: 1}},
 		GidMappingsEnableSetgroups: false,
@@ -172,7 +176,7 @@ func jailInit(_ []string) error {
 		return err
 	}
 	// Last call: nothing may run between the filter and the program.
-	err = unix.Exec(s.Argv[0], s.Argv, []string{})
+	err = unix.Exec(s.Argv[0], s.Argv, append([]string{}, s.Env...))
 	return fmt.Errorf("exec %s: %w", s.Argv[0], err)
 }
 
@@ -184,7 +188,7 @@ func loadSeccomp(s *Spec) error {
 		fmt.Fprintln(os.Stderr, "vmgate-jail: SECCOMP WARNING: seccomp filter disabled by configuration")
 		return nil
 	}
-	opts := seccomp.Options{Accel: s.SeccompAccel, Network: s.SeccompNetwork, Incoming: s.SeccompIncoming}
+	opts := seccomp.Options{Accel: s.SeccompAccel, Network: s.SeccompNetwork, Incoming: s.SeccompIncoming, Program: s.Program}
 	if err := seccomp.Install(opts, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
 		return fmt.Errorf("seccomp: %w", err)
 	}

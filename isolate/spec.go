@@ -45,6 +45,15 @@ type Spec struct {
 	SeccompIncoming bool `json:"seccomp_incoming,omitempty"`
 	// KeepFDs are inherited fds (≥ 4) passed through to the program.
 	KeepFDs []int `json:"keep_fds,omitempty"`
+	// Env is the program's environment (KEY=VALUE; default: empty).
+	Env []string `json:"env,omitempty"`
+	// Program selects the seccomp allowlist: "qemu" (the default) or
+	// "netstack", vmgated's guest network role (isolate/seccomp).
+	Program string `json:"program,omitempty"`
+	// HostNetwork keeps the host's network namespace instead of an empty
+	// one: only for the netstack role, which makes the guest's outbound
+	// connections. A relaxation, checked against Program.
+	HostNetwork bool `json:"host_network,omitempty"`
 }
 
 // Validate checks the spec before any namespace is created.
@@ -85,6 +94,19 @@ func (s *Spec) Validate() error {
 	case "", "required", "off":
 	default:
 		errs = append(errs, fmt.Errorf("seccomp %q: want required or off", s.Seccomp))
+	}
+	switch s.Program {
+	case "", "qemu", "netstack":
+	default:
+		errs = append(errs, fmt.Errorf("program kind %q: want qemu or netstack", s.Program))
+	}
+	if s.HostNetwork && s.Program != "netstack" {
+		errs = append(errs, errors.New("only the netstack keeps the host network"))
+	}
+	for _, kv := range s.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+			errs = append(errs, fmt.Errorf("environment entry %q is not KEY=VALUE", kv))
+		}
 	}
 	for _, fd := range s.KeepFDs {
 		if fd < 4 {

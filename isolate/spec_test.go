@@ -19,18 +19,22 @@ func TestSpecValidate(t *testing.T) {
 		mod  func(*Spec)
 		want string
 	}{
-		"no program":     {func(s *Spec) { s.Argv = nil }, "no program"},
-		"relative":       {func(s *Spec) { s.Argv[0] = "qemu" }, "absolute"},
-		"uid 0":          {func(s *Spec) { s.UID = 0 }, "uid or gid 0"},
-		"gid 0":          {func(s *Spec) { s.GID = 0 }, "uid or gid 0"},
-		"whole host":     {func(s *Spec) { s.ReadOnly = append(s.ReadOnly, "/") }, "whole host"},
-		"unclean":        {func(s *Spec) { s.ReadWrite = []string{"/var/lib/../etc"} }, "not clean"},
-		"proc":           {func(s *Spec) { s.ReadOnly = append(s.ReadOnly, "/proc/1") }, "/proc"},
-		"sys":            {func(s *Spec) { s.ReadOnly = append(s.ReadOnly, "/sys/kernel") }, "/sys"},
-		"device outside": {func(s *Spec) { s.Devices = []string{"/etc/passwd"} }, "not under /dev"},
-		"program hidden": {func(s *Spec) { s.ReadOnly = []string{"/var/lib/vmgate/image"} }, "not among the read-only"},
-		"bad seccomp":    {func(s *Spec) { s.Seccomp = "maybe" }, "seccomp"},
-		"reserved fd":    {func(s *Spec) { s.KeepFDs = []int{3} }, "reserved"},
+		"no program":             {func(s *Spec) { s.Argv = nil }, "no program"},
+		"relative":               {func(s *Spec) { s.Argv[0] = "qemu" }, "absolute"},
+		"uid 0":                  {func(s *Spec) { s.UID = 0 }, "uid or gid 0"},
+		"gid 0":                  {func(s *Spec) { s.GID = 0 }, "uid or gid 0"},
+		"whole host":             {func(s *Spec) { s.ReadOnly = append(s.ReadOnly, "/") }, "whole host"},
+		"unclean":                {func(s *Spec) { s.ReadWrite = []string{"/var/lib/../etc"} }, "not clean"},
+		"proc":                   {func(s *Spec) { s.ReadOnly = append(s.ReadOnly, "/proc/1") }, "/proc"},
+		"sys":                    {func(s *Spec) { s.ReadOnly = append(s.ReadOnly, "/sys/kernel") }, "/sys"},
+		"device outside":         {func(s *Spec) { s.Devices = []string{"/etc/passwd"} }, "not under /dev"},
+		"program hidden":         {func(s *Spec) { s.ReadOnly = []string{"/var/lib/vmgate/image"} }, "not among the read-only"},
+		"bad seccomp":            {func(s *Spec) { s.Seccomp = "maybe" }, "seccomp"},
+		"reserved fd":            {func(s *Spec) { s.KeepFDs = []int{3} }, "reserved"},
+		"program kind":           {func(s *Spec) { s.Program = "shell" }, "program kind"},
+		"qemu with host network": {func(s *Spec) { s.HostNetwork = true }, "only the netstack"},
+		"env without =":          {func(s *Spec) { s.Env = []string{"VMGATE_REEXEC"} }, "KEY=VALUE"},
+		"env with NUL":           {func(s *Spec) { s.Env = []string{"A=b\x00c"} }, "KEY=VALUE"},
 	} {
 		s := validSpec()
 		s.Argv = append([]string(nil), s.Argv...)

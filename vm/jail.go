@@ -189,6 +189,44 @@ func FileSizeLimit(memMiB, diskMiB int) uint64 {
 	return uint64(max(memMiB, diskMiB+diskMiB/8)+64) << 20
 }
 
+// resolverFiles are what Go's resolver reads, bound into the netstack's
+// jail when they exist.
+var resolverFiles = []string{"/etc/resolv.conf", "/etc/hosts"}
+
+// NetstackSpec is the jail of a VM's netstack (package vm/netproc): this
+// very binary, its libraries and the resolver's files read-only, nothing
+// writable, no devices but /dev/null and /dev/urandom.
+func NetstackSpec(seccompMode string) (isolate.Spec, error) {
+	bin, err := os.Executable()
+	if err != nil {
+		return isolate.Spec{}, fmt.Errorf("netstack jail: %w", err)
+	}
+	if bin, err = filepath.EvalSymlinks(bin); err != nil {
+		return isolate.Spec{}, fmt.Errorf("netstack jail: %w", err)
+	}
+	libs, err := sharedLibs(bin)
+	if err != nil {
+		return isolate.Spec{}, fmt.Errorf("netstack jail: %w", err)
+	}
+	ro := append([]string{bin}, libs...)
+	for _, f := range resolverFiles {
+		if _, err := os.Stat(f); err == nil {
+			ro = append(ro, f)
+		}
+	}
+	return isolate.Spec{
+		Argv: []string{bin}, ReadOnly: dedupe(ro), Devices: []string{"/dev/null", "/dev/urandom"},
+		UID: jailUID, GID: jailGID,
+		// The Go heap of one VM's network: at most 32 connections by
+		// default, their buffers and gVisor's.
+		AddressSpace: 4 << 30,
+		OpenFiles:    1024,
+		Processes:    jailProcesses,
+		FileSize:     1, // it writes no files
+		Seccomp:      seccompMode,
+	}, nil
+}
+
 // jailedCommand returns the jail that runs argv.
 func jailedCommand(argv []string, o jailOpts, files ...*os.File) (*isolate.Jail, error) {
 	spec, err := JailSpec(argv, o.vmDir, o.readOnly, o.accel, o.memMiB)

@@ -28,6 +28,7 @@ import (
 	"github.com/vmgate/vmgate/vm/agentproto"
 	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/image"
+	"github.com/vmgate/vmgate/vm/netproc"
 )
 
 // ErrVMDied reports that QEMU exited while the VM was in use.
@@ -124,7 +125,7 @@ type VM struct {
 	client   *ssh.Client
 	bootTime time.Duration
 	cgroup   *cgroup.Group // nil without cgroups
-	net      *guestnet.Network
+	net      GuestNetwork
 	console  *console
 	phases   []Phase
 
@@ -313,7 +314,7 @@ func (v *VM) startQEMU(opts Options, img *imageFiles, accel Accel, m launchMode)
 		return err
 	}
 	if opts.Network != nil {
-		if err := v.startNetwork(*opts.Network); err != nil {
+		if err := v.startNetwork(*opts.Network, opts.Seccomp); err != nil {
 			return err
 		}
 	}
@@ -387,12 +388,50 @@ func (v *VM) ready(ctx context.Context, opts Options, img *imageFiles, m launchM
 	return nil
 }
 
-// startNetwork builds the VM's user-space network and listens on its
-// socket; QEMU connects when it starts.
-func (v *VM) startNetwork(cfg guestnet.Config) error {
+// GuestNetwork is a VM's user-space network as its user sees it: a
+// policy that can be replaced (guestnet.Network.SetPolicy).
+type GuestNetwork interface{ SetPolicy(guestnet.Policy) }
+
+// startNetwork starts the VM's user-space network, listening on its
+// socket; QEMU connects when it starts. It runs in a jailed netstack
+// process (package vm/netproc), except for a Config with Resolve or Dial
+// set: functions cannot cross into another process, so that test
+// plumbing (a fake Internet) runs the network in this process.
+func (v *VM) startNetwork(cfg guestnet.Config, seccompMode string) error {
 	if cfg.Log == nil {
 		cfg.Log = v.log
 	}
+	if cfg.Resolve != nil || cfg.Dial != nil {
+		v.log.Warn("RELAXATION: the guest network runs in this process (a Resolve or Dial function is set)")
+		return v.startNetworkHere(cfg)
+	}
+	spec, err := NetstackSpec(seccompMode)
+	if err != nil {
+		return fmt.Errorf("start vm: %w", err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(v.Dir, NetSocket))
+	if err != nil {
+		return fmt.Errorf("start vm: network socket: %w", err)
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false) // the socket file is QEMU's to connect to
+	lf, err := ul.File()
+	ln.Close() // the netstack has its own copy
+	if err != nil {
+		return fmt.Errorf("start vm: network socket: %w", err)
+	}
+	defer lf.Close()
+	p, err := netproc.Start(netproc.Config{Jail: spec, Hosts: cfg.Hosts, Policy: cfg.Policy, Log: cfg.Log.With("vm", v.ID)}, lf)
+	if err != nil {
+		return fmt.Errorf("start vm: %w", err)
+	}
+	v.net = p
+	v.push(func() error { p.Close(); return nil })
+	return nil
+}
+
+// startNetworkHere runs the VM's network in this process.
+func (v *VM) startNetworkHere(cfg guestnet.Config) error {
 	n, err := guestnet.New(cfg)
 	if err != nil {
 		return fmt.Errorf("start vm: %w", err)
@@ -425,7 +464,7 @@ func (v *VM) startNetwork(cfg guestnet.Config) error {
 }
 
 // Network is the VM's user-space network, or nil when it has no NIC.
-func (v *VM) Network() *guestnet.Network { return v.net }
+func (v *VM) Network() GuestNetwork { return v.net }
 
 func phasesString(ps []Phase) string {
 	var b strings.Builder

@@ -10,7 +10,9 @@ import (
 // (and its golden test runs) on every GOOS; consts_linux_test.go checks
 // them against x/sys/unix.
 const (
-	afUNIX = 1 // AF_UNIX
+	afUNIX  = 1  // AF_UNIX
+	afINET  = 2  // AF_INET
+	afINET6 = 10 // AF_INET6
 
 	cloneNewNS     = 0x00020000
 	cloneNewCgroup = 0x02000000

@@ -19,6 +19,10 @@ type Options struct {
 	// Incoming is true when QEMU restores from a migration stream on an
 	// inherited fd (-incoming defer + migrate-incoming fd:N).
 	Incoming bool
+	// Program is the jailed program: "qemu" (the default; Accel,
+	// Network and Incoming shape its filter) or "netstack", vmgated's
+	// guest network role (a Go program; Accel is ignored).
+	Program string
 	// DefaultAction is what happens to a syscall no rule matches:
 	// "errno" (EPERM; the default when empty) or "kill" (the whole process).
 	DefaultAction string

@@ -228,33 +228,24 @@ var explicitDeny = []struct{ name, why string }{
 // Rules returns the filter for opts. It is pure: no syscalls, no libseccomp.
 func Rules(opts Options) (RuleSet, error) {
 	var rs RuleSet
+	switch opts.Program {
+	case "", "qemu":
+	case "netstack":
+		return netstackRules(opts)
+	default:
+		return rs, fmt.Errorf("seccomp rules: program %q (want qemu or netstack): %w", opts.Program, ErrInvalidOptions)
+	}
 	switch opts.Accel {
 	case "kvm", "tcg":
 	default:
 		return rs, fmt.Errorf("seccomp rules: accel %q (want kvm or tcg): %w", opts.Accel, ErrInvalidOptions)
 	}
-	switch opts.DefaultAction {
-	case "", "errno":
-		rs.Default = actEPERM
-	case "kill":
-		rs.Default = actKill
-	default:
-		return rs, fmt.Errorf("seccomp rules: default action %q (want errno or kill): %w", opts.DefaultAction, ErrInvalidOptions)
+	var err error
+	if rs.Default, err = defaultAction(opts); err != nil {
+		return rs, err
 	}
 	rs.BadArch = actKill
-
-	for _, e := range allowTable {
-		if e.when != nil && !e.when(opts) {
-			continue
-		}
-		if len(e.alts) == 0 {
-			rs.Rules = append(rs.Rules, Rule{Syscall: e.name, Action: actAllow, Why: e.why})
-			continue
-		}
-		for _, conds := range e.alts {
-			rs.Rules = append(rs.Rules, Rule{Syscall: e.name, Action: actAllow, Conds: conds, Why: e.why})
-		}
-	}
+	rs.Rules = allowRules(allowTable, opts)
 	for _, name := range enosysTable {
 		rs.Rules = append(rs.Rules, Rule{Syscall: name, Action: actENOSYS, Why: enosysWhy})
 	}
@@ -297,4 +288,32 @@ func Rules(opts Options) (RuleSet, error) {
 			"accel=tcg: TCG is not a security boundary; a guest escape lands in QEMU under this filter")
 	}
 	return rs, nil
+}
+
+func defaultAction(opts Options) (Action, error) {
+	switch opts.DefaultAction {
+	case "", "errno":
+		return actEPERM, nil
+	case "kill":
+		return actKill, nil
+	}
+	return Action{}, fmt.Errorf("seccomp rules: default action %q (want errno or kill): %w", opts.DefaultAction, ErrInvalidOptions)
+}
+
+// allowRules turns the entries of table that opts need into allow rules.
+func allowRules(table []entry, opts Options) []Rule {
+	var out []Rule
+	for _, e := range table {
+		if e.when != nil && !e.when(opts) {
+			continue
+		}
+		if len(e.alts) == 0 {
+			out = append(out, Rule{Syscall: e.name, Action: actAllow, Why: e.why})
+			continue
+		}
+		for _, conds := range e.alts {
+			out = append(out, Rule{Syscall: e.name, Action: actAllow, Conds: conds, Why: e.why})
+		}
+	}
+	return out
 }

@@ -35,8 +35,13 @@ type DNSVerdict struct {
 // not become name.<the host's domain>, whose internal answer would then
 // be an allowed destination.
 func LookupHost(ctx context.Context, name string) ([]netip.Addr, error) {
-	return net.DefaultResolver.LookupNetIP(ctx, "ip", strings.TrimSuffix(name, ".")+".")
+	return hostResolver.LookupNetIP(ctx, "ip", strings.TrimSuffix(name, ".")+".")
 }
+
+// hostResolver is Go's own resolver (/etc/resolv.conf, /etc/hosts), never
+// the C library's: the netstack's jail holds those two files and no NSS
+// modules.
+var hostResolver = &net.Resolver{PreferGo: true}
 
 // Resolver looks a name up for the guest (the daemon's resolver, or a
 // fixed table in tests).

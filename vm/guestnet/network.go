@@ -45,6 +45,8 @@ const nicID = 1
 type Config struct {
 	// Policy is the network's first policy (SetPolicy replaces it).
 	Policy
+	// Hosts pins names to addresses: looked up before Resolve.
+	Hosts   map[string][]netip.Addr
 	Resolve Resolver // DNS lookups for allowed names (default: the host's resolver)
 	// Dial makes the outbound connection (default: a net.Dialer with a
 	// 10 s timeout).
@@ -84,6 +86,13 @@ type Network struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
+
+// Limits of a policy that leaves them zero.
+const (
+	DefaultMaxConns    = 32
+	DefaultMaxBytes    = 256 << 20
+	DefaultConnectRate = 120 // per minute
+)
 
 // Policy is what a network allows; it can change while the network runs
 // (a pooled VM gets its request's policy when it is handed out).
@@ -138,13 +147,13 @@ func (n *Network) SetPolicy(p Policy) {
 	clear(n.names)
 	n.mu.Unlock()
 	if p.MaxConns == 0 {
-		p.MaxConns = 32
+		p.MaxConns = DefaultMaxConns
 	}
 	if p.MaxBytes == 0 {
-		p.MaxBytes = 256 << 20
+		p.MaxBytes = DefaultMaxBytes
 	}
 	if p.ConnectRate == 0 {
-		p.ConnectRate = 120
+		p.ConnectRate = DefaultConnectRate
 	}
 	if p.Audit == nil {
 		p.Audit = func(Record) {}
@@ -162,6 +171,14 @@ func New(cfg Config) (*Network, error) {
 	}
 	if cfg.Resolve == nil {
 		cfg.Resolve = LookupHost
+	}
+	if hosts, next := cfg.Hosts, cfg.Resolve; len(hosts) > 0 {
+		cfg.Resolve = func(ctx context.Context, name string) ([]netip.Addr, error) {
+			if a, ok := hosts[name]; ok {
+				return a, nil
+			}
+			return next(ctx, name)
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

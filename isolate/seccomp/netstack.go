@@ -1,0 +1,105 @@
+package seccomp
+
+// netstackTable is the allowlist of vmgated's netstack role: one VM's
+// user-space network (package vm/guestnet), a Go program (with cgo's
+// glibc start-up) that reads the guest's frames from an inherited socket,
+// answers its DNS queries through the host's resolver and makes the
+// outbound TCP connections its policy allows. It opens no files but the
+// resolver's configuration, creates no Unix sockets (the ones it uses are
+// inherited), never execs or forks, and needs no ioctl.
+var netstackTable = []entry{
+	// Process start: the jail's execve of vmgated, ld.so, glibc, the Go
+	// runtime.
+	{name: "execve", why: traced + ": the jail's final exec of vmgated in its netstack role"},
+	{name: "arch_prctl", why: traced + ": ld.so sets the TLS base"},
+	{name: "set_tid_address", why: traced + ": glibc start-up"},
+	{name: "set_robust_list", why: traced + ": glibc start-up"},
+	{name: "rseq", why: traced + ": glibc 2.35+ registers restartable sequences"},
+	{name: "prlimit64", why: traced + ": glibc reads RLIMIT_STACK; the Go runtime raises RLIMIT_NOFILE's soft limit"},
+	{name: "brk", why: traced + ": malloc"},
+	{name: "mmap", why: traced + ": libraries, the Go heap"},
+	{name: "mprotect", why: traced + ": ld.so relocations, thread stack guards"},
+	{name: "munmap", why: assumed},
+	{name: "madvise", why: traced + ": the Go heap returns memory"},
+	{name: "access", why: traced + ": ld.so"},
+	{name: "openat", why: traced + ": shared libraries, /etc/resolv.conf, /etc/hosts (the jail's root holds nothing else)"},
+	{name: "newfstatat", why: traced + ": the resolver checks /etc/resolv.conf for changes"},
+	{name: "fstat", why: assumed + ": ld.so, older glibc paths"},
+	{name: "pread64", why: traced + ": ld.so reads ELF headers"},
+	{name: "getrandom", why: traced + ": the Go runtime's seed, DNS query ids"},
+	{name: "sched_getaffinity", why: traced + ": the Go runtime's CPU count"},
+	{name: "getpid", why: traced},
+	{name: "gettid", why: traced},
+
+	// Threads, signals, time.
+	{name: "clone", alts: [][]Cond{
+		{{Arg: 0, Op: MaskedEqual, Value: 0, Mask: nsFlags, Name: "0 (no CLONE_NEW* flag)"}},
+	}, why: traced + ": the Go runtime's threads (clone3 returns ENOSYS)"},
+	{name: "futex", why: traced},
+	{name: "nanosleep", why: traced},
+	{name: "clock_nanosleep", why: assumed},
+	{name: "clock_gettime", why: assumed + ": when the vDSO is unavailable"},
+	{name: "sched_yield", why: traced},
+	{name: "tgkill", why: traced + ": goroutine preemption"},
+	{name: "rt_sigaction", why: traced},
+	{name: "rt_sigprocmask", why: traced},
+	{name: "rt_sigreturn", why: traced},
+	{name: "sigaltstack", why: traced},
+	{name: "exit", why: assumed},
+	{name: "exit_group", why: traced},
+
+	// I/O on the inherited sockets and the outbound connections.
+	{name: "read", why: traced},
+	{name: "write", why: traced},
+	{name: "close", why: traced},
+	{name: "fcntl", why: traced + ": non-blocking mode, F_DUPFD_CLOEXEC of inherited fds"},
+	{name: "eventfd2", why: traced + ": the Go runtime's netpoll wake-up"},
+	{name: "epoll_create1", why: traced},
+	{name: "epoll_ctl", why: traced},
+	{name: "epoll_pwait", why: traced},
+	{name: "socket", alts: [][]Cond{{eq(0, afINET, "AF_INET")}, {eq(0, afINET6, "AF_INET6")}},
+		why: traced + ": outbound TCP and the resolver's UDP/TCP; never AF_UNIX, AF_NETLINK or AF_PACKET"},
+	{name: "connect", why: traced + ": outbound connections, the resolver"},
+	{name: "accept4", why: traced + ": QEMU's connection on the inherited listening socket"},
+	{name: "getsockname", why: traced},
+	{name: "getpeername", why: traced},
+	{name: "getsockopt", why: traced + ": SO_ERROR after a non-blocking connect"},
+	{name: "setsockopt", why: assumed + ": TCP_NODELAY, keep-alive, SO_BROADCAST of the resolver's UDP"},
+	{name: "sendto", why: assumed + ": the resolver's UDP"},
+	{name: "recvfrom", why: assumed + ": the resolver's UDP"},
+	{name: "shutdown", why: traced + ": half-close of proxied connections"},
+}
+
+// netstackRules is the netstack role's filter.
+func netstackRules(opts Options) (RuleSet, error) {
+	var rs RuleSet
+	var err error
+	if rs.Default, err = defaultAction(opts); err != nil {
+		return rs, err
+	}
+	rs.BadArch = actKill
+	rs.Rules = allowRules(netstackTable, opts)
+	for _, name := range enosysTable {
+		rs.Rules = append(rs.Rules, Rule{Syscall: name, Action: actENOSYS, Why: enosysWhy})
+	}
+	for _, d := range explicitDeny {
+		rs.Rules = append(rs.Rules, Rule{Syscall: d.name, Action: actEPERM, Why: denyWhy + ": " + d.why})
+	}
+	sortRules(rs.Rules)
+	for _, d := range denyTable {
+		rs.Denied = append(rs.Denied, Rule{Syscall: d.name, Action: rs.Default, Why: d.why})
+	}
+	rs.Denied = append(rs.Denied,
+		Rule{Syscall: "socket", Action: rs.Default, Conds: []Cond{{Arg: 0, Op: NotEqual, Value: afINET, Name: "AF_INET"}, {Arg: 0, Op: NotEqual, Value: afINET6, Name: "AF_INET6"}},
+			Why: "AF_UNIX (the daemon's socket, other VMs' sockets, abstract sockets), AF_NETLINK, AF_PACKET, …: the netstack's Unix sockets are inherited"},
+		Rule{Syscall: "bind", Action: rs.Default, Why: "the netstack listens on nothing of its own"},
+		Rule{Syscall: "ioctl", Action: rs.Default, Why: "no devices, no terminal"},
+		Rule{Syscall: "mount", Action: rs.Default, Why: "the jail's root is final"},
+	)
+	sortRules(rs.Denied)
+	rs.Warnings = append(rs.Warnings,
+		"connect unrestricted: seccomp cannot see addresses; the netstack enforces the egress policy, and the unit's IPAddressDeny= (systemd) the rest",
+		"openat unrestricted: confinement of paths is the jail's mount namespace, not seccomp",
+	)
+	return rs, nil
+}

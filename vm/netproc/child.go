@@ -1,0 +1,127 @@
+package netproc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync/atomic"
+
+	"github.com/vmgate/vmgate/internal/reexec"
+	"github.com/vmgate/vmgate/vm/guestnet"
+)
+
+// Role is the re-exec role of the netstack.
+const Role = "netstack"
+
+// The netstack's inherited fds: the channel to the daemon and the
+// listening socket QEMU's stream netdev connects to.
+const (
+	ctlFD    = 4
+	listenFD = 5
+)
+
+func init() { reexec.Register(Role, child) }
+
+// child is the netstack: it serves one VM's network until the daemon
+// closes the channel.
+func child(_ []string) error {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	cf := os.NewFile(ctlFD, "netstack-channel")
+	c, err := net.FileConn(cf)
+	cf.Close()
+	if err != nil {
+		return fmt.Errorf("channel: %w", err)
+	}
+	ctl, ok := c.(*net.UnixConn)
+	if !ok {
+		return errors.New("channel: not a Unix socket")
+	}
+	lf := os.NewFile(listenFD, "netstack-listener")
+	ln, err := net.FileListener(lf)
+	lf.Close()
+	if err != nil {
+		return fmt.Errorf("listener: %w", err)
+	}
+	buf := make([]byte, MaxMessage+1)
+	first, err := readToChild(ctl, buf)
+	if err != nil {
+		return err
+	}
+	cfg := guestnet.Config{Hosts: first.Hosts, Log: log}
+	var gen atomic.Uint64
+	audit := func(r guestnet.Record) {
+		b, err := json.Marshal(fromChild{Gen: gen.Load(), Record: recordToWire(r)})
+		if err == nil {
+			_, err = ctl.Write(b)
+		}
+		if err != nil {
+			log.Debug("send record", "err", err)
+		}
+	}
+	policy := func(m toChild) (guestnet.Policy, error) {
+		p := guestnet.Policy{Audit: audit}
+		if m.Policy != nil {
+			e, err := m.Policy.egress()
+			if err != nil {
+				return p, err
+			}
+			p.Egress = e
+		}
+		gen.Store(m.Gen)
+		return p, nil
+	}
+	if cfg.Policy, err = policy(first); err != nil {
+		return err
+	}
+	n, err := guestnet.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	go func() {
+		conn, err := ln.Accept()
+		ln.Close()
+		if err != nil {
+			return
+		}
+		if err := n.Serve(conn); err != nil {
+			log.Debug("network ended", "err", err)
+		}
+	}()
+	for {
+		m, err := readToChild(ctl, buf)
+		if err != nil {
+			if errors.Is(err, errChannelClosed) {
+				log.Info("the daemon closed the channel: the network ends")
+				return nil
+			}
+			return err
+		}
+		p, err := policy(m)
+		if err != nil {
+			return err
+		}
+		n.SetPolicy(p)
+	}
+}
+
+var errChannelClosed = errors.New("channel closed")
+
+func readToChild(ctl *net.UnixConn, buf []byte) (toChild, error) {
+	var m toChild
+	k, err := ctl.Read(buf)
+	if k == 0 && (err == nil || errors.Is(err, io.EOF)) || errors.Is(err, net.ErrClosed) {
+		return m, errChannelClosed
+	}
+	if err != nil {
+		return m, fmt.Errorf("channel: %w", err)
+	}
+	if err := decodeStrict(buf[:k], &m); err != nil {
+		return m, err
+	}
+	return m, nil
+}

@@ -1,0 +1,266 @@
+package netproc
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/internal/reexec"
+	"github.com/vmgate/vmgate/isolate"
+	"github.com/vmgate/vmgate/policy/netrule"
+	"github.com/vmgate/vmgate/vm/guestnet"
+)
+
+// Config is what the daemon gives one VM's netstack.
+type Config struct {
+	// Jail is the netstack's jail: vmgated's binary and libraries and the
+	// resolver's files read-only, ids and rlimits (package vm builds it).
+	// Start sets the program, environment and network of it.
+	Jail isolate.Spec
+	// Hosts pins guest DNS names to addresses, before the host's resolver.
+	Hosts map[string][]netip.Addr
+	// Policy is the network's first policy.
+	Policy guestnet.Policy
+	Log    *slog.Logger
+}
+
+// keptGens is how many policies back a record may be attributed: records
+// of connections that end after a policy change still reach the audit of
+// the policy they were sent under.
+const keptGens = 8
+
+// Proc is a running netstack, as the daemon sees it.
+type Proc struct {
+	ctl  *net.UnixConn
+	jail *isolate.Jail
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	gen    uint64
+	audits map[uint64]func(guestnet.Record)
+	limit  *allowLimit
+
+	done    chan struct{} // closed when the netstack has exited
+	closing atomic.Bool
+	once    sync.Once
+}
+
+// Start runs a netstack for the VM whose QEMU connects to ln.
+func Start(cfg Config, ln *os.File) (*Proc, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("netstack: channel: %w", err)
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "netstack-channel"), os.NewFile(uintptr(fds[1]), "netstack-channel")
+	defer theirs.Close()
+	c, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		theirs.Close()
+		return nil, fmt.Errorf("netstack: channel: %w", err)
+	}
+	spec := cfg.Jail
+	spec.Program, spec.HostNetwork = "netstack", true
+	spec.Env = []string{reexec.ChildEnv + "=" + Role}
+	j, err := isolate.Command(spec, theirs, ln)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("netstack: %w", err)
+	}
+	stderr, err := j.Cmd.StderrPipe()
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("netstack: %w", err)
+	}
+	p := &Proc{ctl: c.(*net.UnixConn), jail: j, log: cfg.Log, audits: map[uint64]func(guestnet.Record){}, done: make(chan struct{})}
+	if err := j.Start(nil); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("netstack: %w", err)
+	}
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		p.relayLog(stderr)
+	}()
+	go func() {
+		<-logDone
+		err := j.Cmd.Wait()
+		if !p.closing.Load() {
+			p.log.Error("netstack exited: the VM has no network any more", "err", err)
+		}
+		close(p.done)
+	}()
+	first := toChild{Hosts: cfg.Hosts}
+	if err := p.send(&first, cfg.Policy); err != nil {
+		p.Close()
+		return nil, err
+	}
+	go p.readRecords()
+	return p, nil
+}
+
+// SetPolicy gives the network a new policy (see guestnet.Network.SetPolicy);
+// its records go to p.Audit from now on.
+func (p *Proc) SetPolicy(pol guestnet.Policy) {
+	if err := p.send(&toChild{}, pol); err != nil {
+		p.log.Error("netstack: set policy", "err", err)
+	}
+}
+
+func (p *Proc) send(m *toChild, pol guestnet.Policy) error {
+	p.mu.Lock()
+	p.gen++
+	m.Gen = p.gen
+	if len(pol.Rules) > 0 || pol.AllowedRanges != nil || pol.MaxConns != 0 || pol.MaxBytes != 0 || pol.ConnectRate != 0 {
+		m.Policy = egressToWire(pol.Egress)
+	}
+	audit := pol.Audit
+	if audit == nil {
+		audit = func(guestnet.Record) {}
+	}
+	p.audits[p.gen] = audit
+	delete(p.audits, p.gen-keptGens)
+	p.limit = newAllowLimit(pol.Egress)
+	p.mu.Unlock()
+	b, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("netstack: %w", err)
+	}
+	if _, err := p.ctl.Write(b); err != nil {
+		return fmt.Errorf("netstack: send policy: %w", err)
+	}
+	return nil
+}
+
+// readRecords audits what the netstack reports until it ends. A message
+// that does not parse, or more allowed connections than its policy lets
+// it make, ends the netstack: it is no longer behaving as the netstack.
+func (p *Proc) readRecords() {
+	buf := make([]byte, MaxMessage+1)
+	for {
+		k, err := p.ctl.Read(buf)
+		if err != nil || k == 0 {
+			return
+		}
+		gen, rec, err := parseRecord(buf[:k])
+		if err == nil {
+			err = p.attribute(gen, rec)
+		}
+		if err != nil {
+			p.log.Error("netstack misbehaves: killed (the VM keeps running without a network)", "err", err)
+			p.kill()
+			return
+		}
+	}
+}
+
+func (p *Proc) attribute(gen uint64, rec guestnet.Record) error {
+	p.mu.Lock()
+	audit, ok := p.audits[gen]
+	lim := p.limit
+	p.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("record of policy %d, which it was not given or is long gone", gen)
+	}
+	if rec.Allowed && rec.Proto == "tcp" && !lim.take(time.Now()) {
+		return fmt.Errorf("more allowed connections than its policy's connect rate (%d a minute) permits", lim.perMinute)
+	}
+	audit(rec)
+	return nil
+}
+
+// relayLog logs the netstack's stderr (its own log, JSON lines, and the
+// jail's diagnostics): bounded lines, and at most maxLogLines of them.
+func (p *Proc) relayLog(r io.Reader) {
+	const maxLogLines = 1000
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4096), 4096)
+	n := 0
+	for sc.Scan() {
+		if n++; n <= maxLogLines {
+			line := sc.Text()
+			level := slog.LevelDebug // its start-up, the jail's filter warnings
+			if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"level":"WARN"`) {
+				level = slog.LevelWarn
+			}
+			p.log.Log(context.Background(), level, "netstack", "line", line)
+		} else if n == maxLogLines+1 {
+			p.log.Warn("netstack: further log lines dropped")
+		}
+	}
+	_, _ = io.Copy(io.Discard, r) // a line too long ends the scanner; drain
+}
+
+// Pid is the netstack's process id (in the daemon's pid namespace).
+func (p *Proc) Pid() int { return p.jail.Cmd.Process.Pid }
+
+func (p *Proc) kill() {
+	if pr := p.jail.Cmd.Process; pr != nil {
+		_ = pr.Kill()
+	}
+}
+
+// Close ends the netstack: the channel's end asks it to stop; it is
+// killed if it has not within a second. Close waits for it.
+func (p *Proc) Close() {
+	p.once.Do(func() {
+		p.closing.Store(true)
+		p.ctl.Close()
+		select {
+		case <-p.done:
+		case <-time.After(time.Second):
+			p.kill()
+			<-p.done
+		}
+	})
+}
+
+// allowLimit bounds the allowed connections the daemon believes a
+// netstack made: twice its policy's connect rate, with a burst of a
+// fifth of that plus its connection limit.
+type allowLimit struct {
+	perMinute int
+	mu        sync.Mutex
+	tokens    float64
+	burst     float64
+	last      time.Time
+}
+
+func newAllowLimit(e netrule.Egress) *allowLimit {
+	rate, conns := e.ConnectRate, e.MaxConns
+	if rate == 0 {
+		rate = guestnet.DefaultConnectRate
+	}
+	if conns == 0 {
+		conns = guestnet.DefaultMaxConns
+	}
+	burst := float64(2*rate)/5 + float64(conns)
+	return &allowLimit{perMinute: 2 * rate, tokens: burst, burst: burst, last: time.Now()}
+}
+
+func (l *allowLimit) take(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*float64(l.perMinute)/60)
+	l.last = now
+	if l.tokens < 1 {
+		return false
+	}
+	l.tokens--
+	return true
+}

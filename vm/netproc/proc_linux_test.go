@@ -1,0 +1,121 @@
+package netproc_test
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netproc"
+)
+
+// startNetstack runs a real jailed netstack listening where QEMU would
+// connect, with an audit that collects its records.
+func startNetstack(t *testing.T) (*netproc.Proc, string, chan guestnet.Record) {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	spec, err := vm.NetstackSpec("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "net.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	lf, err := ul.File()
+	ln.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	recs := make(chan guestnet.Record, 16)
+	p, err := netproc.Start(netproc.Config{Jail: spec, Policy: guestnet.Policy{Audit: func(r guestnet.Record) { recs <- r }}}, lf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, sock, recs
+}
+
+// udpFrame is an Ethernet frame of a UDP datagram from the guest to
+// dst:port, as QEMU's stream netdev carries it.
+func udpFrame(dst netip.Addr, port uint16) []byte {
+	eth := []byte{0x52, 0x55, 0x0a, 0x00, 0x02, 0x02, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x08, 0x00}
+	udp := make([]byte, 8+4)
+	binary.BigEndian.PutUint16(udp[0:], 40000)
+	binary.BigEndian.PutUint16(udp[2:], port)
+	binary.BigEndian.PutUint16(udp[4:], uint16(len(udp)))
+	copy(udp[8:], "ping")
+	ip := make([]byte, 20)
+	ip[0], ip[8], ip[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(udp)))
+	src := guestnet.GuestAddr.As4()
+	d := dst.As4()
+	copy(ip[12:], src[:])
+	copy(ip[16:], d[:])
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	return append(append(eth, ip...), udp...) // UDP checksum 0: none
+}
+
+// TestNetstack_ChannelAndJail: the guest's traffic reaches the netstack
+// process, its records reach the daemon's audit, and the process is
+// jailed: no capabilities, no_new_privs, a seccomp filter, namespaces of
+// its own except the network's.
+func TestNetstack_ChannelAndJail(t *testing.T) {
+	p, sock, recs := startNetstack(t)
+	qemu, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qemu.Close()
+	if _, err := qemu.Write(guestnet.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), 9999))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-recs:
+		if r.Proto != "udp" || r.Allowed || r.Port != 9999 || !strings.Contains(r.Reason, "UDP is not allowed") {
+			t.Fatalf("record %+v", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no record of the refused datagram")
+	}
+	pid := p.Pid()
+	status := testutil.ReadFile(t, fmt.Sprintf("/proc/%d/status", pid))
+	for _, want := range []string{"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("netstack %d lacks %q:\n%s", pid, want, status)
+		}
+	}
+	for ns, same := range map[string]bool{"user": false, "mnt": false, "pid": false, "ipc": false, "uts": false, "net": true} {
+		mine, _ := os.Readlink("/proc/self/ns/" + ns)
+		its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (mine == its) != same {
+			t.Errorf("%s namespace: netstack %s, this process %s", ns, its, mine)
+		}
+	}
+	// Its root holds no state directory, audit log or image.
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", pid, filepath.Dir(sock))); err == nil {
+		t.Error("the netstack sees the VM directory")
+	}
+}

@@ -1,0 +1,114 @@
+package netproc
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/vmgate/vmgate/policy/netrule"
+	"github.com/vmgate/vmgate/vm/guestnet"
+)
+
+// MaxMessage bounds one message on the channel, in either direction.
+const MaxMessage = 64 << 10
+
+// toChild is a message from the daemon: the start (Hosts), then policies.
+type toChild struct {
+	// Hosts pins guest DNS names to addresses (vmgated serve
+	// --net-hosts); only in the first message.
+	Hosts map[string][]netip.Addr `json:"hosts,omitempty"`
+	// Gen numbers the policy; records name the policy they were made under.
+	Gen    uint64      `json:"gen"`
+	Policy *wireEgress `json:"policy,omitempty"`
+}
+
+// wireEgress is netrule.Egress as sent: rules as their text, parsed again
+// on the other side.
+type wireEgress struct {
+	Rules       []string       `json:"rules"`
+	Ranges      []netip.Prefix `json:"ranges,omitempty"`
+	MaxConns    int            `json:"max_conns"`
+	MaxBytes    int64          `json:"max_bytes"`
+	ConnectRate int            `json:"connect_rate"`
+}
+
+func egressToWire(e netrule.Egress) *wireEgress {
+	w := &wireEgress{Ranges: e.AllowedRanges, MaxConns: e.MaxConns, MaxBytes: e.MaxBytes, ConnectRate: e.ConnectRate}
+	for _, r := range e.Rules {
+		w.Rules = append(w.Rules, r.Text)
+	}
+	return w
+}
+
+func (w *wireEgress) egress() (netrule.Egress, error) {
+	rules, err := netrule.ParseRules(w.Rules)
+	if err != nil {
+		return netrule.Egress{}, err
+	}
+	return netrule.Egress{Rules: rules, AllowedRanges: w.Ranges, MaxConns: w.MaxConns, MaxBytes: w.MaxBytes, ConnectRate: w.ConnectRate}, nil
+}
+
+// fromChild is a message from the netstack: one record, made under the
+// policy numbered Gen.
+type fromChild struct {
+	Gen    uint64     `json:"gen"`
+	Record wireRecord `json:"record"`
+}
+
+// wireRecord is guestnet.Record as sent.
+type wireRecord struct {
+	Proto      string     `json:"proto"`
+	Name       string     `json:"name,omitempty"`
+	Addr       netip.Addr `json:"addr,omitzero"`
+	Port       uint16     `json:"port,omitempty"`
+	Allowed    bool       `json:"allowed,omitempty"`
+	Rule       string     `json:"rule,omitempty"`
+	Reason     string     `json:"reason,omitempty"`
+	BytesOut   int64      `json:"bytes_out,omitempty"`
+	BytesIn    int64      `json:"bytes_in,omitempty"`
+	DurationNS int64      `json:"duration_ns,omitempty"`
+}
+
+func recordToWire(r guestnet.Record) wireRecord {
+	return wireRecord{Proto: r.Proto, Name: r.Name, Addr: r.Addr, Port: r.Port, Allowed: r.Allowed, Rule: r.Rule,
+		Reason: r.Reason, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationNS: int64(r.Duration)}
+}
+
+// decodeStrict parses one message into v: exactly one JSON object with
+// only known fields, at most MaxMessage bytes.
+func decodeStrict(b []byte, v any) error {
+	if len(b) > MaxMessage {
+		return fmt.Errorf("netstack message of %d bytes (max %d)", len(b), MaxMessage)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("netstack message: %w", err)
+	}
+	if dec.More() {
+		return fmt.Errorf("netstack message: data after the object")
+	}
+	return nil
+}
+
+// parseRecord is the daemon's reading of a message from the netstack:
+// strict, and only the record kinds a netstack makes.
+func parseRecord(b []byte) (uint64, guestnet.Record, error) {
+	var m fromChild
+	if err := decodeStrict(b, &m); err != nil {
+		return 0, guestnet.Record{}, err
+	}
+	w := m.Record
+	switch w.Proto {
+	case "tcp", "udp", "dns":
+	default:
+		return 0, guestnet.Record{}, fmt.Errorf("netstack record: protocol %q", w.Proto)
+	}
+	if w.BytesOut < 0 || w.BytesIn < 0 || w.DurationNS < 0 {
+		return 0, guestnet.Record{}, fmt.Errorf("netstack record: negative count")
+	}
+	return m.Gen, guestnet.Record{Proto: w.Proto, Name: w.Name, Addr: w.Addr, Port: w.Port, Allowed: w.Allowed, Rule: w.Rule,
+		Reason: w.Reason, BytesOut: w.BytesOut, BytesIn: w.BytesIn, Duration: time.Duration(w.DurationNS)}, nil
+}

@@ -1,0 +1,115 @@
+package netproc
+
+import (
+	"encoding/json"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/policy/netrule"
+	"github.com/vmgate/vmgate/vm/guestnet"
+)
+
+func TestParseRecord(t *testing.T) {
+	good := `{"gen":3,"record":{"proto":"tcp","name":"example.com","addr":"93.184.215.14","port":443,"allowed":true,"rule":"example.com:443","bytes_out":10,"bytes_in":20,"duration_ns":1000000}}`
+	gen, r, err := parseRecord([]byte(good))
+	want := guestnet.Record{Proto: "tcp", Name: "example.com", Addr: netip.MustParseAddr("93.184.215.14"), Port: 443, Allowed: true,
+		Rule: "example.com:443", BytesOut: 10, BytesIn: 20, Duration: time.Millisecond}
+	if err != nil || gen != 3 || r != want {
+		t.Fatalf("parseRecord(good) = %d, %+v, %v", gen, r, err)
+	}
+	for name, bad := range map[string]string{
+		"unknown field":  `{"gen":1,"record":{"proto":"tcp"},"extra":1}`,
+		"unknown proto":  `{"gen":1,"record":{"proto":"icmp"}}`,
+		"negative bytes": `{"gen":1,"record":{"proto":"tcp","bytes_in":-1}}`,
+		"two objects":    `{"gen":1,"record":{"proto":"tcp"}}{}`,
+		"bad address":    `{"gen":1,"record":{"proto":"tcp","addr":"nowhere"}}`,
+		"not JSON":       "\x00\x01",
+		"too long":       `{"gen":1,"record":{"proto":"tcp","name":"` + strings.Repeat("a", MaxMessage) + `"}}`,
+	} {
+		if _, _, err := parseRecord([]byte(bad)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestEgressWire: a policy crosses the channel unchanged.
+func TestEgressWire(t *testing.T) {
+	rules, err := netrule.ParseRules([]string{"*.example.com:443", "203.0.113.0/24:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := netrule.Egress{Rules: rules, AllowedRanges: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, MaxConns: 3, MaxBytes: 4, ConnectRate: 5}
+	b, err := json.Marshal(toChild{Gen: 1, Policy: egressToWire(e)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m toChild
+	if err := decodeStrict(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Policy.egress()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, _ := json.Marshal(got)
+	wb, _ := json.Marshal(e)
+	if string(gb) != string(wb) {
+		t.Fatalf("egress after the channel:\n%s\nwant\n%s", gb, wb)
+	}
+}
+
+// TestAttribute: records reach the audit of the policy they name; a
+// record of an unknown policy, or more allowed connections than the
+// policy permits, is the netstack misbehaving.
+func TestAttribute(t *testing.T) {
+	var got []uint64
+	p := &Proc{audits: map[uint64]func(guestnet.Record){
+		1: func(guestnet.Record) { got = append(got, 1) },
+		2: func(guestnet.Record) { got = append(got, 2) },
+	}, limit: newAllowLimit(netrule.Egress{ConnectRate: 10, MaxConns: 2})}
+	if err := p.attribute(1, guestnet.Record{Proto: "dns"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.attribute(2, guestnet.Record{Proto: "tcp"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.attribute(7, guestnet.Record{Proto: "tcp"}); err == nil {
+		t.Error("a record of a policy never sent was accepted")
+	}
+	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		t.Fatalf("audits called %v", got)
+	}
+	// Burst: 2*10/5 + 2 = 6 allowed connections at once, then refused.
+	var err error
+	n := 0
+	for ; n < 100 && err == nil; n++ {
+		err = p.attribute(2, guestnet.Record{Proto: "tcp", Allowed: true})
+	}
+	if err == nil || n != 7 {
+		t.Fatalf("allowed connections: error %v after %d", err, n)
+	}
+	// Refused events and DNS answers are not bounded here (the daemon's
+	// flood gate is).
+	for range 100 {
+		if err := p.attribute(2, guestnet.Record{Proto: "tcp"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func FuzzParseRecord(f *testing.F) {
+	f.Add([]byte(`{"gen":3,"record":{"proto":"tcp","name":"example.com","addr":"93.184.215.14","port":443,"allowed":true}}`))
+	f.Add([]byte(`{"gen":1,"record":{"proto":"dns","addr":"::1"}}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, r, err := parseRecord(b)
+		if err != nil {
+			return
+		}
+		if r.BytesIn < 0 || r.BytesOut < 0 || r.Duration < 0 || (r.Proto != "tcp" && r.Proto != "udp" && r.Proto != "dns") {
+			t.Fatalf("accepted %+v", r)
+		}
+	})
+}
