@@ -80,6 +80,10 @@ type Config struct {
 	// NetHosts pins guest DNS names to addresses (looked up before the
 	// host's resolver; the allowlist and address checks still apply).
 	NetHosts map[string][]netip.Addr
+	// NetstackSocket is where systemd starts the guest networks'
+	// netstacks (vmgated serve --netstack-socket; contrib/systemd/
+	// vmgate-netstack.socket); empty: the daemon jails them itself.
+	NetstackSocket string
 	// SSH, if set, turns the SSH front door on.
 	SSH *sshfront.Config
 	// MaxConnsPerUID bounds one uid's open connections to the socket
@@ -275,7 +279,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	s.policy.Store(pol)
 	s.host, err = vm.NewHost(vm.HostConfig{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, TemplateDir: cfg.TemplateDir,
-		Accel: cfg.Accel, Cgroups: pol.Cgroups(), Network: s.netBase(), PoolSize: cfg.PoolSize, NoTemplate: cfg.NoTemplate, Log: log})
+		Accel: cfg.Accel, Cgroups: pol.Cgroups(), Network: s.netBase(), NetstackSocket: cfg.NetstackSocket, PoolSize: cfg.PoolSize, NoTemplate: cfg.NoTemplate, Log: log})
 	if err != nil {
 		return nil, err
 	}

@@ -58,6 +58,10 @@ type HostConfig struct {
 	// Network is the plumbing of every NIC's network (resolver, log),
 	// with no policy.
 	Network guestnet.Config
+	// NetstackSocket, when set, is where systemd starts the guest
+	// networks' netstacks (vm/netproc Config.Socket); empty: vmgated
+	// jails them itself.
+	NetstackSocket string
 	// PoolSize is how many restored VMs each shape keeps ready.
 	PoolSize int
 	// NoTemplate boots every VM cold.
@@ -122,7 +126,8 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &Host{cfg: cfg, cgroups: cg, digest: m.Artifacts[image.BaseFile].SHA256, log: log, ctx: ctx, cancel: cancel,
 		building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{},
-		base: Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log, Cgroups: cg, TemplateDir: cfg.TemplateDir}}
+		base: Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log, Cgroups: cg, TemplateDir: cfg.TemplateDir,
+			NetstackSocket: cfg.NetstackSocket}}
 	if cfg.NoTemplate {
 		log.Info("VM templates off: every VM boots cold")
 	}

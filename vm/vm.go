@@ -68,6 +68,8 @@ type Options struct {
 	// policy can be replaced later (VM.Network().SetPolicy), as the pool
 	// does when it hands a VM out.
 	Network *guestnet.Config
+	// NetstackSocket: see HostConfig.NetstackSocket.
+	NetstackSocket string
 	// NetworkTimeout bounds the wait, once the agent answers, for a VM
 	// with a NIC to have a usable network (default
 	// DefaultNetworkTimeout); the VM fails with ErrNetworkNotReady
@@ -314,7 +316,7 @@ func (v *VM) startQEMU(opts Options, img *imageFiles, accel Accel, m launchMode)
 		return err
 	}
 	if opts.Network != nil {
-		if err := v.startNetwork(*opts.Network, opts.Seccomp); err != nil {
+		if err := v.startNetwork(*opts.Network, opts); err != nil {
 			return err
 		}
 	}
@@ -397,7 +399,7 @@ type GuestNetwork interface{ SetPolicy(guestnet.Policy) }
 // process (package vm/netproc), except for a Config with Resolve or Dial
 // set: functions cannot cross into another process, so that test
 // plumbing (a fake Internet) runs the network in this process.
-func (v *VM) startNetwork(cfg guestnet.Config, seccompMode string) error {
+func (v *VM) startNetwork(cfg guestnet.Config, opts Options) error {
 	if cfg.Log == nil {
 		cfg.Log = v.log
 	}
@@ -405,9 +407,12 @@ func (v *VM) startNetwork(cfg guestnet.Config, seccompMode string) error {
 		v.log.Warn("RELAXATION: the guest network runs in this process (a Resolve or Dial function is set)")
 		return v.startNetworkHere(cfg)
 	}
-	spec, err := NetstackSpec(seccompMode)
-	if err != nil {
-		return fmt.Errorf("start vm: %w", err)
+	var spec isolate.Spec
+	if opts.NetstackSocket == "" {
+		var err error
+		if spec, err = NetstackSpec(opts.Seccomp); err != nil {
+			return fmt.Errorf("start vm: %w", err)
+		}
 	}
 	ln, err := net.Listen("unix", filepath.Join(v.Dir, NetSocket))
 	if err != nil {
@@ -421,7 +426,7 @@ func (v *VM) startNetwork(cfg guestnet.Config, seccompMode string) error {
 		return fmt.Errorf("start vm: network socket: %w", err)
 	}
 	defer lf.Close()
-	p, err := netproc.Start(netproc.Config{Jail: spec, Hosts: cfg.Hosts, Policy: cfg.Policy, Log: cfg.Log.With("vm", v.ID)}, lf)
+	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: opts.NetstackSocket, Hosts: cfg.Hosts, Policy: cfg.Policy, Log: cfg.Log.With("vm", v.ID)}, lf)
 	if err != nil {
 		return fmt.Errorf("start vm: %w", err)
 	}

@@ -45,6 +45,7 @@ func serve(ctx context.Context, args []string) error {
 	pool := fs.Int("pool", gateway.DefaultPoolSize, "restored VMs to keep ready per VM shape (0: restore on demand)")
 	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
 	netHosts := fs.String("net-hosts", "", "hosts(5)-style file pinning guest DNS names to addresses (checked before the host's resolver)")
+	netstackSocket := fs.String("netstack-socket", "", "SOCK_SEQPACKET socket where systemd starts a netstack per networked VM (vmgate-netstack.socket); default: vmgated jails them itself")
 	var redact multiFlag
 	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
 	var sshListen multiFlag
@@ -79,6 +80,7 @@ func serve(ctx context.Context, args []string) error {
 		cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
 			AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
 	}
+	cfg.NetstackSocket = *netstackSocket
 	if *netHosts != "" {
 		h, err := gateway.LoadHosts(*netHosts)
 		if err != nil {

@@ -67,6 +67,7 @@ var netstackTable = []entry{
 	{name: "setsockopt", why: assumed + ": TCP_NODELAY, keep-alive, SO_BROADCAST of the resolver's UDP"},
 	{name: "sendto", why: assumed + ": the resolver's UDP"},
 	{name: "recvfrom", why: assumed + ": the resolver's UDP"},
+	{name: "recvmsg", why: traced + ": the daemon's first message, which carries QEMU's listening socket (SCM_RIGHTS)"},
 	{name: "shutdown", why: traced + ": half-close of proxied connections"},
 }
 

@@ -3,12 +3,15 @@ package netproc
 import (
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/vm/guestnet"
@@ -17,20 +20,23 @@ import (
 // Role is the re-exec role of the netstack.
 const Role = "netstack"
 
-// The netstack's inherited fds: the channel to the daemon and the
-// listening socket QEMU's stream netdev connects to.
-const (
-	ctlFD    = 4
-	listenFD = 5
-)
+// jailChannelFD is the channel's fd when the daemon jails the netstack
+// itself; a netstack started by systemd's socket activation
+// (vmgate-netstack@.service) is given --channel-fd 0.
+const jailChannelFD = 4
 
 func init() { reexec.Register(Role, child) }
 
 // child is the netstack: it serves one VM's network until the daemon
 // closes the channel.
-func child(_ []string) error {
+func child(args []string) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	cf := os.NewFile(ctlFD, "netstack-channel")
+	fs := flag.NewFlagSet(Role, flag.ContinueOnError)
+	fd := fs.Int("channel-fd", jailChannelFD, "fd of the channel to vmgated")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cf := os.NewFile(uintptr(*fd), "netstack-channel")
 	c, err := net.FileConn(cf)
 	cf.Close()
 	if err != nil {
@@ -40,14 +46,8 @@ func child(_ []string) error {
 	if !ok {
 		return errors.New("channel: not a Unix socket")
 	}
-	lf := os.NewFile(listenFD, "netstack-listener")
-	ln, err := net.FileListener(lf)
-	lf.Close()
-	if err != nil {
-		return fmt.Errorf("listener: %w", err)
-	}
 	buf := make([]byte, MaxMessage+1)
-	first, err := readToChild(ctl, buf)
+	first, ln, err := readStart(ctl, buf)
 	if err != nil {
 		return err
 	}
@@ -110,6 +110,36 @@ func child(_ []string) error {
 }
 
 var errChannelClosed = errors.New("channel closed")
+
+// readStart reads the daemon's first message, which carries the listening
+// socket QEMU connects to as its one fd.
+func readStart(ctl *net.UnixConn, buf []byte) (toChild, net.Listener, error) {
+	oob := make([]byte, unix.CmsgSpace(4))
+	k, oobn, _, _, err := ctl.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return toChild{}, nil, fmt.Errorf("channel: %w", err)
+	}
+	cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(cmsgs) != 1 {
+		return toChild{}, nil, fmt.Errorf("channel: the first message carries no listening socket")
+	}
+	fds, err := unix.ParseUnixRights(&cmsgs[0])
+	if err != nil || len(fds) != 1 {
+		return toChild{}, nil, fmt.Errorf("channel: the first message carries no listening socket")
+	}
+	lf := os.NewFile(uintptr(fds[0]), "netstack-listener")
+	ln, err := net.FileListener(lf)
+	lf.Close()
+	if err != nil {
+		return toChild{}, nil, fmt.Errorf("listener: %w", err)
+	}
+	var m toChild
+	if err := decodeStrict(buf[:k], &m); err != nil {
+		ln.Close()
+		return toChild{}, nil, err
+	}
+	return m, ln, nil
+}
 
 func readToChild(ctl *net.UnixConn, buf []byte) (toChild, error) {
 	var m toChild

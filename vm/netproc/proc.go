@@ -33,6 +33,11 @@ type Config struct {
 	Hosts map[string][]netip.Addr
 	// Policy is the network's first policy.
 	Policy guestnet.Policy
+	// Socket, when set, is where systemd starts a netstack per
+	// connection (contrib/systemd/vmgate-netstack.socket): the
+	// netstack then runs outside this service and its jail is systemd's;
+	// Jail is not used.
+	Socket string
 	Log    *slog.Logger
 }
 
@@ -52,61 +57,31 @@ type Proc struct {
 	audits map[uint64]func(guestnet.Record)
 	limit  *allowLimit
 
-	done    chan struct{} // closed when the netstack has exited
-	closing atomic.Bool
-	once    sync.Once
+	done        chan struct{} // closed when the netstack has exited
+	recordsDone chan struct{} // closed when readRecords returns
+	closing     atomic.Bool
+	once        sync.Once
 }
 
-// Start runs a netstack for the VM whose QEMU connects to ln.
+// Start runs a netstack for the VM whose QEMU connects to ln: a jailed
+// child of this process, or, with cfg.Socket, an instance that systemd
+// starts for the connection to that socket.
 func Start(cfg Config, ln *os.File) (*Proc, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	p := &Proc{log: cfg.Log, audits: map[uint64]func(guestnet.Record){}, done: make(chan struct{}), recordsDone: make(chan struct{})}
+	var err error
+	if cfg.Socket != "" {
+		err = p.connect(cfg.Socket)
+	} else {
+		err = p.spawn(cfg.Jail)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("netstack: channel: %w", err)
+		return nil, err
 	}
-	mine, theirs := os.NewFile(uintptr(fds[0]), "netstack-channel"), os.NewFile(uintptr(fds[1]), "netstack-channel")
-	defer theirs.Close()
-	c, err := net.FileConn(mine)
-	mine.Close()
-	if err != nil {
-		theirs.Close()
-		return nil, fmt.Errorf("netstack: channel: %w", err)
-	}
-	spec := cfg.Jail
-	spec.Program, spec.HostNetwork = "netstack", true
-	spec.Env = []string{reexec.ChildEnv + "=" + Role}
-	j, err := isolate.Command(spec, theirs, ln)
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("netstack: %w", err)
-	}
-	stderr, err := j.Cmd.StderrPipe()
-	if err != nil {
-		c.Close()
-		return nil, fmt.Errorf("netstack: %w", err)
-	}
-	p := &Proc{ctl: c.(*net.UnixConn), jail: j, log: cfg.Log, audits: map[uint64]func(guestnet.Record){}, done: make(chan struct{})}
-	if err := j.Start(nil); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("netstack: %w", err)
-	}
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		p.relayLog(stderr)
-	}()
-	go func() {
-		<-logDone
-		err := j.Cmd.Wait()
-		if !p.closing.Load() {
-			p.log.Error("netstack exited: the VM has no network any more", "err", err)
-		}
-		close(p.done)
-	}()
 	first := toChild{Hosts: cfg.Hosts}
-	if err := p.send(&first, cfg.Policy); err != nil {
+	if err := p.send(&first, cfg.Policy, ln); err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -114,15 +89,75 @@ func Start(cfg Config, ln *os.File) (*Proc, error) {
 	return p, nil
 }
 
+// connect asks systemd for a netstack (vmgate-netstack.socket, Accept=yes):
+// the connection is the channel, and the instance ends with it.
+func (p *Proc) connect(socket string) error {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("netstack: %w", err)
+	}
+	p.ctl = c
+	go func() {
+		// The instance is not this process's child: its end is the
+		// channel's, which readRecords sees.
+		<-p.recordsDone
+		if !p.closing.Load() {
+			p.log.Error("netstack ended its channel: the VM has no network any more")
+		}
+		close(p.done)
+	}()
+	return nil
+}
+
+// spawn starts the netstack as a jailed child of this process.
+func (p *Proc) spawn(spec isolate.Spec) error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("netstack: channel: %w", err)
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "netstack-channel"), os.NewFile(uintptr(fds[1]), "netstack-channel")
+	defer theirs.Close()
+	c, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return fmt.Errorf("netstack: channel: %w", err)
+	}
+	spec.Program, spec.HostNetwork = "netstack", true
+	spec.Env = []string{reexec.ChildEnv + "=" + Role}
+	j, err := isolate.Command(spec, theirs)
+	if err == nil {
+		var stderr io.ReadCloser
+		if stderr, err = j.Cmd.StderrPipe(); err == nil {
+			if err = j.Start(nil); err == nil {
+				p.ctl, p.jail = c.(*net.UnixConn), j
+				go p.waitChild(stderr)
+				return nil
+			}
+		}
+	}
+	c.Close()
+	return fmt.Errorf("netstack: %w", err)
+}
+
+func (p *Proc) waitChild(stderr io.Reader) {
+	p.relayLog(stderr)
+	err := p.jail.Cmd.Wait()
+	if !p.closing.Load() {
+		p.log.Error("netstack exited: the VM has no network any more", "err", err)
+	}
+	close(p.done)
+}
+
 // SetPolicy gives the network a new policy (see guestnet.Network.SetPolicy);
 // its records go to p.Audit from now on.
 func (p *Proc) SetPolicy(pol guestnet.Policy) {
-	if err := p.send(&toChild{}, pol); err != nil {
+	if err := p.send(&toChild{}, pol, nil); err != nil {
 		p.log.Error("netstack: set policy", "err", err)
 	}
 }
 
-func (p *Proc) send(m *toChild, pol guestnet.Policy) error {
+// send sends a policy, and with fd a file along with it.
+func (p *Proc) send(m *toChild, pol guestnet.Policy, fd *os.File) error {
 	p.mu.Lock()
 	p.gen++
 	m.Gen = p.gen
@@ -141,7 +176,11 @@ func (p *Proc) send(m *toChild, pol guestnet.Policy) error {
 	if err != nil {
 		return fmt.Errorf("netstack: %w", err)
 	}
-	if _, err := p.ctl.Write(b); err != nil {
+	var oob []byte
+	if fd != nil {
+		oob = unix.UnixRights(int(fd.Fd()))
+	}
+	if _, _, err := p.ctl.WriteMsgUnix(b, oob, nil); err != nil {
 		return fmt.Errorf("netstack: send policy: %w", err)
 	}
 	return nil
@@ -151,6 +190,7 @@ func (p *Proc) send(m *toChild, pol guestnet.Policy) error {
 // that does not parse, or more allowed connections than its policy lets
 // it make, ends the netstack: it is no longer behaving as the netstack.
 func (p *Proc) readRecords() {
+	defer close(p.recordsDone)
 	buf := make([]byte, MaxMessage+1)
 	for {
 		k, err := p.ctl.Read(buf)
@@ -195,7 +235,10 @@ func (p *Proc) relayLog(r io.Reader) {
 		if n++; n <= maxLogLines {
 			line := sc.Text()
 			level := slog.LevelDebug // its start-up, the jail's filter warnings
-			if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"level":"WARN"`) {
+			// Its own warnings and errors, the jail's failures, and the
+			// error it exits with.
+			if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"level":"WARN"`) ||
+				strings.HasPrefix(line, "vmgate-jail:") || strings.HasPrefix(line, "vmgated ") {
 				level = slog.LevelWarn
 			}
 			p.log.Log(context.Background(), level, "netstack", "line", line)
@@ -206,10 +249,23 @@ func (p *Proc) relayLog(r io.Reader) {
 	_, _ = io.Copy(io.Discard, r) // a line too long ends the scanner; drain
 }
 
-// Pid is the netstack's process id (in the daemon's pid namespace).
-func (p *Proc) Pid() int { return p.jail.Cmd.Process.Pid }
+// Pid is the netstack's process id when it is this process's child, or 0.
+func (p *Proc) Pid() int {
+	if p.jail == nil {
+		return 0
+	}
+	return p.jail.Cmd.Process.Pid
+}
 
+// kill ends a netstack that misbehaves or does not stop: a child is
+// killed; a systemd instance loses its channel, and systemd stops it
+// (vmgate-netstack@.service: the instance exits when the channel ends,
+// and RuntimeMaxSec= bounds one that does not).
 func (p *Proc) kill() {
+	if p.jail == nil {
+		p.ctl.Close()
+		return
+	}
 	if pr := p.jail.Cmd.Process; pr != nil {
 		_ = pr.Kill()
 	}

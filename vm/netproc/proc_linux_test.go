@@ -6,20 +6,23 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/netproc"
 )
 
-// startNetstack runs a real jailed netstack listening where QEMU would
-// connect, with an audit that collects its records.
-func startNetstack(t *testing.T) (*netproc.Proc, string, chan guestnet.Record) {
+// startNetstack runs a real netstack listening where QEMU would
+// connect, with an audit that collects its records: jailed by this
+// process, or started for a connection to socket (as systemd does).
+func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan guestnet.Record) {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	spec, err := vm.NetstackSpec("")
@@ -40,7 +43,7 @@ func startNetstack(t *testing.T) (*netproc.Proc, string, chan guestnet.Record) {
 	}
 	defer lf.Close()
 	recs := make(chan guestnet.Record, 16)
-	p, err := netproc.Start(netproc.Config{Jail: spec, Policy: guestnet.Policy{Audit: func(r guestnet.Record) { recs <- r }}}, lf)
+	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: socket, Policy: guestnet.Policy{Audit: func(r guestnet.Record) { recs <- r }}}, lf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,23 +83,8 @@ func udpFrame(dst netip.Addr, port uint16) []byte {
 // jailed: no capabilities, no_new_privs, a seccomp filter, namespaces of
 // its own except the network's.
 func TestNetstack_ChannelAndJail(t *testing.T) {
-	p, sock, recs := startNetstack(t)
-	qemu, err := net.Dial("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer qemu.Close()
-	if _, err := qemu.Write(guestnet.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), 9999))); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case r := <-recs:
-		if r.Proto != "udp" || r.Allowed || r.Port != 9999 || !strings.Contains(r.Reason, "UDP is not allowed") {
-			t.Fatalf("record %+v", r)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no record of the refused datagram")
-	}
+	p, sock, recs := startNetstack(t, "")
+	guestSends(t, sock, recs)
 	pid := p.Pid()
 	status := testutil.ReadFile(t, fmt.Sprintf("/proc/%d/status", pid))
 	for _, want := range []string{"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
@@ -117,5 +105,68 @@ func TestNetstack_ChannelAndJail(t *testing.T) {
 	// Its root holds no state directory, audit log or image.
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", pid, filepath.Dir(sock))); err == nil {
 		t.Error("the netstack sees the VM directory")
+	}
+}
+
+// guestSends sends a datagram as the guest would, through QEMU's socket,
+// and checks that the netstack's record of it reaches the audit.
+func guestSends(t *testing.T, sock string, recs chan guestnet.Record) {
+	t.Helper()
+	qemu, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { qemu.Close() })
+	if _, err := qemu.Write(guestnet.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), 9999))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-recs:
+		if r.Proto != "udp" || r.Allowed || r.Port != 9999 || !strings.Contains(r.Reason, "UDP is not allowed") {
+			t.Fatalf("record %+v", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no record of the refused datagram")
+	}
+}
+
+// TestNetstack_SocketActivated: a netstack that systemd starts per
+// connection (Accept=yes, StandardInput=socket, --channel-fd 0) gets its
+// listening socket over the channel and reports as a jailed one does;
+// it ends when the daemon closes the channel.
+func TestNetstack_SocketActivated(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(t.TempDir(), "netstack.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	started := make(chan *exec.Cmd, 1)
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		f, _ := c.File()
+		c.Close()
+		cmd := exec.Command(self, "--channel-fd", "0")
+		cmd.Env = []string{reexec.ChildEnv + "=" + netproc.Role}
+		cmd.Stdin, cmd.Stderr = f, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Error(err)
+		}
+		f.Close()
+		started <- cmd
+	}()
+	p, sock, recs := startNetstack(t, socket)
+	guestSends(t, sock, recs)
+	cmd := <-started
+	p.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the instance after its channel closed: %v", err)
 	}
 }
