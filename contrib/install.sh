@@ -141,7 +141,7 @@ else
 fi
 
 echo "== systemd units"
-for u in vmgated.service vmgated.socket; do
+for u in vmgated.service vmgated.socket vmgate-netstack.socket vmgate-netstack@.service; do
     put contrib/systemd/$u /etc/systemd/system/$u 0644 && units_changed=1 && restart=1
 done
 
@@ -215,18 +215,20 @@ elif [ -d /run/systemd/system ]; then
     if [ "$units_changed" = 1 ]; then
         systemctl daemon-reload
     fi
-    for u in vmgated.socket vmgated.service; do
+    for u in vmgated.socket vmgate-netstack.socket vmgated.service; do
         if ! systemctl is-enabled -q $u; then
             systemctl enable -q $u
             note "enabled" "$u"
             changed=1
         fi
     done
-    if ! systemctl is-active -q vmgated.socket; then
-        systemctl start vmgated.socket
-        note "started" vmgated.socket
-        changed=1
-    fi
+    for u in vmgated.socket vmgate-netstack.socket; do
+        if ! systemctl is-active -q $u; then
+            systemctl start $u
+            note "started" $u
+            changed=1
+        fi
+    done
     if systemctl is-active -q vmgated.service; then
         if [ "$restart" = 1 ]; then
             systemctl restart vmgated.service

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Runs the installed vmgated.socket + vmgated.service under a real systemd
+# Runs the installed vmgated.socket + vmgated.service (and
+# vmgate-netstack.socket + vmgate-netstack@.service) under a real systemd
 # (PID 1 of a private pid, mount, uts and ipc namespace) on a machine whose
 # own PID 1 is not systemd (containers, the build machines), and checks
 # that a member of vmgate-users gets a command run through socket
 # activation, the jail and QEMU with every directive of the unit in force.
 #
 #   contrib/systemd/try-under-systemd.sh [COMMAND...]    (root; default: uname -a)
+#
+# VMGATE_TRY_POLICY=FILE runs the service on that policy instead of
+# /etc/vmgate/vmgate.toml: with a network profile the command's VM gets its
+# network from a vmgate-netstack@.service instance (e.g.
+# VMGATE_TRY_POLICY=net.toml contrib/systemd/try-under-systemd.sh ip -4 -o addr).
 #
 # Needs: `make install` done (binaries, user vmgate, image, policy), no
 # vmgated using /var/lib/vmgate, and an unprivileged user in vmgate-users
@@ -44,7 +50,8 @@ for t in sysinit basic sockets multi-user network network-pre network-online shu
     cp /usr/lib/systemd/system/$t.target "$S/units/"
 done
 printf '[Unit]\nDescription=vmgate unit try-out\nWants=vmgated.socket\n' >"$S/units/vmgate-try.target"
-cp contrib/systemd/vmgated.service contrib/systemd/vmgated.socket "$S/etc-units/"
+cp contrib/systemd/vmgated.service contrib/systemd/vmgated.socket \
+    contrib/systemd/vmgate-netstack.socket contrib/systemd/vmgate-netstack@.service "$S/etc-units/"
 # The only addition to the shipped units: no journald in here.
 printf '[Service]\nStandardOutput=append:%s/vmgated.log\nStandardError=append:%s/vmgated.log\n' "$S" "$S" \
     >"$S/etc-units/vmgated.service.d/log.conf"
@@ -54,7 +61,7 @@ chmod 0750 "$S/log"
 mkdir "$S/state/image"
 cp -al /var/lib/vmgate/image/. "$S/state/image/"
 chown root:vmgate "$S/state/image"
-cp /etc/vmgate/vmgate.toml "$S/etc-vmgate/"
+cp "${VMGATE_TRY_POLICY:-/etc/vmgate/vmgate.toml}" "$S/etc-vmgate/vmgate.toml"
 chown -R root:vmgate "$S/etc-vmgate"
 chmod 0750 "$S/etc-vmgate"
 
