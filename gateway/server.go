@@ -336,8 +336,16 @@ func checkConfig(cfg Config) error {
 // policy uses is built on first use.
 func (s *Server) warmShapes(pol *policy.Policy) {
 	s.host.Warm(vm.Shape{MemoryMiB: vm.DefaultMemoryMiB, CPUs: vm.DefaultCPUs, Seccomp: s.seccompMode()})
+	networked := false
 	for _, sh := range pol.Shapes() {
 		s.host.Warm(vm.Shape{MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Seccomp: s.seccompMode(), Network: sh.Network})
+		networked = networked || sh.Network
+	}
+	switch {
+	case networked && s.cfg.NetstackSocket != "":
+		s.log.Info("guest networks: one netstack per VM, started by systemd", "netstack_socket", s.cfg.NetstackSocket)
+	case networked:
+		s.log.Warn("RELAXATION: guest networks: each VM's netstack runs jailed by vmgated in the host's network namespace (it dials the guest's allowed connections); under systemd, --netstack-socket runs them in vmgate-netstack@.service instead")
 	}
 }
 
