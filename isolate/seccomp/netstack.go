@@ -7,16 +7,11 @@ package seccomp
 // outbound TCP connections its policy allows. It opens no files but the
 // resolver's configuration, creates no Unix sockets (the ones it uses are
 // inherited), never execs or forks, and needs no ioctl.
-var netstackTable = []entry{
+var netstackTable = append(glibcStart[:len(glibcStart):len(glibcStart)], []entry{
 	// Process start: the jail's execve of vmgated, ld.so, glibc, the Go
 	// runtime.
 	{name: "execve", why: traced + ": the jail's final exec of vmgated in its netstack role"},
-	{name: "arch_prctl", why: traced + ": ld.so sets the TLS base"},
-	{name: "set_tid_address", why: traced + ": glibc start-up"},
-	{name: "set_robust_list", why: traced + ": glibc start-up"},
-	{name: "rseq", why: traced + ": glibc 2.35+ registers restartable sequences"},
 	{name: "prlimit64", why: traced + ": glibc reads RLIMIT_STACK; the Go runtime raises RLIMIT_NOFILE's soft limit"},
-	{name: "brk", why: traced + ": malloc"},
 	{name: "mmap", why: traced + ": libraries, the Go heap"},
 	{name: "mprotect", why: traced + ": ld.so relocations, thread stack guards"},
 	{name: "munmap", why: assumed},
@@ -69,26 +64,13 @@ var netstackTable = []entry{
 	{name: "recvfrom", why: assumed + ": the resolver's UDP"},
 	{name: "recvmsg", why: traced + ": the daemon's first message, which carries QEMU's listening socket (SCM_RIGHTS)"},
 	{name: "shutdown", why: traced + ": half-close of proxied connections"},
-}
+}...)
 
 // netstackRules is the netstack role's filter.
 func netstackRules(opts Options) (RuleSet, error) {
-	var rs RuleSet
-	var err error
-	if rs.Default, err = defaultAction(opts); err != nil {
+	rs, err := newRuleSet(netstackTable, opts)
+	if err != nil {
 		return rs, err
-	}
-	rs.BadArch = actKill
-	rs.Rules = allowRules(netstackTable, opts)
-	for _, name := range enosysTable {
-		rs.Rules = append(rs.Rules, Rule{Syscall: name, Action: actENOSYS, Why: enosysWhy})
-	}
-	for _, d := range explicitDeny {
-		rs.Rules = append(rs.Rules, Rule{Syscall: d.name, Action: actEPERM, Why: denyWhy + ": " + d.why})
-	}
-	sortRules(rs.Rules)
-	for _, d := range denyTable {
-		rs.Denied = append(rs.Denied, Rule{Syscall: d.name, Action: rs.Default, Why: d.why})
 	}
 	rs.Denied = append(rs.Denied,
 		Rule{Syscall: "socket", Action: rs.Default, Conds: []Cond{{Arg: 0, Op: NotEqual, Value: afINET, Name: "AF_INET"}, {Arg: 0, Op: NotEqual, Value: afINET6, Name: "AF_INET6"}},

@@ -48,17 +48,22 @@ func isNet(o Options) bool { return o.Network }
 func isKVM(o Options) bool { return o.Accel == "kvm" }
 func isIn(o Options) bool  { return o.Incoming }
 
-// allowTable is the allowlist. Every "traced" line was observed in the
-// strace runs recorded in DERIVATION.md; the rest say where they come from.
-var allowTable = []entry{
-	// Process start: the jail's execve of QEMU, then ld.so and glibc.
-	{name: "execve", why: traced + ": the jail's final exec of QEMU; QEMU's -sandbox spawn=deny forbids it afterwards"},
+// glibcStart is what ld.so and glibc call as any dynamically linked
+// program starts, QEMU and vmgated alike.
+var glibcStart = []entry{
 	{name: "arch_prctl", why: traced + ": ld.so sets the TLS base"},
 	{name: "set_tid_address", why: traced + ": glibc start-up"},
 	{name: "set_robust_list", why: traced + ": glibc start-up, every thread"},
 	{name: "rseq", why: traced + ": glibc 2.35+ registers restartable sequences"},
-	{name: "prlimit64", why: traced + ": glibc/QEMU read RLIMIT_STACK, RLIMIT_NOFILE"},
 	{name: "brk", why: traced + ": malloc"},
+}
+
+// allowTable is the allowlist. Every "traced" line was observed in the
+// strace runs recorded in DERIVATION.md; the rest say where they come from.
+var allowTable = append(glibcStart[:len(glibcStart):len(glibcStart)], []entry{
+	// Process start: the jail's execve of QEMU, then ld.so and glibc.
+	{name: "execve", why: traced + ": the jail's final exec of QEMU; QEMU's -sandbox spawn=deny forbids it afterwards"},
+	{name: "prlimit64", why: traced + ": glibc/QEMU read RLIMIT_STACK, RLIMIT_NOFILE"},
 	{name: "mmap", why: traced + ": libraries, guest RAM, TCG code buffer (PROT_EXEC)"},
 	{name: "mprotect", why: traced + ": TCG code buffer, guard pages"},
 	{name: "munmap", why: traced},
@@ -155,7 +160,7 @@ var allowTable = []entry{
 	{name: "ioctl", when: isKVM, alts: [][]Cond{
 		{{Arg: 1, Op: MaskedEqual, Value: kvmIOCType << 8, Mask: 0xff00, Name: "KVMIO<<8 (any KVM ioctl)"}},
 	}, why: kvmWhy + ": /dev/kvm, VM and vCPU fds"},
-}
+}...)
 
 // enosysTable lists syscalls that get ENOSYS whatever the default action,
 // so glibc (2.36 on Debian 12) and QEMU fall back to the older call that
@@ -240,22 +245,9 @@ func Rules(opts Options) (RuleSet, error) {
 	default:
 		return rs, fmt.Errorf("seccomp rules: accel %q (want kvm or tcg): %w", opts.Accel, ErrInvalidOptions)
 	}
-	var err error
-	if rs.Default, err = defaultAction(opts); err != nil {
+	rs, err := newRuleSet(allowTable, opts)
+	if err != nil {
 		return rs, err
-	}
-	rs.BadArch = actKill
-	rs.Rules = allowRules(allowTable, opts)
-	for _, name := range enosysTable {
-		rs.Rules = append(rs.Rules, Rule{Syscall: name, Action: actENOSYS, Why: enosysWhy})
-	}
-	for _, d := range explicitDeny {
-		rs.Rules = append(rs.Rules, Rule{Syscall: d.name, Action: actEPERM, Why: denyWhy + ": " + d.why})
-	}
-	sortRules(rs.Rules)
-
-	for _, d := range denyTable {
-		rs.Denied = append(rs.Denied, Rule{Syscall: d.name, Action: rs.Default, Why: d.why})
 	}
 	rs.Denied = append(rs.Denied,
 		Rule{Syscall: "socket", Action: rs.Default, Conds: []Cond{{Arg: 0, Op: NotEqual, Value: afUNIX, Name: "AF_UNIX"}},
@@ -316,4 +308,28 @@ func allowRules(table []entry, opts Options) []Rule {
 		}
 	}
 	return out
+}
+
+// newRuleSet is the part of a filter that every jailed program shares:
+// the default action, table's allow rules, the ENOSYS and explicit EPERM
+// answers, and the documented denials of denyTable.
+func newRuleSet(table []entry, opts Options) (RuleSet, error) {
+	var rs RuleSet
+	var err error
+	if rs.Default, err = defaultAction(opts); err != nil {
+		return rs, err
+	}
+	rs.BadArch = actKill
+	rs.Rules = allowRules(table, opts)
+	for _, name := range enosysTable {
+		rs.Rules = append(rs.Rules, Rule{Syscall: name, Action: actENOSYS, Why: enosysWhy})
+	}
+	for _, d := range explicitDeny {
+		rs.Rules = append(rs.Rules, Rule{Syscall: d.name, Action: actEPERM, Why: denyWhy + ": " + d.why})
+	}
+	sortRules(rs.Rules)
+	for _, d := range denyTable {
+		rs.Denied = append(rs.Denied, Rule{Syscall: d.name, Action: rs.Default, Why: d.why})
+	}
+	return rs, nil
 }
