@@ -85,7 +85,7 @@ func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
 		return
 	}
-	out := s.listSessions(id.UID)
+	out := s.listSessions(id)
 	if out == nil {
 		out = []wire.Session{}
 	}
@@ -100,7 +100,7 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	}
 	name := r.PathValue("name")
 	s.mu.Lock()
-	ss := s.sessions[sessionKey{id.UID, name}]
+	ss := s.sessions[sessionKey{callerKey(id), name}]
 	s.mu.Unlock()
 	if ss == nil {
 		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q for uid %d", name, id.UID)})

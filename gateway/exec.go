@@ -246,11 +246,8 @@ func (s *Server) sessionNetwork(st *execState, t *vmTarget) error {
 }
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
-	if !st.id.Local() {
-		// Sessions are keyed by uid; an SSH caller has none.
-		return nil, &RequestError{Kind: ErrBadRequest, Msg: "named sessions are for local callers"}
-	}
-	key := sessionKey{st.id.UID, st.req.Session}
+	// Sessions belong to their caller: a uid, or an SSH key.
+	key := sessionKey{callerKey(st.id), st.req.Session}
 	s.mu.Lock()
 	ss := s.sessions[key]
 	if ss != nil {
@@ -290,7 +287,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	}
 	m := t.vm
 	now := time.Now()
-	ss = &session{key: key, profile: v.Profile, vm: m, release: release, created: now, lastUsed: now,
+	ss = &session{key: key, id: st.id, profile: v.Profile, vm: m, release: release, created: now, lastUsed: now,
 		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, busy: true}
 	s.mu.Lock()
 	if other := s.sessions[key]; other != nil {
@@ -303,8 +300,9 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	s.sessions[key] = ss
 	s.mu.Unlock()
 	limitToLifetime(st, ss)
-	uid := key.uid
-	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, RequestID: st.reqID, UID: &uid, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"})
+	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"}
+	setCaller(&rec, st.id)
+	_ = s.audit.Write(rec)
 	t.session, t.done = ss, s.sessionDone(ss)
 	return t, nil
 }

@@ -7,17 +7,21 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 )
 
+// sessionKey names a session: its owner (callerKey: a uid, or an SSH
+// key) and the name the owner gave it. Two callers never share one.
 type sessionKey struct {
-	uid  uint32
-	name string
+	owner string
+	name  string
 }
 
 // session is a VM kept for one caller across commands.
 type session struct {
 	key     sessionKey
+	id      policy.Identity // of the request that created it
 	profile string
 	vm      *vm.VM
 	release func() // its VM slot
@@ -73,9 +77,11 @@ func (s *Server) destroySession(ss *session, why string) {
 	}
 	ss.release()
 	s.flushGated(s.netGate, ss.vm.ID)
-	uid := ss.key.uid
-	_ = s.audit.Write(audit.Record{Kind: audit.KindSession, UID: &uid, Session: ss.key.name, VMID: ss.vm.ID, Profile: ss.profile, Message: "ended: " + why})
-	s.log.Info("session ended", "session", ss.key.name, "uid", uid, "vm", ss.vm.ID, "why", why)
+	rec := audit.Record{Kind: audit.KindSession, Session: ss.key.name, VMID: ss.vm.ID, Profile: ss.profile, Message: "ended: " + why}
+	setCaller(&rec, ss.id)
+	rec.PID = 0 // the creating request's process, not the one ending it
+	_ = s.audit.Write(rec)
+	s.log.Info("session ended", "session", ss.key.name, "owner", ss.key.owner, "vm", ss.vm.ID, "why", why)
 }
 
 func (s *Server) closeAllSessions(why string) {
@@ -127,11 +133,12 @@ func (s *Server) startReaper() func() {
 	return func() { close(stop) }
 }
 
-func (s *Server) listSessions(uid uint32) []wire.Session {
+func (s *Server) listSessions(id policy.Identity) []wire.Session {
+	owner := callerKey(id)
 	s.mu.Lock()
 	var out []wire.Session
 	for k, ss := range s.sessions {
-		if k.uid == uid {
+		if k.owner == owner {
 			out = append(out, ss.info())
 		}
 	}

@@ -358,6 +358,74 @@ func TestGateway_SSH(t *testing.T) {
 		}
 	})
 
+	// llama-server's --tools-runtime ssh:TARGET sends every built-in tool
+	// through ssh as one argument, each word single-quoted
+	// (server-tools.cpp, common/subproc.cpp): replayed here exactly, on a
+	// session login, so that what one call writes a later call reads.
+	llama := func(t *testing.T, key, target, stdin, cwd, toolCmd string) (string, string, int) {
+		t.Helper()
+		words := []string{"timeout", "10s", "sh", "-c", toolCmd}
+		if cwd != "" {
+			words = append([]string{"sh", "-c", `cd "$1" || exit 127; shift; exec "$@"`, "_", cwd}, words...)
+		}
+		args := append(sshArgs(key, "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no"), target, llamaQuote(words))
+		return run(t, stdin, nil, args...)
+	}
+	const session = "session-llama@127.0.0.1"
+	t.Run("llama-server tools on a session login", func(t *testing.T) {
+		steps := []struct {
+			name, stdin, cwd, cmd, want string
+			code                        int
+		}{
+			{"write_file", "hello world\nsecond line\n", "", `mkdir -p "$(dirname '/tmp/work/notes/a.txt')" && cat > '/tmp/work/notes/a.txt'`, "", 0},
+			{"read_file", "", "", `cat -- '/tmp/work/notes/a.txt'`, "hello world\nsecond line\n", 0},
+			{"edit_file (read)", "", "", `cat -- '/tmp/work/notes/a.txt'`, "hello world\nsecond line\n", 0},
+			{"edit_file (write)", "hello there\nsecond line\n", "", `mkdir -p "$(dirname '/tmp/work/notes/a.txt')" && cat > '/tmp/work/notes/a.txt'`, "", 0},
+			{"file_glob_search", "", "", `find '/tmp/work' -name '*.txt'`, "/tmp/work/notes/a.txt\n", 0},
+			{"grep_search", "", "", `grep -rn 'there' '/tmp/work'`, "/tmp/work/notes/a.txt:1:hello there\n", 0},
+			{"get_info uname", "", "", "uname -a", "Linux vmgate ", 0},
+			{"cwd wrapper", "", "/tmp/work/notes", "cat a.txt; pwd", "hello there\nsecond line\n/tmp/work/notes\n", 0},
+			{"cwd absent in the guest", "", "/home/someone/project", "pwd", "", 127},
+			{"exec_shell_command writes state", "", "", "echo 'export X=1' > /tmp/work/env", "", 0},
+			{"a later call reads it", "", "", ". /tmp/work/env; echo $X", "1\n", 0},
+			{"timeout in the VM", "", "", "sleep 30", "", 124},
+		}
+		for _, st := range steps {
+			so, se, code := llama(t, agentKey, session, st.stdin, st.cwd, st.cmd)
+			if code != st.code || !strings.HasPrefix(so, st.want) || (st.want == "" && so != "") {
+				t.Fatalf("%s: code %d stdout %q stderr %q; want code %d, stdout %q", st.name, code, so, se, st.code, st.want)
+			}
+		}
+	})
+	t.Run("a session login belongs to its key", func(t *testing.T) {
+		// The same login with another key, and a plain login with the
+		// same key, see a fresh VM: no file.
+		if so, _, code := llama(t, briefKey, session, "", "", "cat /tmp/work/notes/a.txt"); code == 0 {
+			t.Fatalf("another key read the session's file: %q", so)
+		}
+		if so, _, code := llama(t, agentKey, "agent@127.0.0.1", "", "", "cat /tmp/work/notes/a.txt"); code == 0 {
+			t.Fatalf("a fresh-VM login read the session's file: %q", so)
+		}
+		_, se, code := run(t, "", nil, append(sshArgs(agentKey), "session-../x@127.0.0.1", "true")...)
+		if code != wire.ExitDenied || !strings.Contains(se, "a session name is 1 to 64 of [A-Za-z0-9._-]") {
+			t.Fatalf("a bad session name: code %d stderr %q", code, se)
+		}
+	})
+	t.Run("a shell on a session login attaches to its VM", func(t *testing.T) {
+		w := &sizeWatcher{want: "hello there", seen: make(chan struct{})}
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, sshBin, append(sshArgs(agentKey, "-tt"), session)...)
+		cmd.Stdin = strings.NewReader("cat /tmp/work/notes/a.txt; exit\n")
+		cmd.Stdout, cmd.Stderr = w, w
+		_ = cmd.Run()
+		select {
+		case <-w.seen:
+		default:
+			t.Fatalf("the shell did not see the session's file:\n%s", w.String())
+		}
+	})
+
 	d.StopAndCheck(t)
 	agentFP, narrowFP := ssh.FingerprintSHA256(agentPub), ssh.FingerprintSHA256(narrowPub)
 	var execs, denials, interactive int
@@ -378,8 +446,8 @@ func TestGateway_SSH(t *testing.T) {
 			interactive++
 		}
 	}
-	if execs < 8 || denials != 1 || interactive != 2 {
-		t.Fatalf("audit log: %d exec records with the agent key's fingerprint (want ≥ 8), %d denials of the narrow key (want 1), %d interactive shells (want 2)\n%s",
+	if execs < 8 || denials != 1 || interactive != 3 {
+		t.Fatalf("audit log: %d exec records with the agent key's fingerprint (want ≥ 8), %d denials of the narrow key (want 1), %d interactive shells (want 3)\n%s",
 			execs, denials, interactive, testutil.ReadFile(t, d.AuditPath))
 	}
 	if _, err := audit.VerifyFile(d.AuditPath); err != nil {
@@ -411,4 +479,14 @@ func (w *sizeWatcher) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.buf.String()
+}
+
+// llamaQuote is llama-server's quoting of an ssh command line: every word
+// in single quotes, a single quote written as '\''.
+func llamaQuote(words []string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }

@@ -106,3 +106,28 @@ func mustAtoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
 }
+
+// SessionLoginPrefix is the login name prefix that selects a session:
+// ssh session-NAME@host runs every command of the connection in the key's
+// session NAME (created on first use under the profile's session rules);
+// any other login runs each command in a fresh VM.
+const SessionLoginPrefix = "session-"
+
+// maxSessionName bounds a session name taken from a login.
+const maxSessionName = 64
+
+// SessionFromLogin is the session a login name selects: "" for a login
+// without the prefix, or an error for a name outside [A-Za-z0-9._-]{1,64}
+// (the characters llama-server allows in an SSH target), so that no
+// session name carries anything but those.
+func SessionFromLogin(user string) (string, error) {
+	name, ok := strings.CutPrefix(user, SessionLoginPrefix)
+	if !ok {
+		return "", nil
+	}
+	if name == "" || len(name) > maxSessionName || strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" ||
+		name == "." || name == ".." {
+		return "", fmt.Errorf("login %q: a session name is 1 to %d of [A-Za-z0-9._-]", truncate(user, 80), maxSessionName)
+	}
+	return name, nil
+}

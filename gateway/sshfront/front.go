@@ -397,6 +397,8 @@ func (f *Front) serveConn(c net.Conn, remote string) {
 	id := policy.Identity{SSH: &policy.SSHKey{Profile: ext[extProfile], Fingerprint: ext[extFingerprint], Comment: ext[extComment],
 		User: truncate(conn.User(), 64), RemoteAddr: remote}}
 	noPTY := ext[extNoPTY] != ""
+	var lg login
+	lg.session, lg.err = SessionFromLogin(conn.User())
 	log := f.log.With("remote", remote, "key", id.SSH.Fingerprint)
 	log.Info("ssh connection", "user", id.SSH.User, "comment", id.SSH.Comment, "profile", id.SSH.Profile)
 	go ssh.DiscardRequests(reqs)
@@ -421,7 +423,7 @@ func (f *Front) serveConn(c net.Conn, remote string) {
 		go func() {
 			defer chWG.Done()
 			defer sc.release(f.cfg.IdleTimeout)
-			f.serveChannel(log, id, noPTY, nc)
+			f.serveChannel(log, id, lg, noPTY, nc)
 		}()
 	}
 	log.Debug("ssh connection closed")

@@ -18,6 +18,13 @@ import (
 
 // jobSpec is what a session channel asked for once it sends "exec" or
 // "shell".
+// login is what a connection's login name selects: a session, or an
+// error for a session name that is not one.
+type login struct {
+	session string
+	err     error
+}
+
 type jobSpec struct {
 	command     string // for exec
 	interactive bool   // shell
@@ -30,7 +37,7 @@ type jobSpec struct {
 // through Core.Exec (run), whose outcome is reported as exit-status or
 // exit-signal. The command is killed (and its VM
 // destroyed) when the channel or connection closes.
-func (f *Front) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool, nc ssh.NewChannel) {
+func (f *Front) serveChannel(log *slog.Logger, id policy.Identity, lg login, noPTY bool, nc ssh.NewChannel) {
 	ch, reqs, err := nc.Accept()
 	if err != nil {
 		return
@@ -47,7 +54,7 @@ func (f *Front) serveChannel(log *slog.Logger, id policy.Identity, noPTY bool, n
 	}()
 	select {
 	case job := <-ss.startc:
-		f.run(log, id, ch, job, ss.signals, ss.resize, gone)
+		f.run(log, id, lg, ch, job, ss.signals, ss.resize, gone)
 	case <-gone:
 	case <-time.After(f.cfg.HandshakeTimeout):
 		log.Info("ssh session asked for no command or shell in time, closing it", "timeout", f.cfg.HandshakeTimeout)
@@ -192,8 +199,8 @@ func (ss *session) signal(payload []byte) bool {
 }
 
 // run runs a session channel's command or shell and reports its outcome.
-func (f *Front) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job jobSpec, signals chan string, resize chan wire.TTY, gone <-chan struct{}) {
-	req := &wire.ExecRequest{Env: job.env, Stdin: true, TTY: job.tty}
+func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Channel, job jobSpec, signals chan string, resize chan wire.TTY, gone <-chan struct{}) {
+	req := &wire.ExecRequest{Env: job.env, Stdin: true, TTY: job.tty, Session: lg.session}
 	if job.interactive {
 		req.Argv = append([]string(nil), InteractiveShell...)
 	} else {
@@ -207,6 +214,10 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, ch ssh.Channel, job jo
 		_, _ = io.WriteString(ch.Stderr(), "vmgate: "+msg+nl)
 		_ = ch.CloseWrite()
 		_, _ = ch.SendRequest(sshmsg.ExitStatus, false, ssh.Marshal(sshmsg.ExitStatusMsg{Status: uint32(code)}))
+	}
+	if lg.err != nil {
+		fail(wire.ExitDenied, lg.err.Error())
+		return
 	}
 	if strings.ContainsRune(job.command, 0) {
 		fail(wire.ExitInternal, "the command contains a NUL byte")

@@ -129,3 +129,30 @@ func TestActivityWatch(t *testing.T) {
 		t.Fatalf("idle fired %d times, want once", fired.Load())
 	}
 }
+
+func TestSessionFromLogin(t *testing.T) {
+	tests := []struct {
+		user, session string
+		bad           bool
+	}{
+		{"agent", "", false},
+		{"root", "", false},
+		{"session-work", "work", false},
+		{"session-a.b_c-1", "a.b_c-1", false},
+		{"session-" + strings.Repeat("x", 64), strings.Repeat("x", 64), false},
+		{"session-" + strings.Repeat("x", 65), "", true},
+		{"session-", "", true},
+		{"session-..", "", true},
+		{"session-.", "", true},
+		{"session-a/b", "", true},
+		{"session-a b", "", true},
+		{"session-ä", "", true},
+		{"session-a\x00", "", true},
+	}
+	for _, tt := range tests {
+		got, err := SessionFromLogin(tt.user)
+		if got != tt.session || (err != nil) != tt.bad {
+			t.Errorf("SessionFromLogin(%q) = %q, %v; want %q, error %v", tt.user, got, err, tt.session, tt.bad)
+		}
+	}
+}
