@@ -165,9 +165,16 @@ func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 	s.ran = true
 	s.runCtx = ctx
 	s.mu.Unlock()
-	if _, err := s.c.Status(ctx); err != nil {
-		s.log.Warn("vmgated is not reachable now; tool calls will fail until it is", "err", err)
-	}
+	// The daemon is probed beside serving, never before: a client that
+	// lists tools once at start with a short limit (llama-server: 10 s)
+	// must get its answers while the daemon is still starting.
+	go func() {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := s.c.Status(pctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("vmgated is not reachable now; tool calls will fail until it is", "err", err)
+		}
+	}()
 	err := s.mcp.Run(ctx, t)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		err = nil // asked to stop (signal): not a failure

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -228,5 +229,41 @@ func TestCancel(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// TestAnswersWhileDaemonHangs: initialize and tools/list are answered at
+// once while the daemon accepts connections but does not answer yet (a
+// daemon still starting), not after a probe of it.
+func TestAnswersWhileDaemonHangs(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "slow.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	st, ct := mcp.NewInMemoryTransports()
+	srv := New(Options{Client: client.New(sock), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test"})
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { _ = srv.Run(ctx, st) }()
+	cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "vmgate-test", Version: "0"}, nil).Connect(cctx, ct, nil)
+	if err != nil {
+		t.Fatalf("initialize while the daemon does not answer: %v", err)
+	}
+	defer cs.Close()
+	if tools, err := cs.ListTools(cctx, nil); err != nil || len(tools.Tools) == 0 {
+		t.Fatalf("tools/list while the daemon does not answer: %v", err)
 	}
 }
