@@ -22,6 +22,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/exec", s.handleExec)
 	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
 	mux.HandleFunc("DELETE /v1/sessions/{name}", s.handleEndSession)
+	mux.HandleFunc("POST /v1/sessions/{name}/hold", s.handleHoldSession)
 	mux.HandleFunc("GET /v1/status", s.handleStatus)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
@@ -108,6 +109,38 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	}
 	s.destroySession(ss, "ended by client")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleHoldSession ties a session to the request's connection: the
+// answer's head says it is held, and when the connection closes (its
+// process ended, even by SIGKILL) the session is ended. It returns when
+// the session ends or the daemon stops.
+func (s *Server) handleHoldSession(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	name := r.PathValue("name")
+	s.mu.Lock()
+	ss := s.sessions[sessionKey{callerKey(id), name}]
+	s.mu.Unlock()
+	if ss == nil {
+		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q of this caller", name)})
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, "held\n")
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	select {
+	case <-r.Context().Done():
+		s.destroySession(ss, "its holder went away")
+	case <-ss.ended:
+	case <-s.stopped:
+	}
 }
 
 func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {

@@ -288,7 +288,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	m := t.vm
 	now := time.Now()
 	ss = &session{key: key, id: st.id, profile: v.Profile, vm: m, release: release, created: now, lastUsed: now,
-		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, busy: true}
+		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, busy: true, ended: make(chan struct{})}
 	s.mu.Lock()
 	if other := s.sessions[key]; other != nil {
 		// Two first requests raced: keep the first, drop ours.

@@ -194,6 +194,7 @@ type Server struct {
 	active   int
 	stopping bool
 	idle     chan struct{} // closed when stopping and active reaches 0
+	stopped  chan struct{} // closed when shutdown starts
 
 	mu       sync.Mutex
 	sessions map[sessionKey]*session
@@ -256,7 +257,7 @@ func Run(ctx context.Context, cfg Config) error {
 func New(cfg Config) (_ *Server, err error) {
 	cfg.setDefaults()
 	log := cfg.Log
-	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, idle: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, idle: make(chan struct{}), stopped: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -399,6 +400,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 func (s *Server) shutdown(srv *http.Server) {
 	s.activeMu.Lock()
 	s.stopping = true
+	close(s.stopped)
 	if s.active == 0 {
 		close(s.idle)
 	}

@@ -33,6 +33,7 @@ type session struct {
 	busy     bool
 	lastUsed time.Time
 	closed   bool
+	ended    chan struct{} // closed with closed
 }
 
 func (ss *session) expiry() time.Time {
@@ -66,6 +67,7 @@ func (s *Server) destroySession(ss *session, why string) {
 		return
 	}
 	ss.closed = true
+	close(ss.ended)
 	ss.mu.Unlock()
 	s.mu.Lock()
 	if s.sessions[ss.key] == ss {

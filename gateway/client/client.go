@@ -247,6 +247,30 @@ func (c *Client) EndSession(ctx context.Context, name string) error {
 	return nil
 }
 
+// HoldSession ties the caller's session name to this process: the daemon
+// ends the session when the connection it opens closes, which it does when
+// ctx ends or the process dies (even by SIGKILL). It returns once the
+// daemon holds the session; the hold lasts in the background.
+func (c *Client) HoldSession(ctx context.Context, name string) error {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://vmgated/v1/sessions/"+url.PathEscape(name)+"/hold", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.httpClient().Do(hreq)
+	if err != nil {
+		return fmt.Errorf("hold session %s: %w", name, unwrapDial(c, err))
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return fmt.Errorf("hold session %s: %w", name, apiError(resp))
+	}
+	go func() {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}()
+	return nil
+}
+
 // Status returns the gateway's status document.
 func (c *Client) Status(ctx context.Context) (map[string]any, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -93,7 +93,9 @@ type Server struct {
 	runCtx context.Context
 
 	mu       sync.Mutex
-	sessions map[string]bool // sessions started here and not ended
+	// sessions started here and not ended, each with the end of its hold
+	// (client.HoldSession: the daemon ends it if this process dies).
+	sessions map[string]context.CancelFunc
 	closed   bool            // shutting down: no new sessions
 	ran      bool
 }
@@ -109,7 +111,7 @@ func New(o Options) *Server {
 	if o.EndTimeout <= 0 {
 		o.EndTimeout = 30 * time.Second
 	}
-	s := &Server{c: o.Client, log: o.Log, endTimeout: o.EndTimeout, sessions: map[string]bool{}, runCtx: context.Background()}
+	s := &Server{c: o.Client, log: o.Log, endTimeout: o.EndTimeout, sessions: map[string]context.CancelFunc{}, runCtx: context.Background()}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: Name, Title: "vmgate: commands in disposable VMs", Version: o.Version},
 		&mcp.ServerOptions{Instructions: Instructions, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}})
 	s.mcp.AddTool(&mcp.Tool{
@@ -269,6 +271,7 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest) *mc
 		_ = s.end(name) // the VM may exist if the call failed after creating it
 		return gatewayError(fmt.Errorf("session %q not started: %w", name, err))
 	}
+	s.hold(name)
 	s.log.Info("session started", "session", name, "vm", res.VMID)
 	return textResult(name, false)
 }
@@ -314,7 +317,27 @@ func (s *Server) sessionEnd(ctx context.Context, req *mcp.CallToolRequest) *mcp.
 func (s *Server) has(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.sessions[name]
+	_, ok := s.sessions[name]
+	return ok
+}
+
+// hold ties session name to this process's life (see client.HoldSession):
+// when the process dies, even by SIGKILL as llama-server ends its MCP
+// servers, the daemon ends the session instead of keeping it until its
+// idle timeout.
+func (s *Server) hold(name string) {
+	s.mu.Lock()
+	ctx, cancel := context.WithCancel(s.runCtx)
+	if _, ok := s.sessions[name]; !ok {
+		s.mu.Unlock()
+		cancel()
+		return
+	}
+	s.sessions[name] = cancel
+	s.mu.Unlock()
+	if err := s.c.HoldSession(ctx, name); err != nil {
+		s.log.Warn("session not tied to this process: it outlives it until the daemon's idle timeout", "session", name, "err", err)
+	}
 }
 
 // add records a session about to be created.
@@ -324,16 +347,20 @@ func (s *Server) add(name string) error {
 	switch {
 	case s.closed:
 		return errors.New("the server is shutting down")
-	case s.sessions[name]:
+	}
+	if _, ok := s.sessions[name]; ok {
 		return fmt.Errorf("session %q is already running", name)
 	}
-	s.sessions[name] = true
+	s.sessions[name] = nil
 	return nil
 }
 
 func (s *Server) forget(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if cancel := s.sessions[name]; cancel != nil {
+		cancel()
+	}
 	delete(s.sessions, name)
 }
 

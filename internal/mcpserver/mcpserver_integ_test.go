@@ -202,6 +202,44 @@ func TestMCP_Gateway(t *testing.T) {
 		}
 	})
 	t.Run("vm-exec mcp", func(t *testing.T) { testBinary(t, sock, c) })
+	t.Run("vm-exec mcp killed", func(t *testing.T) { testBinaryKilled(t, sock, c) })
+}
+
+// testBinaryKilled: llama-server ends its MCP servers with SIGKILL, so
+// `vm-exec mcp` cannot end its sessions itself; the daemon ends them when
+// the process's hold on them goes, long before their idle timeout (5m).
+func testBinaryKilled(t *testing.T, sock string, c *client.Client) {
+	dir := os.Getenv("VMGATE_TEST_BIN")
+	if dir == "" {
+		t.Skip("VMGATE_TEST_BIN not set: run the suite with `make test`")
+	}
+	cmd := exec.Command(filepath.Join(dir, "vm-exec"), "mcp")
+	cmd.Env = append(os.Environ(), "VMGATE_SOCKET="+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "vmgate-test", Version: "0"}, nil).
+		Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Minute}, nil)
+	if err != nil {
+		t.Fatalf("connect to vm-exec mcp: %v", err)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: ToolSessionStart, Arguments: map[string]any{"name": "killed-session"}})
+	if err != nil || res.IsError {
+		t.Fatalf("session_start: %v %+v", err, res)
+	}
+	if got := sessionNames(t, c); len(got) != 1 {
+		t.Fatalf("sessions after session_start: %v", got)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cs.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(sessionNames(t, c)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("session still there 30 s after its vm-exec mcp was killed: %v", sessionNames(t, c))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // testBinary runs the built `vm-exec mcp` as an MCP client would: a child
