@@ -92,11 +92,11 @@ type Server struct {
 	// Run before any call is served.
 	runCtx context.Context
 
-	mu       sync.Mutex
+	mu sync.Mutex
 	// sessions started here and not ended, each with the end of its hold
 	// (client.HoldSession: the daemon ends it if this process dies).
 	sessions map[string]context.CancelFunc
-	closed   bool            // shutting down: no new sessions
+	closed   bool // shutting down: no new sessions
 	ran      bool
 }
 
@@ -145,6 +145,7 @@ func New(o Options) *Server {
 			"required":   []string{"session"},
 		},
 	}, s.wrap(s.sessionEnd))
+	s.addFileTools()
 	return s
 }
 
@@ -281,19 +282,8 @@ func (s *Server) sessionExec(ctx context.Context, req *mcp.CallToolRequest) *mcp
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
-	if !s.has(name) {
-		return textResult(fmt.Sprintf("no session %q: start one with %s and use the name it returns", name, ToolSessionStart), true)
-	}
-	// A session the gateway ended (idle timeout, lifetime) would be
-	// re-created empty by the next command under its name: say so instead.
-	existing, err := s.c.Sessions(ctx)
-	if err != nil {
-		return gatewayError(err)
-	}
-	if !slices.ContainsFunc(existing, func(x wire.Session) bool { return x.Name == name }) {
-		s.forget(name)
-		return textResult(fmt.Sprintf("session %q has ended (the operator's idle timeout or maximum lifetime, or ended from outside): "+
-			"its VM and files are gone; start a new one with %s", name, ToolSessionStart), true)
+	if r := s.checkSession(ctx, name); r != nil {
+		return r
 	}
 	return s.outcome(ToolSessionExec, name, shelltool.Run(ctx, s.c, name, a))
 }

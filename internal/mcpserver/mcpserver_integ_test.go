@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,6 +127,35 @@ func TestMCP_Gateway(t *testing.T) {
 	t.Run("denied", func(t *testing.T) {
 		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "echo forbidden-word"})
 		wantText(t, "denied", text, isErr, true, `^vmgate: denied by policy profile mcp-test: rule deny\[0\] no-forbidden: .*\n\[exit code: -1\]$`)
+	})
+	t.Run("session files", func(t *testing.T) {
+		text, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "files"})
+		if isErr || text != "files" {
+			t.Fatalf("session_start: %q", text)
+		}
+		awkward := "line 'one'\n\"two\" $(false) `x` \\n\n"
+		text, isErr = tc.call(t, ToolSessionWriteFile, map[string]any{"session": "files", "path": "/tmp/work/sub/a.txt", "content": awkward})
+		if isErr || !strings.HasPrefix(text, "wrote ") {
+			t.Fatalf("write: %q", text)
+		}
+		if text, isErr = tc.call(t, ToolSessionReadFile, map[string]any{"session": "files", "path": "/tmp/work/sub/a.txt"}); isErr || text != awkward {
+			t.Fatalf("read back: %q (IsError %v), want %q", text, isErr, awkward)
+		}
+		if text, isErr = tc.call(t, ToolSessionWriteFile, map[string]any{"session": "files", "path": "/tmp/work/b.bin", "content": "AAH/", "encoding": "base64"}); isErr {
+			t.Fatalf("binary write: %q", text)
+		}
+		if text, isErr = tc.call(t, ToolSessionReadFile, map[string]any{"session": "files", "path": "/tmp/work/b.bin"}); isErr || text != "[base64]\nAAH/" {
+			t.Fatalf("binary read: %q", text)
+		}
+		// The shell sees the same files.
+		text, _ = tc.call(t, ToolSessionExec, map[string]any{"session": "files", "command": "wc -c < /tmp/work/sub/a.txt"})
+		wantText(t, "wc", text, false, false, fmt.Sprintf(`^%d\n\n\[exit code: 0\]$`, len(awkward)))
+		if text, isErr = tc.call(t, ToolSessionReadFile, map[string]any{"session": "files", "path": "/tmp/work/missing"}); !isErr || !strings.Contains(text, "No such file") {
+			t.Fatalf("missing file: %q (IsError %v)", text, isErr)
+		}
+		if text, isErr = tc.call(t, ToolSessionEnd, map[string]any{"session": "files"}); isErr {
+			t.Fatalf("session_end: %q", text)
+		}
 	})
 	t.Run("session", func(t *testing.T) {
 		name, isErr := tc.call(t, ToolSessionStart, nil)
