@@ -202,7 +202,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	if cpus == 0 {
 		cpus = vm.DefaultCPUs
 	}
-	m, how, err := s.host.Get(ctx, vm.Shape{MemoryMiB: mem, CPUs: cpus, Seccomp: s.seccompMode(), Network: v.Network != nil})
+	m, how, err := s.host.Get(ctx, vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, Seccomp: s.seccompMode(), Network: v.Network != nil})
 	if err != nil {
 		release()
 		return nil, nil, &RequestError{Kind: ErrVMFailed, Msg: "start vm: " + err.Error()}
@@ -443,7 +443,7 @@ type execOutcome struct {
 func (s *Server) auditExec(st *execState, o execOutcome) {
 	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
-		ImageDigest: s.host.ImageDigest(), DurationMS: time.Since(st.start).Milliseconds(),
+		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdinBytes, StdoutSHA256: o.stdoutSHA, StderrSHA256: o.stderrSHA}
 	setCaller(&rec, st.id)
 	if t := o.target; t != nil {

@@ -993,3 +993,64 @@ func TestGateway_CallerFairness(t *testing.T) {
 	}
 	d.StopAndCheck(t)
 }
+
+// TestGateway_NamedImages: profile.image selects the image a VM boots
+// (STATE/images/NAME), and a policy naming an image that is not built is
+// refused at start and at reload, naming the profile and the image.
+func TestGateway_NamedImages(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	pol := func(image string) string {
+		return strings.Replace(testPolicy, `user = "root"`, `user = "root"`+"\nimage = \""+image+"\"", 1)
+	}
+	// Refused at start.
+	dir := t.TempDir()
+	polPath := filepath.Join(dir, "p.toml")
+	if err := os.WriteFile(polPath, []byte(pol("not-built")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := gateway.New(gateway.Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "state"), ImageDir: img,
+		AuditPath: filepath.Join(dir, "audit.jsonl"), PolicyPath: polPath, PolicyExplicit: true, AllowRoot: true, NoTemplate: true})
+	if err == nil || !strings.Contains(err.Error(), `profile "test": image "not-built"`) || !strings.Contains(err.Error(), "vmgated image build --name not-built") {
+		t.Fatalf("a policy naming an image that is not built: %v", err)
+	}
+
+	// A named image: here a copy of the default one (hard links), which
+	// a reload makes the profile's.
+	d := startDaemon(t, nil)
+	copyDir := filepath.Join(d.Config.StateDir, "images", "copy")
+	if err := os.MkdirAll(copyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-al", img+"/.", copyDir).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	if err := os.WriteFile(d.Config.PolicyPath, []byte(pol("copy")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.Reload()
+	res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"echo", "from the copy"}}, nil)
+	if res.ExitCode != 0 || so != "from the copy\n" {
+		t.Fatalf("exec on the named image: %+v %q", res, so)
+	}
+	// Its VMs boot from its own directory: without its disk, they fail,
+	// and the record says which image.
+	if err := os.Remove(filepath.Join(copyDir, "base.qcow2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil); err == nil || !strings.Contains(err.Error(), "copy") {
+		t.Fatalf("exec after the named image's disk was removed: %v", err)
+	}
+	// A reload onto a policy naming a missing image keeps the old one.
+	if err := os.WriteFile(d.Config.PolicyPath, []byte(pol("gone")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.Reload()
+	if _, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil); err == nil || !strings.Contains(err.Error(), "copy") {
+		t.Fatalf("after a refused reload the profile should still use image copy: %v", err)
+	}
+	d.StopAndCheck(t)
+	log := testutil.ReadFile(t, d.AuditPath)
+	if !strings.Contains(log, `"image":"copy"`) || !strings.Contains(log, `policy reload failed`) || !strings.Contains(log, `image \"gone\"`) {
+		t.Errorf("audit log lacks the image name or the refused reload:\n%s", log)
+	}
+}

@@ -287,6 +287,9 @@ func New(cfg Config) (_ *Server, err error) {
 	// Pushed before anything that runs VMs, so it runs after every VM
 	// (sessions, requests) is gone.
 	s.push(s.host.Close)
+	if err := s.checkImages(pol); err != nil {
+		return nil, err
+	}
 	if s.audit, err = audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror()}); err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
@@ -339,7 +342,7 @@ func (s *Server) warmShapes(pol *policy.Policy) {
 	s.host.Warm(vm.Shape{MemoryMiB: vm.DefaultMemoryMiB, CPUs: vm.DefaultCPUs, Seccomp: s.seccompMode()})
 	networked := false
 	for _, sh := range pol.Shapes() {
-		s.host.Warm(vm.Shape{MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Seccomp: s.seccompMode(), Network: sh.Network})
+		s.host.Warm(vm.Shape{Image: sh.Image, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Seccomp: s.seccompMode(), Network: sh.Network})
 		networked = networked || sh.Network
 	}
 	switch {
@@ -465,6 +468,9 @@ func (s *Server) seccompMode() string {
 // leaves the old one in force, logged and audited.
 func (s *Server) Reload() {
 	p, err := loadPolicy(s.cfg, s.log)
+	if err == nil {
+		err = s.checkImages(p)
+	}
 	if err != nil {
 		s.log.Error("policy reload failed, keeping the old policy", "err", err)
 		_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reload failed", Error: err.Error()})
@@ -476,6 +482,28 @@ func (s *Server) Reload() {
 	if s.ssh != nil {
 		s.ssh.Reload(p)
 	}
+}
+
+// checkImages refuses a policy that names an image that is not built: its
+// requests would otherwise fail one by one (or, before images had names,
+// silently run the default image).
+func (s *Server) checkImages(p *policy.Policy) error {
+	var errs []error
+	seen := map[string]error{}
+	for _, pi := range p.Images() {
+		err, ok := seen[pi.Image]
+		if !ok {
+			err = s.host.CheckImage(pi.Image)
+			seen[pi.Image] = err
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("profile %q: %w (build it: vmgated image build --name %s)", pi.Profile, err, pi.Image))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("policy %s: %w", p.Source(), errors.Join(errs...))
+	}
+	return nil
 }
 
 func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {

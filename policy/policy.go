@@ -133,9 +133,26 @@ func (p *Policy) Source() string {
 // Shape is the form of the VMs a profile asks for: a template and a pool
 // serve every profile of one shape.
 type Shape struct {
+	Image     string // the guest image's name (profile.image)
 	MemoryMiB int
 	CPUs      int
 	Network   bool // the VMs have a NIC (network.mode = "allowlist")
+}
+
+// ProfileImage is a profile and the image it names.
+type ProfileImage struct{ Profile, Image string }
+
+// Images lists each profile with the image it names, in profile order:
+// the daemon refuses a policy whose image is not built. It is pure.
+func (p *Policy) Images() []ProfileImage {
+	if p == nil {
+		return nil
+	}
+	var out []ProfileImage
+	for _, prof := range p.profiles {
+		out = append(out, ProfileImage{Profile: prof.name, Image: prof.image})
+	}
+	return out
 }
 
 // Shapes lists the distinct VM shapes of the policy's profiles, in profile
@@ -147,7 +164,7 @@ func (p *Policy) Shapes() []Shape {
 	var out []Shape
 	seen := map[Shape]bool{}
 	for _, prof := range p.profiles {
-		s := Shape{MemoryMiB: prof.limits.MemoryMiB, CPUs: prof.limits.CPUs, Network: prof.net != nil}
+		s := Shape{Image: prof.image, MemoryMiB: prof.limits.MemoryMiB, CPUs: prof.limits.CPUs, Network: prof.net != nil}
 		if !seen[s] {
 			seen[s] = true
 			out = append(out, s)

@@ -10,7 +10,7 @@ func TestShapes(t *testing.T) {
 		name, src string
 		want      []Shape
 	}{
-		{"built-in", string(DefaultTOML()), []Shape{{MemoryMiB: 512, CPUs: 1}}},
+		{"built-in", string(DefaultTOML()), []Shape{{Image: "default", MemoryMiB: 512, CPUs: 1}}},
 		{"distinct and repeated", `version = 1
 [[profile]]
 name = "a"
@@ -27,9 +27,13 @@ match = { uids = [3] }
 mode = "allowlist"
 allow = ["example.com:443"]
 [[profile]]
+name = "e"
+match = { uids = [4] }
+image = "python3"
+[[profile]]
 name = "d"
 match = { any = true }
-`, []Shape{{512, 1, false}, {1024, 2, false}, {512, 1, true}}},
+`, []Shape{{"default", 512, 1, false}, {"default", 1024, 2, false}, {"default", 512, 1, true}, {"python3", 512, 1, false}}},
 	} {
 		got := mustParse(t, c.name, c.src).Shapes()
 		if !reflect.DeepEqual(got, c.want) {
@@ -38,5 +42,9 @@ match = { any = true }
 	}
 	if (*Policy)(nil).Shapes() != nil {
 		t.Error("nil policy has shapes")
+	}
+	imgs := mustParse(t, "images", "version = 1\n[[profile]]\nname = \"a\"\nmatch = { uids = [1] }\nimage = \"ml\"\n[[profile]]\nname = \"b\"\nmatch = { any = true }\n").Images()
+	if want := []ProfileImage{{"a", "ml"}, {"b", "default"}}; !reflect.DeepEqual(imgs, want) {
+		t.Errorf("Images() = %+v, want %+v", imgs, want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"log/slog"
 	"sync"
 	"time"
@@ -48,7 +49,9 @@ type Host struct {
 
 // HostConfig is what a Host is built from.
 type HostConfig struct {
-	ImageDir, StateDir string
+	// ImageDir is the image named DefaultImage; ImagesDir holds the
+	// others, one directory per name (default StateDir/images).
+	ImageDir, ImagesDir, StateDir string
 	// TemplateDir holds the templates (default StateDir/templates).
 	TemplateDir string
 	Accel       Accel
@@ -71,6 +74,9 @@ type HostConfig struct {
 
 // Shape is what VMs of one template share.
 type Shape struct {
+	// Image is the guest image's name: DefaultImage (or "") is
+	// HostConfig.ImageDir, any other NAME is ImagesDir/NAME.
+	Image           string
 	MemoryMiB, CPUs int
 	Seccomp         string // the jail's filter mode
 	Network         bool   // the VMs have a NIC
@@ -137,6 +143,23 @@ func NewHost(cfg HostConfig) (*Host, error) {
 // ImageDigest is the SHA-256 of the base image every VM starts from.
 func (h *Host) ImageDigest() string { return h.digest }
 
+// ImageDigestOf is the SHA-256 of image name's base, or "" when it cannot
+// be read.
+func (h *Host) ImageDigestOf(name string) string {
+	dir, err := h.ImageDir(name)
+	if err != nil {
+		return ""
+	}
+	if dir == h.cfg.ImageDir {
+		return h.digest
+	}
+	m, err := image.ReadManifest(dir)
+	if err != nil {
+		return ""
+	}
+	return m.Artifacts[image.BaseFile].SHA256
+}
+
 // Get returns a fresh VM of the shape and how it was made (FromPool,
 // FromRestore, FromBoot). A restore that fails discards the shape's
 // template (rebuilt on the next request) and the VM boots cold. If ctx
@@ -158,9 +181,52 @@ func (h *Host) Get(ctx context.Context, k Shape) (*VM, string, error) {
 	return m, FromBoot, nil
 }
 
+// DefaultImage is the name of the daemon's own image (--image).
+const DefaultImage = "default"
+
+// ImageDir is the directory of the image name. A name is 1 to 64 of
+// [A-Za-z0-9._-], starting with a letter or digit (as the policy
+// checks): no path can be built from it.
+func (h *Host) ImageDir(name string) (string, error) {
+	if name == "" || name == DefaultImage {
+		return h.cfg.ImageDir, nil
+	}
+	if !image.ValidName(name) {
+		return "", fmt.Errorf("image %q: not an image name", name)
+	}
+	return filepath.Join(h.imagesDir(), name), nil
+}
+
+func (h *Host) imagesDir() string {
+	if h.cfg.ImagesDir != "" {
+		return h.cfg.ImagesDir
+	}
+	return filepath.Join(h.cfg.StateDir, "images")
+}
+
+// CheckImage reports whether image name is built and whole (its files
+// against its manifest, sizes only: a full check reads every byte).
+func (h *Host) CheckImage(name string) error {
+	dir, err := h.ImageDir(name)
+	if err != nil {
+		return err
+	}
+	m, err := image.ReadManifest(dir)
+	if err != nil {
+		return fmt.Errorf("image %q: %w", name, err)
+	}
+	if err := m.Verify(dir, false); err != nil {
+		return fmt.Errorf("image %q: %w", name, err)
+	}
+	return nil
+}
+
 // options returns the VM options of a shape.
 func (h *Host) options(k Shape) Options {
 	opts := h.base
+	if dir, err := h.ImageDir(k.Image); err == nil {
+		opts.ImageDir = dir
+	}
 	opts.MemoryMiB, opts.CPUs, opts.Seccomp = k.MemoryMiB, k.CPUs, k.Seccomp
 	if k.Network {
 		nc := h.cfg.Network

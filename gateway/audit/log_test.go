@@ -312,7 +312,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 		Time: time.Unix(1, 0), Seq: 77, Prev: "caller's", // ignored
 		Kind: KindExec, RequestID: "r", UID: new(uint32(0)), GID: new(uint32(0)), PID: 1, User: "u",
 		Profile: "p", Argv: []string{"<&>"}, Shell: true, Session: "s", Verdict: VerdictAllow,
-		Rule: "ru", Reason: "re", VMID: "vm", ImageDigest: "sha256:x", ExitCode: new(0),
+		Rule: "ru", Reason: "re", VMID: "vm", Image: "img", ImageDigest: "sha256:x", ExitCode: new(0),
 		Signal: "SIGKILL", TimedOut: true, StdoutBytes: 1, StderrBytes: 2, StdinBytes: 3,
 		StdoutSHA256: "o", StderrSHA256: "e", Truncated: true, DurationMS: 4, BootMS: 5,
 		VMStart: "pool", Net: &NetEvent{Proto: "tcp"}, Error: "err", Message: "msg",
@@ -327,7 +327,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 	}
 	keys := slices.Sorted(maps.Keys(obj))
 	want := []string{
-		"argv", "boot_ms", "duration_ms", "error", "exit_code", "gid", "image_digest", "kind", "message", "net",
+		"argv", "boot_ms", "duration_ms", "error", "exit_code", "gid", "image", "image_digest", "kind", "message", "net",
 		"pid", "prev", "profile", "reason", "request_id", "rule", "seq", "session", "shell", "signal",
 		"stderr_bytes", "stderr_sha256", "stdin_bytes", "stdout_bytes", "stdout_sha256", "time",
 		"timed_out", "truncated", "uid", "user", "verdict", "vm_id", "vm_start",

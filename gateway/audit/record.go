@@ -106,8 +106,10 @@ type Record struct {
 	Rule    string  `json:"rule,omitempty"`
 	Reason  string  `json:"reason,omitempty"`
 
-	// VMID and ImageDigest identify the VM and the image it booted.
+	// VMID, Image and ImageDigest identify the VM and the image it
+	// booted (its name, profile.image, and its base's SHA-256).
 	VMID        string `json:"vm_id,omitempty"`
+	Image       string `json:"image,omitempty"`
 	ImageDigest string `json:"image_digest,omitempty"`
 
 	// ExitCode is the command's exit status; nil if it did not exit.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+
+	"github.com/vmgate/vmgate/vm"
 )
 
 // Default system paths (see docs and the systemd units).
@@ -58,3 +60,12 @@ func writable(dir string) bool {
 
 // defaultImageDir is the image directory under the state directory.
 func defaultImageDir(state string) string { return filepath.Join(state, "image") }
+
+// namedImageDir is where image name lives under the state directory (as
+// vm.Host finds it): the default image, or STATE/images/NAME.
+func namedImageDir(state, name string) string {
+	if name == "" || name == vm.DefaultImage {
+		return defaultImageDir(state)
+	}
+	return filepath.Join(state, "images", name)
+}

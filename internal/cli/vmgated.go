@@ -24,7 +24,8 @@ const vmgatedUsage = `usage:
                 [--max-vms N] [--queue N] [--queue-wait D] [--grace D] [--audit-log FILE]
   vmgated policy check FILE
   vmgated audit verify FILE
-  vmgated image build [--out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
+  vmgated image build [--name NAME | --out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
+  vmgated image list [--state-dir DIR] [--image DIR] [--json]
   vmgated image warm [--image DIR] [--state-dir DIR] [--template-dir DIR] [--config FILE | --builtin-policy]
                      [--memory MiB] [--cpus N] [--network]
   vmgated debug run [--image DIR] [--state-dir DIR] [--accel auto|kvm|tcg] [--memory MiB]
@@ -60,6 +61,8 @@ func Vmgated(args []string) int {
 		err = auditVerify(args[2:])
 	case "image build":
 		err = imageBuild(ctx, args[2:])
+	case "image list":
+		err = imageList(args[2:])
 	case "image warm":
 		err = imageWarm(ctx, args[2:])
 	case "debug run":
@@ -114,7 +117,8 @@ func parseLogLevel(s string) (slog.Level, error) {
 func imageBuild(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("vmgated image build", flag.ContinueOnError)
 	state := fs.String("state-dir", defaultStateDir(), "state directory")
-	out := fs.String("out", "", "output directory (default STATE/image)")
+	out := fs.String("out", "", "output directory (default STATE/image, or STATE/images/NAME with --name)")
+	name := fs.String("name", "", "image name for profile.image (default: the default image)")
 	force := fs.Bool("force", false, "rebuild even if an up-to-date image exists")
 	pkgs := fs.String("packages", "", "extra Debian packages, comma-separated")
 	suite := fs.String("suite", image.DefaultSuite, "Debian suite")
@@ -127,11 +131,16 @@ func imageBuild(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(os.Stderr, lvl)
+	if *name != "" && !image.ValidName(*name) {
+		return fmt.Errorf("%w: --name %q: an image name is 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit", errUsage, *name)
+	}
 	if *out == "" {
 		if err := needStateDir(*state); err != nil {
 			return fmt.Errorf("%w (or --out DIR)", err)
 		}
-		*out = defaultImageDir(*state)
+		*out = namedImageDir(*state, *name)
+	} else if *name != "" {
+		return fmt.Errorf("%w: --name and --out both say where the image goes: give one", errUsage)
 	}
 	var extra []string
 	if *pkgs != "" {
