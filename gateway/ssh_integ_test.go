@@ -482,7 +482,7 @@ func (w *sizeWatcher) String() string {
 }
 
 // llamaQuote is llama-server's quoting of an ssh command line: every word
-// in single quotes, a single quote written as '\''.
+// in single quotes, a single quote written as '\”.
 func llamaQuote(words []string) string {
 	q := make([]string, len(words))
 	for i, w := range words {

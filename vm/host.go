@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"time"
 
