@@ -102,6 +102,13 @@ func TestNetstack_ChannelAndJail(t *testing.T) {
 			t.Errorf("%s namespace: netstack %s, this process %s", ns, its, mine)
 		}
 	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid)); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "Rss:") || strings.HasPrefix(l, "Pss:") {
+				t.Logf("netstack %s", strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
 	// Its root holds no state directory, audit log or image.
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d/root%s", pid, filepath.Dir(sock))); err == nil {
 		t.Error("the netstack sees the VM directory")
