@@ -99,6 +99,7 @@ inns setpriv --reuid="$user" --regid="$(id -g "$user")" --init-groups \
     /usr/local/bin/vm-exec --timeout 5m -- "${cmd[@]}" || rc=$?
 echo "+ vm-exec exit code $rc; vmgated.service: $(inns systemctl is-active vmgated.service)"
 echo "+ socket after the service started: $(inns stat -c '%U:%G %a' /run/vmgate/vmgate.sock)"
+echo "+ guest networks started by vmgate-netstack.socket: $(inns systemctl show -p NAccepted --value vmgate-netstack.socket)"
 echo "+ jail of the last VM: $(sed -n 's/.*"jail":"\(.*\)"}$/\1/p' "$S/vmgated.log" | tail -1 | sed 's/\\"/"/g')"
 inns systemctl stop vmgated.service
 left=0
