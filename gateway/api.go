@@ -93,18 +93,27 @@ func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, out)
 }
 
-func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+// callerSession is the caller's session named in the request's path, or
+// nil after an error answer.
+func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session {
 	id, err := identityFrom(r.Context())
 	if err != nil {
 		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
-		return
+		return nil
 	}
 	name := r.PathValue("name")
 	s.mu.Lock()
 	ss := s.sessions[sessionKey{callerKey(id), name}]
 	s.mu.Unlock()
 	if ss == nil {
-		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q for uid %d", name, id.UID)})
+		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q of this caller", name)})
+	}
+	return ss
+}
+
+func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
+	ss := s.callerSession(w, r)
+	if ss == nil {
 		return
 	}
 	s.destroySession(ss, "ended by client")
@@ -116,17 +125,8 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 // process ended, even by SIGKILL) the session is ended. It returns when
 // the session ends or the daemon stops.
 func (s *Server) handleHoldSession(w http.ResponseWriter, r *http.Request) {
-	id, err := identityFrom(r.Context())
-	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
-		return
-	}
-	name := r.PathValue("name")
-	s.mu.Lock()
-	ss := s.sessions[sessionKey{callerKey(id), name}]
-	s.mu.Unlock()
+	ss := s.callerSession(w, r)
 	if ss == nil {
-		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q of this caller", name)})
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
