@@ -94,6 +94,8 @@ type Request struct {
 	// as its user keeps it open. It needs allow_shell and sessions, its
 	// time limit is sessions.max_lifetime (Timeout must be 0) and the
 	// front door ends it after sessions.idle_timeout without traffic.
+	// With Session set (an SSH session login) the shell runs in that
+	// session's VM, which outlives it.
 	Interactive bool
 }
 
@@ -351,8 +353,8 @@ func checkRequest(req *Request) string {
 	if req.Shell && (len(req.Argv) != 3 || req.Argv[0] != "sh" || req.Argv[1] != "-c") {
 		return `malformed shell request: argv must be ["sh", "-c", STRING]`
 	}
-	if req.Interactive && (req.Shell || req.Session != "") {
-		return "malformed interactive request: an interactive shell is neither a shell string nor part of a named session"
+	if req.Interactive && req.Shell {
+		return "malformed interactive request: an interactive shell is not a shell string"
 	}
 	if req.Interactive && req.Timeout != 0 {
 		return "an interactive shell takes no timeout: its limit is the profile's sessions.max_lifetime"

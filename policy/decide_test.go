@@ -463,7 +463,7 @@ func TestDecideSSH(t *testing.T) {
 		{"interactive needs shell", sshID("narrow"), login, false, "narrow", "interactive shells are not allowed"},
 		{"interactive takes no timeout", sshID("agent"), Request{Argv: argv("bash", "-l"), Interactive: true, Timeout: time.Second}, false, "agent", "takes no timeout"},
 		{"interactive is not a shell string", sshID("agent"), Request{Argv: argv("sh", "-c", "x"), Shell: true, Interactive: true}, false, "agent", "malformed interactive"},
-		{"interactive in no named session", sshID("agent"), Request{Argv: argv("bash"), Session: "s", Interactive: true}, false, "agent", "malformed interactive"},
+		{"interactive in a named session", sshID("agent"), Request{Argv: argv("bash", "-l"), Session: "s", Interactive: true}, true, "agent", ""},
 		{"interactive passes deny rules", sshID("agent"), Request{Argv: argv("curl"), Interactive: true}, false, "agent", "deny rule"},
 	}
 	for _, tt := range tests {
