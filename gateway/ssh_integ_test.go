@@ -433,7 +433,7 @@ func TestGateway_SSH(t *testing.T) {
 		if r.SSH == nil {
 			continue
 		}
-		if r.UID != nil || !strings.HasPrefix(r.SSH.Remote, "127.0.0.1:") || r.SSH.User != "agent" {
+		if r.UID != nil || !strings.HasPrefix(r.SSH.Remote, "127.0.0.1:") || (r.SSH.User != "agent" && !strings.HasPrefix(r.SSH.User, sshfront.SessionLoginPrefix)) {
 			t.Errorf("SSH record %+v", r)
 		}
 		switch {
