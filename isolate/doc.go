@@ -51,4 +51,13 @@
 //     call before execve; QEMU then adds its own -sandbox filter (spawn=deny
 //     forbids any further execve).
 //  9. execve QEMU (as PID 1 of the new pid namespace).
+//
+// The same jail runs vmgated's netstack role (Spec.Program "netstack",
+// package vm/netproc): one VM's user-space network, which parses what a
+// hostile guest sends. It differs in three points, each checked by
+// Validate: its seccomp allowlist is its own (a Go program's; socket only
+// AF_INET/AF_INET6), its environment names the role, and it keeps the
+// host's network namespace (Spec.HostNetwork, refused for any other
+// program), since it dials the guest's allowed connections: the one
+// relaxation, documented in docs/security.md and logged by the daemon.
 package isolate
