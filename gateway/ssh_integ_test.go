@@ -410,6 +410,9 @@ func TestGateway_SSH(t *testing.T) {
 		if code != wire.ExitDenied || !strings.Contains(se, "a session name is 1 to 64 of [A-Za-z0-9._-]") {
 			t.Fatalf("a bad session name: code %d stderr %q", code, se)
 		}
+		if !strings.Contains(testutil.ReadFile(t, d.AuditPath), `"reason":"login \"session-../x\": a session name`) {
+			t.Error("the refused login is not in the audit log")
+		}
 	})
 	t.Run("a shell on a session login attaches to its VM", func(t *testing.T) {
 		w := &sizeWatcher{want: "hello there", seen: make(chan struct{})}

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/sshmsg"
 	"github.com/vmgate/vmgate/policy"
@@ -216,6 +217,9 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 		_, _ = ch.SendRequest(sshmsg.ExitStatus, false, ssh.Marshal(sshmsg.ExitStatusMsg{Status: uint32(code)}))
 	}
 	if lg.err != nil {
+		k := id.SSH
+		_ = f.core.Audit(audit.Record{Kind: audit.KindDecision, Verdict: audit.VerdictDeny, Profile: k.Profile, Reason: lg.err.Error(),
+			SSH: &audit.SSHClient{Fingerprint: k.Fingerprint, Comment: k.Comment, User: k.User, Remote: k.RemoteAddr}})
 		fail(wire.ExitDenied, lg.err.Error())
 		return
 	}
