@@ -71,7 +71,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	pools := []map[string]any{}
 	for _, ss := range s.host.Stats() {
 		p := ss.Pool
-		pools = append(pools, map[string]any{"memory_mib": ss.MemoryMiB, "cpus": ss.CPUs, "seccomp": ss.Seccomp, "network": ss.Network,
+		pools = append(pools, map[string]any{"image": ss.Image, "memory_mib": ss.MemoryMiB, "cpus": ss.CPUs, "seccomp": ss.Seccomp, "network": ss.Network,
 			"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk,
 			"restore_handshake_failures": ss.HandshakeFailures})
 	}

@@ -82,6 +82,15 @@ type Shape struct {
 	Network         bool   // the VMs have a NIC
 }
 
+// normal is the shape with its image named: "" and DefaultImage are one
+// image, and must be one template and one pool.
+func (k Shape) normal() Shape {
+	if k.Image == "" {
+		k.Image = DefaultImage
+	}
+	return k
+}
+
 // How a VM came from Get.
 const (
 	FromPool    = "pool"    // ready in the shape's pool
@@ -165,6 +174,7 @@ func (h *Host) ImageDigestOf(name string) string {
 // template (rebuilt on the next request) and the VM boots cold. If ctx
 // ends first, nothing is left running.
 func (h *Host) Get(ctx context.Context, k Shape) (*VM, string, error) {
+	k = k.normal()
 	if !h.cfg.NoTemplate {
 		m, how, err := h.restore(ctx, k)
 		switch {
@@ -238,6 +248,7 @@ func (h *Host) options(k Shape) Options {
 // Warm loads (or builds) the template of a shape and fills its pool, in
 // the background. It does nothing with templates ofh.
 func (h *Host) Warm(k Shape) {
+	k = k.normal()
 	if !h.cfg.NoTemplate {
 		h.entry(k)
 	}
