@@ -80,12 +80,15 @@ func Start(cfg Config, ln *os.File) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Records are read from the start: a netstack reached through the
+	// socket ends (done) only when this reading does, so Close of a
+	// failed start must find it running.
+	go p.readRecords()
 	first := toChild{Hosts: cfg.Hosts}
 	if err := p.send(&first, cfg.Policy, ln); err != nil {
 		p.Close()
 		return nil, err
 	}
-	go p.readRecords()
 	return p, nil
 }
 

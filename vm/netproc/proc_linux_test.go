@@ -177,3 +177,50 @@ func TestNetstack_SocketActivated(t *testing.T) {
 		t.Fatalf("the instance after its channel closed: %v", err)
 	}
 }
+
+// TestNetstack_FailedStartEnds: a start whose first message cannot be
+// sent (here: the listening socket is already closed) fails, and leaves
+// nothing waiting, for a netstack reached through a socket as for a
+// jailed one.
+func TestNetstack_FailedStartEnds(t *testing.T) {
+	testutil.RequiresRoot(t)
+	socket := filepath.Join(t.TempDir(), "netstack.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	spec, err := vm.NetstackSpec("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, sock := range map[string]string{"socket": socket, "jail": ""} {
+		dead, err := os.CreateTemp(t.TempDir(), "closed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead.Close()
+		done := make(chan error, 1)
+		go func() {
+			_, err := netproc.Start(netproc.Config{Jail: spec, Socket: sock}, dead)
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("%s: a start without a listening socket succeeded", name)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: a failed start still waits after 30 s", name)
+		}
+	}
+}
