@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/internal/shelltool"
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // testConn is a Server serving an SDK client over in-memory transports.
@@ -241,16 +242,7 @@ func TestAnswersWhileDaemonHangs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // held open, never answered
-		}
-	}()
+	testutil.HoldConns(t, ln)
 	st, ct := mcp.NewInMemoryTransports()
 	srv := New(Options{Client: client.New(sock), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Version: "test"})
 	ctx, stop := context.WithCancel(context.Background())

@@ -189,16 +189,7 @@ func TestNetstack_FailedStartEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	testutil.HoldConns(t, ln)
 	spec, err := vm.NetstackSpec("")
 	if err != nil {
 		t.Fatal(err)
