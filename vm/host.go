@@ -175,6 +175,9 @@ func (h *Host) ImageDigestOf(name string) string {
 // ends first, nothing is left running.
 func (h *Host) Get(ctx context.Context, k Shape) (*VM, string, error) {
 	k = k.normal()
+	if _, err := h.ImageDir(k.Image); err != nil {
+		return nil, "", err // never the default image in its place
+	}
 	if !h.cfg.NoTemplate {
 		m, how, err := h.restore(ctx, k)
 		switch {
@@ -234,9 +237,8 @@ func (h *Host) CheckImage(name string) error {
 // options returns the VM options of a shape.
 func (h *Host) options(k Shape) Options {
 	opts := h.base
-	if dir, err := h.ImageDir(k.Image); err == nil {
-		opts.ImageDir = dir
-	}
+	// Get and Warm refused a shape whose image name is not one.
+	opts.ImageDir, _ = h.ImageDir(k.Image)
 	opts.MemoryMiB, opts.CPUs, opts.Seccomp = k.MemoryMiB, k.CPUs, k.Seccomp
 	if k.Network {
 		nc := h.cfg.Network
@@ -249,6 +251,10 @@ func (h *Host) options(k Shape) Options {
 // the background. It does nothing with templates ofh.
 func (h *Host) Warm(k Shape) {
 	k = k.normal()
+	if _, err := h.ImageDir(k.Image); err != nil {
+		h.log.Error("not warming a shape", "err", err)
+		return
+	}
 	if !h.cfg.NoTemplate {
 		h.entry(k)
 	}

@@ -15,3 +15,14 @@ func TestShapeNormal(t *testing.T) {
 		t.Fatal("another image is the same shape")
 	}
 }
+
+// TestHost_GetRefusesBadImageName: a shape naming no valid image is an
+// error, never the default image in its place.
+func TestHost_GetRefusesBadImageName(t *testing.T) {
+	h := &Host{cfg: HostConfig{ImageDir: "/nonexistent/default", StateDir: t.TempDir()}}
+	for _, name := range []string{"../x", "a/b", ".hidden"} {
+		if _, _, err := h.Get(t.Context(), Shape{Image: name}); err == nil {
+			t.Errorf("Get with image %q: no error", name)
+		}
+	}
+}
