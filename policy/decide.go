@@ -97,6 +97,17 @@ type Request struct {
 	// With Session set (an SSH session login) the shell runs in that
 	// session's VM, which outlives it.
 	Interactive bool
+	// Puts are the trees copied into the guest before the command, Gets
+	// the number of paths copied out after it. A request in a session may
+	// copy files and run nothing: Argv is then empty, and no argv rule
+	// applies.
+	Puts []Upload
+	Gets int
+}
+
+// transferOnly reports whether req copies files and runs nothing.
+func (req *Request) transferOnly() bool {
+	return len(req.Argv) == 0 && len(req.Puts)+req.Gets > 0
 }
 
 // Limits are the resources a request gets.
@@ -114,6 +125,24 @@ type Limits struct {
 	SessionIdle   time.Duration // idle timeout of a session
 	SessionMax    time.Duration // maximum lifetime of a session
 	AllowSessions bool
+	Files         FileLimits
+}
+
+// FileLimits bound file transfers (vm-exec --put, --get, cp): the content
+// bytes and the entries (files, directories, symlinks) of each tree copied
+// into the guest (Put) or out of it (Get). A zero count allows none.
+type FileLimits struct {
+	PutBytes int64
+	PutFiles int
+	GetBytes int64
+	GetFiles int
+}
+
+// Upload is one tree a request copies into the guest, as the client
+// declares it.
+type Upload struct {
+	Files int
+	Bytes int64
 }
 
 // Verdict is the outcome of [Policy.Decide].
@@ -198,6 +227,9 @@ func (prof *profile) decide(req Request) Verdict {
 		return deny("", reason)
 	}
 
+	if req.transferOnly() {
+		return prof.allowed(req, "files", "file transfer in session "+quoteName(req.Session), timeout)
+	}
 	view := &argvView{argv: req.Argv}
 	for _, r := range prof.deny {
 		if ok, detail := r.match(view); ok {
@@ -222,6 +254,11 @@ func (prof *profile) decide(req Request) Verdict {
 		}
 	}
 
+	return prof.allowed(req, rule, why, timeout)
+}
+
+// allowed is the verdict of an allowed request.
+func (prof *profile) allowed(req Request, rule, why string, timeout time.Duration) Verdict {
 	limits := prof.limits
 	limits.Timeout = timeout
 	var env []string
@@ -316,7 +353,11 @@ func quoteName(s string) string {
 // checkRequest checks the profile-independent shape of req and returns the
 // reason for a denial, or "".
 func checkRequest(req *Request) string {
-	if len(req.Argv) == 0 {
+	if req.transferOnly() {
+		if req.Session == "" || req.Shell || req.Interactive {
+			return "a request without argv copies files in a session, and nothing else"
+		}
+	} else if len(req.Argv) == 0 {
 		return "empty argv"
 	}
 	if len(req.Argv) > MaxArgs {
@@ -347,8 +388,10 @@ func checkRequest(req *Request) string {
 	if total > MaxRequestBytes {
 		return fmt.Sprintf("argv and environment total %d bytes; the limit is %d", total, MaxRequestBytes)
 	}
-	if err := checkProgram(req.Argv[0]); err != nil {
-		return fmt.Sprintf("program %s: %v", quote(req.Argv[0]), err)
+	if len(req.Argv) > 0 {
+		if err := checkProgram(req.Argv[0]); err != nil {
+			return fmt.Sprintf("program %s: %v", quote(req.Argv[0]), err)
+		}
 	}
 	if req.Shell && (len(req.Argv) != 3 || req.Argv[0] != "sh" || req.Argv[1] != "-c") {
 		return `malformed shell request: argv must be ["sh", "-c", STRING]`
@@ -394,6 +437,9 @@ func (prof *profile) check(req *Request) (time.Duration, string) {
 	if req.Interactive && (!prof.allowShell || !prof.limits.AllowSessions) {
 		return 0, "interactive shells are not allowed: the profile needs allow_shell = true and sessions.allowed = true; run a command instead"
 	}
+	if reason := prof.limits.Files.check(req); reason != "" {
+		return 0, reason
+	}
 	timeout := prof.limits.Timeout
 	if req.Interactive {
 		timeout = prof.limits.SessionMax
@@ -429,4 +475,23 @@ func quote(s string) string {
 		cut--
 	}
 	return fmt.Sprintf("%s...(%d bytes)", strconv.Quote(s[:cut]), len(s))
+}
+
+// check returns the reason to refuse req's transfers, or "".
+func (f FileLimits) check(req *Request) string {
+	if len(req.Puts) > 0 && f.PutFiles == 0 {
+		return "copying files into the VM is not allowed (files.put_max_files = 0)"
+	}
+	if req.Gets > 0 && f.GetFiles == 0 {
+		return "copying files out of the VM is not allowed (files.get_max_files = 0)"
+	}
+	for i, u := range req.Puts {
+		switch {
+		case u.Files > f.PutFiles:
+			return fmt.Sprintf("put %d: %d files exceed files.put_max_files = %d", i, u.Files, f.PutFiles)
+		case u.Bytes > f.PutBytes:
+			return fmt.Sprintf("put %d: %s exceed files.put_max_bytes = %s", i, formatSize(u.Bytes), formatSize(f.PutBytes))
+		}
+	}
+	return ""
 }

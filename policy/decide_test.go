@@ -306,6 +306,7 @@ func TestDecideLimits(t *testing.T) {
 		SessionIdle:   5 * time.Minute,
 		SessionMax:    2 * time.Hour,
 		AllowSessions: true,
+		Files:         FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 	}
 	if !v.Allowed || v.Limits != want || v.User != "root" || v.Image != "default" || len(v.Env) != 1 || v.Env[0] != "LANG=C" {
 		t.Fatalf("verdict %+v\nwant limits %+v, user root, image default, env [LANG=C]", v, want)
@@ -552,5 +553,54 @@ func TestCallerLimits(t *testing.T) {
 				t.Errorf("caller limits %d VMs, %d waiting; want %d, %d", v.Limits.CallerVMs, v.Limits.CallerQueue, tt.vms, tt.wait)
 			}
 		})
+	}
+}
+
+func TestDecideTransfers(t *testing.T) {
+	p := mustParse(t, "files.toml", `
+version = 1
+
+[[profile]]
+name = "files"
+match = { users = ["alice"] }
+sessions = { allowed = true }
+files = { put_max_bytes = "1KiB", put_max_files = 3 }
+  [[profile.allow]]
+  name = "only-ls"
+  program = ["ls"]
+
+[[profile]]
+name = "sealed"
+match = { users = ["bob"] }
+sessions = { allowed = true }
+files = { put_max_files = 0, get_max_files = 0 }
+`)
+	alice, bob := Identity{UID: 1, User: "alice"}, Identity{UID: 2, User: "bob"}
+	for _, tc := range []struct {
+		name string
+		id   Identity
+		req  Request
+		ok   bool
+		want string
+	}{
+		{"put with a command", alice, Request{Argv: argv("ls"), Puts: []Upload{{Files: 3, Bytes: 1024}}}, true, ""},
+		{"too many files", alice, Request{Argv: argv("ls"), Puts: []Upload{{Files: 4}}}, false, "files.put_max_files = 3"},
+		{"too many bytes", alice, Request{Argv: argv("ls"), Puts: []Upload{{Files: 1, Bytes: 1025}}}, false, "files.put_max_bytes"},
+		{"transfer only in a session", alice, Request{Session: "s", Gets: 1}, true, "file transfer in session s"},
+		{"transfer only skips argv rules", alice, Request{Session: "s", Puts: []Upload{{Files: 1}}}, true, ""},
+		{"transfer only needs a session", alice, Request{Gets: 1}, false, "copies files in a session"},
+		{"no argv, no transfer", alice, Request{Session: "s"}, false, "empty argv"},
+		{"the command's rules still apply", alice, Request{Argv: argv("rm"), Gets: 1}, false, "no allow rule"},
+		{"puts refused", bob, Request{Argv: argv("ls"), Puts: []Upload{{Files: 1}}}, false, "put_max_files = 0"},
+		{"gets refused", bob, Request{Session: "s", Gets: 1}, false, "get_max_files = 0"},
+	} {
+		v := p.Decide(tc.id, tc.req)
+		if v.Allowed != tc.ok || !strings.Contains(v.Reason, tc.want) {
+			t.Errorf("%s: %+v; want allowed=%v and a reason with %q", tc.name, v, tc.ok, tc.want)
+		}
+	}
+	v := p.Decide(alice, Request{Session: "s", Gets: 1})
+	if v.Rule != "files" || v.Limits.Files != (FileLimits{PutBytes: 1024, PutFiles: 3, GetBytes: 64 << 20, GetFiles: 10000}) {
+		t.Errorf("transfer verdict %+v", v)
 	}
 }

@@ -44,6 +44,14 @@ type settingsDoc struct {
 	Timeout     *timeoutDoc  `toml:"timeout"`
 	Sessions    *sessionsDoc `toml:"sessions"`
 	Network     *networkDoc  `toml:"network"`
+	Files       *filesDoc    `toml:"files"`
+}
+
+type filesDoc struct {
+	PutMaxBytes *sizeValue `toml:"put_max_bytes"`
+	PutMaxFiles *int64     `toml:"put_max_files"`
+	GetMaxBytes *sizeValue `toml:"get_max_bytes"`
+	GetMaxFiles *int64     `toml:"get_max_files"`
 }
 
 type timeoutDoc struct {

@@ -136,6 +136,7 @@ func TestDefaultPolicy(t *testing.T) {
 			SessionIdle:   10 * time.Minute,
 			SessionMax:    time.Hour,
 			AllowSessions: true,
+			Files:         FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 		}
 		if !v.Allowed || v.Profile != "default" || v.Rule != "default" || v.Limits != want || v.User != "agent" || v.Image != "default" {
 			t.Fatalf("Default().Decide(%+v) = %+v", id, v)

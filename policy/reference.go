@@ -319,6 +319,11 @@ var refDefaults = map[string]string{
 	"profile.network.max_bytes":       tomlSize(builtinNetMaxBytes),
 	"profile.network.connect_rate":    strconv.Itoa(builtinNetRate),
 
+	"profile.files.put_max_bytes": tomlSize(builtinFileBytes),
+	"profile.files.put_max_files": strconv.Itoa(builtinFileCount),
+	"profile.files.get_max_bytes": tomlSize(builtinFileBytes),
+	"profile.files.get_max_files": strconv.Itoa(builtinFileCount),
+
 	"profile.deny.name":       "",
 	"profile.deny.program":    "",
 	"profile.deny.args":       "",
@@ -388,6 +393,8 @@ var refDescriptions = map[string]string{
 	"profile.timeout":  "Timeouts of commands.",
 	"profile.sessions": "Sessions: one VM, with its files, kept across commands.",
 	"profile.network":  "The guest's network; docs/network.md has the whole model.",
+	"profile.files": "File transfers: `vm-exec --put`, `--get` and `cp` (docs/files.md). Each tree copied is one tar stream, " +
+		"checked by vmgated entry by entry and audited with its SHA-256.",
 	"profile.deny": "Deny rules, checked first and in order: a request whose argv any of them matches is denied, naming the rule (`deny[0] no-upload`). " +
 		"A rule matches when all of its conditions (`program`, `args`, `args_any`, `args_regex`) match, and needs at least one.",
 	"profile.allow": "Allow rules, with the keys of deny rules, checked after them: if the profile has any, one of them must match, " +
@@ -424,6 +431,13 @@ var refDescriptions = map[string]string{
 	"profile.network.max_bytes": fmt.Sprintf("Bytes per VM, both directions together, from 1 byte to %s. ", formatSize(maxOutputLimit)) +
 		"The connection that crosses it is closed; the VM runs on.",
 	"profile.network.connect_rate": fmt.Sprintf("New connections per minute per VM, 1 to %d, in bursts of up to a tenth of it.", maxNetRate),
+
+	"profile.files.put_max_bytes": fmt.Sprintf("Content bytes of one tree copied into the VM, from 1 byte to %s. ", formatSize(maxOutputLimit)) +
+		"A request that declares more is refused before any VM is touched; a stream that carries more is cut off and nothing of it is kept.",
+	"profile.files.put_max_files": fmt.Sprintf("Entries (files, directories, symlinks) of one tree copied into the VM, 0 to %d; 0 allows no copying in.", maxFileCount),
+	"profile.files.get_max_bytes": fmt.Sprintf("Content bytes of one tree copied out of the VM, from 1 byte to %s. ", formatSize(maxOutputLimit)) +
+		"A guest that sends more (a tar bomb) is cut off at the entry that crosses it, and the client keeps nothing.",
+	"profile.files.get_max_files": fmt.Sprintf("Entries of one tree copied out of the VM, 0 to %d; 0 allows no copying out.", maxFileCount),
 
 	"profile.deny.name": fmt.Sprintf("Name of the rule, optional: 1 to %d of `[a-z0-9-]`, unique among the profile's deny and allow rules. ", maxNameLen) +
 		"Verdicts name the rule by it.",

@@ -87,7 +87,7 @@ func TestReferenceRendered(t *testing.T) {
 		"| `profile.deny.program` | array of strings | `[[profile.deny]]`, `[[profile.allow]]` | — | ",
 		"| `isolate.seccomp` | string | `[isolate]` | `\"required\"` | ",
 		"| `version` | integer | top level | *required* | ",
-		"The `timeout`, `sessions` and `network` tables merge key",
+		"The `timeout`, `sessions`, `network` and `files` tables merge key",
 	} {
 		if !strings.Contains(ref, want) {
 			t.Errorf("reference lacks %q", want)

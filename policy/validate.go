@@ -33,6 +33,8 @@ const (
 	builtinNetMaxConns    = 32
 	builtinNetMaxBytes    = 256 << 20
 	builtinNetRate        = 120
+	builtinFileBytes      = 64 << 20 // files.put_max_bytes, get_max_bytes
+	builtinFileCount      = 10000    // files.put_max_files, get_max_files
 	builtinSeccomp        = "required"
 	builtinCgroups        = "auto"
 )
@@ -48,6 +50,7 @@ const (
 	maxNameLen     = 64
 	maxNetConns    = 4096
 	maxNetRate     = 100000
+	maxFileCount   = 1000000
 )
 
 const (
@@ -231,6 +234,10 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 		SessionIdle:   pick(builtinSessionIdle, s.sessionIdle),
 		SessionMax:    pick(builtinSessionMax, s.sessionMax),
 		AllowSessions: pick(builtinSessions, s.sessions),
+		Files: FileLimits{
+			PutBytes: pick(builtinFileBytes, s.putBytes), PutFiles: pick(builtinFileCount, s.putFiles),
+			GetBytes: pick(builtinFileBytes, s.getBytes), GetFiles: pick(builtinFileCount, s.getFiles),
+		},
 	}
 
 	// A caller gets at most half the profile's VMs unless the policy says
@@ -331,6 +338,8 @@ type settings struct {
 	netMaxConns                *int
 	netMaxBytes                *int64
 	netRate                    *int
+	putBytes, getBytes         *int64
+	putFiles, getFiles         *int
 }
 
 // merge returns s with its unset keys taken from d.
@@ -357,6 +366,10 @@ func (s settings) merge(d settings) settings {
 	m.timeoutMax = first(s.timeoutMax, d.timeoutMax)
 	m.sessionIdle = first(s.sessionIdle, d.sessionIdle)
 	m.sessionMax = first(s.sessionMax, d.sessionMax)
+	m.putBytes = first(s.putBytes, d.putBytes)
+	m.putFiles = first(s.putFiles, d.putFiles)
+	m.getBytes = first(s.getBytes, d.getBytes)
+	m.getFiles = first(s.getFiles, d.getFiles)
 	m.badTimeout = s.badTimeout || d.badTimeout
 	m.badSessions = s.badSessions || d.badSessions
 	return m
@@ -447,7 +460,26 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 	if n := d.Network; n != nil {
 		c.network(label, n, &s)
 	}
+	if f := d.Files; f != nil {
+		s.putBytes = c.size(label, "files.put_max_bytes", f.PutMaxBytes)
+		s.getBytes = c.size(label, "files.get_max_bytes", f.GetMaxBytes)
+		s.putFiles = c.intIn(label, "files.put_max_files", f.PutMaxFiles, 0, maxFileCount)
+		s.getFiles = c.intIn(label, "files.get_max_files", f.GetMaxFiles, 0, maxFileCount)
+	}
 	return s
+}
+
+// size parses an optional size key.
+func (c *compiler) size(label, key string, v *sizeValue) *int64 {
+	if v == nil {
+		return nil
+	}
+	n, err := parseSize(*v)
+	if err != nil {
+		c.errorf("%s: %s %s: %w", label, key, v, err)
+		return nil
+	}
+	return &n
 }
 
 // network validates a [profile.network] (or [defaults.network]) table.

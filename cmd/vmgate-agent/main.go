@@ -22,6 +22,10 @@ func main() {
 	if os.Getpid() == 1 {
 		guestinit.Run() // never returns
 	}
+	if len(os.Args) > 1 {
+		// A file transfer (vm-exec --put/--get), run as a command.
+		os.Exit(agent.Transfer(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

@@ -13,9 +13,21 @@
 // A frame is one type byte, a 4-byte big-endian payload length, and the
 // payload (at most MaxFrame bytes).
 //
-//	client → daemon: 'i' stdin bytes, 'e' stdin EOF, 's' signal name ("INT", "TERM")
-//	daemon → client: 'o' stdout bytes, 'E' stderr bytes, 'r' Result JSON (last),
-//	                 'x' Error JSON (last)
+//	client → daemon: 'p' put tar bytes, 'P' end of one put,
+//	                 'i' stdin bytes, 'e' stdin EOF, 's' signal name ("INT", "TERM")
+//	daemon → client: 'o' stdout bytes, 'E' stderr bytes,
+//	                 'g' get tar bytes, 'G' end of one get (Transfer JSON),
+//	                 'r' Result JSON (last), 'x' Error JSON (last)
+//
+// File transfers: for each ExecRequest.Put, in order and before any stdin
+// frame, the client sends one tar stream as 'p' frames and a 'P' frame;
+// the daemon checks it and relays it into the guest before the command
+// runs. After the command, for each ExecRequest.Get, the daemon sends the
+// checked tar stream of that guest path as 'g' frames and a 'G' frame
+// whose Transfer says whether the stream is complete: a client keeps what
+// it received only when Transfer.Error is empty. A failed put ends the
+// exec with an Error frame (code transfer_failed) before the command; a
+// failed get is reported in its 'G' frame and in Result.Transfers.
 //
 // Closing the connection before the final frame kills the command and its VM.
 package wire
@@ -26,11 +38,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/internal/signum"
+	"github.com/vmgate/vmgate/internal/transfer"
 	"github.com/vmgate/vmgate/internal/sshmsg"
 )
 
@@ -68,7 +82,56 @@ const (
 	FrameStderr   byte = 'E'
 	FrameResult   byte = 'r'
 	FrameError    byte = 'x'
+	FramePut      byte = 'p'
+	FramePutEnd   byte = 'P'
+	FrameGet      byte = 'g'
+	FrameGetEnd   byte = 'G'
 )
+
+// MaxTransfers bounds the puts and gets of one request together.
+const MaxTransfers = 64
+
+// maxGuestPath bounds a transfer's guest path.
+const maxGuestPath = 4096
+
+// PutSpec is one tree to copy into the guest before the command.
+type PutSpec struct {
+	// Guest is the destination, as cp takes it: inside it when it is a
+	// directory or ends in "/", else the tree's new name. Relative paths
+	// are the command's (ExecRequest.Dir, or the user's home).
+	Guest string `json:"guest"`
+	// Top is the name of the tree's first tar entry (the local base name).
+	Top string `json:"top"`
+	// Files and Bytes are what the client will send: entries and content
+	// bytes. The policy refuses a put over its limits before any VM is
+	// touched; the stream is held to the limits too, not to these.
+	Files int   `json:"files"`
+	Bytes int64 `json:"bytes"`
+	// Local is the client's source path, for the audit log only.
+	Local string `json:"local,omitempty"`
+}
+
+// GetSpec is one guest path to copy out after the command.
+type GetSpec struct {
+	Guest string `json:"guest"`
+	// Local is the client's destination, for the audit log only.
+	Local string `json:"local,omitempty"`
+}
+
+// Transfer is the outcome of one put or get.
+type Transfer struct {
+	Direction string `json:"direction"` // "put" or "get"
+	Guest     string `json:"guest"`
+	Files     int    `json:"files"`
+	Bytes     int64  `json:"bytes"`
+	// SHA256 is the hex SHA-256 of the tar stream as relayed; FileSHA256
+	// that of the content when the transfer is one regular file.
+	SHA256     string `json:"sha256,omitempty"`
+	FileSHA256 string `json:"file_sha256,omitempty"`
+	// Error, when set, says why the transfer failed; nothing of it is to
+	// be kept.
+	Error string `json:"error,omitempty"`
+}
 
 // ExecRequest is the body of POST /v1/exec.
 type ExecRequest struct {
@@ -90,6 +153,26 @@ type ExecRequest struct {
 	// TTY runs the command on a pseudo-terminal (stdout and stderr then
 	// arrive merged as stdout frames).
 	TTY *TTY `json:"tty,omitempty"`
+	// Put and Get copy files in before and out after the command (see
+	// the package doc). A request with a Session may carry transfers and
+	// no Argv at all (vm-exec cp).
+	Put []PutSpec `json:"put,omitempty"`
+	Get []GetSpec `json:"get,omitempty"`
+}
+
+// TransferOnly reports whether the request copies files and runs nothing.
+func (r *ExecRequest) TransferOnly() bool {
+	return len(r.Argv) == 0 && len(r.Put)+len(r.Get) > 0
+}
+
+// GetTop is the name of the tree a get of guest path p delivers: its last
+// element, or "" when it has none (".", "/").
+func GetTop(p string) string {
+	top := path.Base(path.Clean(p))
+	if top == "." || top == "/" || top == ".." {
+		return ""
+	}
+	return top
 }
 
 // TTY is a requested terminal.
@@ -117,6 +200,8 @@ type Result struct {
 	VMStart string `json:"vm_start,omitempty"`
 	ExecMS  int64  `json:"exec_ms"`
 	TotalMS int64  `json:"total_ms"`
+	// Transfers lists the request's puts and gets, in order.
+	Transfers []Transfer `json:"transfers,omitempty"`
 }
 
 // ShellExitCode is the command's exit code as a shell reports it: its own,
@@ -146,6 +231,8 @@ const (
 	ExitUnreachable = 204
 	// ExitVMFailed: the VM could not be started or died while running.
 	ExitVMFailed = 205
+	// ExitTransfer: a file transfer (--put, --get, cp) failed.
+	ExitTransfer = 206
 	// ExitUsage: the command line was invalid.
 	ExitUsage = 2
 )
@@ -162,6 +249,8 @@ func (e Error) ExitCode() int {
 		return ExitVMFailed
 	case CodeTimeout:
 		return ExitTimedOut
+	case CodeTransfer:
+		return ExitTransfer
 	}
 	return ExitInternal
 }
@@ -196,6 +285,7 @@ const (
 	CodeInternal   = "internal"
 	CodeNotFound   = "not_found"
 	CodeShutdown   = "shutting_down"
+	CodeTransfer   = "transfer_failed"
 )
 
 // Error is the JSON body of a refusal and the payload of an error frame.
@@ -261,6 +351,39 @@ func WriteJSONFrame(w io.Writer, typ byte, v any) error {
 	return WriteFrame(w, typ, b)
 }
 
+// checkTransfers checks the shape of a request's puts and gets.
+func checkTransfers(req *ExecRequest) error {
+	if n := len(req.Put) + len(req.Get); n > MaxTransfers {
+		return fmt.Errorf("%d transfers; the limit is %d", n, MaxTransfers)
+	}
+	guestOK := func(p string) bool {
+		return p != "" && len(p) <= maxGuestPath && strings.IndexByte(p, 0) < 0
+	}
+	for i, p := range req.Put {
+		switch {
+		case !guestOK(p.Guest):
+			return fmt.Errorf("put %d: guest path empty, over %d bytes or holding a NUL", i, maxGuestPath)
+		case !transfer.ValidTop(p.Top):
+			return fmt.Errorf("put %d: top %q is not one path element", i, p.Top)
+		case p.Files < 1 || p.Bytes < 0:
+			return fmt.Errorf("put %d: %d files and %d bytes declared", i, p.Files, p.Bytes)
+		case len(p.Local) > maxGuestPath:
+			return fmt.Errorf("put %d: local path over %d bytes", i, maxGuestPath)
+		}
+	}
+	for i, g := range req.Get {
+		switch {
+		case !guestOK(g.Guest):
+			return fmt.Errorf("get %d: guest path empty, over %d bytes or holding a NUL", i, maxGuestPath)
+		case GetTop(g.Guest) == "":
+			return fmt.Errorf("get %d: %q names no file or directory to copy", i, g.Guest)
+		case len(g.Local) > maxGuestPath:
+			return fmt.Errorf("get %d: local path over %d bytes", i, maxGuestPath)
+		}
+	}
+	return nil
+}
+
 // DecodeExecRequest parses and checks an exec request body strictly:
 // unknown fields, trailing data and structurally invalid requests are
 // errors. Policy decides everything else.
@@ -277,8 +400,14 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 	if dec.InputOffset() > MaxRequestBody {
 		return nil, fmt.Errorf("exec request: body exceeds %d bytes", MaxRequestBody)
 	}
-	if len(req.Argv) == 0 {
+	if err := checkTransfers(&req); err != nil {
+		return nil, fmt.Errorf("exec request: %w", err)
+	}
+	if len(req.Argv) == 0 && !req.TransferOnly() {
 		return nil, errors.New("exec request: argv is empty")
+	}
+	if req.TransferOnly() && (req.Session == "" || req.Shell || req.TTY != nil || req.Stdin) {
+		return nil, errors.New("exec request: a request without argv copies files in a session, with no shell, tty or stdin")
 	}
 	if req.Shell && len(req.Argv) != 1 {
 		return nil, errors.New("exec request: a shell request carries exactly one string")

@@ -33,6 +33,8 @@
 // returns [NetReadyStatus].
 package agentproto
 
+import "strconv"
+
 // PortName is the virtio-serial port name of the agent channel. The guest
 // finds it under /sys/class/virtio-ports/*/name (udev also links it as
 // /dev/virtio-ports/vmgate.agent).
@@ -135,3 +137,28 @@ type NetReadyStatus struct {
 // answer it with an address; vmgated's network answers it itself with
 // NXDOMAIN and does not audit it.
 const ReadinessName = "ready.vmgate.invalid"
+
+// File transfers (vm-exec --put, --get and cp) run the agent binary as an
+// ordinary command (ExecSpec), with a tar stream on stdin (put) or stdout
+// (get); a refusal is a message on stderr and exit status 1. The
+// subcommands and their flags are built by [PutArgv] and [GetArgv]; the
+// stream's rules are package internal/transfer's.
+const (
+	TransferPut = "put"
+	TransferGet = "get"
+)
+
+// PutArgv is the command that extracts a tar stream whose top is top at
+// dest in the guest, as cp would (inside dest when it is a directory or
+// ends in "/").
+func PutArgv(dest, top string, maxBytes int64, maxFiles int) []string {
+	return []string{AgentBinaryPath, TransferPut, "--top", top, "--max-bytes", strconv.FormatInt(maxBytes, 10),
+		"--max-files", strconv.Itoa(maxFiles), "--", dest}
+}
+
+// GetArgv is the command that writes the tree at path in the guest as a
+// tar stream to stdout.
+func GetArgv(path string, maxBytes int64, maxFiles int) []string {
+	return []string{AgentBinaryPath, TransferGet, "--max-bytes", strconv.FormatInt(maxBytes, 10),
+		"--max-files", strconv.Itoa(maxFiles), "--", path}
+}
