@@ -258,6 +258,7 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 	}
 	signals := make(chan string, 8)
 	clientGone := make(chan struct{})
+	files, puts := newPutPipes(len(st.req.Put))
 	go func() {
 		defer close(clientGone)
 		for {
@@ -266,10 +267,15 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 				if stdinW != nil {
 					stdinW.CloseWithError(errors.New("client disconnected"))
 				}
+				puts.abort(errors.New("client disconnected"))
 				cancel()
 				return
 			}
 			switch typ {
+			case wire.FramePut:
+				puts.write(p)
+			case wire.FramePutEnd:
+				puts.end()
 			case wire.FrameStdin:
 				if stdinW != nil {
 					if _, err := stdinW.Write(p); err != nil {
@@ -294,7 +300,14 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 	sio := execIO{
 		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout, stalled: cancel, stop: s.execCtx},
 		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr, stalled: cancel, stop: s.execCtx},
-		signals: signals, gone: clientGone,
+		signals: signals, gone: clientGone, files: files,
+	}
+	files.getStream = &frameWriter{mu: &mu, w: conn, typ: wire.FrameGet, stalled: cancel, stop: s.execCtx}
+	files.getEnd = func(t wire.Transfer) error {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = conn.SetWriteDeadline(writeDeadline(s.execCtx))
+		return wire.WriteJSONFrame(conn, wire.FrameGetEnd, t)
 	}
 	if stdinR != nil {
 		sio.stdin = stdinR
@@ -305,8 +318,50 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 	defer mu.Unlock()
 	_ = conn.SetWriteDeadline(writeDeadline(s.execCtx))
 	if err != nil {
-		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: wire.CodeVM, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
+		code := wire.CodeVM
+		if te := (*TransferError)(nil); errors.As(err, &te) {
+			code = wire.CodeTransfer
+		}
+		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: code, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
 		return
 	}
 	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res)
+}
+
+// putPipes feeds the client's put frames to the request's puts, one
+// stream after the other.
+type putPipes struct {
+	w   []*io.PipeWriter
+	cur int
+}
+
+func newPutPipes(n int) (*transferIO, *putPipes) {
+	files, pp := &transferIO{}, &putPipes{}
+	for range n {
+		r, w := io.Pipe()
+		files.puts, pp.w = append(files.puts, r), append(pp.w, w)
+	}
+	return files, pp
+}
+
+// write passes on put data; data the daemon no longer reads (a refused
+// put) and data beyond the last put are dropped.
+func (pp *putPipes) write(p []byte) {
+	if pp.cur < len(pp.w) {
+		_, _ = pp.w[pp.cur].Write(p)
+	}
+}
+
+// end ends the current put's stream.
+func (pp *putPipes) end() {
+	if pp.cur < len(pp.w) {
+		pp.w[pp.cur].Close()
+		pp.cur++
+	}
+}
+
+func (pp *putPipes) abort(err error) {
+	for _, w := range pp.w[min(pp.cur, len(pp.w)):] {
+		w.CloseWithError(err)
+	}
 }

@@ -82,6 +82,7 @@ func (s *Server) auditDecision(st *execState) error {
 	}
 	setCaller(&rec, st.id)
 	rec.EnvNames, rec.Dir, rec.TTY = envNames(st.req.Env), st.req.Dir, st.req.TTY != nil
+	rec.Transfers = auditTransfers(st.req, nil)
 	if st.interactive {
 		rec.Message = "interactive shell"
 	}
@@ -123,6 +124,7 @@ func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*v
 	st.verdict = s.policy.Load().Decide(st.id, policy.Request{
 		Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
+		Puts: uploads(st.req.Put), Gets: len(st.req.Get),
 	})
 	if err := s.auditDecision(st); err != nil {
 		return nil, unaudited(err)
@@ -338,6 +340,18 @@ type execIO struct {
 	resize <-chan vm.PTY
 	// gone is closed when the client went away.
 	gone <-chan struct{}
+	// files carries the request's file transfers; nil for a front door
+	// without them (SSH).
+	files *transferIO
+}
+
+// uploads is what a request's puts declare, for the policy.
+func uploads(puts []wire.PutSpec) []policy.Upload {
+	var out []policy.Upload
+	for _, p := range puts {
+		out = append(out, policy.Upload{Files: p.Files, Bytes: p.Bytes})
+	}
+	return out
 }
 
 // runExec runs st's admitted command in target with the front door's
@@ -361,16 +375,29 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 		pty = &vm.PTY{Term: t.Term, Columns: t.Cols, Rows: t.Rows}
 	}
 	t0 := time.Now()
-	res, err := target.vm.Exec(ctx, vm.ExecRequest{PTY: pty,
-		Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
-		Stdin: stdin, Stdout: stdout, Stderr: stderr,
-		Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: sio.signals,
-		Resize: sio.resize,
-	})
+	var transfers []wire.Transfer
+	putErr := s.transfersRun(ctx, st, target, sio.files, true, &transfers)
+	var res *vm.ExecResult
+	var err error
+	if putErr == nil && !st.req.TransferOnly() {
+		res, err = target.vm.Exec(ctx, vm.ExecRequest{PTY: pty,
+			Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
+			Stdin: stdin, Stdout: stdout, Stderr: stderr,
+			Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: sio.signals,
+			Resize: sio.resize,
+		})
+	}
 	execDur := time.Since(t0)
 	// A VM whose QEMU is gone, or whose agent was given up (and the VM
 	// killed), cannot serve a session's next command.
 	vmOK := !errors.Is(err, vm.ErrVMDied) && !errors.Is(err, vm.ErrAgentUnresponsive) && !target.vm.Gone()
+	if putErr == nil && err == nil && vmOK {
+		err = s.transfersRun(ctx, st, target, sio.files, false, &transfers)
+		vmOK = !target.vm.Gone()
+	}
+	if putErr != nil {
+		err = putErr
+	}
 	select {
 	case <-sio.gone:
 		if err == nil {
@@ -383,14 +410,14 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 		s.flushGated(s.netGate, target.vm.ID)
 	}
 	o := execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes.Load(), execDur: execDur,
-		stdoutSHA: stdout.sum(), stderrSHA: stderr.sum()}
+		stdoutSHA: stdout.sum(), stderrSHA: stderr.sum(), transfers: transfers}
 	s.auditExec(st, o)
 	out := result(st, o)
 	if err != nil {
 		log.Warn("exec failed", "err", err)
 		return out, err
 	}
-	log.Info("exec done", "vm", target.vm.ID, "exit", res.ExitCode, "signal", res.Signal, "timed_out", res.TimedOut, "ms", out.TotalMS)
+	log.Info("exec done", "vm", target.vm.ID, "exit", out.ExitCode, "signal", out.Signal, "timed_out", out.TimedOut, "transfers", len(transfers), "ms", out.TotalMS)
 	return out, nil
 }
 
@@ -437,6 +464,7 @@ type execOutcome struct {
 	stdinBytes           int64
 	execDur              time.Duration
 	stdoutSHA, stderrSHA string
+	transfers            []wire.Transfer
 }
 
 // auditExec writes the exec record of an outcome.
@@ -461,6 +489,9 @@ func (s *Server) auditExec(st *execState, o execOutcome) {
 	if o.err != nil {
 		rec.Error = o.err.Error()
 	}
+	if len(o.transfers) > 0 {
+		rec.Transfers = auditTransfers(st.req, o.transfers)
+	}
 	if err := s.audit.Write(rec); err != nil {
 		s.log.Error("audit exec record", "req", st.reqID, "err", err)
 	}
@@ -477,5 +508,6 @@ func result(st *execState, o execOutcome) wire.Result {
 		out.StdoutTruncated, out.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
 		out.StdoutBytes, out.StderrBytes = res.StdoutBytes, res.StderrBytes
 	}
+	out.Transfers = o.transfers
 	return out
 }

@@ -485,3 +485,16 @@ func (v *VM) isDead() bool {
 		return false
 	}
 }
+
+// PutCommand is the guest command that extracts a file transfer's tar
+// stream (on its stdin) at dest, and GetCommand the one that writes the
+// tree at path as a tar stream to its stdout: the agent's put and get
+// (agentproto.PutArgv, GetArgv), run with Exec.
+func PutCommand(dest, top string, maxBytes int64, maxFiles int) []string {
+	return agentproto.PutArgv(dest, top, maxBytes, maxFiles)
+}
+
+// GetCommand: see PutCommand.
+func GetCommand(path string, maxBytes int64, maxFiles int) []string {
+	return agentproto.GetArgv(path, maxBytes, maxFiles)
+}

@@ -137,6 +137,10 @@ type Record struct {
 	// Net describes a KindNet event.
 	Net *NetEvent `json:"net,omitempty"`
 
+	// Transfers are the request's file copies: as requested in its
+	// decision record, with their outcome in its exec record.
+	Transfers []Transfer `json:"transfers,omitempty"`
+
 	// Error describes a failure; Message is free text (daemon events).
 	Error   string `json:"error,omitempty"`
 	Message string `json:"message,omitempty"`
@@ -144,6 +148,21 @@ type Record struct {
 	// Prev is the hex SHA-256 of the previous line without its newline,
 	// or GenesisPrev on the first line.
 	Prev string `json:"prev"`
+}
+
+// Transfer is one tree copied into the guest ("put") or out of it
+// ("get"). Files and Bytes are the client's declaration in a decision
+// record and what was relayed in an exec record; the hashes are those of
+// the relayed tar stream and, for a single file, of its content.
+type Transfer struct {
+	Direction  string `json:"direction"`
+	Guest      string `json:"guest"`
+	Local      string `json:"local,omitempty"`
+	Files      int    `json:"files"`
+	Bytes      int64  `json:"bytes"`
+	SHA256     string `json:"sha256,omitempty"`
+	FileSHA256 string `json:"file_sha256,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // encode returns r as one line, newline included.

@@ -117,14 +117,26 @@ type ExecIO struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
 	Signals        <-chan string
+	// Puts are the tar streams of the request's Put entries, in order;
+	// each is sent to its end before stdin.
+	Puts []io.Reader
+	// Gets take the streams of the request's Get entries, in order. Each
+	// is called with a reader of one get's checked tar stream, which ends
+	// with an error if the daemon reports the get failed: a Get must keep
+	// nothing unless it read the stream to a clean EOF.
+	Gets []func(io.Reader) error
 }
 
 // Exec runs req and streams its I/O. It returns the result record; a
 // non-nil error means the command's outcome is unknown or it never ran.
-// Cancelling ctx closes the connection, which makes the gateway kill the
-// command.
+// A get whose stream a Get refused has its Result.Transfers entry's Error
+// set. Cancelling ctx closes the connection, which makes the gateway kill
+// the command.
 func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*wire.Result, error) {
 	req.Stdin = sio.Stdin != nil
+	if len(sio.Puts) != len(req.Put) || len(sio.Gets) != len(req.Get) {
+		return nil, errors.New("exec: one stream per put and one consumer per get")
+	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
@@ -156,28 +168,53 @@ func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*w
 		defer resp.Body.Close()
 		return nil, apiError(resp)
 	}
+	in := &inputs{conn: conn}
+	go in.send(ctx, sio)
+	res, err := readFrames(br, sio)
+	if lerr := in.failed(); lerr != nil {
+		return nil, lerr // the connection was closed for it
+	}
+	return res, ctxOr(ctx, err)
+}
 
-	var wmu sync.Mutex
-	send := func(typ byte, p []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		return wire.WriteFrame(conn, typ, p)
+// inputs sends the client's frames: puts, then stdin, and signals.
+type inputs struct {
+	conn net.Conn
+	mu   sync.Mutex
+	err  error // a local put stream that failed
+}
+
+func (in *inputs) frame(typ byte, p []byte) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return wire.WriteFrame(in.conn, typ, p)
+}
+
+func (in *inputs) failed() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.err
+}
+
+// stream sends r as frames of type typ; a local read error is returned
+// as such, a write error as nil (the daemon's frames say why).
+func (in *inputs) stream(typ byte, r io.Reader) (localErr error, ok bool) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 && in.frame(typ, buf[:n]) != nil {
+			return nil, false
+		}
+		if errors.Is(err, io.EOF) {
+			return nil, true
+		}
+		if err != nil {
+			return err, false
+		}
 	}
-	if sio.Stdin != nil {
-		go func() {
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := sio.Stdin.Read(buf)
-				if n > 0 && send(wire.FrameStdin, buf[:n]) != nil {
-					return
-				}
-				if err != nil {
-					_ = send(wire.FrameStdinEOF, nil)
-					return
-				}
-			}
-		}()
-	}
+}
+
+func (in *inputs) send(ctx context.Context, sio ExecIO) {
 	if sio.Signals != nil {
 		go func() {
 			for {
@@ -186,17 +223,96 @@ func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*w
 					if !ok {
 						return
 					}
-					_ = send(wire.FrameSignal, []byte(sig))
+					_ = in.frame(wire.FrameSignal, []byte(sig))
 				case <-ctx.Done():
 					return
 				}
 			}
 		}()
 	}
+	for i, p := range sio.Puts {
+		lerr, ok := in.stream(wire.FramePut, p)
+		if lerr != nil {
+			// A put that cannot be read locally cannot be sent whole: the
+			// connection goes, and with it the command and a fresh VM.
+			in.mu.Lock()
+			in.err = fmt.Errorf("exec: put %d: %w", i, lerr)
+			in.mu.Unlock()
+			in.conn.Close()
+			return
+		}
+		if !ok || in.frame(wire.FramePutEnd, nil) != nil {
+			return
+		}
+	}
+	if sio.Stdin != nil {
+		// Stdin ends with an EOF frame whether it reached EOF or failed.
+		_, _ = in.stream(wire.FrameStdin, sio.Stdin)
+		_ = in.frame(wire.FrameStdinEOF, nil)
+	}
+}
+
+// gets feeds get frames to the ExecIO's consumers, one get after another.
+type gets struct {
+	sio     ExecIO
+	cur     int
+	pw      *io.PipeWriter
+	done    chan error
+	results []error // of the consumers, by get
+}
+
+func (g *gets) data(p []byte) {
+	if g.cur >= len(g.sio.Gets) {
+		return
+	}
+	if g.pw == nil {
+		pr, pw := io.Pipe()
+		g.pw, g.done = pw, make(chan error, 1)
+		consume := g.sio.Gets[g.cur]
+		go func() {
+			err := consume(pr)
+			pr.CloseWithError(errors.New("the get's consumer stopped reading"))
+			g.done <- err
+		}()
+	}
+	_, _ = g.pw.Write(p)
+}
+
+// end ends the current get with the daemon's outcome t.
+func (g *gets) end(t wire.Transfer) {
+	if g.cur >= len(g.sio.Gets) {
+		return
+	}
+	var err error
+	switch {
+	case g.pw == nil && t.Error == "":
+		err = errors.New("no data")
+	case g.pw != nil:
+		if t.Error != "" {
+			g.pw.CloseWithError(errors.New(t.Error))
+		} else {
+			g.pw.Close()
+		}
+		err = <-g.done
+	}
+	if t.Error != "" {
+		err = nil // the daemon's reason is the one to report
+	}
+	g.results = append(g.results, err)
+	g.pw, g.cur = nil, g.cur+1
+}
+
+// readFrames reads the daemon's frames until the final one.
+func readFrames(br *bufio.Reader, sio ExecIO) (*wire.Result, error) {
+	g := &gets{sio: sio}
 	for {
 		typ, p, err := wire.ReadFrame(br)
 		if err != nil {
-			return nil, ctxOr(ctx, fmt.Errorf("exec: connection to vmgated lost: %w", err))
+			if g.pw != nil {
+				g.pw.CloseWithError(err)
+				<-g.done
+			}
+			return nil, fmt.Errorf("exec: connection to vmgated lost: %w", err)
 		}
 		switch typ {
 		case wire.FrameStdout:
@@ -207,11 +323,20 @@ func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*w
 			if sio.Stderr != nil {
 				_, _ = sio.Stderr.Write(p)
 			}
+		case wire.FrameGet:
+			g.data(p)
+		case wire.FrameGetEnd:
+			var t wire.Transfer
+			if err := json.Unmarshal(p, &t); err != nil {
+				return nil, fmt.Errorf("exec: bad get end frame: %w", err)
+			}
+			g.end(t)
 		case wire.FrameResult:
 			var r wire.Result
 			if err := json.Unmarshal(p, &r); err != nil {
 				return nil, fmt.Errorf("exec: bad result frame: %w", err)
 			}
+			g.apply(&r)
 			return &r, nil
 		case wire.FrameError:
 			var e wire.Error
@@ -220,6 +345,21 @@ func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*w
 			}
 			return nil, &ExecFailedError{Body: e}
 		}
+	}
+}
+
+// apply records the consumers' errors in r's gets.
+func (g *gets) apply(r *wire.Result) {
+	i := 0
+	for j := range r.Transfers {
+		t := &r.Transfers[j]
+		if t.Direction != "get" {
+			continue
+		}
+		if i < len(g.results) && g.results[i] != nil && t.Error == "" {
+			t.Error = g.results[i].Error()
+		}
+		i++
 	}
 }
 

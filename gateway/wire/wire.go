@@ -44,8 +44,8 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/signum"
-	"github.com/vmgate/vmgate/internal/transfer"
 	"github.com/vmgate/vmgate/internal/sshmsg"
+	"github.com/vmgate/vmgate/internal/transfer"
 )
 
 // DefaultSocket is the daemon's socket when none is configured; clients

@@ -116,10 +116,7 @@ func ValidTop(name string) bool {
 // entry's type: tar.TypeReg, TypeDir or TypeSymlink. Limits count h.
 func (c *checker) check(h *tar.Header) (byte, error) {
 	name := strings.TrimSuffix(h.Name, "/")
-	typ := h.Typeflag
-	if typ == tar.TypeRegA { //nolint:staticcheck // old archives still use it
-		typ = tar.TypeReg
-	}
+	typ := h.Typeflag // archive/tar reads an old TypeRegA as TypeReg
 	switch {
 	case len(name) > maxName || strings.ContainsRune(name, 0):
 		return 0, refused(name[:min(len(name), 64)], "name longer than %d bytes or holding a NUL", maxName)

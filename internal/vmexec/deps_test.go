@@ -24,6 +24,7 @@ var clientPackages = []string{
 	"github.com/vmgate/vmgate/gateway/wire",
 	"github.com/vmgate/vmgate/internal/signum",
 	"github.com/vmgate/vmgate/internal/sshmsg",
+	"github.com/vmgate/vmgate/internal/transfer",
 }
 
 func TestClientDependencies(t *testing.T) {

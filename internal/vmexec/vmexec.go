@@ -28,6 +28,7 @@ import (
 
 const vmexecUsage = `usage: vm-exec [flags] [--] PROG ARGS…
        vm-exec [flags] -c 'SHELL STRING'
+       vm-exec [--session NAME] cp LOCAL NAME:GUESTPATH | cp NAME:GUESTPATH LOCAL
        vm-exec --list-sessions | --end-session NAME
        vm-exec mcp [--socket PATH]     (an MCP server on stdin/stdout; docs/agents.md)
 Runs PROG in a fresh disposable VM (or in session NAME) through vmgated.
@@ -41,8 +42,12 @@ Flags:
                     terminal on stdin, the local terminal is put in raw mode meanwhile
   -C DIR            working directory in the guest
   -e KEY=VALUE      environment variable (repeatable; the policy must allow it)
+  --put LOCAL:GUESTPATH  copy a file or directory into the VM before the command (repeatable)
+  --get GUESTPATH:LOCAL  copy a file or directory out of the VM after it (repeatable)
+  cp copies in a session, as docker cp does (":GUESTPATH" with --session); see docs/files.md.
 Exit status: the command's, 128+N for signal N, or
-  201 denied by policy, 202 busy, 203 timed out, 204 gateway unreachable, 205 VM failure, 200 other.
+  201 denied by policy, 202 busy, 203 timed out, 204 gateway unreachable, 205 VM failure,
+  206 file transfer failed (after a command that succeeded), 200 other.
 `
 
 // multiFlag collects a repeatable flag.
@@ -59,6 +64,7 @@ type vmexecOpts struct {
 	tty                                     bool
 	env                                     multiFlag
 	argv                                    []string
+	puts, gets                              []copySpec
 }
 
 // parseVMExec parses the vm-exec command line (pure; fuzzed).
@@ -77,8 +83,25 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	fs.StringVar(&o.shell, "c", "", "")
 	fs.StringVar(&o.dir, "C", "", "")
 	fs.Var(&o.env, "e", "")
+	var puts, gets multiFlag
+	fs.Var(&puts, "put", "")
+	fs.Var(&gets, "get", "")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	for _, v := range puts {
+		p, err := parsePut(v)
+		if err != nil {
+			return nil, err
+		}
+		o.puts = append(o.puts, p)
+	}
+	for _, v := range gets {
+		g, err := parseGet(v)
+		if err != nil {
+			return nil, err
+		}
+		o.gets = append(o.gets, g)
 	}
 	o.argv = fs.Args()
 	shellSet := false
@@ -96,6 +119,16 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 		o.shellMode = true
 	case len(o.argv) == 0:
 		return nil, errors.New("no command given")
+	}
+	// `cp` with one guest side is vmgate's copy (`vm-exec -- cp` never is).
+	if dashdash := len(args) > len(o.argv) && args[len(args)-len(o.argv)-1] == "--"; !dashdash && !o.shellMode {
+		cp, err := parseCp(o)
+		if err != nil {
+			return nil, err
+		}
+		if cp && (len(puts)+len(gets) > 0 || o.tty || o.forceStdin || o.jsonOut) {
+			return nil, errors.New("cp takes no --put, --get, -t, -i or --json")
+		}
 	}
 	if o.timeout < 0 {
 		return nil, errors.New("--timeout must not be negative")
@@ -182,13 +215,17 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode,
 		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds()}
 	var sio client.ExecIO
+	if err := addTransfers(o, &req, &sio); err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
+		return wire.ExitTransfer
+	}
 	var outBuf, errBuf bytes.Buffer
 	if o.jsonOut {
 		sio.Stdout, sio.Stderr = &outBuf, &errBuf
 	} else {
 		sio.Stdout, sio.Stderr = os.Stdout, os.Stderr
 	}
-	if o.forceStdin || !term.IsTerminal(int(os.Stdin.Fd())) {
+	if len(o.argv) > 0 && (o.forceStdin || !term.IsTerminal(int(os.Stdin.Fd()))) {
 		sio.Stdin = os.Stdin
 	}
 	if o.tty {
@@ -234,6 +271,7 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	if res.TimedOut {
 		code = wire.ExitTimedOut
 	}
+	code = reportTransfers(res, code)
 	if o.jsonOut {
 		out := struct {
 			*wire.Result

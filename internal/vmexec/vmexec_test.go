@@ -27,6 +27,12 @@ var parseCases = []struct {
 	{[]string{"--end-session", "s1"}, nil, false, false},
 	{[]string{"--session", "s1", "-e", "A=1", "-e", "B=2", "env"}, []string{"env"}, false, false},
 	{[]string{"--nonsense", "true"}, nil, false, true},
+	{[]string{"cp", "a", "b"}, []string{"cp", "a", "b"}, false, false},
+	{[]string{"--", "cp", "a", "s:/b"}, []string{"cp", "a", "s:/b"}, false, false},
+	{[]string{"cp", "a", ":/b"}, nil, false, true},
+	{[]string{"--session", "t", "cp", "a", "s:/b"}, nil, false, true},
+	{[]string{"--put", "nocolon", "true"}, nil, false, true},
+	{[]string{"--get", ":x", "true"}, nil, false, true},
 }
 
 func TestParseVMExec(t *testing.T) {
@@ -62,11 +68,35 @@ func FuzzParseVMExec(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !o.list && o.endSession == "" && len(o.argv) == 0 {
+		if !o.list && o.endSession == "" && len(o.argv) == 0 && (o.session == "" || len(o.puts)+len(o.gets) != 1) {
 			t.Fatalf("accepted %q without a command", args)
 		}
 		if o.shellMode && len(o.argv) != 1 {
 			t.Fatalf("shell mode with argv %q", o.argv)
 		}
 	})
+}
+
+func TestParseTransfers(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		session    string
+		puts, gets []copySpec
+		argv       []string
+	}{
+		{[]string{"--put", "./src:/work/", "--put", "a:b:/c", "--get", "/out/x:./x", "--get", "/y:C:/z", "make"}, "",
+			[]copySpec{{"./src", "/work/"}, {"a:b", "/c"}}, []copySpec{{"./x", "/out/x"}, {"C:/z", "/y"}}, []string{"make"}},
+		{[]string{"cp", "./report.txt", "s1:/tmp/"}, "s1", []copySpec{{"./report.txt", "/tmp/"}}, nil, nil},
+		{[]string{"--session", "s1", "cp", ":/var/log/app", "logs"}, "s1", nil, []copySpec{{"logs", "/var/log/app"}}, nil},
+		{[]string{"--session", "s1", "cp", "./a:b", "/c"}, "s1", nil, nil, []string{"cp", "./a:b", "/c"}},
+	} {
+		o, err := parseVMExec(tc.args)
+		if err != nil {
+			t.Errorf("%q: %v", tc.args, err)
+			continue
+		}
+		if o.session != tc.session || !reflect.DeepEqual(o.puts, tc.puts) || !reflect.DeepEqual(o.gets, tc.gets) || !reflect.DeepEqual(o.argv, tc.argv) {
+			t.Errorf("%q: session %q puts %v gets %v argv %q", tc.args, o.session, o.puts, o.gets, o.argv)
+		}
+	}
 }

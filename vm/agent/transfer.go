@@ -46,7 +46,8 @@ func Transfer(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s %s: %v\n", op, target, err)
+		fmt.Fprintln(stderr, err) // the host names the transfer
+
 		return 1
 	}
 	return 0
