@@ -8,7 +8,8 @@ TEST_TIMEOUT ?= 45m
 
 # Debian packages needed to build images, run VMs and run the tests.
 DEB_PACKAGES = qemu-system-x86 qemu-utils mmdebstrap e2fsprogs libseccomp-dev \
-               ca-certificates gcc make cpio systemd iproute2 openssh-client
+               ca-certificates gcc make cpio systemd iproute2 openssh-client \
+               busybox-static
 
 .PHONY: all build deps image demo install test unit lint clean
 

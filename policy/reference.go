@@ -368,7 +368,7 @@ var refDescriptions = map[string]string{
 	"profile.match": "Whom the profile applies to. A caller matches when any of its keys matches; at least one key is required. " +
 		"Usually inline: `match = { groups = [\"vmgate-agents\"] }`.",
 	"profile.image": "Name of the guest image: 1 to 64 of `[A-Za-z0-9._-]`, starting with a letter or digit. " +
-		"`default` is the daemon's image (`vmgated serve --image`); any other NAME is `STATE/images/NAME`, built with `vmgated image build --name NAME` " +
+		"`default` is the daemon's image (`vmgated serve --image`); any other NAME is `STATE/images/NAME`, built with `vmgated image build --name NAME` or imported with `vmgated image import --name NAME ROOTFS.tar` " +
 		"(`vmgated image list` shows them). Each image has its own templates and pools; vmgated refuses a policy naming an image that is not built, at start and at reload.",
 	"profile.user": fmt.Sprintf("Guest user that commands run as: `%q`, unprivileged, or `%q`, a relaxation that lets commands change the (disposable) guest system.",
 		userAgent, userRoot),

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/vmgate/vmgate/vm/agent"
+	"github.com/vmgate/vmgate/vm/agentproto"
 	"github.com/vmgate/vmgate/vm/guestinit"
 )
 
@@ -20,6 +22,9 @@ var version = "dev"
 
 func main() {
 	if os.Getpid() == 1 {
+		if filepath.Base(os.Args[0]) == agentproto.RootInitName {
+			guestinit.RunRoot() // an imported root's init; never returns
+		}
 		guestinit.Run() // never returns
 	}
 	if len(os.Args) > 1 {

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -108,4 +110,69 @@ func templateDigests(dir string) map[string]int {
 		}
 	}
 	return out
+}
+
+// imageTarget is where an image goes: --out, or the state directory's
+// place for --name (the default image without one).
+func imageTarget(state, out, name string) (string, error) {
+	if name != "" && !image.ValidName(name) {
+		return "", fmt.Errorf("%w: --name %q: an image name is 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit", errUsage, name)
+	}
+	if out != "" {
+		if name != "" {
+			return "", fmt.Errorf("%w: --name and --out both say where the image goes: give one", errUsage)
+		}
+		return out, nil
+	}
+	if err := needStateDir(state); err != nil {
+		return "", fmt.Errorf("%w (or --out DIR)", err)
+	}
+	return namedImageDir(state, name), nil
+}
+
+// imageImport runs `vmgated image import`: an image from a root file
+// system tarball (docker export), for profile.image.
+func imageImport(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("vmgated image import", flag.ContinueOnError)
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	out := fs.String("out", "", "output directory (default STATE/images/NAME)")
+	name := fs.String("name", "", "image name for profile.image")
+	force := fs.Bool("force", false, "import again even if an up-to-date image exists")
+	agent := fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)")
+	diskMiB := fs.Int("disk-size", 4096, "guest root filesystem size in MiB")
+	level := fs.String("log-level", "info", "log level")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("%w: want one root file system tarball after the flags", errUsage)
+	}
+	if *name == "" && *out == "" {
+		return fmt.Errorf("%w: give the image a --name (profiles select it with image = \"NAME\")", errUsage)
+	}
+	lvl, err := parseLogLevel(*level)
+	if err != nil {
+		return err
+	}
+	if *out, err = imageTarget(*state, *out, *name); err != nil {
+		return err
+	}
+	log := newLogger(os.Stderr, lvl)
+	var progress io.Writer
+	if isTerminal(os.Stderr) {
+		progress = os.Stderr
+		log = newLogger(io.Discard, lvl)
+	}
+	res, err := image.Import(ctx, image.ImportOptions{OutDir: *out, Tarball: fs.Arg(0), AgentPath: *agent,
+		DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress})
+	if err != nil {
+		return err
+	}
+	state2 := "imported"
+	if res.Cached {
+		state2 = "up to date"
+	}
+	m := res.Manifest
+	fmt.Printf("image %s: %s (kernel %s, %d packages, base.qcow2 %d MiB)\n", state2, *out, m.KernelVersion, len(m.Packages), m.Artifacts[image.BaseFile].Size>>20)
+	return nil
 }

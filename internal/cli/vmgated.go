@@ -25,6 +25,7 @@ const vmgatedUsage = `usage:
   vmgated policy check FILE
   vmgated audit verify FILE
   vmgated image build [--name NAME | --out DIR] [--force] [--packages P,…] [--suite S] [--agent PATH]
+  vmgated image import --name NAME [--out DIR] [--force] [--disk-size MiB] [--agent PATH] ROOTFS.tar
   vmgated image list [--state-dir DIR] [--image DIR] [--json]
   vmgated image warm [--image DIR] [--state-dir DIR] [--template-dir DIR] [--config FILE | --builtin-policy]
                      [--memory MiB] [--cpus N] [--network]
@@ -61,6 +62,8 @@ func Vmgated(args []string) int {
 		err = auditVerify(args[2:])
 	case "image build":
 		err = imageBuild(ctx, args[2:])
+	case "image import":
+		err = imageImport(ctx, args[2:])
 	case "image list":
 		err = imageList(args[2:])
 	case "image warm":
@@ -131,16 +134,8 @@ func imageBuild(ctx context.Context, args []string) error {
 		return err
 	}
 	log := newLogger(os.Stderr, lvl)
-	if *name != "" && !image.ValidName(*name) {
-		return fmt.Errorf("%w: --name %q: an image name is 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit", errUsage, *name)
-	}
-	if *out == "" {
-		if err := needStateDir(*state); err != nil {
-			return fmt.Errorf("%w (or --out DIR)", err)
-		}
-		*out = namedImageDir(*state, *name)
-	} else if *name != "" {
-		return fmt.Errorf("%w: --name and --out both say where the image goes: give one", errUsage)
+	if *out, err = imageTarget(*state, *out, *name); err != nil {
+		return err
 	}
 	var extra []string
 	if *pkgs != "" {

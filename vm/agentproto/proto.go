@@ -162,3 +162,23 @@ func GetArgv(path string, maxBytes int64, maxFiles int) []string {
 	return []string{AgentBinaryPath, TransferGet, "--max-bytes", strconv.FormatInt(maxBytes, 10),
 		"--max-files", strconv.Itoa(maxFiles), "--", path}
 }
+
+// RootInitMarker, present in a guest root filesystem, makes the
+// initramfs start the agent binary as the root's init (argv[0]
+// [RootInitName]) instead of /sbin/init: imported images, which have no
+// init system of their own, boot that way. The agent then mounts the
+// pseudo file systems, configures the network statically with the
+// addresses below, serves the host and reaps orphans.
+const (
+	RootInitMarker = "/etc/vmgate/agent-is-init"
+	RootInitName   = "vmgate-init"
+)
+
+// The guest network as vmgated's user-space network serves it (by DHCP,
+// and statically for a guest without a DHCP client): the guest's address
+// and prefix, the gateway, the resolver.
+const (
+	GuestCIDR      = "10.0.2.15/24"
+	GatewayAddress = "10.0.2.2"
+	ResolverAddr   = "10.0.2.3"
+)

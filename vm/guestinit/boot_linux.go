@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
 // Paths in the initramfs, as written by package vm/initramfs.
@@ -97,9 +99,14 @@ func boot(s system, con io.Writer) error {
 	if err := switchRoot(s, con); err != nil {
 		return err
 	}
-	say(con, "executing %s", cmd.Init)
-	if err := s.Exec(cmd.Init, []string{cmd.Init}, initEnv); err != nil {
-		return fmt.Errorf("execute %s: %w", cmd.Init, err)
+	init, argv := cmd.Init, []string{cmd.Init}
+	if !cmd.InitSet && s.Exists(agentproto.RootInitMarker) {
+		// An imported root: the agent is its init.
+		init, argv = agentproto.AgentBinaryPath, []string{agentproto.RootInitName}
+	}
+	say(con, "executing %s", init)
+	if err := s.Exec(init, argv, initEnv); err != nil {
+		return fmt.Errorf("execute %s: %w", init, err)
 	}
 	return nil
 }

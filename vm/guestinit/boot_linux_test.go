@@ -104,6 +104,9 @@ func (f *fakeSystem) ReadFile(path string) ([]byte, error) {
 }
 
 func (f *fakeSystem) Exists(path string) bool {
+	if _, ok := f.files[path]; ok {
+		return true
+	}
 	return path == f.device && f.deviceAfter >= 0 && f.now.Sub(f.start) >= f.deviceAfter
 }
 
@@ -192,6 +195,22 @@ func TestBootDefaults(t *testing.T) {
 		"vmgate-init: mounted /dev/vda (ext4, rw) on /root\n",
 		"vmgate-init: executing /sbin/init\n",
 	)
+}
+
+// An imported root (the marker present) gets the agent as its init,
+// unless init= names another program.
+func TestBootImportedRoot(t *testing.T) {
+	for _, tc := range []struct{ cmdline, exec string }{
+		{"console=ttyS0", `exec /usr/local/sbin/vmgate-agent ["vmgate-init"] ["HOME=/" "TERM=linux"]`},
+		{"init=/bin/sh", `exec /bin/sh ["/bin/sh"] ["HOME=/" "TERM=linux"]`},
+	} {
+		f := newFake(tc.cmdline)
+		f.files["/etc/vmgate/agent-is-init"] = "" // seen after the switch, as the fake does not move roots
+		run(t, f)
+		if last := f.calls[len(f.calls)-1]; last != tc.exec {
+			t.Errorf("%q: last call %s, want %s", tc.cmdline, last, tc.exec)
+		}
+	}
 }
 
 func TestBootCmdlineOptions(t *testing.T) {

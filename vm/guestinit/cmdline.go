@@ -32,6 +32,8 @@ type Cmdline struct {
 	// Init is the program executed after switching root (init=, default
 	// [DefaultInit]).
 	Init string
+	// InitSet reports that init= named a program.
+	InitSet bool
 }
 
 // ParseCmdline parses a kernel command line such as the contents of
@@ -64,6 +66,7 @@ func ParseCmdline(s string) Cmdline {
 	c.RootFSType = valueOr(c.Params["rootfstype"], DefaultRootFSType)
 	c.RootFlags = c.Params["rootflags"]
 	c.Init = valueOr(c.Params["init"], DefaultInit)
+	c.InitSet = c.Params["init"] != ""
 	return c
 }
 

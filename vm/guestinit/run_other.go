@@ -14,3 +14,6 @@ func Run() {
 	fmt.Fprintf(os.Stderr, "vmgate-init: not supported on %s\n", runtime.GOOS)
 	os.Exit(1)
 }
+
+// RunRoot is the init of an imported root, which only exists on Linux.
+func RunRoot() { Run() }

@@ -27,15 +27,17 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
 // The guest's network, as the guest sees it (the addresses QEMU's user
 // network uses, so that guest images need nothing special).
 var (
-	GatewayAddr = netip.MustParseAddr("10.0.2.2")
-	DNSAddr     = netip.MustParseAddr("10.0.2.3")
-	GuestAddr   = netip.MustParseAddr("10.0.2.15")
-	GuestPrefix = netip.MustParsePrefix("10.0.2.0/24")
+	GatewayAddr = netip.MustParseAddr(agentproto.GatewayAddress)
+	DNSAddr     = netip.MustParseAddr(agentproto.ResolverAddr)
+	GuestAddr   = netip.MustParsePrefix(agentproto.GuestCIDR).Addr()
+	GuestPrefix = netip.MustParsePrefix(agentproto.GuestCIDR).Masked()
 	gatewayMAC  = tcpip.LinkAddress("\x52\x55\x0a\x00\x02\x02")
 )
 

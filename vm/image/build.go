@@ -66,23 +66,43 @@ var requiredTools = []string{"mmdebstrap", "mkfs.ext4", "qemu-img", "dpkg-deb", 
 // verifies; on failure OutDir is unchanged (a previous image stays intact)
 // and no temporary directory is left behind.
 func Build(ctx context.Context, opts Options) (*Result, error) {
-	log := opts.Log
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.OutDir == "" {
-		return nil, errors.New("image build: no output directory")
-	}
-	out, err := filepath.Abs(opts.OutDir)
-	if err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
-	}
 	agent, in, err := buildInputs(opts)
 	if err != nil {
 		return nil, err
 	}
-	digest := in.Digest()
-	if !opts.Force {
+	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
+		steps: 5, tools: requiredTools, make: (*builder).build})
+}
+
+// job is one image to produce: by a build or an import.
+type job struct {
+	out      string
+	in       Inputs
+	agent    string
+	force    bool
+	log      *slog.Logger
+	progress io.Writer
+	steps    int
+	tools    []string
+	make     func(*builder, context.Context) (*Manifest, error)
+}
+
+// produce makes j's image in a temporary directory beside j.out, unless an
+// intact image of the same inputs is there, and swaps it into place.
+func produce(ctx context.Context, j job) (*Result, error) {
+	log := j.log
+	if log == nil {
+		log = slog.Default()
+	}
+	if j.out == "" {
+		return nil, errors.New("image build: no output directory")
+	}
+	out, err := filepath.Abs(j.out)
+	if err != nil {
+		return nil, fmt.Errorf("image build: %w", err)
+	}
+	digest := j.in.Digest()
+	if !j.force {
 		if m, err := ReadManifest(out); err == nil && m.InputsDigest == digest {
 			if verr := m.Verify(out, true); verr == nil {
 				log.Info("image up to date, not rebuilding", "dir", out, "inputs", digest[:12])
@@ -93,7 +113,7 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 		}
 	}
 
-	if err := preflight(filepath.Dir(out)); err != nil {
+	if err := preflight(filepath.Dir(out), j.tools); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
@@ -114,10 +134,10 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 			log.Error("clean up build directory", "err", err)
 		}
 	}()
-	b := &builder{in: in, digest: digest, agent: agent, tmp: tmp, work: filepath.Join(tmp, "work"), log: log,
-		p: newProgress(opts.Progress, log, 5), start: time.Now()}
+	b := &builder{in: j.in, digest: digest, agent: j.agent, tmp: tmp, work: filepath.Join(tmp, "work"), log: log,
+		p: newProgress(j.progress, log, j.steps), start: time.Now()}
 	defer b.p.stop()
-	m, err := b.build(ctx)
+	m, err := j.make(b, ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -173,13 +193,8 @@ type builder struct {
 
 // build runs every step up to a complete image in b.tmp.
 func (b *builder) build(ctx context.Context) (*Manifest, error) {
-	b.p.step("generating agent keys")
-	var err error
-	if b.keys, err = generateKeys(); err != nil {
+	if err := b.begin(); err != nil {
 		return nil, err
-	}
-	if err := os.Mkdir(b.work, 0o700); err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
 	}
 	specPath, err := b.writeSpec()
 	if err != nil {
@@ -190,6 +205,26 @@ func (b *builder) build(ctx context.Context) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	_ = os.Remove(specPath)
+	return b.finish(ctx, res)
+}
+
+// begin generates the agent keys and makes the scratch directory.
+func (b *builder) begin() error {
+	b.p.step("generating agent keys")
+	var err error
+	if b.keys, err = generateKeys(); err != nil {
+		return err
+	}
+	if err := os.Mkdir(b.work, 0o700); err != nil {
+		return fmt.Errorf("image build: %w", err)
+	}
+	return nil
+}
+
+// finish turns the root filesystem and boot files in b.work into the
+// image's artefacts and manifest.
+func (b *builder) finish(ctx context.Context, res *customizeResult) (*Manifest, error) {
 	b.p.step("converting root filesystem to qcow2")
 	if err := b.artifacts(ctx); err != nil {
 		return nil, err
@@ -202,7 +237,6 @@ func (b *builder) build(ctx context.Context) (*Manifest, error) {
 	if err := os.RemoveAll(b.work); err != nil {
 		return nil, fmt.Errorf("image build: %w", err)
 	}
-	_ = os.Remove(specPath)
 	if err := WriteManifest(b.tmp, m); err != nil {
 		return nil, err
 	}
@@ -422,9 +456,9 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 func (t *tailBuffer) String() string { return string(t.b) }
 
 // preflight checks tools and free space before any work starts.
-func preflight(parent string) error {
+func preflight(parent string, tools []string) error {
 	var missing []string
-	for _, t := range requiredTools {
+	for _, t := range tools {
 		if _, err := exec.LookPath(t); err != nil {
 			missing = append(missing, t)
 		}

@@ -146,35 +146,15 @@ func customize(root string, s customizeSpec) error {
 	step := func(name string) { fmt.Fprintf(os.Stderr, "vmgate customize: %s\n", name) }
 
 	step("fetching the kernel package")
-	kpkg, err := kernelPackageName(s.KernelMetaPkg)
+	k, err := fetchKernel(s.WorkDir, s.KernelMetaPkg)
 	if err != nil {
 		return err
 	}
-	debDir := filepath.Join(s.WorkDir, "deb")
-	if err := os.MkdirAll(debDir, 0o755); err != nil {
-		return fmt.Errorf("kernel: %w", err)
-	}
-	if err := runIn(debDir, "apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", kpkg); err != nil {
-		return fmt.Errorf("download kernel: %w", err)
-	}
-	debs, _ := filepath.Glob(filepath.Join(debDir, kpkg+"_*.deb"))
-	if len(debs) != 1 {
-		return fmt.Errorf("download kernel: expected one %s .deb, found %d", kpkg, len(debs))
-	}
-	kdir := filepath.Join(s.WorkDir, "kernel")
-	if err := runIn("", "dpkg-deb", "-x", debs[0], kdir); err != nil {
-		return fmt.Errorf("unpack kernel: %w", err)
-	}
-	vers, err := os.ReadDir(filepath.Join(kdir, "lib/modules"))
-	if err != nil || len(vers) != 1 {
-		return fmt.Errorf("unpack kernel: expected one lib/modules/VERSION directory in %s", debs[0])
-	}
-	kver := vers[0].Name()
-	modSrc := filepath.Join(kdir, "lib/modules", kver)
+	kver, kpkg := k.version, k.pkg
 
 	step("installing kernel modules " + kver)
 	modDst := filepath.Join(root, "usr/lib/modules", kver)
-	if err := copyTree(modSrc, modDst, func(rel string) bool { return pruned(rel, s.PruneModuleDir) }); err != nil {
+	if err := copyTree(k.modules, modDst, func(rel string) bool { return pruned(rel, s.PruneModuleDir) }); err != nil {
 		return fmt.Errorf("install modules: %w", err)
 	}
 	if err := runIn("", "chroot", root, "depmod", "-a", kver); err != nil {
@@ -182,23 +162,9 @@ func customize(root string, s customizeSpec) error {
 	}
 
 	step("writing the initramfs")
-	mods, err := initramfs.ResolveModules(modSrc, s.InitrdModules)
+	agentBin, mods, err := writeBootFiles(s.WorkDir, k, s.AgentPath, s.InitrdModules)
 	if err != nil {
-		return fmt.Errorf("initramfs: %w", err)
-	}
-	agentBin, err := os.ReadFile(s.AgentPath)
-	if err != nil {
-		return fmt.Errorf("initramfs: %w", err)
-	}
-	var ird bytes.Buffer
-	if err := initramfs.Build(&ird, agentBin, mods); err != nil {
-		return fmt.Errorf("initramfs: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(s.WorkDir, InitrdFile), ird.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("initramfs: %w", err)
-	}
-	if err := copyFile(filepath.Join(kdir, "boot", "vmlinuz-"+kver), filepath.Join(s.WorkDir, KernelFile), 0o644); err != nil {
-		return fmt.Errorf("kernel: %w", err)
+		return err
 	}
 
 	step("installing the guest agent and system settings")
@@ -232,6 +198,70 @@ func customize(root string, s customizeSpec) error {
 	}
 	res, _ := json.Marshal(customizeResult{KernelVersion: kver, KernelPackage: kpkg, Modules: names, Packages: string(pkgs)})
 	return os.WriteFile(filepath.Join(s.WorkDir, "result.json"), res, 0o644)
+}
+
+// kernel is an unpacked kernel package.
+type kernel struct {
+	pkg, version string
+	dir          string // the unpacked package
+	modules      string // its lib/modules/VERSION
+}
+
+// fetchKernel downloads the kernel image package that the metapackage
+// meta depends on into workDir and unpacks it there, with the apt
+// configuration in effect (mmdebstrap's for a build, the host's for an
+// import).
+func fetchKernel(workDir, meta string) (*kernel, error) {
+	kpkg, err := kernelPackageName(meta)
+	if err != nil {
+		return nil, err
+	}
+	debDir := filepath.Join(workDir, "deb")
+	if err := os.MkdirAll(debDir, 0o755); err != nil {
+		return nil, fmt.Errorf("kernel: %w", err)
+	}
+	if err := runIn(debDir, "apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", kpkg); err != nil {
+		return nil, fmt.Errorf("download kernel: %w", err)
+	}
+	debs, _ := filepath.Glob(filepath.Join(debDir, kpkg+"_*.deb"))
+	if len(debs) != 1 {
+		return nil, fmt.Errorf("download kernel: expected one %s .deb, found %d", kpkg, len(debs))
+	}
+	kdir := filepath.Join(workDir, "kernel")
+	if err := runIn("", "dpkg-deb", "-x", debs[0], kdir); err != nil {
+		return nil, fmt.Errorf("unpack kernel: %w", err)
+	}
+	vers, err := os.ReadDir(filepath.Join(kdir, "lib/modules"))
+	if err != nil || len(vers) != 1 {
+		return nil, fmt.Errorf("unpack kernel: expected one lib/modules/VERSION directory in %s", debs[0])
+	}
+	kver := vers[0].Name()
+	return &kernel{pkg: kpkg, version: kver, dir: kdir, modules: filepath.Join(kdir, "lib/modules", kver)}, nil
+}
+
+// writeBootFiles writes the initramfs (the agent as /init, and the
+// modules it loads) and the kernel into workDir; it returns the agent
+// binary and the modules.
+func writeBootFiles(workDir string, k *kernel, agentPath string, modules []string) ([]byte, []initramfs.Module, error) {
+	mods, err := initramfs.ResolveModules(k.modules, modules)
+	if err != nil {
+		return nil, nil, fmt.Errorf("initramfs: %w", err)
+	}
+	agentBin, err := os.ReadFile(agentPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("initramfs: %w", err)
+	}
+	var ird bytes.Buffer
+	if err := initramfs.Build(&ird, agentBin, mods); err != nil {
+		return nil, nil, fmt.Errorf("initramfs: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(workDir, InitrdFile), ird.Bytes(), 0o644); err != nil {
+		return nil, nil, fmt.Errorf("initramfs: %w", err)
+	}
+	if err := copyFile(filepath.Join(k.dir, "boot", "vmlinuz-"+k.version), filepath.Join(workDir, KernelFile), 0o644); err != nil {
+		return nil, nil, fmt.Errorf("kernel: %w", err)
+	}
+	return agentBin, mods, nil
 }
 
 // kernelPackageName resolves the kernel metapackage to the versioned image

@@ -65,6 +65,9 @@ type Inputs struct {
 	Packages       []string `json:"packages"`
 	AgentSHA256    string   `json:"agent_sha256"`
 	DiskSizeMiB    int      `json:"disk_size_mib"`
+	// Import is "sha256:HEX" of the root file system tarball of an
+	// imported image (Suite is then ImportSuite).
+	Import string `json:"import,omitempty"`
 }
 
 // Normalize sorts and de-duplicates the package list so that order does not

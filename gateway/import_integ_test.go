@@ -1,0 +1,120 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+// busyboxRoot writes a root file system of the host's static busybox, as
+// a tarball such as docker export writes.
+func busyboxRoot(t *testing.T) string {
+	t.Helper()
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Fatal("busybox (Debian: busybox-static) is needed to make a root file system to import")
+	}
+	root := filepath.Join(t.TempDir(), "root")
+	for _, d := range []string{"bin", "etc", "tmp", "root", "proc", "sys", "dev"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "tmp"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", bb, filepath.Join(root, "bin/busybox")).CombinedOutput(); err != nil {
+		t.Fatalf("cp busybox: %v %s", err, out)
+	}
+	list, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, applet := range strings.Fields(string(list)) {
+		if applet != "busybox" {
+			if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	writeFiles(t, root, map[string]string{
+		"etc/os-release": "PRETTY_NAME=\"busybox root\"\nID=busybox\n",
+		"etc/passwd":     "root:x:0:0:root:/root:/bin/sh\n",
+		"etc/group":      "root:x:0:\n",
+	})
+	tarball := filepath.Join(t.TempDir(), "rootfs.tar")
+	if out, err := exec.Command("tar", "-C", root, "--numeric-owner", "-cf", tarball, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v %s", err, out)
+	}
+	return tarball
+}
+
+// TestGateway_ImportedImage imports a busybox root with the real vmgated,
+// and runs commands, file transfers and a networked fetch in it: the
+// agent is its init, and configures the NIC itself.
+func TestGateway_ImportedImage(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequiresImage(t)
+	bin := os.Getenv("VMGATE_TEST_BIN")
+	if bin == "" {
+		t.Skip("VMGATE_TEST_BIN not set")
+	}
+	inet := testutil.RequiresInternet(t)
+	ln := inet.Listen(t, 80)
+	go func() {
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello from %s\n", r.Host) }))
+	}()
+	state := filepath.Join(t.TempDir(), "state")
+	tarball := busyboxRoot(t)
+	vmgated := filepath.Join(bin, "vmgated")
+	if out, err := exec.Command(vmgated, "image", "import", "--state-dir", state, "--name", "bb", tarball).CombinedOutput(); err != nil {
+		t.Fatalf("image import: %v\n%s", err, out)
+	}
+	out, err := exec.Command(vmgated, "image", "list", "--state-dir", state, "--image", filepath.Join(state, "image"), "--json").Output()
+	if err != nil {
+		t.Fatalf("image list: %v", err)
+	}
+	var images []struct{ Name, Suite string }
+	if err := json.Unmarshal(out, &images); err != nil {
+		t.Fatalf("image list: %v\n%s", err, out)
+	}
+	if !strings.Contains(fmt.Sprint(images), "{bb import}") {
+		t.Fatalf("image list: %s", out)
+	}
+	// Importing the same tarball again keeps the image.
+	if out, err := exec.Command(vmgated, "image", "import", "--state-dir", state, "--name", "bb", tarball).CombinedOutput(); err != nil || !strings.Contains(string(out), "up to date") {
+		t.Fatalf("second import: %v %s", err, out)
+	}
+
+	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nimage = \"bb\"", 1)
+	pol = strings.Replace(pol, "[profile.sessions]", "[profile.network]\nmode = \"allowlist\"\nallow = [\"allowed.test:80\"]\n[profile.sessions]", 1)
+	d := gatewaytest.Start(t, pol, func(c *gateway.Config) {
+		c.StateDir = state
+		c.NetHosts = map[string][]netip.Addr{"allowed.test": {inet.Addr}}
+	})
+	work := t.TempDir()
+	writeFiles(t, work, map[string]string{"in/data.txt": "one\ntwo\n"})
+	so, se, code := vmExec(t, d.Socket, work, "--put", "in:/tmp/", "--get", "/tmp/in:./back", "-c",
+		"cat /etc/os-release | head -1; id -un; ip route | grep -o 'default via [0-9.]*'; wget -q -O- http://allowed.test/; wc -l < /tmp/in/data.txt; echo 3 >> /tmp/in/data.txt")
+	want := "PRETTY_NAME=\"busybox root\"\nagent\ndefault via 10.0.2.2\nhello from allowed.test\n2\n"
+	if code != 0 || so != want {
+		t.Fatalf("exit %d\nstdout %q\nwant   %q\nstderr %s", code, so, want, se)
+	}
+	if b := testutil.ReadFile(t, filepath.Join(work, "back/data.txt")); b != "one\ntwo\n3\n" {
+		t.Errorf("back/data.txt: %q", b)
+	}
+	d.StopAndCheck(t)
+	if log := testutil.ReadFile(t, d.AuditPath); !strings.Contains(log, `"image":"bb"`) {
+		t.Error("the audit log does not name the imported image")
+	}
+}

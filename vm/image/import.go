@@ -1,0 +1,264 @@
+package image
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/vmgate/vmgate/vm/agentproto"
+)
+
+// ImportOptions configure Import.
+type ImportOptions struct {
+	// OutDir is the final image directory. Required.
+	OutDir string
+	// Tarball is the root file system: a tar archive, compressed or not,
+	// such as `docker export` writes. Required.
+	Tarball string
+	// AgentPath is the static guest agent binary; empty means FindAgent("").
+	AgentPath string
+	// DiskSizeMiB is the size of the guest's root filesystem (default 4096).
+	DiskSizeMiB int
+	// Force rebuilds even when an intact image of the same inputs exists.
+	Force bool
+	Log   *slog.Logger
+	// Progress, when non-nil, receives a human progress display (a TTY).
+	Progress io.Writer
+}
+
+// importTools are what an import runs.
+var importTools = []string{"tar", "mkfs.ext4", "qemu-img", "dpkg-deb", "apt-get", "apt-cache"}
+
+// ImportSuite is Inputs.Suite of an imported image.
+const ImportSuite = "import"
+
+// Import makes an image from a root file system tarball: the same kernel
+// and initramfs as a built image (the kernel package comes through the
+// host's apt), the agent and its keys added to the root, and the agent as
+// the root's init (agentproto.RootInitMarker), since such a root has no
+// init system. The root gets a user "agent", a resolver and a host name;
+// nothing else of it changes, and nothing is written outside it (every
+// write goes through an os.Root). Kernel modules beyond the initramfs's
+// are not installed: no netfilter or extra file systems in the guest.
+//
+// Postcondition: as for Build.
+func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
+	if opts.Tarball == "" {
+		return nil, errors.New("image import: no tarball")
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("image import: unpacking a root file system with its owners needs root")
+	}
+	agent, err := FindAgent(opts.AgentPath)
+	if err != nil {
+		return nil, err
+	}
+	agentSum, err := fileSHA256(agent)
+	if err != nil {
+		return nil, err
+	}
+	tarSum, err := fileSHA256(opts.Tarball)
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	in := Inputs{BuilderVersion: BuilderVersion, Suite: ImportSuite, Import: "sha256:" + tarSum, AgentSHA256: agentSum,
+		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096)}.Normalize()
+	if err := validateInputs(in); err != nil {
+		return nil, err
+	}
+	tarball, err := filepath.Abs(opts.Tarball)
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
+		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*Manifest, error) {
+			return b.importRoot(ctx, tarball)
+		}})
+}
+
+func cmpInt(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// importRoot runs the steps of an import up to a complete image in b.tmp.
+func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, error) {
+	if err := b.begin(); err != nil {
+		return nil, err
+	}
+	root := filepath.Join(b.work, "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	b.p.step("unpacking " + filepath.Base(tarball))
+	if err := run(ctx, "tar", "--numeric-owner", "--same-permissions", "-xf", tarball, "-C", root); err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	defer r.Close()
+	if fi, err := r.Stat("bin/sh"); err != nil || fi.IsDir() {
+		return nil, errors.New("image import: the root file system has no /bin/sh; it needs a shell (and the programs your commands run)")
+	}
+
+	b.p.step("fetching the kernel and writing the initramfs")
+	k, err := fetchKernel(b.work, "linux-image-amd64")
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w (the kernel comes through the host's apt: run apt-get update)", err)
+	}
+	agentBin, mods, err := writeBootFiles(b.work, k, b.agent, InitrdModules)
+	if err != nil {
+		return nil, err
+	}
+
+	b.p.step("adding the guest agent")
+	if err := prepareImported(r, agentBin, b.keys); err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	pkgs := ""
+	if _, err := r.Stat("var/lib/dpkg/status"); err == nil {
+		out, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"), "-W", "-f", "${Package}\t${Version}\n").Output()
+		if err != nil {
+			return nil, fmt.Errorf("image import: package list: %w", err)
+		}
+		pkgs = string(out)
+	}
+	if err := makeFS(root, filepath.Join(b.work, "rootfs.ext4"), b.in.DiskSizeMiB); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(root); err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	names := make([]string, len(mods))
+	for i, m := range mods {
+		names[i] = m.Name
+	}
+	return b.finish(ctx, &customizeResult{KernelVersion: k.version, KernelPackage: k.pkg, Modules: names, Packages: pkgs})
+}
+
+// prepareImported adds to the root r what vmgate needs: the agent, its
+// keys, the marker that makes it the init, the network's resolver, a host
+// name and the guest user.
+func prepareImported(r *os.Root, agentBin []byte, keys *agentKeys) error {
+	rel := func(p string) string { return strings.TrimPrefix(p, "/") }
+	files := []struct {
+		path string
+		data []byte
+		mode os.FileMode
+	}{
+		{agentproto.AgentBinaryPath, agentBin, 0o755},
+		{agentproto.HostKeyPath, keys.hostPEM, 0o600},
+		{agentproto.AuthorizedKeysPath, keys.clientAuthorized, 0o644},
+		{agentproto.RootInitMarker, []byte("vmgate-agent is this root's init (vmgated image import)\n"), 0o644},
+		{"/etc/resolv.conf", []byte("nameserver " + agentproto.ResolverAddr + "\noptions timeout:2 attempts:2\n"), 0o644},
+		{"/etc/hostname", []byte("vmgate\n"), 0o644},
+		{"/etc/hosts", []byte("127.0.0.1\tlocalhost\n127.0.1.1\tvmgate\n::1\tlocalhost ip6-localhost ip6-loopback\n"), 0o644},
+	}
+	for _, f := range files {
+		p := rel(f.path)
+		if err := r.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		_ = r.Remove(p) // resolv.conf is often a symlink
+		if err := r.WriteFile(p, f.data, f.mode); err != nil {
+			return err
+		}
+		if err := r.Chmod(p, f.mode); err != nil {
+			return err
+		}
+	}
+	return addGuestUser(r)
+}
+
+// addGuestUser adds the unprivileged guest user (agentproto.UnprivilegedUser)
+// to /etc/passwd and /etc/group, with the first id from 1000 that neither
+// uses, and its home, unless the user exists.
+func addGuestUser(r *os.Root) error {
+	passwd, err := r.ReadFile("etc/passwd")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	group, err := r.ReadFile("etc/group")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	name := agentproto.UnprivilegedUser
+	if hasEntry(string(passwd), name) {
+		return nil
+	}
+	id := freeID(string(passwd), string(group))
+	shell := "/bin/sh"
+	if _, err := r.Stat("bin/bash"); err == nil {
+		shell = "/bin/bash"
+	}
+	home := "home/" + name
+	passwd = append(terminated(passwd), fmt.Sprintf("%s:x:%d:%d::/%s:%s\n", name, id, id, home, shell)...)
+	if !hasEntry(string(group), name) {
+		group = append(terminated(group), fmt.Sprintf("%s:x:%d:\n", name, id)...)
+	}
+	if err := r.MkdirAll("etc", 0o755); err != nil {
+		return err
+	}
+	if err := r.WriteFile("etc/passwd", passwd, 0o644); err != nil {
+		return err
+	}
+	if err := r.WriteFile("etc/group", group, 0o644); err != nil {
+		return err
+	}
+	if err := r.MkdirAll(home, 0o755); err != nil {
+		return err
+	}
+	return r.Lchown(home, id, id)
+}
+
+func terminated(b []byte) []byte {
+	if len(b) > 0 && b[len(b)-1] != '\n' {
+		return append(b, '\n')
+	}
+	return b
+}
+
+// hasEntry reports whether a passwd or group file has an entry for name.
+func hasEntry(file, name string) bool {
+	for _, line := range strings.Split(file, "\n") {
+		if n, _, ok := strings.Cut(line, ":"); ok && n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// freeID is the first id from 1000 used as neither a uid nor a gid.
+func freeID(passwd, group string) int {
+	var used []int
+	for _, file := range []string{passwd, group} {
+		for _, line := range strings.Split(file, "\n") {
+			f := strings.Split(line, ":")
+			for _, i := range []int{2, 3} {
+				if len(f) > i {
+					if n, err := strconv.Atoi(f[i]); err == nil {
+						used = append(used, n)
+					}
+				}
+			}
+		}
+	}
+	id := 1000
+	for slices.Contains(used, id) {
+		id++
+	}
+	return id
+}
