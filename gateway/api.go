@@ -57,29 +57,6 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
-	if _, err := identityFrom(r.Context()); err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
-		return
-	}
-	used, waiting := s.slots.stats()
-	health := "ok"
-	if err := s.audit.Healthy(); err != nil {
-		health = err.Error()
-	}
-	st := map[string]any{"live_vms": used, "max_vms": s.cfg.MaxVMs, "waiting": waiting, "audit": health, "policy": s.policy.Load().Source()}
-	pools := []map[string]any{}
-	for _, ss := range s.host.Stats() {
-		p := ss.Pool
-		pools = append(pools, map[string]any{"image": ss.Image, "memory_mib": ss.MemoryMiB, "cpus": ss.CPUs, "seccomp": ss.Seccomp, "network": ss.Network,
-			"ready": p.Ready, "size": p.Size, "hits": p.Hits, "misses": p.Misses, "restored": p.Restored, "failures": p.Failures, "shrunk": p.Shrunk,
-			"restore_handshake_failures": ss.HandshakeFailures})
-	}
-	st["pools"] = pools
-	st["restore_handshake_failures"] = s.host.HandshakeFailures()
-	writeJSON(w, st)
-}
-
 func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
 	id, err := identityFrom(r.Context())
 	if err != nil {

@@ -24,7 +24,7 @@ func TestGatewayLayers(t *testing.T) {
 			continue
 		}
 		switch {
-		case rel == "vm", rel == "vm/guestnet", rel == "policy", rel == "policy/netrule", rel == "internal/transfer",
+		case rel == "vm", rel == "vm/guestnet", rel == "policy", rel == "policy/netrule", rel == "internal/transfer", rel == "internal/version",
 			strings.HasPrefix(rel, "gateway/"), rel == "internal/sshmsg":
 		default:
 			t.Errorf("gateway imports %s; it may use vm (with vm/guestnet's policy type), policy and its own packages", d)

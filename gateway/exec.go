@@ -374,6 +374,8 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	if t := st.req.TTY; t != nil {
 		pty = &vm.PTY{Term: t.Term, Columns: t.Cols, Rows: t.Rows}
 	}
+	untrack := s.track(st, target)
+	defer untrack()
 	t0 := time.Now()
 	var transfers []wire.Transfer
 	putErr := s.transfersRun(ctx, st, target, sio.files, true, &transfers)

@@ -198,6 +198,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[sessionKey]*session
+	// live holds the commands running now, by request id (status).
+	live map[string]liveExec
 
 	// closers undo New, in reverse order (Close).
 	closers []func() error
@@ -257,7 +259,7 @@ func Run(ctx context.Context, cfg Config) error {
 func New(cfg Config) (_ *Server, err error) {
 	cfg.setDefaults()
 	log := cfg.Log
-	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, idle: make(chan struct{}), stopped: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, idle: make(chan struct{}), stopped: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			_ = s.Close()

@@ -290,6 +290,16 @@ func (p *Policy) AllowsEnv(id Identity, name string) bool {
 	return prof != nil && envNameRE.MatchString(name) && prof.env.allows(name)
 }
 
+// IsAdmin reports whether id's profile has admin = true: its callers see
+// every caller's commands and sessions in status, not only their own.
+func (p *Policy) IsAdmin(id Identity) bool {
+	if p == nil {
+		return false
+	}
+	prof, _ := p.profileFor(id)
+	return prof != nil && prof.admin
+}
+
 // CheckKeyProfile returns nil if an SSH key may name the profile: it
 // exists and accepts SSH keys (match.ssh or match.any). Otherwise the
 // error says which.

@@ -76,6 +76,7 @@ type networkDoc struct {
 
 type profileDoc struct {
 	Name        *string   `toml:"name"`
+	Admin       *bool     `toml:"admin"`
 	Match       *matchDoc `toml:"match"`
 	settingsDoc           // flattened: the same keys as [defaults]
 	Deny        []ruleDoc `toml:"deny"`

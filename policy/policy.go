@@ -45,6 +45,7 @@ type profile struct {
 	index      int
 	name       string // "" only while compiling an invalid profile
 	match      matcher
+	admin      bool // sees everyone in status
 	image      string
 	user       string
 	network    string

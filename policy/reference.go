@@ -284,6 +284,7 @@ var refDefaults = map[string]string{
 	"version":         refRequired,
 	"profile":         refRequired,
 	"profile.name":    refRequired,
+	"profile.admin":   "false",
 	"profile.match":   refRequired,
 	"profile.image":   strconv.Quote(builtinImage),
 	"profile.user":    strconv.Quote(builtinUser),
@@ -438,6 +439,9 @@ var refDescriptions = map[string]string{
 	"profile.files.get_max_bytes": fmt.Sprintf("Content bytes of one tree copied out of the VM, from 1 byte to %s. ", formatSize(maxOutputLimit)) +
 		"A guest that sends more (a tar bomb) is cut off at the entry that crosses it, and the client keeps nothing.",
 	"profile.files.get_max_files": fmt.Sprintf("Entries of one tree copied out of the VM, 0 to %d; 0 allows no copying out.", maxFileCount),
+
+	"profile.admin": "`true`: the profile's callers see every caller's running commands and sessions in `vmgated status` and `vm-exec ps`; " +
+		"others see their own. It grants nothing else.",
 
 	"profile.deny.name": fmt.Sprintf("Name of the rule, optional: 1 to %d of `[a-z0-9-]`, unique among the profile's deny and allow rules. ", maxNameLen) +
 		"Verdicts name the rule by it.",

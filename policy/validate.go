@@ -198,6 +198,7 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 		label = p.label()
 	}
 	p.match = c.match(label, d.Match)
+	p.admin = d.Admin != nil && *d.Admin
 
 	own := c.settings(label, &d.settingsDoc)
 	s := own.merge(defaults)

@@ -413,13 +413,23 @@ func (c *Client) HoldSession(ctx context.Context, name string) error {
 
 // Status returns the gateway's status document.
 func (c *Client) Status(ctx context.Context) (map[string]any, error) {
+	var out map[string]any
+	return out, c.status(ctx, &out)
+}
+
+// StatusReport is Status decoded.
+func (c *Client) StatusReport(ctx context.Context) (*wire.Status, error) {
+	var out wire.Status
+	return &out, c.status(ctx, &out)
+}
+
+func (c *Client) status(ctx context.Context, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var out map[string]any
-	if err := c.call(ctx, http.MethodGet, "/v1/status", http.StatusOK, &out); err != nil {
-		return nil, fmt.Errorf("status: %w", err)
+	if err := c.call(ctx, http.MethodGet, "/v1/status", http.StatusOK, out); err != nil {
+		return fmt.Errorf("status: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // call makes a plain API request and decodes a JSON answer into out (if

@@ -233,8 +233,10 @@ const (
 	ExitVMFailed = 205
 	// ExitTransfer: a file transfer (--put, --get, cp) failed.
 	ExitTransfer = 206
-	// ExitUsage: the command line was invalid.
-	ExitUsage = 2
+	// ExitUsage: the command line was invalid (a flag, an argument, a
+	// value); above the guest's range like the others, where the
+	// customary 2 would be mistaken for the command's own.
+	ExitUsage = 207
 )
 
 // ExitCode is the exit code a client reports for a refusal or failure
@@ -306,6 +308,54 @@ type Session struct {
 	LastUsed  time.Time `json:"last_used"`
 	ExpiresAt time.Time `json:"expires_at"`
 	Busy      bool      `json:"busy"`
+	// Owner is the session's caller, in a status report.
+	Owner string `json:"owner,omitempty"`
+}
+
+// Status is the answer of GET /v1/status. VMs and Sessions are the
+// caller's own, or everyone's when All is set (the caller's profile has
+// admin = true).
+type Status struct {
+	Version                  string     `json:"version"`
+	LiveVMs                  int        `json:"live_vms"`
+	MaxVMs                   int        `json:"max_vms"`
+	Waiting                  int        `json:"waiting"`
+	Audit                    string     `json:"audit"`
+	Policy                   string     `json:"policy"`
+	Pools                    []Pool     `json:"pools"`
+	RestoreHandshakeFailures int64      `json:"restore_handshake_failures"`
+	All                      bool       `json:"all"`
+	VMs                      []LiveExec `json:"vms"`
+	Sessions                 []Session  `json:"sessions"`
+}
+
+// Pool is one VM shape's template and pool.
+type Pool struct {
+	Image                    string `json:"image"`
+	MemoryMiB                int    `json:"memory_mib"`
+	CPUs                     int    `json:"cpus"`
+	Seccomp                  string `json:"seccomp"`
+	Network                  bool   `json:"network"`
+	Ready                    int    `json:"ready"`
+	Size                     int    `json:"size"`
+	Hits                     int64  `json:"hits"`
+	Misses                   int64  `json:"misses"`
+	Restored                 int64  `json:"restored"`
+	Failures                 int64  `json:"failures"`
+	Shrunk                   int64  `json:"shrunk"`
+	RestoreHandshakeFailures int64  `json:"restore_handshake_failures"`
+}
+
+// LiveExec is a command running now.
+type LiveExec struct {
+	RequestID string    `json:"request_id"`
+	VMID      string    `json:"vm_id"`
+	Profile   string    `json:"profile"`
+	Caller    string    `json:"caller"` // "uid 1000 (alice)" or "ssh SHA256:…"
+	Argv      []string  `json:"argv"`
+	Session   string    `json:"session,omitempty"`
+	VMStart   string    `json:"vm_start,omitempty"` // boot, restore, pool; empty in a session's later commands
+	Started   time.Time `json:"started"`
 }
 
 // WriteFrame writes one frame.

@@ -5,8 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
+	"github.com/spf13/pflag"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,8 +20,7 @@ import (
 	"github.com/vmgate/vmgate/vm/guestnet"
 )
 
-func benchExec(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("vmgated bench exec", flag.ContinueOnError)
+func benchExec(fs *pflag.FlagSet) runFunc {
 	state := fs.String("state-dir", defaultStateDir(), "state directory (scratch VMs go in a temporary directory inside it)")
 	imgDir := fs.String("image", "", "image directory (default STATE/image)")
 	templateDir := fs.String("template-dir", "", "template directory (default STATE/templates; a template there is reused)")
@@ -33,56 +32,58 @@ func benchExec(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
 	level := fs.String("log-level", "warn", "log level")
-	lvl, err := parseFlags(fs, args, level)
-	if err != nil {
-		return err
-	}
-	if err := needStateDir(*state); err != nil {
-		return err
-	}
-	if *from != "" {
-		b, err := os.ReadFile(*from)
+	return func(ctx context.Context, args []string) error {
+		lvl, err := parseLogLevel(*level)
 		if err != nil {
 			return err
 		}
-		var rep bench.ExecReport
-		if err := json.Unmarshal(b, &rep); err != nil {
-			return fmt.Errorf("%s: %w", *from, err)
+		if err := needStateDir(*state); err != nil {
+			return err
+		}
+		if *from != "" {
+			b, err := os.ReadFile(*from)
+			if err != nil {
+				return err
+			}
+			var rep bench.ExecReport
+			if err := json.Unmarshal(b, &rep); err != nil {
+				return fmt.Errorf("%s: %w", *from, err)
+			}
+			rep.WriteText(os.Stdout)
+			return nil
+		}
+		a, err := vm.ParseAccel(*accel)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		levels, err := parseLevels(*conc)
+		if err != nil {
+			return fmt.Errorf("%w: --concurrency: %v", errUsage, err)
+		}
+		if *runs < 1 || *coldRuns < 1 || *pool < 1 {
+			return fmt.Errorf("%w: --runs, --cold-runs and --pool must be at least 1", errUsage)
+		}
+		if *imgDir == "" {
+			*imgDir = defaultImageDir(*state)
+		}
+		if *templateDir == "" {
+			*templateDir = filepath.Join(*state, "templates")
+		}
+		rep, err := bench.Exec(ctx, bench.ExecOptions{
+			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
+			Concurrency: levels, PoolSize: *pool, Accel: a, Log: newLogger(os.Stderr, lvl), Progress: os.Stderr,
+		})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rep)
 		}
 		rep.WriteText(os.Stdout)
 		return nil
 	}
-	a, err := vm.ParseAccel(*accel)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	levels, err := parseLevels(*conc)
-	if err != nil {
-		return fmt.Errorf("%w: --concurrency: %v", errUsage, err)
-	}
-	if *runs < 1 || *coldRuns < 1 || *pool < 1 {
-		return fmt.Errorf("%w: --runs, --cold-runs and --pool must be at least 1", errUsage)
-	}
-	if *imgDir == "" {
-		*imgDir = defaultImageDir(*state)
-	}
-	if *templateDir == "" {
-		*templateDir = filepath.Join(*state, "templates")
-	}
-	rep, err := bench.Exec(ctx, bench.ExecOptions{
-		ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
-		Concurrency: levels, PoolSize: *pool, Accel: a, Log: newLogger(os.Stderr, lvl), Progress: os.Stderr,
-	})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	rep.WriteText(os.Stdout)
-	return nil
 }
 
 // parseLevels parses "1,2,4".
@@ -101,8 +102,7 @@ func parseLevels(s string) ([]int, error) {
 // imageWarm builds (or checks) VM templates ahead of the daemon, which
 // otherwise builds them in the background at start and on first use: the
 // shapes of the policy (the daemon's), or the one shape the flags name.
-func imageWarm(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("vmgated image warm", flag.ContinueOnError)
+func imageWarm(fs *pflag.FlagSet) runFunc {
 	state := fs.String("state-dir", defaultStateDir(), "state directory")
 	imgDir := fs.String("image", "", "image directory (default STATE/image)")
 	templateDir := fs.String("template-dir", "", "template directory (default STATE/templates)")
@@ -114,67 +114,69 @@ func imageWarm(ctx context.Context, args []string) error {
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto, required or off")
 	level := fs.String("log-level", "info", "log level")
-	lvl, err := parseFlags(fs, args, level)
-	if err != nil {
-		return err
-	}
-	if err := needStateDir(*state); err != nil {
-		return err
-	}
-	a, err := vm.ParseAccel(*accel)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if *imgDir == "" {
-		*imgDir = defaultImageDir(*state)
-	}
-	var shapes []policy.Shape
-	if *mem != 0 || *cpus != 0 || *network {
-		if *config != "" || *builtin {
-			return fmt.Errorf("%w: --memory/--cpus/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
-		}
-		shapes = []policy.Shape{{MemoryMiB: cmp.Or(*mem, vm.DefaultMemoryMiB), CPUs: cmp.Or(*cpus, vm.DefaultCPUs), Network: *network}}
-	} else {
-		pol, err := loadPolicyFile(*config, *builtin)
+	return func(ctx context.Context, args []string) error {
+		lvl, err := parseLogLevel(*level)
 		if err != nil {
 			return err
 		}
-		shapes = pol.Shapes()
-	}
-	log := newLogger(os.Stderr, lvl)
-	cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
-	if err != nil {
-		return err
-	}
-	if cgm != nil {
-		defer cgm.Close()
-	}
-	for _, sh := range shapes {
-		opts := vm.Options{ImageDir: *imgDir, StateDir: *state, TemplateDir: *templateDir,
-			MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Accel: a, Log: log, Cgroups: cgm}
-		if sh.Network {
-			// The template's network allows nothing: it only gives the
-			// guest its lease.
-			opts.Network = &guestnet.Config{Log: log}
+		if err := needStateDir(*state); err != nil {
+			return err
 		}
-		t0 := time.Now()
-		t, err := vm.EnsureTemplate(ctx, opts)
+		a, err := vm.ParseAccel(*accel)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if *imgDir == "" {
+			*imgDir = defaultImageDir(*state)
+		}
+		var shapes []policy.Shape
+		if *mem != 0 || *cpus != 0 || *network {
+			if *config != "" || *builtin {
+				return fmt.Errorf("%w: --memory/--cpus/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
+			}
+			shapes = []policy.Shape{{MemoryMiB: cmp.Or(*mem, vm.DefaultMemoryMiB), CPUs: cmp.Or(*cpus, vm.DefaultCPUs), Network: *network}}
+		} else {
+			pol, err := loadPolicyFile(*config, *builtin)
+			if err != nil {
+				return err
+			}
+			shapes = pol.Shapes()
+		}
+		log := newLogger(os.Stderr, lvl)
+		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
 		if err != nil {
 			return err
 		}
-		how := "up to date"
-		if t.Built {
-			how = "built"
+		if cgm != nil {
+			defer cgm.Close()
 		}
-		nic := ""
-		if sh.Network {
-			nic = ", with a NIC"
+		for _, sh := range shapes {
+			opts := vm.Options{ImageDir: *imgDir, StateDir: *state, TemplateDir: *templateDir,
+				MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Accel: a, Log: log, Cgroups: cgm}
+			if sh.Network {
+				// The template's network allows nothing: it only gives the
+				// guest its lease.
+				opts.Network = &guestnet.Config{Log: log}
+			}
+			t0 := time.Now()
+			t, err := vm.EnsureTemplate(ctx, opts)
+			if err != nil {
+				return err
+			}
+			how := "up to date"
+			if t.Built {
+				how = "built"
+			}
+			nic := ""
+			if sh.Network {
+				nic = ", with a NIC"
+			}
+			fmt.Printf("%s%s: %s in %.1f s (%s, boot %d ms, state %d bytes, %d MiB of RAM data)\n", t, nic, how, time.Since(t0).Seconds(), t.Dir,
+				t.Meta.BootMillis, t.Meta.StateBytes, t.Meta.RAMDataBytes>>20)
+			_ = t.Close()
 		}
-		fmt.Printf("%s%s: %s in %.1f s (%s, boot %d ms, state %d bytes, %d MiB of RAM data)\n", t, nic, how, time.Since(t0).Seconds(), t.Dir,
-			t.Meta.BootMillis, t.Meta.StateBytes, t.Meta.RAMDataBytes>>20)
-		_ = t.Close()
+		return nil
 	}
-	return nil
 }
 
 // loadPolicyFile loads the policy vmgated serve would: file, else the

@@ -2,8 +2,8 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"github.com/spf13/pflag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,8 +14,7 @@ import (
 )
 
 // benchAgent runs the agent benchmark (docs/scenarios.md).
-func benchAgent(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("vmgated bench agent", flag.ContinueOnError)
+func benchAgent(fs *pflag.FlagSet) runFunc {
 	scen := fs.String("scenarios", "scenarios", "scenarios directory")
 	only := fs.String("only", "", "comma-separated scenario ids (default: all)")
 	agentName := fs.String("agent", "openai", "agent: openai, oracle (runs solve.sh) or noop (does nothing)")
@@ -37,62 +36,64 @@ func benchAgent(ctx context.Context, args []string) error {
 	memory := fs.Int("memory", 512, "guest memory in MiB (in-process daemon)")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	level := fs.String("log-level", "warn", "log level")
-	lvl, err := parseFlags(fs, args, level)
-	if err != nil {
-		return err
-	}
-	if err := needStateDir(*state); err != nil {
-		return err
-	}
-	var ids []string
-	if *only != "" {
-		ids = strings.Split(*only, ",")
-	}
-	scenarios, err := agentbench.LoadScenarios(*scen, ids)
-	if err != nil {
-		return err
-	}
-	a, err := vm.ParseAccel(*accel)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if *runs < 1 || *parallel < 1 || *parallel > 64 {
-		return fmt.Errorf("%w: --runs must be at least 1, --parallel from 1 to 64", errUsage)
-	}
-	sampling, err := parseSampling(*agentName == "openai", *seed, *temperature, *topP, *maxTokens)
-	if err != nil {
-		return err
-	}
-	o := agentbench.Options{Scenarios: scenarios, AgentName: *agentName, Runs: *runs, Parallel: *parallel, Seed: *seed,
-		Socket: *socket, StateDir: *state, ImageDir: *imgDir, TemplateDir: *templateDir, Accel: a, MemoryMiB: *memory,
-		Log: newLogger(os.Stderr, lvl), Progress: os.Stderr}
-	switch *agentName {
-	case "oracle":
-		o.NewAgent = func(int, agentbench.Sampling) agentbench.Agent { return agentbench.Oracle{} }
-	case "noop":
-		o.NewAgent = func(int, agentbench.Sampling) agentbench.Agent { return agentbench.Noop{} }
-	case "openai":
-		o.Model, o.Endpoint, o.Sampling, o.Stream = *model, *endpoint, sampling, *stream
-		key := os.Getenv(*keyEnv)
-		o.NewAgent = func(_ int, s agentbench.Sampling) agentbench.Agent {
-			return &agentbench.OpenAI{Endpoint: *endpoint, Model: *model, APIKey: key, Sampling: s, Stream: *stream}
+	return func(ctx context.Context, args []string) error {
+		lvl, err := parseLogLevel(*level)
+		if err != nil {
+			return err
 		}
-	default:
-		return fmt.Errorf("%w: --agent %q: want openai, oracle or noop", errUsage, *agentName)
+		if err := needStateDir(*state); err != nil {
+			return err
+		}
+		var ids []string
+		if *only != "" {
+			ids = strings.Split(*only, ",")
+		}
+		scenarios, err := agentbench.LoadScenarios(*scen, ids)
+		if err != nil {
+			return err
+		}
+		a, err := vm.ParseAccel(*accel)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if *runs < 1 || *parallel < 1 || *parallel > 64 {
+			return fmt.Errorf("%w: --runs must be at least 1, --parallel from 1 to 64", errUsage)
+		}
+		sampling, err := parseSampling(*agentName == "openai", *seed, *temperature, *topP, *maxTokens)
+		if err != nil {
+			return err
+		}
+		o := agentbench.Options{Scenarios: scenarios, AgentName: *agentName, Runs: *runs, Parallel: *parallel, Seed: *seed,
+			Socket: *socket, StateDir: *state, ImageDir: *imgDir, TemplateDir: *templateDir, Accel: a, MemoryMiB: *memory,
+			Log: newLogger(os.Stderr, lvl), Progress: os.Stderr}
+		switch *agentName {
+		case "oracle":
+			o.NewAgent = func(int, agentbench.Sampling) agentbench.Agent { return agentbench.Oracle{} }
+		case "noop":
+			o.NewAgent = func(int, agentbench.Sampling) agentbench.Agent { return agentbench.Noop{} }
+		case "openai":
+			o.Model, o.Endpoint, o.Sampling, o.Stream = *model, *endpoint, sampling, *stream
+			key := os.Getenv(*keyEnv)
+			o.NewAgent = func(_ int, s agentbench.Sampling) agentbench.Agent {
+				return &agentbench.OpenAI{Endpoint: *endpoint, Model: *model, APIKey: key, Sampling: s, Stream: *stream}
+			}
+		default:
+			return fmt.Errorf("%w: --agent %q: want openai, oracle or noop", errUsage, *agentName)
+		}
+		if o.ImageDir == "" {
+			o.ImageDir = defaultImageDir(*state)
+		}
+		if o.TemplateDir == "" {
+			o.TemplateDir = filepath.Join(*state, "templates")
+		}
+		if *out == "" {
+			*out = "bench-agent-" + time.Now().UTC().Format("20060102-150405")
+		}
+		o.Out = *out
+		fmt.Fprintf(os.Stderr, "vmgated bench agent: %d scenarios × %d runs, agent %s, %d at once; results in %s\n",
+			len(scenarios), *runs, *agentName, *parallel, *out)
+		return runBenchAgent(ctx, o)
 	}
-	if o.ImageDir == "" {
-		o.ImageDir = defaultImageDir(*state)
-	}
-	if o.TemplateDir == "" {
-		o.TemplateDir = filepath.Join(*state, "templates")
-	}
-	if *out == "" {
-		*out = "bench-agent-" + time.Now().UTC().Format("20060102-150405")
-	}
-	o.Out = *out
-	fmt.Fprintf(os.Stderr, "vmgated bench agent: %d scenarios × %d runs, agent %s, %d at once; results in %s\n",
-		len(scenarios), *runs, *agentName, *parallel, *out)
-	return runBenchAgent(ctx, o)
 }
 
 // parseSampling reads the sampling flags; the seed is sent only to an
@@ -138,27 +139,26 @@ func runBenchAgent(ctx context.Context, o agentbench.Options) error {
 }
 
 // benchReport writes report.html and report.md of a finished run.
-func benchReport(args []string) error {
-	fs := flag.NewFlagSet("vmgated bench report", flag.ContinueOnError)
-	if err := fs.Parse(args); err != nil {
-		return err
+func benchReport(fs *pflag.FlagSet) runFunc {
+
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("%w: vmgated bench report DIR", errUsage)
+		}
+		dir := args[0]
+		results, err := agentbench.ReadResults(dir)
+		if err != nil {
+			return err
+		}
+		if len(results) == 0 {
+			return fmt.Errorf("%s: no trials in results.jsonl", dir)
+		}
+		s := agentbench.Summarize(results)
+		if err := agentbench.WriteReport(dir, s, results); err != nil {
+			return err
+		}
+		agentbench.WriteMarkdown(os.Stdout, s, nil)
+		fmt.Printf("\nReport: %s and %s\n", filepath.Join(dir, "report.html"), filepath.Join(dir, "report.md"))
+		return nil
 	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("%w: vmgated bench report DIR", errUsage)
-	}
-	dir := fs.Arg(0)
-	results, err := agentbench.ReadResults(dir)
-	if err != nil {
-		return err
-	}
-	if len(results) == 0 {
-		return fmt.Errorf("%s: no trials in results.jsonl", dir)
-	}
-	s := agentbench.Summarize(results)
-	if err := agentbench.WriteReport(dir, s, results); err != nil {
-		return err
-	}
-	agentbench.WriteMarkdown(os.Stdout, s, nil)
-	fmt.Printf("\nReport: %s and %s\n", filepath.Join(dir, "report.html"), filepath.Join(dir, "report.md"))
-	return nil
 }

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
+	"github.com/spf13/pflag"
 	"io"
 	"os"
 	"path/filepath"
@@ -28,55 +28,53 @@ type imageInfo struct {
 	Error     string   `json:"error,omitempty"`
 }
 
-func imageList(args []string) error {
-	fs := flag.NewFlagSet("vmgated image list", flag.ContinueOnError)
+func imageList(fs *pflag.FlagSet) runFunc {
 	state := fs.String("state-dir", defaultStateDir(), "state directory")
 	imgDir := fs.String("image", "", "the default image's directory (default STATE/image)")
 	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if err := needStateDir(*state); err != nil {
-		return err
-	}
-	if *imgDir == "" {
-		*imgDir = defaultImageDir(*state)
-	}
-	if *templateDir == "" {
-		*templateDir = filepath.Join(*state, "templates")
-	}
-	dirs := map[string]string{vm.DefaultImage: *imgDir}
-	ents, err := os.ReadDir(filepath.Join(*state, "images"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	for _, e := range ents {
-		if e.IsDir() && image.ValidName(e.Name()) && e.Name() != vm.DefaultImage {
-			dirs[e.Name()] = filepath.Join(*state, "images", e.Name())
+	return func(ctx context.Context, args []string) error {
+		if err := needStateDir(*state); err != nil {
+			return err
 		}
-	}
-	digests := templateDigests(*templateDir)
-	var out []imageInfo
-	for name, dir := range dirs {
-		out = append(out, describeImage(name, dir, digests))
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSUITE\tKERNEL\tPACKAGES\tSIZE\tTEMPLATES\tDIR")
-	for _, i := range out {
-		if i.Error != "" {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t%s (%s)\n", i.Name, i.Dir, i.Error)
-			continue
+		if *imgDir == "" {
+			*imgDir = defaultImageDir(*state)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d MiB\t%d\t%s\n", i.Name, i.Suite, i.Kernel, len(i.Packages), i.SizeBytes>>20, i.Templates, i.Dir)
+		if *templateDir == "" {
+			*templateDir = filepath.Join(*state, "templates")
+		}
+		dirs := map[string]string{vm.DefaultImage: *imgDir}
+		ents, err := os.ReadDir(filepath.Join(*state, "images"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		for _, e := range ents {
+			if e.IsDir() && image.ValidName(e.Name()) && e.Name() != vm.DefaultImage {
+				dirs[e.Name()] = filepath.Join(*state, "images", e.Name())
+			}
+		}
+		digests := templateDigests(*templateDir)
+		var out []imageInfo
+		for name, dir := range dirs {
+			out = append(out, describeImage(name, dir, digests))
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tSUITE\tKERNEL\tPACKAGES\tSIZE\tTEMPLATES\tDIR")
+		for _, i := range out {
+			if i.Error != "" {
+				fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t%s (%s)\n", i.Name, i.Dir, i.Error)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d MiB\t%d\t%s\n", i.Name, i.Suite, i.Kernel, len(i.Packages), i.SizeBytes>>20, i.Templates, i.Dir)
+		}
+		return tw.Flush()
 	}
-	return tw.Flush()
 }
 
 func describeImage(name, dir string, templates map[string]int) imageInfo {
@@ -132,8 +130,7 @@ func imageTarget(state, out, name string) (string, error) {
 
 // imageImport runs `vmgated image import`: an image from a root file
 // system tarball (docker export), for profile.image.
-func imageImport(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("vmgated image import", flag.ContinueOnError)
+func imageImport(fs *pflag.FlagSet) runFunc {
 	state := fs.String("state-dir", defaultStateDir(), "state directory")
 	out := fs.String("out", "", "output directory (default STATE/images/NAME)")
 	name := fs.String("name", "", "image name for profile.image")
@@ -141,38 +138,37 @@ func imageImport(ctx context.Context, args []string) error {
 	agent := fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)")
 	diskMiB := fs.Int("disk-size", 4096, "guest root filesystem size in MiB")
 	level := fs.String("log-level", "info", "log level")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("%w: want one root file system tarball after the flags", errUsage)
+		}
+		if *name == "" && *out == "" {
+			return fmt.Errorf("%w: give the image a --name (profiles select it with image = \"NAME\")", errUsage)
+		}
+		lvl, err := parseLogLevel(*level)
+		if err != nil {
+			return err
+		}
+		if *out, err = imageTarget(*state, *out, *name); err != nil {
+			return err
+		}
+		log := newLogger(os.Stderr, lvl)
+		var progress io.Writer
+		if isTerminal(os.Stderr) {
+			progress = os.Stderr
+			log = newLogger(io.Discard, lvl)
+		}
+		res, err := image.Import(ctx, image.ImportOptions{OutDir: *out, Tarball: args[0], AgentPath: *agent,
+			DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress})
+		if err != nil {
+			return err
+		}
+		state2 := "imported"
+		if res.Cached {
+			state2 = "up to date"
+		}
+		m := res.Manifest
+		fmt.Printf("image %s: %s (kernel %s, %d packages, base.qcow2 %d MiB)\n", state2, *out, m.KernelVersion, len(m.Packages), m.Artifacts[image.BaseFile].Size>>20)
+		return nil
 	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("%w: want one root file system tarball after the flags", errUsage)
-	}
-	if *name == "" && *out == "" {
-		return fmt.Errorf("%w: give the image a --name (profiles select it with image = \"NAME\")", errUsage)
-	}
-	lvl, err := parseLogLevel(*level)
-	if err != nil {
-		return err
-	}
-	if *out, err = imageTarget(*state, *out, *name); err != nil {
-		return err
-	}
-	log := newLogger(os.Stderr, lvl)
-	var progress io.Writer
-	if isTerminal(os.Stderr) {
-		progress = os.Stderr
-		log = newLogger(io.Discard, lvl)
-	}
-	res, err := image.Import(ctx, image.ImportOptions{OutDir: *out, Tarball: fs.Arg(0), AgentPath: *agent,
-		DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress})
-	if err != nil {
-		return err
-	}
-	state2 := "imported"
-	if res.Cached {
-		state2 = "up to date"
-	}
-	m := res.Manifest
-	fmt.Printf("image %s: %s (kernel %s, %d packages, base.qcow2 %d MiB)\n", state2, *out, m.KernelVersion, len(m.Packages), m.Artifacts[image.BaseFile].Size>>20)
-	return nil
 }

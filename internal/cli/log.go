@@ -3,7 +3,6 @@
 package cli
 
 import (
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -22,9 +21,3 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 }
 
 func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
-
-// multiFlag collects a repeatable flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return fmt.Sprint(*m) }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }

@@ -2,17 +2,15 @@ package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
+	"github.com/spf13/pflag"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway"
-	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -24,8 +22,7 @@ const DefaultConfig = "/etc/vmgate/vmgate.toml"
 // when --ssh-authorized-keys is not given.
 const DefaultSSHAuthorizedKeys = "/etc/vmgate/ssh_authorized_keys"
 
-func serve(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("vmgated serve", flag.ContinueOnError)
+func serve(fs *pflag.FlagSet) runFunc {
 	config := fs.String("config", "", "policy file (default "+DefaultConfig+" if it exists, else the embedded default policy)")
 	socket := fs.String("socket", "", "socket path (default "+wire.DefaultSocket+"; ignored under socket activation)")
 	group := fs.String("socket-group", "", "group owning the socket (mode 0660)")
@@ -46,90 +43,67 @@ func serve(ctx context.Context, args []string) error {
 	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
 	netHosts := fs.String("net-hosts", "", "hosts(5)-style file pinning guest DNS names to addresses (checked before the host's resolver)")
 	netstackSocket := fs.String("netstack-socket", "", "SOCK_SEQPACKET socket where systemd starts a netstack per networked VM (vmgate-netstack.socket); default: vmgated jails them itself")
-	var redact multiFlag
-	fs.Var(&redact, "audit-redact", "regular expression; matching argv elements are redacted in the audit log (repeatable)")
-	var sshListen multiFlag
-	fs.Var(&sshListen, "ssh-listen", "serve SSH on IP:PORT (loopback) or unix:/PATH (repeatable; default off)")
+	var redact []string
+	fs.StringArrayVar(&redact, "audit-redact", nil, "regular expression; matching argv elements are redacted in the audit log (repeatable)")
+	var sshListen []string
+	fs.StringArrayVar(&sshListen, "ssh-listen", nil, "serve SSH on IP:PORT (loopback) or unix:/PATH (repeatable; default off)")
 	sshHostKey := fs.String("ssh-host-key", "", "SSH host key, created (ed25519, 0600) when missing (default STATE/"+sshfront.DefaultHostKey+")")
 	sshKeys := fs.String("ssh-authorized-keys", DefaultSSHAuthorizedKeys, "authorized-keys file: each key names its policy profile with profile=\"NAME\"")
 	sshRemote := fs.Bool("ssh-allow-remote", false, "allow --ssh-listen on non-loopback addresses (a logged relaxation)")
 	sshSessions := fs.Int("ssh-max-sessions", 4, "SSH sessions (commands) one connection may run at once")
 	sshIdle := fs.Duration("ssh-idle-timeout", 10*time.Minute, "close an SSH connection without sessions after this long")
 	level := fs.String("log-level", "info", "log level")
-	lvl, err := parseFlags(fs, args, level)
-	if err != nil {
-		return err
-	}
-	if err := needStateDir(*state); err != nil {
-		return err
-	}
-	a, err := vm.ParseAccel(*accel)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	cfg := gateway.Config{
-		Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
-		MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
-		Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
-		NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
-	}
-	if len(sshListen) > 0 {
-		if *sshSessions < 1 || *sshIdle <= 0 {
-			return fmt.Errorf("%w: --ssh-max-sessions must be 1 or more and --ssh-idle-timeout positive", errUsage)
-		}
-		cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
-			AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
-	}
-	cfg.NetstackSocket = *netstackSocket
-	if *netHosts != "" {
-		h, err := gateway.LoadHosts(*netHosts)
+	return func(ctx context.Context, args []string) error {
+		lvl, err := parseLogLevel(*level)
 		if err != nil {
 			return err
 		}
-		cfg.NetHosts = h
-	}
-	if *pool < 0 {
-		return fmt.Errorf("%w: --pool %d: must be 0 or more", errUsage, *pool)
-	}
-	switch {
-	case *builtin && *config != "":
-		return fmt.Errorf("%w: --builtin-policy and --config exclude each other", errUsage)
-	case *builtin:
-		cfg.PolicyPath = ""
-	case cfg.PolicyPath == "":
-		cfg.PolicyPath = DefaultConfig
-	}
-	if cfg.AuditPath == "" {
-		if writable("/var/log/vmgate") {
-			cfg.AuditPath = "/var/log/vmgate/audit.jsonl"
-		} else {
-			cfg.AuditPath = filepath.Join(*state, "audit.jsonl")
+		if err := needStateDir(*state); err != nil {
+			return err
 		}
+		a, err := vm.ParseAccel(*accel)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		cfg := gateway.Config{
+			Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
+			MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, AllowRoot: *allowRoot,
+			Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
+			NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
+		}
+		if len(sshListen) > 0 {
+			if *sshSessions < 1 || *sshIdle <= 0 {
+				return fmt.Errorf("%w: --ssh-max-sessions must be 1 or more and --ssh-idle-timeout positive", errUsage)
+			}
+			cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
+				AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
+		}
+		cfg.NetstackSocket = *netstackSocket
+		if *netHosts != "" {
+			h, err := gateway.LoadHosts(*netHosts)
+			if err != nil {
+				return err
+			}
+			cfg.NetHosts = h
+		}
+		if *pool < 0 {
+			return fmt.Errorf("%w: --pool %d: must be 0 or more", errUsage, *pool)
+		}
+		switch {
+		case *builtin && *config != "":
+			return fmt.Errorf("%w: --builtin-policy and --config exclude each other", errUsage)
+		case *builtin:
+			cfg.PolicyPath = ""
+		case cfg.PolicyPath == "":
+			cfg.PolicyPath = DefaultConfig
+		}
+		if cfg.AuditPath == "" {
+			if writable("/var/log/vmgate") {
+				cfg.AuditPath = "/var/log/vmgate/audit.jsonl"
+			} else {
+				cfg.AuditPath = filepath.Join(*state, "audit.jsonl")
+			}
+		}
+		return gateway.Run(ctx, cfg)
 	}
-	return gateway.Run(ctx, cfg)
-}
-
-func policyCheck(args []string) error {
-	if len(args) != 1 {
-		return fmt.Errorf("%w: vmgated policy check FILE", errUsage)
-	}
-	p, err := policy.Load(args[0])
-	if err != nil {
-		return err
-	}
-	fmt.Printf("%s: valid\n\n%s", args[0], p.Explain())
-	return nil
-}
-
-func auditVerify(args []string) error {
-	if len(args) != 1 {
-		return fmt.Errorf("%w: vmgated audit verify FILE", errUsage)
-	}
-	rep, err := audit.VerifyFile(args[0])
-	if err != nil {
-		return err
-	}
-	fmt.Printf("%s: %d records, seq %d..%d, %s .. %s, chain intact (head %s)\n", args[0], rep.Lines, rep.FirstSeq, rep.LastSeq,
-		rep.FirstTime.Format(time.RFC3339), rep.LastTime.Format(time.RFC3339), rep.Head)
-	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"runtime/debug"
 
 	"github.com/vmgate/vmgate/internal/shelltool"
 )
@@ -92,34 +91,4 @@ func sessionExecSchema() map[string]any {
 	props["session"] = map[string]any{"type": "string", "description": "Session name returned by session_start"}
 	s["required"] = []string{"session", "command"}
 	return s
-}
-
-// versionOf is the server version announced to clients, from the binary's
-// build information: the module version when it has one, else "dev" with
-// the VCS revision when the build recorded it.
-func versionOf(bi *debug.BuildInfo, ok bool) string {
-	if !ok || bi == nil {
-		return "dev"
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
-		return v
-	}
-	var rev string
-	var dirty bool
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			dirty = s.Value == "true"
-		}
-	}
-	if rev == "" {
-		return "dev"
-	}
-	v := "dev-" + rev[:min(len(rev), 12)]
-	if dirty {
-		v += "-dirty"
-	}
-	return v
 }

@@ -2,7 +2,6 @@ package mcpserver
 
 import (
 	"errors"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -101,27 +100,6 @@ func TestSessionExecSchema(t *testing.T) {
 	// shelltool.Schema is not modified.
 	if _, ok := shelltool.Schema()["properties"].(map[string]any)["session"]; ok {
 		t.Error("sessionExecSchema changed shelltool.Schema")
-	}
-}
-
-func TestVersionOf(t *testing.T) {
-	rev := []debug.BuildSetting{{Key: "vcs.revision", Value: "3adb3e52bf9c8002a8ab0194099c4325c390ddd8"}}
-	for _, tc := range []struct {
-		bi   *debug.BuildInfo
-		ok   bool
-		want string
-	}{
-		{nil, false, "dev"},
-		{&debug.BuildInfo{}, true, "dev"},
-		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, true, "dev"},
-		{&debug.BuildInfo{Main: debug.Module{Version: "v1.2.3"}, Settings: rev}, true, "v1.2.3"},
-		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: rev}, true, "dev-3adb3e52bf9c"},
-		{&debug.BuildInfo{Settings: append(rev, debug.BuildSetting{Key: "vcs.modified", Value: "true"})}, true, "dev-3adb3e52bf9c-dirty"},
-		{&debug.BuildInfo{Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abc"}}}, true, "dev-abc"},
-	} {
-		if got := versionOf(tc.bi, tc.ok); got != tc.want {
-			t.Errorf("versionOf(%+v) = %q, want %q", tc.bi, got, tc.want)
-		}
 	}
 }
 

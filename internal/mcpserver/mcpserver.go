@@ -38,7 +38,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -48,6 +47,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/shelltool"
+	"github.com/vmgate/vmgate/internal/version"
 )
 
 // Name is the server's name in the MCP handshake.
@@ -106,7 +106,7 @@ func New(o Options) *Server {
 		o.Log = slog.Default()
 	}
 	if o.Version == "" {
-		o.Version = versionOf(debug.ReadBuildInfo())
+		o.Version = version.Get().Version
 	}
 	if o.EndTimeout <= 0 {
 		o.EndTimeout = 30 * time.Second

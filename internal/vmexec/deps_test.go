@@ -25,6 +25,7 @@ var clientPackages = []string{
 	"github.com/vmgate/vmgate/internal/signum",
 	"github.com/vmgate/vmgate/internal/sshmsg",
 	"github.com/vmgate/vmgate/internal/transfer",
+	"github.com/vmgate/vmgate/internal/version",
 }
 
 func TestClientDependencies(t *testing.T) {

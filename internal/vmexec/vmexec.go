@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,193 +18,272 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/mcpserver"
+	"github.com/vmgate/vmgate/internal/version"
 )
-
-const vmexecUsage = `usage: vm-exec [flags] [--] PROG ARGS…
-       vm-exec [flags] -c 'SHELL STRING'
-       vm-exec [--session NAME] cp LOCAL NAME:GUESTPATH | cp NAME:GUESTPATH LOCAL
-       vm-exec --list-sessions | --end-session NAME
-       vm-exec mcp [--socket PATH]     (an MCP server on stdin/stdout; docs/agents.md)
-Runs PROG in a fresh disposable VM (or in session NAME) through vmgated.
-Flags:
-  --socket PATH     gateway socket (default $VMGATE_SOCKET or /run/vmgate/vmgate.sock)
-  --timeout D       time limit, e.g. 30s (default: the policy's)
-  --session NAME    run in the caller's kept VM NAME (created on first use)
-  --json            print one JSON result object (with stdout/stderr) instead of streaming
-  -i                send stdin even when it is a terminal (default: only when it is not)
-  -t                run on a pseudo-terminal in the VM (stderr merges into stdout); with -i and a
-                    terminal on stdin, the local terminal is put in raw mode meanwhile
-  -C DIR            working directory in the guest
-  -e KEY=VALUE      environment variable (repeatable; the policy must allow it)
-  --put LOCAL:GUESTPATH  copy a file or directory into the VM before the command (repeatable)
-  --get GUESTPATH:LOCAL  copy a file or directory out of the VM after it (repeatable)
-  cp copies in a session, as docker cp does (":GUESTPATH" with --session); see docs/files.md.
-Exit status: the command's, 128+N for signal N, or
-  201 denied by policy, 202 busy, 203 timed out, 204 gateway unreachable, 205 VM failure,
-  206 file transfer failed (after a command that succeeded), 200 other.
-`
-
-// multiFlag collects a repeatable flag.
-type multiFlag []string
-
-func (m *multiFlag) String() string     { return fmt.Sprint(*m) }
-func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 // vmexecOpts is the parsed vm-exec command line.
 type vmexecOpts struct {
 	socket, session, endSession, shell, dir string
 	timeout                                 time.Duration
-	jsonOut, list, forceStdin, shellMode    bool
-	tty                                     bool
-	env                                     multiFlag
+	jsonOut, list, forceStdin, noStdin      bool
+	tty, shellMode, help, version           bool
+	env, envFiles                           []string
 	argv                                    []string
 	puts, gets                              []copySpec
 }
 
+// flagSet defines vm-exec's flags on o. Parsing stops at the first
+// argument that is not a flag (PROG): nothing after it is vm-exec's.
+func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("vm-exec", pflag.ContinueOnError)
+	fs.SetInterspersed(false)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	fs.StringVarP(&o.shell, "command", "c", "", "run the shell `STRING` (sh -c in the guest) instead of PROG ARGS…")
+	fs.StringVar(&o.session, "session", "", "run in the caller's kept VM `NAME` (created on first use)")
+	fs.DurationVar(&o.timeout, "timeout", 0, "time limit, e.g. 30s (default: the policy's)")
+	fs.BoolVarP(&o.forceStdin, "interactive", "i", false, "send stdin even when it is a terminal (default: only when it is not)")
+	fs.BoolVarP(&o.noStdin, "no-stdin", "n", false, "give the command an empty stdin, as ssh -n does")
+	fs.BoolVarP(&o.tty, "tty", "t", false, "run on a pseudo-terminal in the VM (stderr merges into stdout; with -i on a terminal, raw mode)")
+	fs.StringVarP(&o.dir, "workdir", "w", "", "working `DIR` in the guest (default: the guest user's home)")
+	fs.StringVarP(&o.dir, "directory", "C", "", "the same as --workdir `DIR`")
+	fs.StringArrayVarP(&o.env, "env", "e", nil, "set `KEY=VALUE` in the guest, or KEY to pass its value here (repeatable; the policy must allow it)")
+	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
+	fs.StringArrayVar(puts, "put", nil, "copy a file or directory into the VM before the command: `LOCAL:GUESTPATH` (repeatable)")
+	fs.StringArrayVar(gets, "get", nil, "copy a file or directory out of the VM after it: `GUESTPATH:LOCAL` (repeatable)")
+	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result (with stdout and stderr) instead of streaming; with --list-sessions, JSON sessions")
+	fs.BoolVar(&o.list, "list-sessions", false, "list the caller's sessions")
+	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME`")
+	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
+	fs.BoolVarP(&o.help, "help", "h", false, "show this help")
+	fs.BoolVar(&o.version, "version", false, "print the version")
+	return fs
+}
+
+// usageError is a command line vm-exec cannot run.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
 // parseVMExec parses the vm-exec command line (pure; fuzzed).
 func parseVMExec(args []string) (*vmexecOpts, error) {
 	o := &vmexecOpts{}
-	fs := flag.NewFlagSet("vm-exec", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.StringVar(&o.socket, "socket", "", "")
-	fs.DurationVar(&o.timeout, "timeout", 0, "")
-	fs.StringVar(&o.session, "session", "", "")
-	fs.StringVar(&o.endSession, "end-session", "", "")
-	fs.BoolVar(&o.list, "list-sessions", false, "")
-	fs.BoolVar(&o.jsonOut, "json", false, "")
-	fs.BoolVar(&o.forceStdin, "i", false, "")
-	fs.BoolVar(&o.tty, "t", false, "")
-	fs.StringVar(&o.shell, "c", "", "")
-	fs.StringVar(&o.dir, "C", "", "")
-	fs.Var(&o.env, "e", "")
-	var puts, gets multiFlag
-	fs.Var(&puts, "put", "")
-	fs.Var(&gets, "get", "")
+	var puts, gets []string
+	fs := o.flagSet(&puts, &gets)
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, usagef("%v", err)
 	}
+	if o.help || o.version {
+		return o, nil
+	}
+	o.argv = fs.Args()
 	for _, v := range puts {
 		p, err := parsePut(v)
 		if err != nil {
-			return nil, err
+			return nil, &usageError{err.Error()}
 		}
 		o.puts = append(o.puts, p)
 	}
 	for _, v := range gets {
 		g, err := parseGet(v)
 		if err != nil {
-			return nil, err
+			return nil, &usageError{err.Error()}
 		}
 		o.gets = append(o.gets, g)
 	}
-	o.argv = fs.Args()
-	shellSet := false
-	fs.Visit(func(f *flag.Flag) { shellSet = shellSet || f.Name == "c" })
+	shellSet := fs.Changed("command")
 	switch {
 	case o.list || o.endSession != "":
 		if len(o.argv) > 0 || shellSet {
-			return nil, errors.New("--list-sessions and --end-session take no command")
+			return nil, usagef("--list-sessions and --end-session take no command")
 		}
 	case shellSet:
 		if len(o.argv) > 0 {
-			return nil, errors.New("-c takes one shell string and no further arguments")
+			return nil, usagef("-c takes one shell string and no further arguments (got %q)", o.argv)
 		}
 		o.argv = []string{o.shell}
 		o.shellMode = true
 	case len(o.argv) == 0:
-		return nil, errors.New("no command given")
+		return nil, usagef("no command given")
+	}
+	switch {
+	case o.timeout < 0:
+		return nil, usagef("--timeout must not be negative")
+	case o.noStdin && o.forceStdin:
+		return nil, usagef("-n and -i contradict each other")
 	}
 	// `cp` with one guest side is vmgate's copy (`vm-exec -- cp` never is).
-	if dashdash := len(args) > len(o.argv) && args[len(args)-len(o.argv)-1] == "--"; !dashdash && !o.shellMode {
+	if fs.ArgsLenAtDash() != 0 && !o.shellMode {
 		cp, err := parseCp(o)
 		if err != nil {
-			return nil, err
+			return nil, &usageError{err.Error()}
 		}
 		if cp && (len(puts)+len(gets) > 0 || o.tty || o.forceStdin || o.jsonOut) {
-			return nil, errors.New("cp takes no --put, --get, -t, -i or --json")
+			return nil, usagef("cp takes no --put, --get, -t, -i or --json")
 		}
-	}
-	if o.timeout < 0 {
-		return nil, errors.New("--timeout must not be negative")
 	}
 	return o, nil
 }
 
-// Run runs the vm-exec command line and returns the process exit code.
-// A first argument "mcp" runs the MCP server (`vm-exec -- mcp` runs a
-// program called mcp).
-func Run(args []string) int {
-	if len(args) > 0 && args[0] == "mcp" {
-		return vmexecMCP(args[1:])
+// vmexecCommand describes vm-exec for its help, man page and completion.
+// vm-exec parses its own command line (parseVMExec): the command is never
+// executed.
+func vmexecCommand() *cobra.Command {
+	var puts, gets []string
+	cmd := &cobra.Command{
+		Use:   "vm-exec [flags] [--] PROG [ARGS…]",
+		Short: "Run a command in a disposable VM, as if it ran here",
+		Long: `vm-exec runs PROG ARGS… in a fresh disposable VM (or in the session NAME) through vmgated,
+with the command's own stdout, stderr and exit code. Flags are read up to PROG: everything
+after it is the command's, so "vm-exec ls -h" runs "ls -h". Use -- before a PROG that
+starts with a dash, or is named mcp, ps or cp.
+
+  vm-exec [flags] -c 'SHELL STRING'
+  vm-exec [--session NAME] cp LOCAL NAME:GUESTPATH     (or NAME:GUESTPATH LOCAL; docs/files.md)
+  vm-exec --list-sessions [--json] | --end-session NAME
+  vm-exec ps [--json]         the caller's live VMs and sessions (vmgated status)
+  vm-exec mcp [--socket PATH] an MCP server on stdin/stdout (docs/agents.md)
+
+Exit status: the command's, or 128+N when signal N killed it; vmgate's own outcomes are
+above that range: 200 vmgate failed, 201 denied by policy, 202 busy, 203 timed out,
+204 gateway unreachable, 205 VM failure, 206 file transfer failed (after a command that
+succeeded), 207 invalid command line.`,
+		Version:               version.Get().String(),
+		DisableFlagsInUseLine: true,
+		SilenceUsage:          true,
+		SilenceErrors:         true,
+		RunE:                  func(*cobra.Command, []string) error { return nil },
 	}
-	for _, a := range args {
-		if a == "-h" || a == "--help" || a == "-help" {
-			fmt.Fprint(os.Stdout, vmexecUsage)
-			return 0
-		}
-		if a == "--" {
-			break
+	cmd.Flags().AddFlagSet((&vmexecOpts{}).flagSet(&puts, &gets))
+	for _, sub := range []*cobra.Command{mcpCommand(new(string)), psCommand(new(bool), new(string))} {
+		sub.Run = func(*cobra.Command, []string) {} // described here, run by Run
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
+
+// Command is vm-exec's command tree, for man pages.
+func Command() *cobra.Command { return vmexecCommand() }
+
+// Run runs the vm-exec command line and returns the process exit code.
+// A first argument "mcp" or "ps" runs that (`vm-exec -- ps` runs a
+// program called ps).
+func Run(args []string) int {
+	if len(args) > 0 {
+		switch {
+		case args[0] == "mcp":
+			return vmexecMCP(args[1:])
+		case isPS(args):
+			return vmexecPS(args[1:])
 		}
 	}
 	o, err := parseVMExec(args)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "vm-exec: %v\n%s", err, vmexecUsage)
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\nRun 'vm-exec --help' for usage.\n", err)
 		return wire.ExitUsage
+	}
+	switch {
+	case o.help:
+		cmd := vmexecCommand()
+		cmd.SetOut(os.Stdout)
+		_ = cmd.Help()
+		return 0
+	case o.version:
+		fmt.Println("vm-exec " + version.Get().String())
+		return 0
 	}
 	c := client.New(o.socket)
 	ctx := context.Background()
 	switch {
 	case o.list:
-		ss, err := c.Sessions(ctx)
-		if err != nil {
-			return reportErr(err)
-		}
-		for _, s := range ss {
-			fmt.Printf("%s\tvm=%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, s.VMID, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
-		}
-		return 0
+		return listSessions(ctx, c, o.jsonOut)
 	case o.endSession != "":
 		if err := c.EndSession(ctx, o.endSession); err != nil {
 			return reportErr(err)
 		}
 		return 0
 	}
+	if err := resolveEnv(o, os.LookupEnv, os.ReadFile); err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
+		return wire.ExitUsage
+	}
 	return runExec(ctx, c, o)
 }
 
-const mcpUsage = `usage: vm-exec mcp [--socket PATH]
-Serves the Model Context Protocol on stdin/stdout: tools exec_shell_command,
-session_start, session_exec and session_end run commands in disposable VMs
-through vmgated. Sessions it started end when stdin closes. See docs/agents.md.
-`
+func listSessions(ctx context.Context, c *client.Client, jsonOut bool) int {
+	ss, err := c.Sessions(ctx)
+	if err != nil {
+		return reportErr(err)
+	}
+	if jsonOut {
+		if ss == nil {
+			ss = []wire.Session{}
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(ss)
+		return 0
+	}
+	for _, s := range ss {
+		fmt.Printf("%s\tvm=%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, s.VMID, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
+	}
+	return 0
+}
+
+func mcpCommand(socket *string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "mcp [--socket PATH]",
+		Short: "Serve the Model Context Protocol on stdin/stdout",
+		Long: `Serves the Model Context Protocol on stdin/stdout: tools exec_shell_command,
+session_start, session_exec, session_write_file, session_read_file and session_end run
+commands in disposable VMs through vmgated. Sessions it started end when it exits, even by
+SIGKILL. See docs/agents.md.`,
+		Args:                  cobra.NoArgs,
+		DisableFlagsInUseLine: true,
+		SilenceUsage:          true,
+		SilenceErrors:         true,
+	}
+	cmd.Flags().StringVar(socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
+	return cmd
+}
 
 // vmexecMCP runs `vm-exec mcp`: stdout carries the protocol, logs go to stderr.
 func vmexecMCP(args []string) int {
-	fs := flag.NewFlagSet("vm-exec mcp", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	socket := fs.String("socket", "", "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(os.Stdout, mcpUsage)
-			return 0
+	var socket string
+	cmd := mcpCommand(&socket)
+	cmd.SetArgs(args)
+	cmd.SetOut(os.Stdout)
+	cmd.RunE = func(*cobra.Command, []string) error {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		srv := mcpserver.New(mcpserver.Options{Client: client.New(socket), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		if err := srv.ServeStdio(ctx); err != nil {
+			return fmt.Errorf("%w", err)
 		}
-		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n%s", err, mcpUsage)
-		return wire.ExitUsage
+		return nil
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "vm-exec mcp: unexpected arguments %q\n%s", fs.Args(), mcpUsage)
-		return wire.ExitUsage
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	srv := mcpserver.New(mcpserver.Options{Client: client.New(*socket), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
-	if err := srv.ServeStdio(ctx); err != nil {
-		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n", err)
+	return execute(cmd, "vm-exec mcp")
+}
+
+// execute runs a cobra command and maps its outcome to an exit code:
+// usage errors (flags, arguments) to ExitUsage.
+func execute(cmd *cobra.Command, name string) int {
+	var ran bool
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, a []string) error { ran = true; return run(c, a) }
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		if !ran {
+			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", name)
+			return wire.ExitUsage
+		}
 		return wire.ExitInternal
 	}
 	return 0
@@ -225,7 +303,7 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	} else {
 		sio.Stdout, sio.Stderr = os.Stdout, os.Stderr
 	}
-	if len(o.argv) > 0 && (o.forceStdin || !term.IsTerminal(int(os.Stdin.Fd()))) {
+	if len(o.argv) > 0 && !o.noStdin && (o.forceStdin || !term.IsTerminal(int(os.Stdin.Fd()))) {
 		sio.Stdin = os.Stdin
 	}
 	if o.tty {

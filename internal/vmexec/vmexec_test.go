@@ -1,6 +1,7 @@
 package vmexec
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -29,6 +30,13 @@ var parseCases = []struct {
 	{[]string{"--nonsense", "true"}, nil, false, true},
 	{[]string{"cp", "a", "b"}, []string{"cp", "a", "b"}, false, false},
 	{[]string{"--", "cp", "a", "s:/b"}, []string{"cp", "a", "s:/b"}, false, false},
+	{[]string{"df", "-h"}, []string{"df", "-h"}, false, false},
+	{[]string{"ls", "--help"}, []string{"ls", "--help"}, false, false},
+	{[]string{"grep", "-h", "root", "/etc/passwd"}, []string{"grep", "-h", "root", "/etc/passwd"}, false, false},
+	{[]string{"-it", "bash"}, []string{"bash"}, false, false},
+	{[]string{"-n", "-w", "/tmp", "sh", "-c", "pwd", "--timeout", "1s"}, []string{"sh", "-c", "pwd", "--timeout", "1s"}, false, false},
+	{[]string{"-n", "-i", "true"}, nil, false, true},
+	{[]string{"echo", "--session", "x", "-e", "A=1"}, []string{"echo", "--session", "x", "-e", "A=1"}, false, false},
 	{[]string{"cp", "a", ":/b"}, nil, false, true},
 	{[]string{"--session", "t", "cp", "a", "s:/b"}, nil, false, true},
 	{[]string{"--put", "nocolon", "true"}, nil, false, true},
@@ -65,7 +73,7 @@ func FuzzParseVMExec(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		args := strings.Split(s, "\x00")
 		o, err := parseVMExec(args)
-		if err != nil {
+		if err != nil || o.help || o.version {
 			return
 		}
 		if !o.list && o.endSession == "" && len(o.argv) == 0 && (o.session == "" || len(o.puts)+len(o.gets) != 1) {
@@ -97,6 +105,48 @@ func TestParseTransfers(t *testing.T) {
 		}
 		if o.session != tc.session || !reflect.DeepEqual(o.puts, tc.puts) || !reflect.DeepEqual(o.gets, tc.gets) || !reflect.DeepEqual(o.argv, tc.argv) {
 			t.Errorf("%q: session %q puts %v gets %v argv %q", tc.args, o.session, o.puts, o.gets, o.argv)
+		}
+	}
+}
+
+func TestParseFlagsBeforeProg(t *testing.T) {
+	o, err := parseVMExec([]string{"-it", "-e", "A=1", "-eB", "--env-file", "f", "-w", "/srv", "bash", "-l"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.tty || !o.forceStdin || o.dir != "/srv" || !reflect.DeepEqual(o.env, []string{"A=1", "B"}) || !reflect.DeepEqual(o.envFiles, []string{"f"}) || !reflect.DeepEqual(o.argv, []string{"bash", "-l"}) {
+		t.Fatalf("%+v", o)
+	}
+	for _, args := range [][]string{{"-h"}, {"--help", "ls"}, {"--version"}} {
+		if o, err := parseVMExec(args); err != nil || !(o.help || o.version) {
+			t.Errorf("%q: %+v %v", args, o, err)
+		}
+	}
+	if _, err := parseVMExec([]string{"--bogus", "ls"}); err == nil || !strings.Contains(err.Error(), "unknown flag: --bogus") {
+		t.Errorf("unknown flag: %v", err)
+	}
+}
+
+func TestResolveEnv(t *testing.T) {
+	local := map[string]string{"HOME": "/home/a", "EMPTY": ""}
+	lookup := func(k string) (string, bool) { v, ok := local[k]; return v, ok }
+	files := map[string]string{"app.env": "# settings\nA=1\n\n  B=spaced\nHOME\nA=2\n", "bad.env": "MISSING\n"}
+	read := func(f string) ([]byte, error) {
+		if b, ok := files[f]; ok {
+			return []byte(b), nil
+		}
+		return nil, errors.New("no such file")
+	}
+	o := &vmexecOpts{envFiles: []string{"app.env"}, env: []string{"EMPTY", "C=3", "A=9"}}
+	if err := resolveEnv(o, lookup, read); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"A=9", "B=spaced", "HOME=/home/a", "EMPTY=", "C=3"}; !reflect.DeepEqual(o.env, want) {
+		t.Errorf("env %q, want %q", o.env, want)
+	}
+	for _, o := range []*vmexecOpts{{env: []string{"NOPE"}}, {envFiles: []string{"bad.env"}}, {envFiles: []string{"missing.env"}}, {env: []string{"=x"}}} {
+		if err := resolveEnv(o, lookup, read); err == nil {
+			t.Errorf("%+v: no error", o)
 		}
 	}
 }

@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/version"
+	"github.com/vmgate/vmgate/policy"
+)
+
+// liveExec is a running command, for status.
+type liveExec struct {
+	owner string // callerKey
+	info  wire.LiveExec
+}
+
+// describeCaller names a caller in status: "uid 1000 (alice)" or
+// "ssh SHA256:…".
+func describeCaller(id policy.Identity) string {
+	if id.SSH != nil {
+		return "ssh " + id.SSH.Fingerprint
+	}
+	d := "uid " + strconv.FormatUint(uint64(id.UID), 10)
+	if id.User != "" {
+		d += " (" + id.User + ")"
+	}
+	return d
+}
+
+// track records st's command as running in target until the returned
+// func is called.
+func (s *Server) track(st *execState, target *vmTarget) func() {
+	e := liveExec{owner: callerKey(st.id), info: wire.LiveExec{RequestID: st.reqID, VMID: target.vm.ID, Profile: st.verdict.Profile,
+		Caller: describeCaller(st.id), Argv: st.argv, Session: st.req.Session, VMStart: target.start, Started: time.Now().UTC()}}
+	if st.req.TransferOnly() {
+		e.info.Argv = []string{"(file transfer)"}
+	}
+	s.mu.Lock()
+	s.live[st.reqID] = e
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.live, st.reqID)
+		s.mu.Unlock()
+	}
+}
+
+// status is what GET /v1/status tells id: the daemon's counters, and the
+// running commands and sessions of id, or of everyone for an admin.
+func (s *Server) status(id policy.Identity) wire.Status {
+	used, waiting := s.slots.stats()
+	st := wire.Status{Version: version.Get().Version, LiveVMs: used, MaxVMs: s.cfg.MaxVMs, Waiting: waiting, Audit: "ok",
+		Policy: s.policy.Load().Source(), RestoreHandshakeFailures: s.host.HandshakeFailures(), Pools: []wire.Pool{},
+		All: s.policy.Load().IsAdmin(id), VMs: []wire.LiveExec{}, Sessions: []wire.Session{}}
+	if err := s.audit.Healthy(); err != nil {
+		st.Audit = err.Error()
+	}
+	for _, ss := range s.host.Stats() {
+		p := ss.Pool
+		st.Pools = append(st.Pools, wire.Pool{Image: ss.Image, MemoryMiB: ss.MemoryMiB, CPUs: ss.CPUs, Seccomp: ss.Seccomp, Network: ss.Network,
+			Ready: p.Ready, Size: p.Size, Hits: p.Hits, Misses: p.Misses, Restored: p.Restored, Failures: p.Failures, Shrunk: p.Shrunk,
+			RestoreHandshakeFailures: ss.HandshakeFailures})
+	}
+	owner := callerKey(id)
+	s.mu.Lock()
+	for _, e := range s.live {
+		if st.All || e.owner == owner {
+			st.VMs = append(st.VMs, e.info)
+		}
+	}
+	for k, ss := range s.sessions {
+		if st.All || k.owner == owner {
+			info := ss.info()
+			info.Owner = describeCaller(ss.id)
+			st.Sessions = append(st.Sessions, info)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(st.VMs, func(i, j int) bool { return st.VMs[i].Started.Before(st.VMs[j].Started) })
+	sort.Slice(st.Sessions, func(i, j int) bool { return st.Sessions[i].Name < st.Sessions[j].Name })
+	return st
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	writeJSON(w, s.status(id))
+}

@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/version"
+)
+
+// runFunc runs a command with its positional arguments, once its flags
+// (defined on the command's flag set) are parsed.
+type runFunc func(ctx context.Context, args []string) error
+
+// errUsage is wrapped by errors about the command line: they exit
+// wire.ExitUsage.
+var errUsage = errors.New("invalid command line")
+
+// exitError carries a command's exit code (debug run: the guest's).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitWith ends a command with code, reporting err (if any) first.
+func exitWith(code int, err error) error {
+	if code == 0 && err == nil {
+		return nil
+	}
+	return &exitError{code: code, err: err}
+}
+
+// usageArgs wraps an argument check so that its errors are usage errors.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		return nil
+	}
+}
+
+// verb makes a leaf command whose flags define registers and whose run it
+// returns.
+func verb(use, short, long string, args cobra.PositionalArgs, define func(*pflag.FlagSet) runFunc) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Long: long, Args: usageArgs(args)}
+	run := define(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, args []string) error { return run(cmd.Context(), args) }
+	return cmd
+}
+
+// group makes a command that only holds others: alone it shows its help,
+// with an unknown subcommand it says so and suggests the nearest.
+func group(use, short string, subs ...*cobra.Command) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, SuggestionsMinimumDistance: 2, Args: func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return nil
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += "; did you mean " + strings.Join(s, " or ") + "?"
+		}
+		return fmt.Errorf("%w: %s", errUsage, msg)
+	}, RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() }}
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
+// qemuVersion is the first line of the QEMU found's --version, for
+// vmgated --version.
+func qemuVersion() string {
+	path, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		return "QEMU: not found in PATH"
+	}
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		return "QEMU: " + path + ": " + err.Error()
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return "QEMU: " + path + ": " + line
+}
+
+// Command is vmgated's command tree.
+func Command() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "vmgated",
+		Short: "The vmgate daemon and admin tool: commands in disposable VMs",
+		Long: `vmgated runs the vmgate gateway (serve), builds and imports guest images, checks
+policies and audit logs, shows the daemon's state, and benchmarks. See README.md.
+
+Exit status: 0, 1 for a failure the message explains, 207 for an invalid command line
+(vmgate's own codes are above a guest command's: docs/protocol.md); debug run exits
+with its command's status.`,
+		Version:       version.Get().String(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	cobra.AddTemplateFunc("qemuVersion", qemuVersion)
+	root.SetVersionTemplate("vmgated {{.Version}}\n{{qemuVersion}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", errUsage, err) })
+	debug := verb("run [flags] -- PROG [ARGS…]", "Run one command in one VM, without a daemon", "", cobra.MinimumNArgs(1), debugRun)
+	debug.Flags().SetInterspersed(false)
+	root.AddCommand(
+		verb("serve", "Run the gateway: exec requests on the socket, each in a fresh VM", "", cobra.NoArgs, serve),
+		verb("status", "Show the daemon's VMs, sessions, queue and pools", statusLong, cobra.NoArgs, status),
+		group("policy", "Check policies", verb("check FILE", "Validate a policy and explain what it allows", "", cobra.ExactArgs(1), policyCheck)),
+		group("audit", "Check audit logs", verb("verify FILE", "Check an audit log's hash chain", "", cobra.ExactArgs(1), auditVerify)),
+		group("image", "Build, import, list and warm guest images",
+			verb("build", "Build a guest image (Debian, mmdebstrap)", "", cobra.NoArgs, imageBuild),
+			verb("import [flags] ROOTFS.tar", "Make an image from a root filesystem tarball (docker export)", importLong, cobra.ExactArgs(1), imageImport),
+			verb("list", "List the images: name, suite, kernel, packages, size, templates", "", cobra.NoArgs, imageList),
+			verb("warm", "Make the VM templates that fresh VMs are restored from", "", cobra.NoArgs, imageWarm)),
+		group("debug", "Debugging aids", debug),
+		group("bench", "Benchmarks (docs/benchmarks.md, docs/scenarios.md)",
+			verb("exec", "Exec-path benchmark: fresh-VM latency, throughput, memory", "", cobra.NoArgs, benchExec),
+			verb("agent", "Agent benchmark: can an LLM fix a broken server?", "", cobra.NoArgs, benchAgent),
+			verb("report DIR", "Write report.html and report.md of a bench agent run", "", cobra.ExactArgs(1), benchReport)),
+	)
+	return root
+}
+
+const importLong = `Unpacks a root filesystem tarball (compressed or not, such as docker export writes) and
+adds the same kernel and initramfs as a built image, the agent, its keys, a resolver and a
+user agent; the agent is the root's init. Needs root. See docs/operator.md, "Importing a
+root filesystem".`
+
+// Vmgated runs the vmgated command line and returns the process exit code.
+func Vmgated(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := Command()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	return exitCode(err)
+}
+
+// exitCode reports err and maps it to vmgated's exit status.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintf(os.Stderr, "vmgated: %v\n", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintf(os.Stderr, "vmgated: %v\n", err)
+	if errors.Is(err, errUsage) || strings.HasPrefix(err.Error(), "unknown command") {
+		fmt.Fprintln(os.Stderr, "Run 'vmgated --help' for usage.")
+		return wire.ExitUsage
+	}
+	return 1
+}
