@@ -11,7 +11,7 @@ DEB_PACKAGES = qemu-system-x86 qemu-utils mmdebstrap e2fsprogs libseccomp-dev \
                ca-certificates gcc make cpio systemd iproute2 openssh-client \
                busybox-static
 
-.PHONY: all build deps image demo install test unit lint clean
+.PHONY: all build deps image demo install test unit lint clean man
 
 all: build
 
@@ -23,6 +23,10 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags osusergo,netgo -ldflags='-s -w' -o $(BIN)/vmgate-agent ./cmd/vmgate-agent
 	$(GO) build -trimpath -ldflags='$(VERSION_X)' -o $(BIN)/vmgated ./cmd/vmgated
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w $(VERSION_X)' -o $(BIN)/vm-exec ./cmd/vm-exec
+
+# Man pages of vmgated and vm-exec, from their help texts, into man/.
+man:
+	$(GO) run ./internal/mangen -out man
 
 # Installs the Debian packages vmgate needs (root).
 deps:
