@@ -37,7 +37,7 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		if err := needStateDir(*state); err != nil {
+		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		if *from != "" {
@@ -71,7 +71,7 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		}
 		rep, err := bench.Exec(ctx, bench.ExecOptions{
 			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
-			Concurrency: levels, PoolSize: *pool, Accel: a, Log: newLogger(os.Stderr, lvl), Progress: os.Stderr,
+			Concurrency: levels, PoolSize: *pool, Accel: a, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
 		})
 		if err != nil {
 			return err
@@ -119,7 +119,7 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		if err := needStateDir(*state); err != nil {
+		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		a, err := vm.ParseAccel(*accel)

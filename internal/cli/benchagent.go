@@ -41,7 +41,7 @@ func benchAgent(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		if err := needStateDir(*state); err != nil {
+		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		var ids []string
@@ -65,7 +65,7 @@ func benchAgent(fs *pflag.FlagSet) runFunc {
 		}
 		o := agentbench.Options{Scenarios: scenarios, AgentName: *agentName, Runs: *runs, Parallel: *parallel, Seed: *seed,
 			Socket: *socket, StateDir: *state, ImageDir: *imgDir, TemplateDir: *templateDir, Accel: a, MemoryMiB: *memory,
-			Log: newLogger(os.Stderr, lvl), Progress: os.Stderr}
+			Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl))}
 		switch *agentName {
 		case "oracle":
 			o.NewAgent = func(int, agentbench.Sampling) agentbench.Agent { return agentbench.Oracle{} }

@@ -154,7 +154,7 @@ func imageImport(fs *pflag.FlagSet) runFunc {
 		}
 		log := newLogger(os.Stderr, lvl)
 		var progress io.Writer
-		if isTerminal(os.Stderr) {
+		if human(os.Stderr) {
 			progress = os.Stderr
 			log = newLogger(io.Discard, lvl)
 		}

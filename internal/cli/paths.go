@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -44,6 +45,21 @@ func stateDirFor(system bool, getenv func(string) string) string {
 func needStateDir(dir string) error {
 	if dir == "" {
 		return errors.New("no state directory: pass --state-dir DIR or set VMGATE_STATE_DIR (neither XDG_STATE_HOME nor HOME is set)")
+	}
+	return nil
+}
+
+// ensureStateDir makes sure the state directory dir exists, creating it
+// (and its parents) readable by its owner only.
+func ensureStateDir(dir string) error {
+	if err := needStateDir(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("state directory %s: not a directory", dir)
 	}
 	return nil
 }

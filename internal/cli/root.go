@@ -117,6 +117,8 @@ with its command's status.`,
 	cobra.AddTemplateFunc("qemuVersion", qemuVersion)
 	root.SetVersionTemplate("vmgated {{.Version}}\n{{qemuVersion}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", errUsage, err) })
+	root.PersistentFlags().StringVar(&logFormat, "log-format", "auto", "logs and progress: auto (for a person on a terminal, JSON lines otherwise), text or json")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return checkLogFormat() }
 	debug := verb("run [flags] -- PROG [ARGS…]", "Run one command in one VM, without a daemon", "", cobra.MinimumNArgs(1), debugRun)
 	debug.Flags().SetInterspersed(false)
 	root.AddCommand(

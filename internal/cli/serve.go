@@ -58,7 +58,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		if err := needStateDir(*state); err != nil {
+		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		a, err := vm.ParseAccel(*accel)

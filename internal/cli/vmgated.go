@@ -49,7 +49,7 @@ func imageBuild(fs *pflag.FlagSet) runFunc {
 			extra = strings.Split(*pkgs, ",")
 		}
 		var progress io.Writer
-		if isTerminal(os.Stderr) {
+		if human(os.Stderr) {
 			progress = os.Stderr
 			log = newLogger(io.Discard, lvl)
 		}
@@ -83,7 +83,7 @@ func debugRun(fs *pflag.FlagSet) runFunc {
 	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto (use a delegated cgroup when there is one), required or off")
 	level := fs.String("log-level", "warn", "log level")
 	return func(ctx context.Context, args []string) error {
-		if err := needStateDir(*state); err != nil {
+		if err := ensureStateDir(*state); err != nil {
 			return exitWith(wire.ExitUsage, err)
 		}
 		if len(args) == 0 {

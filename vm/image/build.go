@@ -139,6 +139,7 @@ func produce(ctx context.Context, j job) (*Result, error) {
 	defer b.p.stop()
 	m, err := j.make(b, ctx)
 	if err != nil {
+		b.p.fail()
 		return nil, err
 	}
 	b.p.step("installing image")
@@ -276,8 +277,8 @@ func (b *builder) rootfs(ctx context.Context, specPath string) (*customizeResult
 	argv := MmdebstrapArgs(b.in, self, specPath)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var logBuf tailBuffer
-	cmd.Stdout = &logBuf
-	cmd.Stderr = &logBuf
+	out := io.MultiWriter(&logBuf, &lines{fn: b.p.detail})
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(os.Environ(), "TMPDIR="+b.tmp)
 	// On cancellation let mmdebstrap unmount and clean up its chroot; kill it
 	// only if it does not finish within the grace period.

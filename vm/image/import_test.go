@@ -1,10 +1,13 @@
 package image
 
 import (
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestFreeID(t *testing.T) {
@@ -75,4 +78,18 @@ func TestPrepareImported(t *testing.T) {
 	if again, _ := os.ReadFile(filepath.Join(dir, "etc/passwd")); string(again) != string(passwd) {
 		t.Errorf("passwd changed on a second run:\n%s", again)
 	}
+}
+
+func TestProgressRender(t *testing.T) {
+	p := newProgress(nil, slog.New(slog.NewTextHandler(io.Discard, nil)), 5)
+	p.step("keys")
+	p.step("building root filesystem (mmdebstrap bookworm)")
+	w := &lines{fn: p.detail}
+	_, _ = io.WriteString(w, "Unpacking a (1)\nSetting up a (1) ...\nSetting up b (2) ...\rpartial")
+	got := p.render(83 * time.Second)
+	want := "████░░░░░░░░░░░░░░░░ 2/5 1m23s building root filesystem (mmdebstrap bookworm): 2 packages set up · Setting up…"
+	if got != want {
+		t.Errorf("render:\n%q\nwant\n%q", got, want)
+	}
+	p.stop()
 }
