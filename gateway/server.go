@@ -65,6 +65,8 @@ type Config struct {
 	Grace time.Duration
 	// Accel is the QEMU accelerator (auto, kvm, tcg).
 	Accel vm.Accel
+	// TCGTBSizeMiB sizes TCG's translation buffer per VM (0: QEMU's).
+	TCGTBSizeMiB int
 	// Seccomp overrides the policy's [isolate] seccomp ("required" or
 	// "off"); empty means the policy decides (default required).
 	Seccomp string
@@ -282,7 +284,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	s.policy.Store(pol)
 	s.host, err = vm.NewHost(vm.HostConfig{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, TemplateDir: cfg.TemplateDir,
-		Accel: cfg.Accel, Cgroups: pol.Cgroups(), Network: s.netBase(), NetstackSocket: cfg.NetstackSocket, PoolSize: cfg.PoolSize, NoTemplate: cfg.NoTemplate, Log: log})
+		Accel: cfg.Accel, TCGTBSizeMiB: cfg.TCGTBSizeMiB, Cgroups: pol.Cgroups(), Network: s.netBase(), NetstackSocket: cfg.NetstackSocket, PoolSize: cfg.PoolSize, NoTemplate: cfg.NoTemplate, Log: log})
 	if err != nil {
 		return nil, err
 	}

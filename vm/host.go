@@ -55,6 +55,8 @@ type HostConfig struct {
 	// TemplateDir holds the templates (default StateDir/templates).
 	TemplateDir string
 	Accel       Accel
+	// TCGTBSizeMiB: Options.TCGTBSizeMiB of every VM.
+	TCGTBSizeMiB int
 	// Cgroups is the cgroup mode (cgroup.OpenMode): "auto", "required"
 	// or "off".
 	Cgroups string
@@ -141,7 +143,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &Host{cfg: cfg, cgroups: cg, digest: m.Artifacts[image.BaseFile].SHA256, log: log, ctx: ctx, cancel: cancel,
 		building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{},
-		base: Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, Log: log, Cgroups: cg, TemplateDir: cfg.TemplateDir,
+		base: Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, TCGTBSizeMiB: cfg.TCGTBSizeMiB, Log: log, Cgroups: cg, TemplateDir: cfg.TemplateDir,
 			NetstackSocket: cfg.NetstackSocket}}
 	if cfg.NoTemplate {
 		log.Info("VM templates off: every VM boots cold")

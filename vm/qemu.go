@@ -75,6 +75,9 @@ type LaunchSpec struct {
 	CPUs      int
 	Accel     Accel // AccelKVM or AccelTCG, never auto
 	TSCkHz    int   // host TSC frequency for tsc_early_khz; 0 leaves it out
+	// TCGTBSizeMiB sizes TCG's translation buffer (-accel tcg,tb-size=);
+	// 0 leaves QEMU's default. Ignored with KVM.
+	TCGTBSizeMiB int
 	// KernelArgs are appended to the generated kernel command line.
 	KernelArgs []string
 	// Probe boots the kernel with vmgate.probe=1 and no disk or agent: the
@@ -112,6 +115,9 @@ const GuestMAC = "52:54:00:12:34:56"
 
 // validate checks what the command line is built from.
 func (s LaunchSpec) validate() error {
+	if s.TCGTBSizeMiB < 0 || s.TCGTBSizeMiB > 4096 {
+		return fmt.Errorf("qemu cmdline: TCG translation buffer of %d MiB out of range [0, 4096]", s.TCGTBSizeMiB)
+	}
 	if s.Accel != AccelKVM && s.Accel != AccelTCG {
 		return fmt.Errorf("qemu cmdline: accelerator must be kvm or tcg, got %q", s.Accel)
 	}
@@ -177,6 +183,11 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	// mem-merge=off: the host's KSM never merges guest pages across VMs
 	// (a side channel between guests).
 	machine := "microvm,accel=" + string(s.Accel) + ",rtc=on,mem-merge=off"
+	var accelArgs []string
+	if s.Accel == AccelTCG && s.TCGTBSizeMiB > 0 {
+		machine = "microvm,rtc=on,mem-merge=off"
+		accelArgs = []string{"-accel", "tcg,tb-size=" + strconv.Itoa(s.TCGTBSizeMiB)}
+	}
 	if s.RAMPath != "" {
 		machine += ",memory-backend=ram"
 	}
@@ -203,6 +214,7 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng0",
 	}
+	argv = append(argv, accelArgs...)
 	if !s.Probe {
 		argv = append(argv,
 			"-drive", "id=root,file="+j(OverlayFile)+",format=qcow2,if=none,discard=unmap",

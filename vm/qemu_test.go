@@ -193,3 +193,42 @@ func TestParseLDD(t *testing.T) {
 		t.Fatal("missing library accepted")
 	}
 }
+
+func TestCmdlineTBSize(t *testing.T) {
+	for _, tc := range []struct {
+		accel   Accel
+		tb      int
+		machine string
+		accelOp string
+		ok      bool
+	}{
+		{AccelTCG, 0, "microvm,accel=tcg,rtc=on,mem-merge=off", "", true},
+		{AccelTCG, 64, "microvm,rtc=on,mem-merge=off", "tcg,tb-size=64", true},
+		{AccelKVM, 64, "microvm,accel=kvm,rtc=on,mem-merge=off", "", true},
+		{AccelTCG, -1, "", "", false},
+		{AccelTCG, 5000, "", "", false},
+	} {
+		s := baseSpec()
+		s.Accel, s.TCGTBSizeMiB = tc.accel, tc.tb
+		argv, err := s.Cmdline()
+		if (err == nil) != tc.ok {
+			t.Errorf("%s tb %d: %v", tc.accel, tc.tb, err)
+			continue
+		}
+		if !tc.ok {
+			continue
+		}
+		var machine, accelOp string
+		for i, a := range argv[:len(argv)-1] {
+			switch a {
+			case "-machine":
+				machine = argv[i+1]
+			case "-accel":
+				accelOp = argv[i+1]
+			}
+		}
+		if machine != tc.machine || accelOp != tc.accelOp {
+			t.Errorf("%s tb %d: -machine %q -accel %q", tc.accel, tc.tb, machine, accelOp)
+		}
+	}
+}

@@ -48,6 +48,9 @@ type Options struct {
 	CPUs      int
 	// Accel: auto (default), kvm or tcg.
 	Accel Accel
+	// TCGTBSizeMiB sizes TCG's translation buffer; 0 is QEMU's default
+	// (docs/benchmarks.md has what it costs and saves).
+	TCGTBSizeMiB int
 	// QEMU binary; default qemu-system-x86_64 from PATH.
 	QEMU string
 	// BootTimeout bounds boot until the agent answers; default 180s.
@@ -299,7 +302,7 @@ func (v *VM) makeDir(ctx context.Context, stateDir, backing string) error {
 func (v *VM) startQEMU(opts Options, img *imageFiles, accel Accel, m launchMode) error {
 	spec := LaunchSpec{
 		QEMU: opts.QEMU, Dir: v.Dir, Kernel: img.kernel, Initrd: img.initrd,
-		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, TSCkHz: HostTSCkHz(),
+		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, TSCkHz: HostTSCkHz(), TCGTBSizeMiB: opts.TCGTBSizeMiB,
 		Incoming: m.restore, Network: opts.Network != nil,
 		// The jail passes its spec pipe as fd 3, then m.files, then the
 		// console pipe.
@@ -595,16 +598,6 @@ func checkQcow2(path string) error {
 	var magic [4]byte
 	if _, err := f.ReadAt(magic[:], 0); err != nil || string(magic[:]) != "QFI\xfb" {
 		return fmt.Errorf("image: %s is not a qcow2 file", path)
-	}
-	return nil
-}
-
-func createOverlay(ctx context.Context, base, overlay string) error {
-	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, overlay)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("create overlay: %w: %s", err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }

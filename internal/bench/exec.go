@@ -41,7 +41,9 @@ type ExecOptions struct {
 	Concurrency []int  // throughput levels (default 1, 2, 4)
 	PoolSize    int    // pool size for the pooled figures (default 2)
 	Accel       vm.Accel
-	Log         *slog.Logger
+	// TBSizeMiB is TCG's translation buffer per VM (0: QEMU's default).
+	TBSizeMiB int
+	Log       *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -135,6 +137,10 @@ type ExecReport struct {
 	SessionExecMS           Stat               `json:"session_exec_ms"`
 	Throughput              []Throughput       `json:"throughput"`
 	IdleRestored            Memory             `json:"idle_restored_vm"`
+	// IdleRestoredN is the mean per VM with 1, 4 and 8 restored VMs idle.
+	IdleRestoredN []Memory `json:"idle_restored_vms"`
+	// Levers says which speed and memory levers this run used.
+	Levers map[string]any `json:"levers"`
 	IdleCold                Memory             `json:"idle_cold_vm"`
 	Ratios                  map[string]float64 `json:"ratios"`
 	Notes                   []string           `json:"notes,omitempty"`
@@ -187,7 +193,8 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	} else {
 		r.rep.Machine.Cgroups = "none (rlimits only)"
 	}
-	r.base = vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
+	r.base = vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
+	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB}
 	if err := r.cold(ctx); err != nil {
 		return nil, err
 	}
@@ -301,17 +308,24 @@ func (r *execRun) idleAndSession(ctx context.Context, tmpl *vm.Template) error {
 			v.Close()
 		}
 	}()
-	for i := 0; i < 2; i++ {
-		v, err := tmpl.Restore(ctx, r.base)
-		if err != nil {
-			return err
+	for _, n := range []int{1, 2, 4, 8} {
+		for len(idle) < n {
+			v, err := tmpl.Restore(ctx, r.base)
+			if err != nil {
+				return err
+			}
+			idle = append(idle, v)
+			if err := execTrue(ctx, v); err != nil {
+				return err
+			}
 		}
-		idle = append(idle, v)
-		if err := execTrue(ctx, v); err != nil {
-			return err
+		m := idleMemory(ctx, idle)
+		if n == 2 {
+			r.rep.IdleRestored = m
+		} else {
+			r.rep.IdleRestoredN = append(r.rep.IdleRestoredN, m)
 		}
 	}
-	r.rep.IdleRestored = idleMemory(ctx, idle)
 	var sess []time.Duration
 	for i := 0; i < r.o.Runs; i++ {
 		t1 := time.Now()
@@ -520,7 +534,7 @@ func throughput(ctx context.Context, c *client.Client, conc, n int) (Throughput,
 // handshake failures are added to rep.
 func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, network bool, rep *ExecReport, fn func(*client.Client, func() error) error) error {
 	d, err := StartDaemon(ctx, DaemonOptions{Dir: filepath.Join(work, name), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
-		Policy: benchPolicy(maxVMs(o), network), MaxVMs: maxVMs(o), PoolSize: pool, Accel: o.Accel, Log: o.Log})
+		Policy: benchPolicy(maxVMs(o), network), MaxVMs: maxVMs(o), PoolSize: pool, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
 	if err != nil {
 		return err
 	}

@@ -40,6 +40,12 @@ func (r *ExecReport) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "throughput at concurrency %d: %.1f one-shot commands/min (%d in %.1f s, %d from the pool)\n", t.Concurrency, t.PerMinute, t.Commands, t.Seconds, t.FromPool)
 	}
 	fmt.Fprintf(w, "idle VM, restored: RSS %.1f MiB, PSS %.1f MiB (mean of %d)\n", r.IdleRestored.RSSMiB, r.IdleRestored.PSSMiB, r.IdleRestored.VMs)
+	for _, m := range r.IdleRestoredN {
+		fmt.Fprintf(w, "  with %d idle: PSS %.1f MiB per VM (RSS %.1f)\n", m.VMs, m.PSSMiB, m.RSSMiB)
+	}
+	if len(r.Levers) > 0 {
+		fmt.Fprintf(w, "levers: %v\n", r.Levers)
+	}
 	fmt.Fprintf(w, "idle VM, cold-booted: RSS %.1f MiB, PSS %.1f MiB\n", r.IdleCold.RSSMiB, r.IdleCold.PSSMiB)
 	how := "loaded"
 	if r.TemplateBuilt {

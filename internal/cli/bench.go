@@ -29,6 +29,7 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 	conc := fs.String("concurrency", "1,2,4", "comma-separated concurrency levels for throughput")
 	pool := fs.Int("pool", 2, "pool size for the pooled figures")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	tbSize := fs.Int("tcg-tb-size", 0, "TCG translation buffer per VM in MiB (0: QEMU's default)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
 	level := fs.String("log-level", "warn", "log level")
@@ -71,7 +72,7 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		}
 		rep, err := bench.Exec(ctx, bench.ExecOptions{
 			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
-			Concurrency: levels, PoolSize: *pool, Accel: a, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
+			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
 		})
 		if err != nil {
 			return err

@@ -1,0 +1,103 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// Overlays. Every VM gets a new, empty qcow2 overlay on its backing file
+// (the base image, or a template's frozen disk). An empty overlay depends
+// only on the backing file's path and virtual size, so the first one made
+// for a backing file (by qemu-img, once) is kept in memory, and every
+// later one is a copy of those bytes: a file write instead of a qemu-img
+// process (23 ms under load). The cached bytes are keyed by the backing
+// file's path, device, inode, size and modification time, so a rebuilt
+// image or template gets overlays of its own; each VM's overlay is still
+// its own new file.
+
+type overlayKey struct {
+	path       string
+	dev, ino   uint64
+	size       int64
+	modifiedNS int64
+}
+
+var blankOverlays = struct {
+	sync.Mutex
+	m map[overlayKey][]byte
+}{m: map[overlayKey][]byte{}}
+
+// maxBlankOverlay bounds a cached blank overlay: one for a 4 GiB disk is
+// 192 KiB (header, refcounts, L1 table).
+const maxBlankOverlay = 4 << 20
+
+func keyOf(base string) (overlayKey, error) {
+	fi, err := os.Stat(base)
+	if err != nil {
+		return overlayKey{}, fmt.Errorf("create overlay: %w", err)
+	}
+	k := overlayKey{path: base, size: fi.Size(), modifiedNS: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		k.dev, k.ino = uint64(st.Dev), st.Ino
+	}
+	return k, nil
+}
+
+// createOverlay writes a new empty overlay at overlay on base.
+func createOverlay(ctx context.Context, base, overlay string) error {
+	k, err := keyOf(base)
+	if err != nil {
+		return err
+	}
+	blankOverlays.Lock()
+	blank, ok := blankOverlays.m[k]
+	blankOverlays.Unlock()
+	if !ok {
+		if blank, err = makeBlankOverlay(ctx, base, filepath.Dir(overlay)); err != nil {
+			return err
+		}
+		blankOverlays.Lock()
+		blankOverlays.m[k] = blank
+		blankOverlays.Unlock()
+	}
+	f, err := os.OpenFile(overlay, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("create overlay: %w", err)
+	}
+	if _, err := f.Write(blank); err != nil {
+		f.Close()
+		return fmt.Errorf("create overlay: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("create overlay: %w", err)
+	}
+	return nil
+}
+
+// makeBlankOverlay runs qemu-img once for base, in dir, and returns the
+// overlay's bytes.
+func makeBlankOverlay(ctx context.Context, base, dir string) ([]byte, error) {
+	tmp := filepath.Join(dir, ".blank-overlay-"+newID())
+	defer os.Remove(tmp)
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, tmp)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("create overlay: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	b, err := os.ReadFile(tmp)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("create overlay: %w", err)
+	case len(b) > maxBlankOverlay || !bytes.HasPrefix(b, []byte("QFI\xfb")):
+		return nil, fmt.Errorf("create overlay: qemu-img made %d bytes that are not a small qcow2 overlay", len(b))
+	}
+	return b, nil
+}
