@@ -130,20 +130,20 @@ type ExecReport struct {
 	RestoreHandshakeFailures int64 `json:"restore_handshake_failures"`
 	// The daemon's own account of each one-shot: getting the VM (boot_ms),
 	// running the command (exec_ms) and its whole handling (total_ms).
-	OneshotPoolPartsMS      map[string]Stat    `json:"oneshot_pool_parts_ms"`
-	OneshotNoPoolPartsMS    map[string]Stat    `json:"oneshot_nopool_parts_ms"`
-	OneshotNetPoolPartsMS   map[string]Stat    `json:"oneshot_net_pool_parts_ms"`
-	OneshotNetNoPoolPartsMS map[string]Stat    `json:"oneshot_net_nopool_parts_ms"`
-	SessionExecMS           Stat               `json:"session_exec_ms"`
-	Throughput              []Throughput       `json:"throughput"`
-	IdleRestored            Memory             `json:"idle_restored_vm"`
+	OneshotPoolPartsMS      map[string]Stat `json:"oneshot_pool_parts_ms"`
+	OneshotNoPoolPartsMS    map[string]Stat `json:"oneshot_nopool_parts_ms"`
+	OneshotNetPoolPartsMS   map[string]Stat `json:"oneshot_net_pool_parts_ms"`
+	OneshotNetNoPoolPartsMS map[string]Stat `json:"oneshot_net_nopool_parts_ms"`
+	SessionExecMS           Stat            `json:"session_exec_ms"`
+	Throughput              []Throughput    `json:"throughput"`
+	IdleRestored            Memory          `json:"idle_restored_vm"`
 	// IdleRestoredN is the mean per VM with 1, 4 and 8 restored VMs idle.
 	IdleRestoredN []Memory `json:"idle_restored_vms"`
 	// Levers says which speed and memory levers this run used.
-	Levers map[string]any `json:"levers"`
-	IdleCold                Memory             `json:"idle_cold_vm"`
-	Ratios                  map[string]float64 `json:"ratios"`
-	Notes                   []string           `json:"notes,omitempty"`
+	Levers   map[string]any     `json:"levers"`
+	IdleCold Memory             `json:"idle_cold_vm"`
+	Ratios   map[string]float64 `json:"ratios"`
+	Notes    []string           `json:"notes,omitempty"`
 }
 
 func (o *ExecOptions) defaults() {
