@@ -470,3 +470,33 @@ func name(id, vmgate string) string {
 	}
 	return id
 }
+
+// TestLogrotate: the snippet lets vmgated continue the audit chain: it
+// moves the file and reloads, never truncates it in place, and leaves
+// the new file to the daemon.
+func TestLogrotate(t *testing.T) {
+	b, err := os.ReadFile("logrotate.d/vmgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var directives []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if l := strings.TrimSpace(line); l != "" && !strings.HasPrefix(l, "#") {
+			directives = append(directives, l)
+		}
+	}
+	conf := strings.Join(directives, "\n")
+	for _, want := range []string{"/var/log/vmgate/audit.jsonl {", "nocreate", "systemctl reload vmgated.service"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("logrotate snippet lacks %q", want)
+		}
+	}
+	if strings.Contains(conf, "copytruncate") {
+		t.Error("copytruncate cuts the chain")
+	}
+	if lr, err := exec.LookPath("logrotate"); err == nil {
+		if out, err := exec.Command(lr, "-d", "logrotate.d/vmgate").CombinedOutput(); err != nil && strings.Contains(string(out), "error") {
+			t.Errorf("logrotate -d: %v\n%s", err, out)
+		}
+	}
+}

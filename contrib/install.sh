@@ -104,6 +104,7 @@ fi
 
 echo "== directories"
 put contrib/tmpfiles.d/vmgate.conf /etc/tmpfiles.d/vmgate.conf 0644 || true
+put contrib/logrotate.d/vmgate /etc/logrotate.d/vmgate 0644 || true
 dirs_state() { stat -c '%n %a %U %G' /etc/vmgate $STATE $LOGDIR $RUNDIR 2>/dev/null || true; }
 before=$(dirs_state)
 if command -v systemd-tmpfiles >/dev/null; then

@@ -202,6 +202,8 @@ type Server struct {
 	sessions map[sessionKey]*session
 	// live holds the commands running now, by request id (status).
 	live map[string]liveExec
+	// reloadErr is why the last policy reload failed (nil: it did not).
+	reloadErr atomic.Pointer[error]
 
 	// closers undo New, in reverse order (Close).
 	closers []func() error
@@ -471,15 +473,25 @@ func (s *Server) seccompMode() string {
 // Reload reads the policy again (SIGHUP); a policy that does not load
 // leaves the old one in force, logged and audited.
 func (s *Server) Reload() {
+	// logrotate moved the audit log away before it sent SIGHUP: continue
+	// the chain in a new file.
+	if rotated, err := s.audit.Reopen(""); err != nil {
+		s.log.Error("audit log reopen failed; writing on to the old file", "err", err)
+	} else if rotated {
+		seq, head := s.audit.Head()
+		s.log.Info("audit log rotated", "seq", seq, "head", head)
+	}
 	p, err := loadPolicy(s.cfg, s.log)
 	if err == nil {
 		err = s.checkImages(p)
 	}
 	if err != nil {
 		s.log.Error("policy reload failed, keeping the old policy", "err", err)
+		s.reloadErr.Store(&err)
 		_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reload failed", Error: err.Error()})
 		return
 	}
+	s.reloadErr.Store(nil)
 	s.policy.Store(p)
 	s.log.Info("policy reloaded", "source", p.Source())
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reloaded: " + p.Source()})

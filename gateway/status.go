@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"time"
@@ -58,6 +59,10 @@ func (s *Server) status(id policy.Identity) wire.Status {
 	if err := s.audit.Healthy(); err != nil {
 		st.Audit = err.Error()
 	}
+	st.AuditSeq, st.AuditHead = s.audit.Head()
+	if e := s.reloadErr.Load(); e != nil {
+		st.PolicyError = (*e).Error()
+	}
 	for _, ss := range s.host.Stats() {
 		p := ss.Pool
 		st.Pools = append(st.Pools, wire.Pool{Image: ss.Image, MemoryMiB: ss.MemoryMiB, CPUs: ss.CPUs, Seccomp: ss.Seccomp, Network: ss.Network,
@@ -82,6 +87,29 @@ func (s *Server) status(id policy.Identity) wire.Status {
 	sort.Slice(st.VMs, func(i, j int) bool { return st.VMs[i].Started.Before(st.VMs[j].Started) })
 	sort.Slice(st.Sessions, func(i, j int) bool { return st.Sessions[i].Name < st.Sessions[j].Name })
 	return st
+}
+
+// handleAuditRotate moves the audit log to PATH.TIMESTAMP and continues
+// the chain in a new file (vmgated audit rotate). Only root, the daemon's
+// own user and admin profiles may.
+func (s *Server) handleAuditRotate(w http.ResponseWriter, r *http.Request) {
+	id, err := identityFrom(r.Context())
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		return
+	}
+	if !(id.Local() && (id.UID == 0 || int(id.UID) == os.Getuid())) && !s.policy.Load().IsAdmin(id) {
+		writeError(w, http.StatusForbidden, wire.Error{Code: wire.CodeDenied, Error: "only root, vmgated's user and admin profiles may rotate the audit log"})
+		return
+	}
+	to := s.cfg.AuditPath + "." + time.Now().UTC().Format("20060102T150405Z")
+	if _, err := s.audit.Reopen(to); err != nil {
+		writeError(w, http.StatusInternalServerError, wire.Error{Code: wire.CodeInternal, Error: err.Error()})
+		return
+	}
+	seq, head := s.audit.Head()
+	s.log.Info("audit log rotated", "to", to, "seq", seq, "head", head, "by", describeCaller(id))
+	writeJSON(w, map[string]any{"rotated_to": to, "seq": seq, "head": head})
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {

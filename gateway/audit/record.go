@@ -26,11 +26,15 @@ const (
 	KindNet Kind = "net"
 	// KindDaemon records a daemon event: start, stop, policy reload.
 	KindDaemon Kind = "daemon"
+	// KindRotate is the first record of a file that continues the chain
+	// of the file before it (Log.Reopen): its Seq and Prev follow that
+	// file's last record.
+	KindRotate Kind = "rotate"
 )
 
 func (k Kind) valid() bool {
 	switch k {
-	case KindDecision, KindExec, KindSession, KindDaemon, KindNet:
+	case KindDecision, KindExec, KindSession, KindDaemon, KindNet, KindRotate:
 		return true
 	}
 	return false

@@ -29,6 +29,12 @@ type Report struct {
 	// BrokenLine is the 1-based number of the first broken line, 0 if
 	// the chain is intact.
 	BrokenLine int
+	// ContinuesSeq and ContinuesHead, for a file that continues the chain
+	// of an earlier one (its first record is KindRotate), are the Seq and
+	// hash of that file's last record; 0 and "" for a file that starts
+	// the chain.
+	ContinuesSeq  uint64
+	ContinuesHead string
 }
 
 // Verify reads a log from r and checks that every line is a record
@@ -68,6 +74,12 @@ func Verify(r io.Reader) (Report, error) {
 		if err != nil {
 			rep.BrokenLine = n
 			return rep, fmt.Errorf("%w: line %d: %w", ErrChainBroken, n, err)
+		}
+		if n == 1 && rec.Kind == KindRotate && rec.Seq > 1 {
+			// A file that continues an earlier one: its links are
+			// VerifyFiles' to check.
+			rep.ContinuesSeq, rep.ContinuesHead = rec.Seq-1, rec.Prev
+			rep.LastSeq, rep.Head = rec.Seq-1, rec.Prev
 		}
 		if want := rep.LastSeq + 1; rec.Seq != want {
 			rep.BrokenLine = n

@@ -417,6 +417,17 @@ func (c *Client) Status(ctx context.Context) (map[string]any, error) {
 	return out, c.status(ctx, &out)
 }
 
+// RotateAudit asks the daemon to move its audit log aside and continue
+// the chain in a new file; it returns the daemon's answer (rotated_to,
+// seq, head).
+func (c *Client) RotateAudit(ctx context.Context) (map[string]any, error) {
+	var out map[string]any
+	if err := c.call(ctx, http.MethodPost, "/v1/audit/rotate", http.StatusOK, &out); err != nil {
+		return nil, fmt.Errorf("audit rotate: %w", err)
+	}
+	return out, nil
+}
+
 // StatusReport is Status decoded.
 func (c *Client) StatusReport(ctx context.Context) (*wire.Status, error) {
 	var out wire.Status

@@ -316,12 +316,19 @@ type Session struct {
 // caller's own, or everyone's when All is set (the caller's profile has
 // admin = true).
 type Status struct {
-	Version                  string     `json:"version"`
-	LiveVMs                  int        `json:"live_vms"`
-	MaxVMs                   int        `json:"max_vms"`
-	Waiting                  int        `json:"waiting"`
-	Audit                    string     `json:"audit"`
-	Policy                   string     `json:"policy"`
+	Version string `json:"version"`
+	LiveVMs int    `json:"live_vms"`
+	MaxVMs  int    `json:"max_vms"`
+	Waiting int    `json:"waiting"`
+	Audit   string `json:"audit"`
+	Policy  string `json:"policy"`
+	// PolicyError says why the last reload failed (the old policy is in
+	// force), empty when it did not.
+	PolicyError string `json:"policy_error,omitempty"`
+	// AuditSeq and AuditHead are the audit chain's last record: compare
+	// them with the newest file to notice a truncation.
+	AuditSeq                 uint64     `json:"audit_seq"`
+	AuditHead                string     `json:"audit_head"`
 	Pools                    []Pool     `json:"pools"`
 	RestoreHandshakeFailures int64      `json:"restore_handshake_failures"`
 	All                      bool       `json:"all"`

@@ -54,40 +54,68 @@ func policyCheck(fs *pflag.FlagSet) runFunc {
 	}
 }
 
-// auditReport is `vmgated audit verify --json`.
+// auditReport is one file of `vmgated audit verify --json`.
 type auditReport struct {
-	File       string    `json:"file"`
-	Intact     bool      `json:"intact"`
-	Error      string    `json:"error,omitempty"`
-	Records    int       `json:"records"`
-	FirstSeq   uint64    `json:"first_seq"`
-	LastSeq    uint64    `json:"last_seq"`
-	FirstTime  time.Time `json:"first_time"`
-	LastTime   time.Time `json:"last_time"`
-	Head       string    `json:"head"`
-	BrokenLine int       `json:"broken_line,omitempty"`
+	File          string    `json:"file"`
+	Intact        bool      `json:"intact"`
+	Error         string    `json:"error,omitempty"`
+	Records       int       `json:"records"`
+	FirstSeq      uint64    `json:"first_seq"`
+	LastSeq       uint64    `json:"last_seq"`
+	FirstTime     time.Time `json:"first_time"`
+	LastTime      time.Time `json:"last_time"`
+	Head          string    `json:"head"`
+	ContinuesSeq  uint64    `json:"continues_seq,omitempty"`
+	ContinuesHead string    `json:"continues_head,omitempty"`
+	BrokenLine    int       `json:"broken_line,omitempty"`
 }
 
 func auditVerify(fs *pflag.FlagSet) runFunc {
-	asJSON := fs.Bool("json", false, "print the result as JSON (a broken chain too, with exit status 1)")
+	asJSON := fs.Bool("json", false, "print one result per file as JSON (a broken chain too, with exit status 1)")
 	return func(_ context.Context, args []string) error {
-		rep, err := audit.VerifyFile(args[0])
+		reps, err := audit.VerifyFiles(args...)
 		if *asJSON {
-			out := auditReport{File: args[0], Intact: err == nil, Records: rep.Lines, FirstSeq: rep.FirstSeq, LastSeq: rep.LastSeq,
-				FirstTime: rep.FirstTime, LastTime: rep.LastTime, Head: rep.Head, BrokenLine: rep.BrokenLine}
-			if err != nil {
-				out.Error = err.Error()
+			out := []auditReport{}
+			for i, r := range reps {
+				a := auditReport{File: r.Path, Intact: err == nil || i < len(reps)-1, Records: r.Lines, FirstSeq: r.FirstSeq, LastSeq: r.LastSeq,
+					FirstTime: r.FirstTime, LastTime: r.LastTime, Head: r.Head, ContinuesSeq: r.ContinuesSeq, ContinuesHead: r.ContinuesHead, BrokenLine: r.BrokenLine}
+				if err != nil && i == len(reps)-1 {
+					a.Error = err.Error()
+				}
+				out = append(out, a)
 			}
 			if jerr := json.NewEncoder(os.Stdout).Encode(out); jerr != nil {
 				return jerr
 			}
-			return exitWith(map[bool]int{true: 1, false: 0}[err != nil], nil)
+			if err != nil {
+				return exitWith(1, nil)
+			}
+			return nil
 		}
+		for _, r := range reps {
+			if r.Lines == 0 {
+				fmt.Printf("%s: empty\n", r.Path)
+				continue
+			}
+			from := "starts the chain"
+			if r.ContinuesSeq != 0 {
+				from = fmt.Sprintf("continues seq %d", r.ContinuesSeq)
+			}
+			fmt.Printf("%s: %d records, seq %d..%d, %s .. %s, %s, chain intact (head %s)\n", r.Path, r.Lines, r.FirstSeq, r.LastSeq,
+				r.FirstTime.Format(time.RFC3339), r.LastTime.Format(time.RFC3339), from, r.Head)
+		}
+		return err
+	}
+}
+
+func auditRotate(fs *pflag.FlagSet) runFunc {
+	socket := fs.String("socket", "", "gateway socket (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
+	return func(ctx context.Context, _ []string) error {
+		out, err := client.New(*socket).RotateAudit(ctx)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%s: %d records, seq %d..%d, %s .. %s, chain intact (head %s)\n", args[0], rep.Lines, rep.FirstSeq, rep.LastSeq,
-			rep.FirstTime.Format(time.RFC3339), rep.LastTime.Format(time.RFC3339), rep.Head)
+		fmt.Printf("audit log moved to %v; the new file continues at seq %v (head %v)\n", out["rotated_to"], out["seq"], out["head"])
 		return nil
 	}
 }

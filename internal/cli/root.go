@@ -125,7 +125,9 @@ with its command's status.`,
 		verb("serve", "Run the gateway: exec requests on the socket, each in a fresh VM", "", cobra.NoArgs, serve),
 		verb("status", "Show the daemon's VMs, sessions, queue and pools", statusLong, cobra.NoArgs, status),
 		group("policy", "Check policies", verb("check FILE", "Validate a policy and explain what it allows", "", cobra.ExactArgs(1), policyCheck)),
-		group("audit", "Check audit logs", verb("verify FILE", "Check an audit log's hash chain", "", cobra.ExactArgs(1), auditVerify)),
+		group("audit", "Check and rotate audit logs",
+			verb("verify FILE|DIR…", "Check audit files' hash chain and the links between rotated files", verifyLong, cobra.MinimumNArgs(1), auditVerify),
+			verb("rotate", "Move the daemon's audit log aside and continue the chain in a new file", "", cobra.NoArgs, auditRotate)),
 		group("image", "Build, import, list and warm guest images",
 			verb("build", "Build a guest image (Debian, mmdebstrap)", "", cobra.NoArgs, imageBuild),
 			verb("import [flags] ROOTFS.tar", "Make an image from a root filesystem tarball (docker export)", importLong, cobra.ExactArgs(1), imageImport),
@@ -139,6 +141,11 @@ with its command's status.`,
 	)
 	return root
 }
+
+const verifyLong = `Checks each file's hash chain and, for several files (oldest first) or a directory (its
+audit* files in chain order; .gz ones too), that each file continues the one before it.
+A missing, reordered or changed file is named. Compare the newest file's head with
+vmgated status (audit_head) to notice a truncation at its end.`
 
 const importLong = `Unpacks a root filesystem tarball (compressed or not, such as docker export writes) and
 adds the same kernel and initramfs as a built image, the agent, its keys, a resolver and a
