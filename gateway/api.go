@@ -25,6 +25,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sessions/{name}/hold", s.handleHoldSession)
 	mux.HandleFunc("GET /v1/status", s.handleStatus)
 	mux.HandleFunc("POST /v1/audit/rotate", s.handleAuditRotate)
+	mux.HandleFunc("GET /metrics", s.handleMetrics)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
 	})

@@ -86,6 +86,7 @@ func (s *Server) auditDecision(st *execState) error {
 	if st.interactive {
 		rec.Message = "interactive shell"
 	}
+	s.metrics.request(st.verdict.Profile, string(v))
 	if !st.verdict.Allowed {
 		return s.auditGated(s.denyGate, callerKey(st.id), rec)
 	}
@@ -193,6 +194,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	release, err := s.slots.acquire(ctx, slotClaim{profile: v.Profile, profileMax: v.Limits.MaxVMs,
 		caller: callerKey(st.id), callerMax: v.Limits.CallerVMs, callerQueue: v.Limits.CallerQueue})
 	if err != nil {
+		s.metrics.refusedBusy()
 		return nil, nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("%v (max %d VMs, profile %q max %d, %d per caller)", err, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs, v.Limits.CallerVMs)}
 	}
 	queue := time.Since(t0)
@@ -390,6 +392,9 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 		})
 	}
 	execDur := time.Since(t0)
+	if res != nil {
+		s.metrics.exec(target.start, execDur)
+	}
 	// A VM whose QEMU is gone, or whose agent was given up (and the VM
 	// killed), cannot serve a session's next command.
 	vmOK := !errors.Is(err, vm.ErrVMDied) && !errors.Is(err, vm.ErrAgentUnresponsive) && !target.vm.Gone()

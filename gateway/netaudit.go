@@ -29,6 +29,7 @@ func (s *Server) netAudit(st *execState, vmID string) func(guestnet.Record) {
 		if r.Allowed {
 			rec.Verdict = audit.VerdictAllow
 		}
+		s.metrics.netConn(string(rec.Verdict))
 		if r.Addr.IsValid() {
 			rec.Net.Addr = r.Addr.String()
 		}

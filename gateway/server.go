@@ -86,6 +86,9 @@ type Config struct {
 	// netstacks (vmgated serve --netstack-socket; contrib/systemd/
 	// vmgate-netstack.socket); empty: the daemon jails them itself.
 	NetstackSocket string
+	// MetricsListen, when set, also serves GET /metrics on this loopback
+	// TCP address (it is always on the socket).
+	MetricsListen string
 	// SSH, if set, turns the SSH front door on.
 	SSH *sshfront.Config
 	// MaxConnsPerUID bounds one uid's open connections to the socket
@@ -202,6 +205,7 @@ type Server struct {
 	sessions map[sessionKey]*session
 	// live holds the commands running now, by request id (status).
 	live map[string]liveExec
+	metrics *metrics
 	// reloadErr is why the last policy reload failed (nil: it did not).
 	reloadErr atomic.Pointer[error]
 
@@ -263,7 +267,7 @@ func Run(ctx context.Context, cfg Config) error {
 func New(cfg Config) (_ *Server, err error) {
 	cfg.setDefaults()
 	log := cfg.Log
-	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, idle: make(chan struct{}), stopped: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, metrics: newMetrics(), idle: make(chan struct{}), stopped: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -293,6 +297,19 @@ func New(cfg Config) (_ *Server, err error) {
 	// Pushed before anything that runs VMs, so it runs after every VM
 	// (sessions, requests) is gone.
 	s.push(s.host.Close)
+	if cfg.MetricsListen != "" {
+		ln, err := listenMetrics(cfg.MetricsListen)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /metrics", s.handleMetrics)
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = ms.Serve(ln) }()
+		s.push(ms.Close)
+		log.Info("metrics", "listen", ln.Addr().String())
+	}
 	if err := s.checkImages(pol); err != nil {
 		return nil, err
 	}

@@ -92,7 +92,7 @@ func newUnitFront(t *testing.T, keys string, mutate func(*sshfront.Config)) *uni
 	}
 	t.Cleanup(func() { host.Close() })
 	s := &Server{cfg: Config{StateDir: dir, ImageDir: img, MaxVMs: 1, Log: log}, host: host,
-		log: log, audit: al, slots: newSlots(1, 0, time.Second), sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, idle: make(chan struct{})}
+		log: log, audit: al, slots: newSlots(1, 0, time.Second), sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, metrics: newMetrics(), idle: make(chan struct{})}
 	s.policy.Store(pol)
 	var cancel context.CancelFunc
 	s.execCtx, cancel = context.WithCancel(context.Background())

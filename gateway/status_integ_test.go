@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
@@ -43,7 +47,13 @@ func TestGateway_Status(t *testing.T) {
 	if bin == "" {
 		t.Skip("VMGATE_TEST_BIN not set")
 	}
-	d := gatewaytest.Start(t, statusPolicy, nil)
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := probe.Addr().String()
+	probe.Close()
+	d := gatewaytest.Start(t, statusPolicy, func(c *gateway.Config) { c.MetricsListen = metricsAddr })
 	d.MustExec(t, wire.ExecRequest{Session: "roots", Argv: []string{"true"}}, nil)
 
 	_ = os.Chmod(filepath.Dir(d.Socket), 0o755)
@@ -95,6 +105,25 @@ func TestGateway_Status(t *testing.T) {
 	nobody := status(&syscall.Credential{Uid: 65534, Gid: 65534})
 	if nobody.All || len(nobody.VMs) != 1 || nobody.VMs[0].Caller != "uid 65534 (nobody)" || len(nobody.Sessions) != 0 {
 		t.Errorf("nobody's status: all=%v vms %+v sessions %+v", nobody.All, nobody.VMs, nobody.Sessions)
+	}
+	// Metrics, on the socket and on the loopback listener.
+	viaSocket, err := d.Client.Metrics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaTCP, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{viaSocket, string(viaTCP)} {
+		for _, want := range []string{`vmgate_requests_total{profile="admins",verdict="allow"} 1`, `vmgate_requests_total{profile="others",verdict="allow"} 1`,
+			`vmgate_exec_duration_seconds_count{start="boot"} 1`, "vmgate_vms_live 2\n", "vmgate_sessions 1\n", "vmgate_audit_healthy 1\n"} {
+			if !strings.Contains(m, want) {
+				t.Errorf("metrics lack %q:\n%s", want, m)
+			}
+		}
 	}
 	// The table form names the same.
 	table, err := exec.Command(filepath.Join(bin, "vmgated"), "status", "--socket", d.Socket).Output()

@@ -100,6 +100,8 @@ type Log struct {
 	syncFailed bool
 	refused    int
 	retry      *time.Timer
+	// writeErrors counts records refused over the Log's life (metrics).
+	writeErrors uint64
 }
 
 // Open opens the audit log at opts.Path for appending, creating it if
@@ -274,6 +276,7 @@ func (l *Log) write(r *Record) error {
 	if l.err != nil {
 		if !l.closed {
 			l.refused++
+			l.writeErrors++
 		}
 		return l.err
 	}
@@ -297,6 +300,7 @@ func (l *Log) appendLocked(r *Record) error {
 	if err != nil {
 		l.failLocked(err)
 		l.refused++
+		l.writeErrors++
 		if n > 0 {
 			if terr := l.f.Truncate(l.size); terr != nil {
 				l.logger.Error("audit log: cannot remove the partly written line; Open will refuse the file until it is removed",
@@ -320,6 +324,7 @@ func (l *Log) appendLocked(r *Record) error {
 			l.syncFailed = true
 			l.failLocked(err)
 			l.refused++
+			l.writeErrors++
 			return l.err
 		}
 		l.syncedLocked(l.size)
@@ -566,6 +571,14 @@ func (l *Log) Head() (seq uint64, head string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.seq, l.head
+}
+
+// WriteErrors counts the records the Log refused since it was opened:
+// write or fsync failures, and records offered while it was failed.
+func (l *Log) WriteErrors() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.writeErrors
 }
 
 // Close fsyncs and closes the file and releases its lock. Later Writes

@@ -428,6 +428,29 @@ func (c *Client) RotateAudit(ctx context.Context) (map[string]any, error) {
 	return out, nil
 }
 
+// Metrics returns the daemon's metrics in the Prometheus text format.
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://vmgated/metrics", nil)
+	if err != nil {
+		return "", fmt.Errorf("metrics: %w", err)
+	}
+	resp, err := c.httpClient().Do(req)
+	if err != nil {
+		return "", unwrapDial(c, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", apiError(resp)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return "", fmt.Errorf("metrics: %w", err)
+	}
+	return string(b), nil
+}
+
 // StatusReport is Status decoded.
 func (c *Client) StatusReport(ctx context.Context) (*wire.Status, error) {
 	var out wire.Status

@@ -35,6 +35,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 	queueWait := fs.Duration("queue-wait", gateway.DefaultQueueWait, "how long a request waits for a VM before it gets busy")
 	grace := fs.Duration("grace", gateway.DefaultGrace, "how long running commands may finish on shutdown")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	metricsListen := fs.String("metrics-listen", "", "also serve Prometheus metrics (GET /metrics) on this loopback address, e.g. 127.0.0.1:9470 (they are always on the socket)")
 	tbSize := fs.Int("tcg-tb-size", 0, "TCG translation buffer per VM in MiB (0: QEMU's default; docs/benchmarks.md)")
 	seccompMode := fs.String("seccomp", "", "override the policy's [isolate] seccomp: required or off (a logged relaxation)")
 	builtin := fs.Bool("builtin-policy", false, "use the embedded default policy, ignore "+DefaultConfig)
@@ -68,7 +69,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 		}
 		cfg := gateway.Config{
 			Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
-			MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, TCGTBSizeMiB: *tbSize, AllowRoot: *allowRoot,
+			MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, TCGTBSizeMiB: *tbSize, MetricsListen: *metricsListen, AllowRoot: *allowRoot,
 			Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
 			NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
 		}
