@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -169,4 +170,37 @@ func contains(l []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestManager_BaseRemovedFromOutside: an operator or a cleanup tool
+// removes the daemon's group; the next VM's group makes it again, with
+// its limits working, instead of every later start failing.
+func TestManager_BaseRemovedFromOutside(t *testing.T) {
+	m := testutil.RequiresCgroups(t)
+	g, err := m.New("before", cgroup.Limits{Pids: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bases []string
+	for _, d := range g.Dirs() {
+		bases = append(bases, filepath.Dir(d))
+	}
+	removeAndCheck(t, g)
+	for _, d := range bases {
+		if err := os.Remove(d); err != nil {
+			t.Fatalf("remove the daemon's group from outside: %v", err)
+		}
+	}
+	g, err = m.New("after", cgroup.Limits{Pids: 12})
+	if err != nil {
+		t.Fatalf("a VM group after its parent was removed: %v", err)
+	}
+	defer removeAndCheck(t, g)
+	if !contains(m.Controllers(), "pids") {
+		return
+	}
+	out, err := runInGroup(t, g, "forker")
+	if err != nil || !strings.Contains(out, "resource temporarily unavailable") {
+		t.Fatalf("pids limit in the recreated group: %v %q", err, out)
+	}
 }

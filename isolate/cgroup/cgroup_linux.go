@@ -23,6 +23,7 @@ type Manager struct {
 	// base maps controller ("" on v2) to the daemon's group directory.
 	base        map[string]string
 	controllers []string // usable controllers, sorted
+	enable      string   // v2: the subtree_control line of the base
 	log         *slog.Logger
 }
 
@@ -125,7 +126,7 @@ func (m *Manager) openV2(own, name string) error {
 	if err := writeFile(filepath.Join(base, "cgroup.subtree_control"), enable); err != nil {
 		return fmt.Errorf("cgroup v2: enable %v in %s: %w", use, base, err)
 	}
-	m.version, m.base[""], m.controllers = 2, base, use
+	m.version, m.base[""], m.controllers, m.enable = 2, base, use, enable
 	m.removeStale()
 	return nil
 }
@@ -226,7 +227,16 @@ func (m *Manager) New(id string, l Limits) (*Group, error) {
 	g := &Group{version: m.version, dirs: map[string]string{}, limits: l}
 	for k, b := range m.base {
 		d := filepath.Join(b, vmPrefix+id)
-		if err := os.Mkdir(d, 0o755); err != nil {
+		err := os.Mkdir(d, 0o755)
+		if errors.Is(err, os.ErrNotExist) {
+			// The daemon's group was removed from outside (an operator,
+			// a cleanup tool): make it again rather than fail every
+			// later VM.
+			if err = m.recreate(k, b); err == nil {
+				err = os.Mkdir(d, 0o755)
+			}
+		}
+		if err != nil {
 			g.Remove()
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
@@ -247,6 +257,22 @@ func (m *Manager) New(id string, l Limits) (*Group, error) {
 		}
 	}
 	return g, nil
+}
+
+// recreate makes the daemon's group base again (for controller k on v1)
+// after it was removed from outside, with its controllers enabled for the
+// VMs' groups on v2.
+func (m *Manager) recreate(k, base string) error {
+	if err := mkdir(base); err != nil {
+		return fmt.Errorf("recreate %s: %w", base, err)
+	}
+	if m.version == 2 {
+		if err := writeFile(filepath.Join(base, "cgroup.subtree_control"), m.enable); err != nil {
+			return fmt.Errorf("recreate %s: enable %s: %w", base, m.enable, err)
+		}
+	}
+	m.log.Warn("cgroup: the daemon's group was removed from outside; recreated it", "dir", base, "controller", k)
+	return nil
 }
 
 // SetCPUWeight sets the group's CPU weight (see WeightWrite); without the
