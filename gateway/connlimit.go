@@ -1,12 +1,18 @@
 package gateway
 
 import (
+	"bufio"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 )
 
@@ -27,19 +33,50 @@ const (
 )
 
 // uidLimitListener accepts at most max open connections per peer uid; it
-// closes the ones over (logging that at most once a minute per uid).
+// answers the ones over with a busy refusal and closes them (logging that
+// at most once a minute per uid).
 type uidLimitListener struct {
 	net.Listener
 	max int
 	log *slog.Logger
+	// refusing bounds the connections being refused at once; beyond it a
+	// connection is closed without an answer.
+	refusing chan struct{}
 
 	mu     sync.Mutex
 	open   map[uint32]int
 	warned map[uint32]time.Time
 }
 
+// maxRefusing bounds concurrent refusals, refuseTime each one.
+const (
+	maxRefusing = 64
+	refuseTime  = time.Second
+)
+
 func newUIDLimitListener(ln net.Listener, max int, log *slog.Logger) *uidLimitListener {
-	return &uidLimitListener{Listener: ln, max: max, log: log, open: map[uint32]int{}, warned: map[uint32]time.Time{}}
+	return &uidLimitListener{Listener: ln, max: max, log: log, open: map[uint32]int{}, warned: map[uint32]time.Time{},
+		refusing: make(chan struct{}, maxRefusing)}
+}
+
+// refuse answers a connection over the limit with 503 busy, as the exec
+// core's busy refusals are, so that the client says busy (exit 202)
+// instead of seeing its connection reset. It reads the request first:
+// closing a Unix socket with unread data resets the peer's end.
+func (l *uidLimitListener) refuse(c net.Conn, uid uint32) {
+	defer func() { <-l.refusing }()
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(refuseTime))
+	in := io.LimitReader(c, 1<<20)
+	if req, err := http.ReadRequest(bufio.NewReader(in)); err == nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	body, _ := json.Marshal(wire.Error{Code: wire.CodeBusy, Error: fmt.Sprintf("uid %d has %d connections open to vmgated, the most it may; try again when one ends", uid, l.max)})
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	if uc, ok := c.(*net.UnixConn); ok {
+		_ = uc.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, in)
 }
 
 func (l *uidLimitListener) Accept() (net.Conn, error) {
@@ -61,7 +98,12 @@ func (l *uidLimitListener) Accept() (net.Conn, error) {
 				l.log.Warn("too many connections from one uid, refusing more", "uid", id.UID, "max", l.max)
 			}
 			l.mu.Unlock()
-			_ = c.Close()
+			select {
+			case l.refusing <- struct{}{}:
+				go l.refuse(c, id.UID)
+			default:
+				_ = c.Close()
+			}
 			continue
 		}
 		l.open[id.UID]++

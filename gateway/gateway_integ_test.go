@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -937,7 +938,23 @@ func TestGateway_ConnectionBounds(t *testing.T) {
 		for range 4 {
 			held = append(held, dial(t, d))
 		}
-		if over := dial(t, d); !closedByServer(over, 5*time.Second) {
+		// A fifth is answered busy and closed: its client says busy
+		// (exit 202) instead of seeing its connection reset.
+		over := dial(t, d)
+		if _, err := io.WriteString(over, "GET /v1/status HTTP/1.1\r\nHost: vmgate\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err = http.ReadResponse(bufio.NewReader(over), nil)
+		if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("a fifth connection: %v %v", resp, err)
+		}
+		var e wire.Error
+		if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || e.Code != wire.CodeBusy || !strings.Contains(e.Error, "connections open") {
+			t.Errorf("a fifth connection's refusal: %+v %v", e, err)
+		}
+		resp.Body.Close()
+		if !closedByServer(over, 5*time.Second) {
 			t.Error("a fifth connection of the same uid was kept")
 		}
 		for _, c := range held {
