@@ -301,10 +301,20 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 		if te := (*TransferError)(nil); errors.As(err, &te) {
 			code = wire.CodeTransfer
 		}
-		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: code, Error: err.Error(), RequestID: st.reqID, Profile: st.verdict.Profile})
+		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: code, Error: clientMessage(err), RequestID: st.reqID, Profile: st.verdict.Profile})
 		return
 	}
 	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res)
+}
+
+// clientMessage is err as a client reads it: a dead VM's QEMU log and
+// console tail stay in the daemon's log (and audit record).
+func clientMessage(err error) string {
+	s := err.Error()
+	if i := strings.Index(s, "; qemu.log:"); i >= 0 {
+		s = s[:i] + " (QEMU's and the guest console's last lines are in vmgated's log)"
+	}
+	return s
 }
 
 // putPipes feeds the client's put frames to the request's puts, one

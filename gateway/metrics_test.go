@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -58,4 +59,14 @@ func TestListenMetricsLoopbackOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln.Close()
+}
+
+func TestClientMessage(t *testing.T) {
+	err := errors.New("vm died during exec: qemu exited (signal: killed); qemu.log: noise | more; console.log: boot lines")
+	if got := clientMessage(err); got != "vm died during exec: qemu exited (signal: killed) (QEMU's and the guest console's last lines are in vmgated's log)" {
+		t.Errorf("clientMessage: %q", got)
+	}
+	if got := clientMessage(errors.New("plain")); got != "plain" {
+		t.Errorf("clientMessage: %q", got)
+	}
 }

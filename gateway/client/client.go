@@ -174,6 +174,11 @@ func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*w
 	if lerr := in.failed(); lerr != nil {
 		return nil, lerr // the connection was closed for it
 	}
+	if errors.Is(err, errConnLost) && ctx.Err() == nil {
+		// The daemon went away in the middle (killed, restarted): the
+		// command's outcome is unknown, as when it cannot be reached.
+		return nil, &UnreachableError{Socket: c.Socket, Err: err}
+	}
 	return res, ctxOr(ctx, err)
 }
 
@@ -312,7 +317,7 @@ func readFrames(br *bufio.Reader, sio ExecIO) (*wire.Result, error) {
 				g.pw.CloseWithError(err)
 				<-g.done
 			}
-			return nil, fmt.Errorf("exec: connection to vmgated lost: %w", err)
+			return nil, fmt.Errorf("%w during the command: %w", errConnLost, err)
 		}
 		switch typ {
 		case wire.FrameStdout:
@@ -416,6 +421,9 @@ func (c *Client) Status(ctx context.Context) (map[string]any, error) {
 	var out map[string]any
 	return out, c.status(ctx, &out)
 }
+
+// errConnLost: the exec stream ended before its final frame.
+var errConnLost = errors.New("connection to vmgated lost")
 
 // RotateAudit asks the daemon to move its audit log aside and continue
 // the chain in a new file; it returns the daemon's answer (rotated_to,

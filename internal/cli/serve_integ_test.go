@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -252,7 +253,11 @@ func TestServe_RestartAfterKill(t *testing.T) {
 	waitVMs(t, s.state, 1, 3*time.Minute)
 	_ = s.cmd.Process.Kill()
 	<-s.exited
-	_ = long.Wait()
+	// The client reports the daemon gone (204), not a result.
+	var ee *exec.ExitError
+	if err := long.Wait(); !errors.As(err, &ee) || ee.ExitCode() != wire.ExitUnreachable {
+		t.Errorf("client of a killed daemon: %v, want exit %d", err, wire.ExitUnreachable)
+	}
 	if n := len(readDir(filepath.Join(s.state, "vms"))); n != 1 {
 		t.Fatalf("expected the killed daemon's VM directory to remain, found %d", n)
 	}
