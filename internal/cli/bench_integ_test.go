@@ -78,11 +78,11 @@ func TestBenchExec(t *testing.T) {
 		t.Errorf("--report: exit %d\n%s\n%s", code, text, se)
 	}
 	_, se, code = runCmd(t, nil, bin, "bench", "exec", "--image", img, "--runs", "0")
-	if code != 2 || !strings.Contains(se, "at least 1") {
+	if code != wire.ExitUsage || !strings.Contains(se, "at least 1") {
 		t.Errorf("--runs 0: exit %d, %q", code, se)
 	}
 	_, se, code = runCmd(t, nil, bin, "bench", "exec", "--image", img, "--concurrency", "1,x")
-	if code != 2 || !strings.Contains(se, "concurrency") {
+	if code != wire.ExitUsage || !strings.Contains(se, "concurrency") {
 		t.Errorf("--concurrency 1,x: exit %d, %q", code, se)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm/image"
 )
@@ -143,7 +144,7 @@ func TestImageBuildErrors(t *testing.T) {
 		t.Fatalf("exit %d stderr %q", code, se)
 	}
 	_, se, code = runCmd(t, nil, bin, "image", "frobnicate")
-	if code != 2 || !strings.Contains(se, "unknown command") {
+	if code != wire.ExitUsage || !strings.Contains(se, "unknown command") {
 		t.Fatalf("exit %d stderr %q", code, se)
 	}
 }
@@ -174,7 +175,7 @@ func TestDebugRun(t *testing.T) {
 		t.Fatalf("missing image: exit %d stderr %q", code, se)
 	}
 	_, _, code = runCmd(t, nil, bin, "debug", "run", "--image", img)
-	if code != 2 {
+	if code != wire.ExitUsage {
 		t.Fatalf("no program: exit %d", code)
 	}
 }
