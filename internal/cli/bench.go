@@ -34,11 +34,8 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
 	level := fs.String("log-level", "warn", "log level")
 	return func(ctx context.Context, args []string) error {
-		lvl, err := parseLogLevel(*level)
+		lvl, err := levelAndState(*level, *state)
 		if err != nil {
-			return err
-		}
-		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		if *from != "" {
@@ -116,11 +113,8 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto, required or off")
 	level := fs.String("log-level", "info", "log level")
 	return func(ctx context.Context, args []string) error {
-		lvl, err := parseLogLevel(*level)
+		lvl, err := levelAndState(*level, *state)
 		if err != nil {
-			return err
-		}
-		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		a, err := vm.ParseAccel(*accel)

@@ -37,11 +37,8 @@ func benchAgent(fs *pflag.FlagSet) runFunc {
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	level := fs.String("log-level", "warn", "log level")
 	return func(ctx context.Context, args []string) error {
-		lvl, err := parseLogLevel(*level)
+		lvl, err := levelAndState(*level, *state)
 		if err != nil {
-			return err
-		}
-		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		var ids []string

@@ -72,3 +72,13 @@ func (l *lineLog) Write(p []byte) (int, error) {
 }
 
 func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
+
+// levelAndState checks what most commands need first: the log level and
+// the state directory (created if missing).
+func levelAndState(level, state string) (slog.Level, error) {
+	lvl, err := parseLogLevel(level)
+	if err != nil {
+		return 0, err
+	}
+	return lvl, ensureStateDir(state)
+}

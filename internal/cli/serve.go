@@ -56,11 +56,8 @@ func serve(fs *pflag.FlagSet) runFunc {
 	sshIdle := fs.Duration("ssh-idle-timeout", 10*time.Minute, "close an SSH connection without sessions after this long")
 	level := fs.String("log-level", "info", "log level")
 	return func(ctx context.Context, args []string) error {
-		lvl, err := parseLogLevel(*level)
+		lvl, err := levelAndState(*level, *state)
 		if err != nil {
-			return err
-		}
-		if err := ensureStateDir(*state); err != nil {
 			return err
 		}
 		a, err := vm.ParseAccel(*accel)

@@ -94,14 +94,10 @@ func extractTree(root *os.Root, tr *tar.Reader, c *checker) (byte, error) {
 	var topType byte
 	var fh fileHash
 	for {
-		h, err := tr.Next()
+		h, typ, err := c.next(tr)
 		if errors.Is(err, io.EOF) {
 			break
 		}
-		if err != nil {
-			return 0, fmt.Errorf("read tar stream: %w", err)
-		}
-		typ, err := c.check(h)
 		if err != nil {
 			return 0, err
 		}

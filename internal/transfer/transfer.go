@@ -195,6 +195,19 @@ func (c *checker) checkLink(name, target string) error {
 	return nil
 }
 
+// next reads the next header of tr and checks it; io.EOF at the end.
+func (c *checker) next(tr *tar.Reader) (*tar.Header, byte, error) {
+	h, err := tr.Next()
+	if errors.Is(err, io.EOF) {
+		return nil, 0, io.EOF
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("read tar stream: %w", err)
+	}
+	typ, err := c.check(h)
+	return h, typ, err
+}
+
 // header returns the normalised header of a checked entry: name, type,
 // permission bits, size, link target, modification time; nothing else
 // (owners, set-id bits, xattrs) passes.
@@ -243,14 +256,10 @@ func Check(r io.Reader, w io.Writer, rules Rules) (Summary, error) {
 	tr := tar.NewReader(r)
 	var fh fileHash
 	for {
-		h, err := tr.Next()
+		h, typ, err := c.next(tr)
 		if errors.Is(err, io.EOF) {
 			break
 		}
-		if err != nil {
-			return c.sum, fmt.Errorf("read tar stream: %w", err)
-		}
-		typ, err := c.check(h)
 		if err != nil {
 			return c.sum, err
 		}
