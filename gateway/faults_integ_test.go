@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/gateway/wire"
 )
 
@@ -36,7 +38,9 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 	if bin == "" {
 		t.Skip("VMGATE_TEST_BIN not set")
 	}
-	d := gatewaytest.Start(t, netPolicy, nil)
+	d := gatewaytest.Start(t, netPolicy, func(c *gateway.Config) {
+		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, testutil.TemplateDir(t)
+	})
 	cmd := exec.Command(filepath.Join(bin, "vm-exec"), "--socket", d.Socket, "sh", "-c", "echo started; exec sleep 600")
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
@@ -63,7 +64,10 @@ func writeFiles(t *testing.T, root string, files map[string]string) {
 // and cp, for a fresh VM and a session, and checks the refusals: a
 // missing path, an upload over the policy's cap, and a hostile guest.
 func TestGateway_Files(t *testing.T) {
-	d := gatewaytest.Start(t, filesPolicy, nil)
+	// Restored VMs (the shared test templates): it boots many.
+	d := gatewaytest.Start(t, filesPolicy, func(c *gateway.Config) {
+		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 1, testutil.TemplateDir(t)
+	})
 	work := t.TempDir()
 	writeFiles(t, work, map[string]string{"proj/main.py": "print('hi')\n", "proj/lib/util.py": "X = 1\n", "notes.txt": "remember\n"})
 
