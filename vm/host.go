@@ -106,14 +106,31 @@ type shapeEntry struct {
 	// load (a second or so), never for a build.
 	loaded   chan struct{}
 	ready    bool
-	failedAt time.Time // the build failed; retried after retryAfter
+	failedAt time.Time     // the build failed; retried after retry
+	retry    time.Duration // how long after failedAt
+	failures int           // builds of the shape that failed in a row
 	tmpl     *Template
 	pool     *Pool
 }
 
-// retryAfter is how long a shape whose template failed boots cold before
-// the build is tried again.
-const retryAfter = 10 * time.Minute
+// A shape whose template build failed boots cold until the build is tried
+// again: firstRetry after the first failure, twice as long after each
+// further one, at most maxRetry. A full disk or a transient fault heals
+// without a restart, soon; a template that cannot be built costs one
+// attempt per maxRetry.
+const (
+	firstRetry = 30 * time.Second
+	maxRetry   = 10 * time.Minute
+)
+
+// retryAfter is the wait after the failures-th failed build in a row.
+func retryAfter(failures int) time.Duration {
+	d := firstRetry
+	for i := 1; i < failures && d < maxRetry; i++ {
+		d *= 2
+	}
+	return min(d, maxRetry)
+}
 
 // NewHost removes what a crashed daemon left in the state directory,
 // opens the jails' cgroup and checks the image. It starts no VM.
@@ -268,15 +285,19 @@ func (h *Host) entry(k Shape) *shapeEntry {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.shapes[k]
-	if e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < retryAfter) {
+	if e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < e.retry) {
 		return e
+	}
+	failures := 0
+	if e != nil {
+		failures = e.failures
 	}
 	if h.ctx.Err() != nil {
 		e := &shapeEntry{loaded: make(chan struct{})}
 		close(e.loaded)
 		return e
 	}
-	e = &shapeEntry{loaded: make(chan struct{})}
+	e = &shapeEntry{loaded: make(chan struct{}), failures: failures}
 	h.shapes[k] = e
 	h.wg.Add(1)
 	go func() {
@@ -308,10 +329,12 @@ func (h *Host) build(k Shape, e *shapeEntry) {
 	}
 	if err != nil {
 		h.mu.Lock()
-		e.failedAt = time.Now()
+		e.failures++
+		e.failedAt, e.retry = time.Now(), retryAfter(e.failures)
+		retry := e.retry
 		h.mu.Unlock()
 		if h.ctx.Err() == nil {
-			h.log.Error("VM template failed; this shape boots cold", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "network", k.Network, "err", err, "retry_in", retryAfter)
+			h.log.Error("VM template failed; this shape boots cold", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "network", k.Network, "err", err, "retry_in", retry)
 		}
 		return
 	}

@@ -1,6 +1,9 @@
 package vm
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestShapeNormal: a shape that leaves its image unnamed and one that
 // names the default image are one shape (one template, one pool): the
@@ -23,6 +26,17 @@ func TestHost_GetRefusesBadImageName(t *testing.T) {
 	for _, name := range []string{"../x", "a/b", ".hidden"} {
 		if _, _, err := h.Get(t.Context(), Shape{Image: name}); err == nil {
 			t.Errorf("Get with image %q: no error", name)
+		}
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		failures int
+		want     time.Duration
+	}{{1, 30 * time.Second}, {2, time.Minute}, {3, 2 * time.Minute}, {5, 8 * time.Minute}, {6, 10 * time.Minute}, {40, 10 * time.Minute}} {
+		if got := retryAfter(tc.failures); got != tc.want {
+			t.Errorf("retryAfter(%d) = %v, want %v", tc.failures, got, tc.want)
 		}
 	}
 }
