@@ -15,8 +15,8 @@ import (
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
-	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // netPolicy gives VMs a NIC (and so a netstack process each); the rule

@@ -204,7 +204,7 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[sessionKey]*session
 	// live holds the commands running now, by request id (status).
-	live map[string]liveExec
+	live    map[string]liveExec
 	metrics *metrics
 	// reloadErr is why the last policy reload failed (nil: it did not).
 	reloadErr atomic.Pointer[error]
