@@ -152,8 +152,18 @@ func transferFailure(checkErr error, res *vm.ExecResult, execErr error, msg stri
 // returned as a *TransferError; a failed get is reported and the next
 // one runs.
 func (s *Server) transfersRun(ctx context.Context, st *execState, target *vmTarget, files *transferIO, before bool, done *[]wire.Transfer) error {
-	if files == nil {
+	if files == nil || len(st.req.Put)+len(st.req.Get) == 0 {
 		return nil
+	}
+	if ok, err := target.vm.CanTransfer(); err != nil || !ok {
+		why := "the image's agent predates file transfers: rebuild the image (vmgated image build, or image import)"
+		if err != nil {
+			why = "cannot ask the agent whether it copies files: " + err.Error()
+		}
+		for _, p := range files.puts {
+			p.CloseWithError(errors.New(why))
+		}
+		return &TransferError{Msg: why}
 	}
 	if before {
 		for i := range st.req.Put {

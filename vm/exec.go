@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -497,4 +498,15 @@ func PutCommand(dest, top string, maxBytes int64, maxFiles int) []string {
 // GetCommand: see PutCommand.
 func GetCommand(path string, maxBytes int64, maxFiles int) []string {
 	return agentproto.GetArgv(path, maxBytes, maxFiles)
+}
+
+// CanTransfer reports whether the VM's agent has the put and get
+// subcommands: an image built before them has an agent that would take
+// them for a request to serve its port.
+func (v *VM) CanTransfer() (bool, error) {
+	info, err := v.Info()
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(info.Features, agentproto.FeatureTransfer), nil
 }

@@ -302,7 +302,7 @@ func encodePayload(v any) ([]byte, error) {
 // systemInfo collects the guest facts reported by InfoRequest. Facts that
 // cannot be read are left empty.
 func systemInfo(version string) agentproto.Info {
-	info := agentproto.Info{AgentVersion: version, Kernel: kernelRelease()}
+	info := agentproto.Info{AgentVersion: version, Kernel: kernelRelease(), Features: []string{agentproto.FeatureTransfer}}
 	if h, err := os.Hostname(); err == nil {
 		info.Hostname = h
 	}

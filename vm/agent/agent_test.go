@@ -291,6 +291,9 @@ func TestInfo(t *testing.T) {
 	if info.Kernel == "" {
 		t.Error("Kernel is empty")
 	}
+	if len(info.Features) != 1 || info.Features[0] != agentproto.FeatureTransfer {
+		t.Errorf("Features = %q, want [%s]", info.Features, agentproto.FeatureTransfer)
+	}
 	if h, _ := os.Hostname(); info.Hostname != h {
 		t.Errorf("Hostname = %q, want %q", info.Hostname, h)
 	}

@@ -106,7 +106,14 @@ type Info struct {
 	Kernel       string `json:"kernel"`
 	Hostname     string `json:"hostname"`
 	BootID       string `json:"boot_id"`
+	// Features lists what this agent can do beyond running commands
+	// ([FeatureTransfer]); an older agent lists nothing.
+	Features []string `json:"features,omitempty"`
 }
+
+// FeatureTransfer: the agent has the put and get subcommands (PutArgv,
+// GetArgv).
+const FeatureTransfer = "transfer"
 
 // NetReady is the JSON payload of NetReadyRequest: wait at most TimeoutMS
 // (capped at MaxNetReadyTimeout) for the guest network to be usable.
