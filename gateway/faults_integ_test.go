@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -13,10 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // netPolicy gives VMs a NIC (and so a netstack process each); the rule
@@ -38,9 +37,9 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 	if bin == "" {
 		t.Skip("VMGATE_TEST_BIN not set")
 	}
-	d := gatewaytest.Start(t, netPolicy, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, testutil.TemplateDir(t)
-	})
+	// Cold boots: no template VM runs beside the command's, so its
+	// netstack is the only one.
+	d := gatewaytest.Start(t, netPolicy, nil)
 	cmd := exec.Command(filepath.Join(bin, "vm-exec"), "--socket", d.Socket, "sh", "-c", "echo started; exec sleep 600")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -54,19 +53,22 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "started\n" {
 		t.Fatalf("command: %q %v", line, err)
 	}
-	vms, _ := os.ReadDir(filepath.Join(d.Config.StateDir, "vms"))
-	if len(vms) != 1 {
-		t.Fatalf("%d VM directories", len(vms))
+	// The command's VM, by its id.
+	st, err := d.Client.StatusReport(context.Background())
+	if err != nil || len(st.VMs) != 1 {
+		t.Fatalf("status: %+v %v", st, err)
 	}
-	vmDir := filepath.Join(d.Config.StateDir, "vms", vms[0].Name())
+	vmID := st.VMs[0].VMID
+	vmDir := filepath.Join(d.Config.StateDir, "vms", vmID)
 	qemu := pidsOf(t, "qemu-system.*"+vmDir)
 	if len(qemu) != 1 {
 		t.Fatalf("QEMU processes of %s: %v", vmDir, qemu)
 	}
 	pid, _ := strconv.Atoi(qemu[0])
 	cg, _ := os.ReadFile("/proc/" + qemu[0] + "/cgroup")
-	if n := len(helpers(t)); n != 1 {
-		t.Fatalf("%d re-executed helper processes (the VM's netstack) while the command runs, want 1", n)
+	before := helpers(t)
+	if len(before) != 1 {
+		t.Fatalf("re-executed helper processes %v while the command runs, want its VM's netstack alone", before)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -81,12 +83,12 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, dirErr := os.Stat(vmDir)
-		left := !errors.Is(dirErr, os.ErrNotExist) || len(cgroupDirsOf(string(cg), vms[0].Name())) > 0 || len(helpers(t)) > 0
+		left := !errors.Is(dirErr, os.ErrNotExist) || len(cgroupDirsOf(string(cg), vmID)) > 0 || len(helpers(t)) > 0
 		if !left {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("left after the kill: dir %v, cgroups %v, helper processes %v", dirErr, cgroupDirsOf(string(cg), vms[0].Name()), helpers(t))
+			t.Fatalf("left after the kill: dir %v, cgroups %v, helper processes %v (before %v)", dirErr, cgroupDirsOf(string(cg), vmID), helpers(t), before)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

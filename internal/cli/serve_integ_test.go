@@ -246,7 +246,9 @@ func TestServe_FirstCommandRestores(t *testing.T) {
 func TestServe_RestartAfterKill(t *testing.T) {
 	dir := t.TempDir()
 	s := startServe(t, dir)
-	long := exec.Command(binary(t, "vm-exec"), "--socket", s.socket, "sleep", "600")
+	// The time limit outlasts a slow boot: the daemon must be killed
+	// while the command runs, not after it timed out.
+	long := exec.Command(binary(t, "vm-exec"), "--socket", s.socket, "--timeout", "10m", "sleep", "600")
 	if err := long.Start(); err != nil {
 		t.Fatal(err)
 	}
