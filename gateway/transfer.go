@@ -155,7 +155,9 @@ func (s *Server) transfersRun(ctx context.Context, st *execState, target *vmTarg
 	if files == nil || len(st.req.Put)+len(st.req.Get) == 0 {
 		return nil
 	}
-	if ok, err := target.vm.CanTransfer(); err != nil || !ok {
+	// Asked once, before the puts: the gets' phase follows only a
+	// request whose first phase passed.
+	if ok, err := canTransfer(before, target.vm); err != nil || !ok {
 		why := "the image's agent predates file transfers: rebuild the image (vmgated image build, or image import)"
 		if err != nil {
 			why = "cannot ask the agent whether it copies files: " + err.Error()
@@ -211,4 +213,13 @@ func auditTransfers(req *wire.ExecRequest, done []wire.Transfer) []audit.Transfe
 		out = append(out, a)
 	}
 	return out
+}
+
+// canTransfer asks the agent in the first phase of a request; the second
+// phase runs only after the first passed.
+func canTransfer(first bool, m *vm.VM) (bool, error) {
+	if !first {
+		return true, nil
+	}
+	return m.CanTransfer()
 }
