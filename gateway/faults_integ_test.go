@@ -16,6 +16,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // netPolicy gives VMs a NIC (and so a netstack process each); the rule
@@ -83,12 +84,12 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, dirErr := os.Stat(vmDir)
-		left := !errors.Is(dirErr, os.ErrNotExist) || len(cgroupDirsOf(string(cg), vmID)) > 0 || len(helpers(t)) > 0
+		left := !errors.Is(dirErr, os.ErrNotExist) || len(testutil.CgroupDirsOf(string(cg), vmID)) > 0 || len(helpers(t)) > 0
 		if !left {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("left after the kill: dir %v, cgroups %v, helper processes %v (before %v)", dirErr, cgroupDirsOf(string(cg), vmID), helpers(t), before)
+			t.Fatalf("left after the kill: dir %v, cgroups %v, helper processes %v (before %v)", dirErr, testutil.CgroupDirsOf(string(cg), vmID), helpers(t), before)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -96,25 +97,6 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 	if res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"echo", "still here"}}, nil); res.ExitCode != 0 || so != "still here\n" {
 		t.Fatalf("after the kill: %+v %q", res, so)
 	}
-}
-
-// cgroupDirsOf lists the cgroup directories, from a /proc/PID/cgroup
-// text, that name VM id and still exist.
-func cgroupDirsOf(procCgroup, id string) []string {
-	var out []string
-	for _, line := range strings.Split(procCgroup, "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 || !strings.Contains(f[2], id) {
-			continue
-		}
-		ctrl := strings.Split(f[1], ",")[0]
-		for _, root := range []string{"/sys/fs/cgroup/" + strings.TrimPrefix(ctrl, "name="), "/sys/fs/cgroup"} {
-			if _, err := os.Stat(root + f[2]); err == nil {
-				out = append(out, root+f[2])
-			}
-		}
-	}
-	return out
 }
 
 // helpers lists the processes running this test binary other than the

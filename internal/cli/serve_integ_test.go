@@ -2,20 +2,24 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
@@ -43,15 +47,39 @@ type served struct {
 	policy string
 	exited chan error
 	reload chan string // the daemon's log lines about a policy reload
+
+	logMu sync.Mutex
+	log   []string // every line the daemon wrote to stderr
 }
 
-// startServe runs the built `vmgated serve` and waits until it accepts.
+// logLines returns the daemon's stderr lines so far that contain s.
+func (s *served) logLines(sub string) []string {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	var out []string
+	for _, l := range s.log {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// startServe runs the built `vmgated serve` on servePolicy and waits
+// until it accepts.
 func startServe(t *testing.T, dir string) *served {
+	t.Helper()
+	return startServeWith(t, dir, servePolicy)
+}
+
+// startServeWith runs the built `vmgated serve` on policy and waits until
+// it accepts.
+func startServeWith(t *testing.T, dir, policy string) *served {
 	t.Helper()
 	img := testutil.RequiresImage(t)
 	bin := binary(t, "vmgated")
 	pol := filepath.Join(dir, "policy.toml")
-	if err := os.WriteFile(pol, []byte(servePolicy), 0o644); err != nil {
+	if err := os.WriteFile(pol, []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s := &served{socket: filepath.Join(dir, "gw.sock"), state: filepath.Join(dir, "state"), audit: filepath.Join(dir, "audit.jsonl"), policy: pol, exited: make(chan error, 1), reload: make(chan string, 4)}
@@ -79,6 +107,9 @@ func startServe(t *testing.T, dir string) *served {
 		sc := bufio.NewScanner(pr)
 		once := false
 		for sc.Scan() {
+			s.logMu.Lock()
+			s.log = append(s.log, sc.Text())
+			s.logMu.Unlock()
 			if !once && strings.Contains(sc.Text(), "vmgated ready") {
 				once = true
 				close(ready)
@@ -243,9 +274,16 @@ func TestServe_FirstCommandRestores(t *testing.T) {
 	t.Logf("first command: %s VM, got in %d ms", jr.VMStart, jr.BootMS)
 }
 
+// TestServe_RestartAfterKill: kill -9 of vmgated while a command runs in
+// a VM with a network. The client reports the daemon gone (204). The next
+// daemon start, before it accepts, removes all the killed one left (the
+// VM directory with its overlay and sockets, the VM's cgroups, the socket
+// file), finds none of the processes it ran (QEMU, the VM's netstack)
+// alive, and logs what it removed.
 func TestServe_RestartAfterKill(t *testing.T) {
 	dir := t.TempDir()
-	s := startServe(t, dir)
+	netPolicy := strings.Replace(servePolicy, "[profile.timeout]", "[profile.network]\nmode = \"allowlist\"\nallow = [\"nothing.invalid:80\"]\n[profile.timeout]", 1)
+	s := startServeWith(t, dir, netPolicy)
 	// The command says when it runs: counting VM directories cannot tell
 	// its VM from a template being made beside it. Its time limit
 	// outlasts a slow boot, so the daemon is killed while it runs.
@@ -260,38 +298,129 @@ func TestServe_RestartAfterKill(t *testing.T) {
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "started\n" {
 		t.Fatalf("command: %q %v", line, err)
 	}
+	// What the daemon runs now: its processes, and the command's VM with
+	// its cgroups.
+	procs := descendants(s.cmd.Process.Pid)
+	st, err := client.New(s.socket).StatusReport(context.Background())
+	if err != nil || len(st.VMs) != 1 {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	vmID := st.VMs[0].VMID
+	vmDir := filepath.Join(s.state, "vms", vmID)
+	qemu, err := exec.Command("pgrep", "-f", "qemu-system.*"+vmDir).Output()
+	if err != nil {
+		t.Fatalf("no QEMU of %s: %v", vmDir, err)
+	}
+	procCgroup, _ := os.ReadFile("/proc/" + strings.Fields(string(qemu))[0] + "/cgroup")
+	if len(testutil.CgroupDirsOf(string(procCgroup), vmID)) == 0 {
+		t.Fatalf("no cgroup of VM %s in %q", vmID, procCgroup)
+	}
+	if len(procs) < 2 {
+		t.Fatalf("daemon's processes %v, want at least QEMU and the netstack", procs)
+	}
+
 	_ = s.cmd.Process.Kill()
 	<-s.exited
-	// The client reports the daemon gone (204), not a result.
 	var ee *exec.ExitError
 	if err := long.Wait(); !errors.As(err, &ee) || ee.ExitCode() != wire.ExitUnreachable {
 		t.Errorf("client of a killed daemon: %v, want exit %d", err, wire.ExitUnreachable)
 	}
-	left := readDir(filepath.Join(s.state, "vms"))
-	if len(left) == 0 {
-		t.Fatal("expected the killed daemon's VM directory to remain")
+	if _, err := os.Stat(vmDir); err != nil {
+		t.Fatalf("expected the killed daemon's VM directory to remain: %v", err)
 	}
-	s2 := startServe(t, dir)
-	// The new daemon removes every directory the old one left (it may
-	// make new ones of its own, for a template).
-	deadline := time.Now().Add(10 * time.Second)
-	for _, e := range left {
-		p := filepath.Join(s.state, "vms", e.Name())
-		for _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist); _, err = os.Stat(p) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s left by the killed daemon is still there", p)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if out, err := exec.Command("pgrep", "-f", "qemu-system.*"+p).Output(); err == nil {
-			t.Fatalf("qemu of the killed daemon still running: %s", out)
+	if _, err := os.Stat(s.socket); err != nil {
+		t.Fatalf("expected the killed daemon's socket file to remain: %v", err)
+	}
+
+	s2 := startServeWith(t, dir, netPolicy)
+	// Ready means cleaned: the new daemon removes leftovers before it
+	// accepts.
+	if _, err := os.Stat(vmDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left by the killed daemon: %v", vmDir, err)
+	}
+	if left := testutil.CgroupDirsOf(string(procCgroup), vmID); len(left) > 0 {
+		t.Errorf("cgroups of the killed daemon's VM remain: %v", left)
+	}
+	for _, p := range procs {
+		if p.alive() {
+			t.Errorf("process %d (%s) of the killed daemon still runs", p.pid, p.cmd)
 		}
 	}
+	for _, want := range []string{"removed leftover VM directory", "removed leftover VM group", "removed stale socket"} {
+		lines := s2.logLines(want)
+		if len(lines) == 0 || !strings.Contains(strings.Join(lines, "\n"), vmID) && want != "removed stale socket" {
+			t.Errorf("the new daemon's log has no %q line naming %s: %q", want, vmID, lines)
+		}
+	}
+	t.Logf("the new daemon's account: %q", append(s2.logLines("leftover"), s2.logLines("stale socket")...))
 	if _, se, code := vmExec(t, s2.socket, "true"); code != 0 {
 		t.Fatalf("after restart: %d %q", code, se)
 	}
 	_ = s2.cmd.Process.Signal(syscall.SIGTERM)
 	<-s2.exited
+}
+
+// proc is a process, by pid and start time, so that a recycled pid is not
+// taken for it.
+type proc struct {
+	pid   int
+	start string
+	cmd   string
+}
+
+func (p proc) alive() bool {
+	q, ok := readProc(p.pid)
+	return ok && q.start == p.start
+}
+
+// readProc reads a process's start time and command name from
+// /proc/PID/stat.
+func readProc(pid int) (proc, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return proc{}, false
+	}
+	// pid (comm) state ppid ... starttime is field 22; comm may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return proc{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || f[0] == "Z" {
+		return proc{}, false
+	}
+	return proc{pid: pid, start: f[19], cmd: string(b[bytes.IndexByte(b, '(')+1 : i])}, true
+}
+
+// descendants lists the living processes below pid.
+func descendants(pid int) []proc {
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n))
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if f := strings.Fields(string(b[i+1:])); i > 0 && len(f) > 1 {
+			ppid, _ := strconv.Atoi(f[1])
+			children[ppid] = append(children[ppid], n)
+		}
+	}
+	var out []proc
+	queue := children[pid]
+	for len(queue) > 0 {
+		n := queue[0]
+		queue = append(queue[1:], children[n]...)
+		if p, ok := readProc(n); ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func readDir(p string) []os.DirEntry {

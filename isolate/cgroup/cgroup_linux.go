@@ -168,9 +168,12 @@ func (m *Manager) removeStale() {
 		ents, _ := os.ReadDir(base)
 		for _, e := range ents {
 			if e.IsDir() && strings.HasPrefix(e.Name(), vmPrefix) {
-				if err := rmdirRetry(filepath.Join(base, e.Name()), 0); err != nil {
-					m.log.Warn("cgroup: leftover VM group not removed", "dir", filepath.Join(base, e.Name()), "err", err)
+				dir := filepath.Join(base, e.Name())
+				if err := rmdirRetry(dir, 0); err != nil {
+					m.log.Warn("cgroup: leftover VM group not removed", "dir", dir, "err", err)
+					continue
 				}
+				m.log.Info("cgroup: removed leftover VM group", "dir", dir)
 			}
 		}
 	}
