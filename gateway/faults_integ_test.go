@@ -14,9 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // netPolicy gives VMs a NIC (and so a netstack process each); the rule
@@ -121,4 +125,113 @@ func helpers(t *testing.T) []string {
 		}
 	}
 	return out
+}
+
+// TestGateway_StateDiskFull puts the state directory on a small tmpfs.
+// A guest that fills its disk fails at once with a clear error (before,
+// QEMU stopped the guest and the command hung until its time limit). A
+// request while the disk is full fails clearly and leaves no VM. Once
+// space returns the daemon serves again without a restart, and the audit
+// log has every request.
+func TestGateway_StateDiskFull(t *testing.T) {
+	testutil.RequiresRoot(t)
+	img := testutil.RequiresImage(t)
+	tdir := testutil.TemplateDir(t)
+	// The daemon restores from the shared template; a build would need
+	// more than this disk.
+	pre, err := os.MkdirTemp(filepath.Dir(tdir), "state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(pre)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tm, err := vm.EnsureTemplate(ctx, vm.Options{ImageDir: img, StateDir: pre, Accel: vm.AccelAuto, TemplateDir: tdir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm.Close()
+
+	mnt := filepath.Join(t.TempDir(), "statefs")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=96m,mode=0700"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	d := gatewaytest.Start(t, testPolicy, func(c *gateway.Config) {
+		c.StateDir, c.NoTemplate, c.PoolSize, c.TemplateDir = mnt, false, 0, tdir
+	})
+	free := func() int64 {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(mnt, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	if res, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil); res.ExitCode != 0 {
+		t.Fatalf("true: %+v", res)
+	}
+
+	// The guest writes more than the disk holds.
+	before := free()
+	t0 := time.Now()
+	res, _, se, err := d.Exec(t, wire.ExecRequest{Argv: []string{"dd", "if=/dev/zero", "of=/var/tmp/fill", "bs=1M", "count=200", "oflag=direct"}, TimeoutMS: 120_000}, nil)
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), vm.ErrStateDiskFull.Error()) {
+		t.Fatalf("a guest filling the state disk: %v, result %+v, stderr %q after %v; want a %s error saying %q", err, res, se, time.Since(t0), wire.CodeVM, vm.ErrStateDiskFull)
+	}
+	t.Logf("after %v: %v", time.Since(t0).Round(time.Millisecond), err)
+	if n := len(vmDirs(mnt)); n != 0 {
+		t.Fatalf("%d VM directories left", n)
+	}
+	if after := free(); after < before {
+		t.Errorf("the VM's overlay was not given back: %d bytes free, %d before", after, before)
+	}
+
+	// The disk is full before the request.
+	filler, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for {
+		if _, err := filler.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	filler.Close()
+	_, _, _, err = d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
+	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("a request on a full state disk: %v", err)
+	}
+	t.Logf("on a full disk: %v", err)
+	if n := len(vmDirs(mnt)); n != 0 {
+		t.Fatalf("%d VM directories left", n)
+	}
+
+	// Space returns: served again, no restart.
+	if err := os.Remove(filepath.Join(mnt, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	if res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"echo", "back"}}, nil); res.ExitCode != 0 || so != "back\n" {
+		t.Fatalf("after space returned: %+v %q", res, so)
+	}
+	d.StopAndCheck(t)
+	if _, err := audit.VerifyFile(d.AuditPath); err != nil {
+		t.Fatal(err)
+	}
+	var failed int
+	for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
+		if r.Kind == audit.KindExec && strings.Contains(r.Error, "no space left") {
+			failed++
+		}
+	}
+	if failed != 2 {
+		t.Errorf("%d exec records with the disk's error, want 2", failed)
+	}
 }

@@ -144,7 +144,7 @@ func (s LaunchSpec) validate() error {
 	if s.Probe && s.Network {
 		return errors.New("qemu cmdline: a probe boot has no network")
 	}
-	for _, sock := range []string{AgentSocket, QMPSocket, NetSocket} {
+	for _, sock := range []string{AgentSocket, QMPSocket, EventsSocket, NetSocket} {
 		p := filepath.Join(s.Dir, sock)
 		if len(p) >= maxSunPath {
 			return fmt.Errorf("qemu cmdline: socket path %s is %d bytes, the limit is %d: use a shorter state directory", p, len(p), maxSunPath-1)
@@ -224,6 +224,8 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 			"-device", "virtserialport,chardev=agent,name=vmgate.agent,id="+AgentPortID,
 			"-chardev", "socket,id=qmp,path="+j(QMPSocket)+",server=on,wait=off",
 			"-mon", "chardev=qmp,mode=control",
+			"-chardev", "socket,id=events,path="+j(EventsSocket)+",server=on,wait=off",
+			"-mon", "chardev=events,mode=control",
 		)
 	}
 	if s.Network {

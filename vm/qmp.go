@@ -132,8 +132,19 @@ func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.R
 // call it with no command outstanding.
 func (q *qmp) waitEvent(ctx context.Context, name string, match func(data json.RawMessage) bool) error {
 	q.deadline(ctx)
+	return q.readUntil(name, match)
+}
+
+// readUntil reads QEMU's output until an event named name arrives whose
+// data match accepts, the connection ends or its deadline passes.
+func (q *qmp) readUntil(name string, match func(data json.RawMessage) bool) error {
 	for {
-		line, err := q.r.ReadBytes('\n')
+		// Bounded by the reader's buffer: a QEMU that the guest took
+		// over may send a line without end.
+		line, err := q.r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return fmt.Errorf("qmp: waiting for %s: a line longer than %d bytes", name, q.r.Size())
+		}
 		if err != nil {
 			return fmt.Errorf("qmp: waiting for %s: %w", name, err)
 		}

@@ -1,6 +1,13 @@
 package vm
 
-import "testing"
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+)
 
 func TestParseQMPLine(t *testing.T) {
 	cases := []struct {
@@ -50,4 +57,46 @@ func FuzzParseQMPLine(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = parseQMPLine(b)
 	})
+}
+
+func TestNoSpace(t *testing.T) {
+	cases := []struct {
+		data string
+		full bool
+	}{
+		// QEMU 7.2's event for a full host disk under werror=enospc.
+		{`{"device": "root", "nospace": true, "node-name": "#block158", "reason": "No space left on device", "operation": "write", "action": "stop"}`, true},
+		{`{"device": "root", "nospace": false, "reason": "Input/output error", "operation": "write", "action": "report"}`, false},
+		{`{"device": "root", "operation": "read", "action": "report"}`, false},
+		{`{"nospace": "yes"}`, false},
+		{`[true]`, false},
+		{`not json`, false},
+		{``, false},
+	}
+	for _, c := range cases {
+		ev, full := noSpace([]byte(c.data))
+		if full != c.full {
+			t.Errorf("%s: full = %v, want %v", c.data, full, c.full)
+		}
+		if full && (ev.Operation != "write" || ev.Reason == "") {
+			t.Errorf("%s: event %+v", c.data, ev)
+		}
+	}
+}
+
+// TestWaitEventBounded: a monitor line longer than the reader's buffer
+// ends the wait with an error instead of growing without end.
+func TestWaitEventBounded(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	q := &qmp{r: bufio.NewReaderSize(a, 4096)}
+	go func() {
+		_, _ = b.Write([]byte(`{"event": "STOP"}` + "\n"))
+		_, _ = b.Write(bytes.Repeat([]byte("x"), 10000))
+	}()
+	err := q.readUntil("BLOCK_IO_ERROR", func(json.RawMessage) bool { return true })
+	if err == nil || !strings.Contains(err.Error(), "longer than 4096") {
+		t.Fatalf("waitEvent: %v", err)
+	}
 }

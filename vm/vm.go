@@ -117,7 +117,7 @@ func (o *Options) setDefaults() {
 
 // VM is one running disposable virtual machine.
 //
-// Lock order: mu guards closing and the cleanup stack only; it is never held
+// Lock order: mu guards closing, the cleanup stack and cause only; it is never held
 // while waiting on QEMU or the network.
 type VM struct {
 	ID    string
@@ -128,6 +128,7 @@ type VM struct {
 	cmd      *exec.Cmd
 	exited   chan struct{} // closed when QEMU has exited
 	exitErr  error         // valid after exited is closed
+	cause    error         // why the daemon killed QEMU, if it did (under mu)
 	client   *ssh.Client
 	bootTime time.Duration
 	cgroup   *cgroup.Group // nil without cgroups
@@ -649,12 +650,16 @@ func (v *VM) launch(j *isolate.Jail, argv []string) error {
 			return fmt.Errorf("qemu pid %d did not exit after SIGKILL", cmd.Process.Pid)
 		}
 	})
+	go v.watchEvents()
 	v.log.Debug("qemu started", "pid", cmd.Process.Pid, "argv", strings.Join(argv, " "))
 	return nil
 }
 
 // died describes why QEMU is gone, with the end of the console log.
 func (v *VM) died(during string) error {
+	if c := v.stopCause(); c != nil {
+		return fmt.Errorf("%w %s: %w; %s", ErrVMDied, during, c, v.consoleTail())
+	}
 	return fmt.Errorf("%w %s: qemu exited (%v); %s", ErrVMDied, during, v.exitErr, v.consoleTail())
 }
 

@@ -1,0 +1,94 @@
+package vm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// EventsSocket is the VM's second QMP monitor. Only the VM's event
+// watcher reads it, so qmp.sock stays free for the restore and the save.
+const EventsSocket = "events.sock"
+
+// ErrStateDiskFull reports that QEMU stopped the guest because a write to
+// its overlay found no space on the disk of the state directory.
+var ErrStateDiskFull = errors.New("no space left on the disk of vmgated's state directory")
+
+// blockIOError is the data of QEMU's BLOCK_IO_ERROR event.
+type blockIOError struct {
+	Device    string `json:"device"`
+	NodeName  string `json:"node-name"`
+	Operation string `json:"operation"`
+	Action    string `json:"action"`
+	NoSpace   bool   `json:"nospace"`
+	Reason    string `json:"reason"`
+}
+
+// noSpace reports whether a BLOCK_IO_ERROR event's data says the host
+// disk is full; malformed data (QEMU runs the guest) never matches.
+func noSpace(data json.RawMessage) (blockIOError, bool) {
+	var e blockIOError
+	if err := json.Unmarshal(data, &e); err != nil {
+		return e, false
+	}
+	return e, e.NoSpace
+}
+
+// watchEvents ends the VM when its disk cannot grow. A write to the
+// overlay that finds the host disk full makes QEMU stop the guest
+// (werror=enospc, QEMU's default): without the watcher the command would
+// hang, silent, until its time limit. The watcher kills QEMU, so that the
+// request fails at once with ErrStateDiskFull and the overlay's space is
+// given back. It returns when QEMU exits.
+func (v *VM) watchEvents() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, err := dialQMP(ctx, filepath.Join(v.Dir, EventsSocket), v.exited)
+	if err != nil {
+		if !v.isDead() {
+			v.log.Warn("event monitor unavailable: a full state disk will stop this VM silently", "err", err)
+		}
+		return
+	}
+	defer q.Close()
+	// QEMU drops events sent before the monitor's negotiation: a guest
+	// stopped before it is found by its status.
+	if st, err := q.status(ctx); err == nil && st == "io-error" {
+		v.stopDiskFull(blockIOError{Reason: "the guest was stopped by an I/O error before the watcher connected"})
+		return
+	}
+	// From here on the watch lasts as long as QEMU: its exit ends the
+	// connection.
+	_ = q.c.SetDeadline(time.Time{})
+	var ev blockIOError
+	err = q.readUntil("BLOCK_IO_ERROR", func(data json.RawMessage) bool {
+		var full bool
+		ev, full = noSpace(data)
+		return full
+	})
+	if err == nil {
+		v.stopDiskFull(ev)
+	}
+}
+
+// stopDiskFull records why the VM ends and kills its QEMU.
+func (v *VM) stopDiskFull(ev blockIOError) {
+	v.mu.Lock()
+	v.cause = fmt.Errorf("%w (QEMU stopped the guest writing its disk: %s)", ErrStateDiskFull, ev.Reason)
+	v.mu.Unlock()
+	v.log.Error("VM stopped: the state directory's disk is full", "dir", v.Dir, "operation", ev.Operation, "reason", ev.Reason)
+	if v.cmd != nil && v.cmd.Process != nil {
+		_ = v.cmd.Process.Signal(syscall.SIGKILL)
+	}
+}
+
+// stopCause is why the daemon ended the VM, or nil.
+func (v *VM) stopCause() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.cause
+}
