@@ -178,8 +178,8 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	before := free()
 	t0 := time.Now()
 	res, _, se, err := d.Exec(t, wire.ExecRequest{Argv: []string{"dd", "if=/dev/zero", "of=/var/tmp/fill", "bs=1M", "count=200", "oflag=direct"}, TimeoutMS: 120_000}, nil)
-	var ae *client.APIError
-	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), vm.ErrStateDiskFull.Error()) {
+	var fe *client.ExecFailedError
+	if !errors.As(err, &fe) || fe.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), vm.ErrStateDiskFull.Error()) {
 		t.Fatalf("a guest filling the state disk: %v, result %+v, stderr %q after %v; want a %s error saying %q", err, res, se, time.Since(t0), wire.CodeVM, vm.ErrStateDiskFull)
 	}
 	t.Logf("after %v: %v", time.Since(t0).Round(time.Millisecond), err)
@@ -206,7 +206,7 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	}
 	filler.Close()
 	_, _, _, err = d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
-	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), "no space left on device") {
+	if !errors.As(err, &fe) || fe.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), "no space left on device") {
 		t.Fatalf("a request on a full state disk: %v", err)
 	}
 	t.Logf("on a full disk: %v", err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vmgate/vmgate/isolate/cgroup"
@@ -372,7 +373,7 @@ func (h *Host) restore(ctx context.Context, k Shape) (*VM, string, error) {
 	}
 	v, fromPool, err := pool.Get(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !hostShortOf(err) {
 			h.discard(k, e, err)
 		}
 		return nil, "", err
@@ -381,6 +382,20 @@ func (h *Host) restore(ctx context.Context, k Shape) (*VM, string, error) {
 		return v, FromPool, nil
 	}
 	return v, FromRestore, nil
+}
+
+// hostShortOf reports whether a failed restore ran out of something of
+// the host's (disk space, file descriptors, memory, processes), not into
+// something wrong with the template: such a failure says nothing about
+// the template, which a rebuild would only have to make again, on the
+// same full disk.
+func hostShortOf(err error) bool {
+	for _, e := range []error{syscall.ENOSPC, syscall.EDQUOT, syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.EAGAIN, ErrStateDiskFull} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // discard drops a shape whose restore failed: its pool is closed and its
