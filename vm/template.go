@@ -408,7 +408,7 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 	}
 	defer os.RemoveAll(tmp)
 	for _, f := range []string{OverlayFile, RAMFile, TemplateStateFile} {
-		if err := os.Rename(filepath.Join(v.Dir, f), filepath.Join(tmp, f)); err != nil {
+		if err := moveFile(filepath.Join(v.Dir, f), filepath.Join(tmp, f)); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
 		if err := os.Chmod(filepath.Join(tmp, f), 0o400); err != nil {
@@ -442,6 +442,72 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 	log.Info("VM template saved", "dir", final, "boot_ms", meta.BootMillis, "save_ms", meta.SaveMillis,
 		"state_bytes", meta.StateBytes, "ram_data_mib", meta.RAMDataBytes>>20)
 	return &meta, nil
+}
+
+// moveFile renames src to dst or, when they are on two filesystems (a
+// template directory on another disk than the state directory), copies
+// src with its holes (a template's RAM file is mostly holes) and removes
+// it.
+func moveFile(src, dst string) error {
+	err := os.Rename(src, dst)
+	if !errors.Is(err, unix.EXDEV) {
+		return err
+	}
+	if err := copySparse(src, dst); err != nil {
+		_ = os.Remove(dst)
+		return fmt.Errorf("move %s to another filesystem: %w", filepath.Base(src), err)
+	}
+	return os.Remove(src)
+}
+
+// copySparse copies src to the new file dst, writing only src's data
+// extents (SEEK_DATA/SEEK_HOLE), so that holes stay holes.
+func copySparse(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(st.Size()); err != nil {
+		return err
+	}
+	fd := int(in.Fd())
+	for off := int64(0); off < st.Size(); {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole from off to the end
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(out, in, hole-data); err != nil {
+			return err
+		}
+		off = hole
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	return out.Close()
 }
 
 // save detaches from the agent, stops the guest and writes its device

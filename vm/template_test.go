@@ -1,10 +1,16 @@
 package vm
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 func TestTemplateKey(t *testing.T) {
@@ -86,5 +92,51 @@ func TestRemoveStaleTemplates(t *testing.T) {
 		if got := err == nil; got != want {
 			t.Errorf("%s: exists %v, want %v", filepath.Base(d), got, want)
 		}
+	}
+}
+
+// TestMoveFileAcrossFilesystems moves a sparse file from the test's
+// directory to a tmpfs: the content arrives whole and the holes stay
+// holes.
+func TestMoveFileAcrossFilesystems(t *testing.T) {
+	testutil.RequiresRoot(t)
+	mnt := t.TempDir()
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=64m"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	src := filepath.Join(t.TempDir(), "ram")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 48 << 20
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte("vmgate"), 100_000)
+	for _, off := range []int64{0, 5 << 20, size - int64(len(chunk))} {
+		if _, err := f.WriteAt(chunk, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	want, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(mnt, "ram")
+	if err := moveFile(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(src); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("source left: %v", err)
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("content differs (%v)", err)
+	}
+	if a := allocatedBytes(dst); a > 4<<20 {
+		t.Errorf("%d bytes allocated for 1.8 MB of data in 48 MiB: holes were filled", a)
 	}
 }
