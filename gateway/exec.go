@@ -171,9 +171,12 @@ func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error
 	}
 	// The VM is destroyed after the result is sent, not before: the
 	// caller need not wait for QEMU to exit and its files to go. Its slot
-	// stays taken until then, and shutdown waits for it (begin/end).
-	t.done = func(bool) {
-		if !s.begin() {
+	// stays taken until then, and shutdown waits for it (begin/end). A VM
+	// that failed is already gone, and destroying it costs only its files:
+	// that happens first, so that the error reaches a caller with the VM's
+	// disk space (what a full disk needs back) and slot already freed.
+	t.done = func(ok bool) {
+		if !ok || !s.begin() {
 			destroy()
 			return
 		}
