@@ -135,22 +135,9 @@ func helpers(t *testing.T) []string {
 // log has every request.
 func TestGateway_StateDiskFull(t *testing.T) {
 	testutil.RequiresRoot(t)
-	img := testutil.RequiresImage(t)
-	tdir := testutil.TemplateDir(t)
 	// The daemon restores from the shared template; a build would need
 	// more than this disk.
-	pre, err := os.MkdirTemp(filepath.Dir(tdir), "state-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(pre)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	tm, err := vm.EnsureTemplate(ctx, vm.Options{ImageDir: img, StateDir: pre, Accel: vm.AccelAuto, TemplateDir: tdir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tm.Close()
+	tdir := filepath.Dir(sharedTemplate(t))
 
 	mnt := filepath.Join(t.TempDir(), "statefs")
 	if err := os.Mkdir(mnt, 0o700); err != nil {
@@ -206,7 +193,7 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	}
 	filler.Close()
 	_, _, _, err = d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
-	if !errors.As(err, &fe) || fe.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), "no space left on device") {
+	if ae := (*client.APIError)(nil); !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), "no space left on device") {
 		t.Fatalf("a request on a full state disk: %v", err)
 	}
 	t.Logf("on a full disk: %v", err)
@@ -234,4 +221,82 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	if failed != 2 {
 		t.Errorf("%d exec records with the disk's error, want 2", failed)
 	}
+}
+
+// sharedTemplate makes sure the shared template of the default shape
+// exists and returns its directory.
+func sharedTemplate(t *testing.T) string {
+	t.Helper()
+	img := testutil.RequiresImage(t)
+	tdir := testutil.TemplateDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tm, err := vm.EnsureTemplate(ctx, vm.Options{ImageDir: img, StateDir: t.TempDir(), Accel: vm.AccelAuto, TemplateDir: tdir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm.Close()
+	return tm.Dir
+}
+
+// TestGateway_DamagedTemplate: the state file of the template a running
+// daemon restores from is cut short on disk. The next request still gets
+// its result (its restore fails and its VM boots cold); the template is
+// discarded, rebuilt on the request after, and later requests restore
+// from the new one.
+func TestGateway_DamagedTemplate(t *testing.T) {
+	shared := sharedTemplate(t)
+	tdir := t.TempDir() // damaged here: never the shared templates
+	dir := filepath.Join(tdir, filepath.Base(shared))
+	if out, err := exec.Command("cp", "-a", "--sparse=always", shared, dir).CombinedOutput(); err != nil {
+		t.Fatalf("copy the template: %v %s", err, out)
+	}
+	d := gatewaytest.Start(t, testPolicy, func(c *gateway.Config) {
+		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, tdir
+	})
+	ctx := context.Background()
+	ready := func() bool {
+		st, err := d.Client.StatusReport(ctx)
+		return err == nil && len(st.Pools) == 1
+	}
+	waitFor(t, 2*time.Minute, "the template to load", ready)
+	exe := func(want string) {
+		t.Helper()
+		res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"echo", "ok"}}, nil)
+		if res.ExitCode != 0 || so != "ok\n" || res.VMStart != want {
+			t.Fatalf("exec: %+v %q, want a VM from %s", res, so, want)
+		}
+	}
+	exe("restore")
+	before, err := os.ReadFile(filepath.Join(dir, vm.TemplateMetaFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	state := filepath.Join(dir, vm.TemplateStateFile)
+	fi, err := os.Stat(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(state, fi.Size()/2); err != nil {
+		t.Fatal(err)
+	}
+	exe("boot") // the restore fails; the request is served anyway
+	if ready() {
+		t.Fatal("the damaged template is still in use")
+	}
+	exe("boot") // and starts the rebuild
+	waitFor(t, 5*time.Minute, "the template to be rebuilt", ready)
+	exe("restore")
+	after, err := os.ReadFile(filepath.Join(dir, vm.TemplateMetaFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(before, after) {
+		t.Fatal("the template was not rebuilt")
+	}
+	d.StopAndCheck(t)
 }
