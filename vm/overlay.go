@@ -90,7 +90,13 @@ func makeBlankOverlay(ctx context.Context, base, dir string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, tmp)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("create overlay: %w: %s", err, strings.TrimSpace(out.String()))
+		msg := strings.TrimSpace(out.String())
+		// A full disk is the host's shortage, not the backing file's
+		// fault: say so in a form errors.Is finds (Host keeps the template).
+		if strings.Contains(strings.ToLower(msg), syscall.ENOSPC.Error()) {
+			err = fmt.Errorf("%w (%w)", err, syscall.ENOSPC)
+		}
+		return nil, fmt.Errorf("create overlay: %w: %s", err, msg)
 	}
 	b, err := os.ReadFile(tmp)
 	switch {
