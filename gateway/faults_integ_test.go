@@ -197,7 +197,7 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	}
 	filler.Close()
 	_, _, _, err = d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
-	if ae := (*client.APIError)(nil); !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(strings.ToLower(err.Error()), "no space left on device") {
+	if ae := (*client.APIError)(nil); !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(err.Error(), "create overlay: write") || !strings.Contains(err.Error(), "no space left on device") {
 		t.Fatalf("a request on a full state disk: %v", err)
 	}
 	t.Logf("on a full disk: %v", err)

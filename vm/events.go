@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -91,4 +93,23 @@ func (v *VM) stopCause() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.cause
+}
+
+// ramFileFull explains a QEMU that died of SIGBUS while its guest RAM was
+// a file in the VM directory (a template being built): the kernel sends
+// SIGBUS when a page of a shared file mapping cannot be allocated, which
+// on the state directory's disk (or tmpfs) means it is full.
+func (v *VM) ramFileFull() error {
+	var ee *exec.ExitError
+	if !errors.As(v.exitErr, &ee) {
+		return nil
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGBUS {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(v.Dir, RAMFile)); err != nil {
+		return nil
+	}
+	return fmt.Errorf("%w (QEMU died of SIGBUS: the guest's RAM file could not grow)", ErrStateDiskFull)
 }

@@ -191,8 +191,10 @@ func (h *Host) ImageDigestOf(name string) string {
 
 // Get returns a fresh VM of the shape and how it was made (FromPool,
 // FromRestore, FromBoot). A restore that fails discards the shape's
-// template (rebuilt on the next request) and the VM boots cold. If ctx
-// ends first, nothing is left running.
+// template (rebuilt on the next request) and the VM boots cold, unless
+// the host ran short of something (hostShortOf): then the template is
+// kept and the error returned. If ctx ends first, nothing is left
+// running.
 func (h *Host) Get(ctx context.Context, k Shape) (*VM, string, error) {
 	k = k.normal()
 	if _, err := h.ImageDir(k.Image); err != nil {
@@ -203,6 +205,11 @@ func (h *Host) Get(ctx context.Context, k Shape) (*VM, string, error) {
 		switch {
 		case m != nil:
 			return m, how, nil
+		case hostShortOf(err):
+			// A cold boot needs more of what ran short (disk for its
+			// overlay, memory for all of its RAM) and takes a boot's time
+			// to fail the same way.
+			return nil, "", err
 		case err != nil && ctx.Err() == nil:
 			h.log.Warn("restore from template failed, booting cold", "err", err)
 		}

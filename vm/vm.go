@@ -657,7 +657,11 @@ func (v *VM) launch(j *isolate.Jail, argv []string) error {
 
 // died describes why QEMU is gone, with the end of the console log.
 func (v *VM) died(during string) error {
-	if c := v.stopCause(); c != nil {
+	c := v.stopCause()
+	if c == nil {
+		c = v.ramFileFull()
+	}
+	if c != nil {
 		return fmt.Errorf("%w %s: %w; %s", ErrVMDied, during, c, v.consoleTail())
 	}
 	return fmt.Errorf("%w %s: qemu exited (%v); %s", ErrVMDied, during, v.exitErr, v.consoleTail())
