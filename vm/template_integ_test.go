@@ -299,3 +299,37 @@ func TestTemplate_ImageChangeAndCorruption(t *testing.T) {
 		t.Fatalf("clone of the new template: %+v", o.res)
 	}
 }
+
+// TestTemplate_BuildOnFullDisk builds a template with its state directory
+// on a tmpfs too small for the guest's RAM: the build fails saying the
+// disk is full, and leaves no template, build directory or VM directory.
+func TestTemplate_BuildOnFullDisk(t *testing.T) {
+	testutil.RequiresRoot(t)
+	img := testutil.RequiresImage(t)
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m,mode=0700"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	root := filepath.Join(mnt, "templates")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	tm, err := EnsureTemplate(ctx, Options{ImageDir: img, StateDir: mnt, Accel: AccelAuto, TemplateDir: root})
+	if err == nil {
+		tm.Close()
+		t.Fatal("a template was built on a 32 MiB disk")
+	}
+	if !errors.Is(err, ErrStateDiskFull) {
+		t.Fatalf("build on a full disk: %v; want %v", err, ErrStateDiskFull)
+	}
+	t.Logf("build on a full disk: %.300s", err)
+	ents, _ := os.ReadDir(root)
+	for _, e := range ents {
+		if e.IsDir() {
+			t.Errorf("left in the template directory: %s", e.Name())
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(mnt, "vms")); len(ents) != 0 {
+		t.Errorf("%d VM directories left", len(ents))
+	}
+}
