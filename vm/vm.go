@@ -747,6 +747,11 @@ func (v *VM) connect(ctx context.Context, img *imageFiles) error {
 	case r := <-done:
 		if r.err != nil {
 			conn.Close()
+			// QEMU's exit resets the connection first: a VM that died
+			// says why, and is not a handshake to try again.
+			if v.isDead() {
+				return v.died("during boot")
+			}
 			return fmt.Errorf("%w: %w", ErrHandshake, r.err)
 		}
 		v.client = ssh.NewClient(r.c, r.chans, r.reqs)
