@@ -502,10 +502,11 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 // audited with how the VM was made, and nothing left at shutdown.
 func TestGateway_FastPath(t *testing.T) {
 	d := startDaemon(t, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 1, testutil.TemplateDir(t)
+		c.NoTemplate, c.PoolSize, c.Ahead, c.TemplateDir = false, 1, 1, testutil.TemplateDir(t)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
+	var pool map[string]any
 	waitPool := func() {
 		for {
 			st, err := d.Client.Status(ctx)
@@ -513,7 +514,7 @@ func TestGateway_FastPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			if pools, _ := st["pools"].([]any); len(pools) == 1 {
-				if p := pools[0].(map[string]any); p["ready"].(float64) >= 1 {
+				if pool = pools[0].(map[string]any); pool["ready"].(float64) >= 1 && pool["ahead"].(float64) >= 1 {
 					return
 				}
 			}
@@ -536,6 +537,11 @@ func TestGateway_FastPath(t *testing.T) {
 		t.Fatalf("second command: %+v (first %s)", res2, res.VMID)
 	}
 	waitPool()
+	// The clone launched ahead when the pool was first full made the
+	// second VM, or the pool's replacement of the first.
+	if pool["ahead_used"].(float64) < 1 || pool["ahead_failed"].(float64) != 0 {
+		t.Fatalf("clones launched ahead: %v", pool)
+	}
 	res3, so3, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo kept > /root/f"}, Session: "s"}, nil)
 	if res3.ExitCode != 0 || res3.VMStart != "pool" {
 		t.Fatalf("session start: %+v %q", res3, so3)

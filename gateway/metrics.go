@@ -93,8 +93,8 @@ type gauges struct {
 }
 
 type poolGauge struct {
-	labels      string
-	ready, size int
+	labels             string
+	ready, size, ahead int
 }
 
 // promWriter writes metric families.
@@ -173,6 +173,10 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	for _, pg := range g.pools {
 		p.sample("vmgate_pool_size", pg.labels, pg.size)
 	}
+	p.family("vmgate_pool_ahead", "gauge", "Clones of a shape launched ahead (QEMU up, waiting for a restore).")
+	for _, pg := range g.pools {
+		p.sample("vmgate_pool_ahead", pg.labels, pg.ahead)
+	}
 	p.family("vmgate_restore_failures_total", "counter", "Pool restores that failed.")
 	p.sample("vmgate_restore_failures_total", "", g.restoreFailures)
 	p.family("vmgate_restore_handshake_retries_total", "counter", "Restores whose first agent handshake failed (each replaced by a second clone).")
@@ -198,7 +202,7 @@ func (s *Server) gauges() gauges {
 	for _, ss := range s.host.Stats() {
 		g.restoreFailures += ss.Pool.Failures
 		g.pools = append(g.pools, poolGauge{labels: fmt.Sprintf(`image="%s",memory_mib="%d",cpus="%d",network="%t"`, labelValue(ss.Image), ss.MemoryMiB, ss.CPUs, ss.Network),
-			ready: ss.Pool.Ready, size: ss.Pool.Size})
+			ready: ss.Pool.Ready, size: ss.Pool.Size, ahead: ss.Pool.Ahead})
 	}
 	return g
 }

@@ -19,7 +19,7 @@ func TestMetricsText(t *testing.T) {
 	m.refusedBusy()
 	m.netConn("deny")
 	var b bytes.Buffer
-	m.write(&b, gauges{liveVMs: 3, maxVMs: 8, waiting: 1, sessions: 2, pools: []poolGauge{{labels: `image="default"`, ready: 2, size: 2}},
+	m.write(&b, gauges{liveVMs: 3, maxVMs: 8, waiting: 1, sessions: 2, pools: []poolGauge{{labels: `image="default"`, ready: 2, size: 2, ahead: 1}},
 		restoreFailures: 1, auditHealthy: true})
 	out := b.String()
 	for _, want := range []string{
@@ -33,7 +33,7 @@ func TestMetricsText(t *testing.T) {
 		"vmgate_busy_refusals_total 1\n",
 		`vmgate_net_connections_total{verdict="deny"} 1`,
 		"vmgate_vms_live 3\n", "vmgate_queue_waiting 1\n", "vmgate_sessions 2\n",
-		`vmgate_pool_ready{image="default"} 2`, "vmgate_restore_failures_total 1\n", "vmgate_audit_healthy 1\n",
+		`vmgate_pool_ready{image="default"} 2`, `vmgate_pool_ahead{image="default"} 1`, "vmgate_restore_failures_total 1\n", "vmgate_audit_healthy 1\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("metrics lack %q", want)

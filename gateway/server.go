@@ -77,6 +77,10 @@ type Config struct {
 	// PoolSize is how many restored VMs each shape keeps ready (0: restore
 	// on demand).
 	PoolSize int
+	// Ahead is how many clones each shape keeps launched ahead: QEMU up
+	// in its jail, waiting for its state, so that a restore skips QEMU's
+	// start-up (vm.Pool).
+	Ahead int
 	// TemplateDir holds templates (default STATE/templates).
 	TemplateDir string
 	// NetHosts pins guest DNS names to addresses (looked up before the
@@ -126,6 +130,9 @@ const (
 	// DefaultPoolSize is vmgated serve's --pool; a Config's zero
 	// PoolSize means no pool.
 	DefaultPoolSize = 1
+	// DefaultAhead is vmgated serve's --ahead; a Config's zero Ahead
+	// means none.
+	DefaultAhead = 1
 )
 
 func (c *Config) setDefaults() {
@@ -290,7 +297,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	s.policy.Store(pol)
 	s.host, err = vm.NewHost(vm.HostConfig{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, TemplateDir: cfg.TemplateDir,
-		Accel: cfg.Accel, TCGTBSizeMiB: cfg.TCGTBSizeMiB, Cgroups: pol.Cgroups(), Network: s.netBase(), NetstackSocket: cfg.NetstackSocket, PoolSize: cfg.PoolSize, NoTemplate: cfg.NoTemplate, Log: log})
+		Accel: cfg.Accel, TCGTBSizeMiB: cfg.TCGTBSizeMiB, Cgroups: pol.Cgroups(), Network: s.netBase(), NetstackSocket: cfg.NetstackSocket, PoolSize: cfg.PoolSize, Ahead: cfg.Ahead, NoTemplate: cfg.NoTemplate, Log: log})
 	if err != nil {
 		return nil, err
 	}

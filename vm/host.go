@@ -70,6 +70,9 @@ type HostConfig struct {
 	NetstackSocket string
 	// PoolSize is how many restored VMs each shape keeps ready.
 	PoolSize int
+	// Ahead is how many clones each shape keeps launched ahead (QEMU up,
+	// waiting for its state; see Pool).
+	Ahead int
 	// NoTemplate boots every VM cold.
 	NoTemplate bool
 	Log        *slog.Logger
@@ -351,7 +354,7 @@ func (h *Host) build(k Shape, e *shapeEntry) {
 
 // ready starts the shape's pool on its template.
 func (h *Host) ready(k Shape, e *shapeEntry, tmpl *Template, t0 time.Time) {
-	pool := NewPool(tmpl, h.options(k), h.cfg.PoolSize)
+	pool := NewPool(tmpl, h.options(k), h.cfg.PoolSize, h.cfg.Ahead)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ctx.Err() != nil {
@@ -360,7 +363,7 @@ func (h *Host) ready(k Shape, e *shapeEntry, tmpl *Template, t0 time.Time) {
 		return
 	}
 	e.tmpl, e.pool, e.ready = tmpl, pool, true
-	h.log.Info("fast path ready", "template", tmpl.String(), "network", k.Network, "built", tmpl.Built, "ms", time.Since(t0).Milliseconds(), "pool_size", h.cfg.PoolSize)
+	h.log.Info("fast path ready", "template", tmpl.String(), "network", k.Network, "built", tmpl.Built, "ms", time.Since(t0).Milliseconds(), "pool_size", h.cfg.PoolSize, "ahead", h.cfg.Ahead)
 }
 
 // restore returns a restored VM of the shape and how it was made

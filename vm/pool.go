@@ -17,12 +17,20 @@ import (
 // Pool keeps up to Size VMs restored from one template, ready to hand out.
 // Each VM is handed out once (Get removes it); a background filler restores
 // replacements. Size 0 keeps none: every Get restores on demand.
+//
+// Behind the ready VMs it keeps up to Ahead clones launched ahead
+// (Template.Prestart): QEMU up in its jail, waiting for its state, no
+// guest code run. A restore (a Get that finds no ready VM, or the filler)
+// completes one of those instead of starting QEMU; one whose QEMU died
+// while it waited is closed and replaced, never used.
 type Pool struct {
-	tmpl *Template
-	opts Options
-	size int
+	tmpl   *Template
+	opts   Options
+	size   int
+	aheadN int
 
 	ready chan *VM
+	ahead chan *VM
 	wake  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
@@ -50,21 +58,25 @@ type PoolStats struct {
 	Restored int64 // VMs the filler restored
 	Failures int64 // filler restores that failed
 	Shrunk   int64 // idle VMs given back under memory pressure
+
+	Ahead       int   // clones launched ahead, waiting now
+	AheadSize   int   // how many the pool keeps
+	AheadUsed   int64 // restores that completed one
+	AheadFailed int64 // of those, the ones that failed (each replaced by a fresh restore)
 }
 
-// NewPool starts a pool of size VMs restored from tmpl with opts' Log,
-// Seccomp and Cgroups.
-func NewPool(tmpl *Template, opts Options, size int) *Pool {
-	if size < 0 {
-		size = 0
-	}
+// NewPool starts a pool of size VMs restored from tmpl, and ahead clones
+// launched ahead, with opts' Log, Seccomp and Cgroups.
+func NewPool(tmpl *Template, opts Options, size, ahead int) *Pool {
+	size, ahead = max(size, 0), max(ahead, 0)
 	if opts.Log == nil {
 		opts.Log = tmpl.opts.Log
 	}
 	opts.Background = true
 	p := &Pool{
-		tmpl: tmpl, opts: opts, size: size,
+		tmpl: tmpl, opts: opts, size: size, aheadN: ahead,
 		ready: make(chan *VM, max(size, 1)),
+		ahead: make(chan *VM, max(ahead, 1)),
 		wake:  make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
@@ -72,7 +84,7 @@ func NewPool(tmpl *Template, opts Options, size int) *Pool {
 		lowMemory:    2*int64(tmpl.Meta.MemoryMiB)<<20 + 512<<20,
 		memAvailable: memAvailable,
 	}
-	p.stats.Size = size
+	p.stats.Size, p.stats.AheadSize = size, ahead
 	go p.fill()
 	p.kick()
 	return p
@@ -89,7 +101,7 @@ func (p *Pool) Stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.stats
-	s.Ready = len(p.ready)
+	s.Ready, s.Ahead = len(p.ready), len(p.ahead)
 	return s
 }
 
@@ -139,8 +151,40 @@ func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
 	p.count(func(s *PoolStats) { s.Misses++ })
 	o := p.opts
 	o.Background = false
-	v, err = p.tmpl.Restore(ctx, o)
+	v, err = p.restore(ctx, o)
 	return v, false, err
+}
+
+// restore completes a clone launched ahead, if one waits, or restores a
+// new one. A clone launched ahead that fails is replaced by the new one
+// (and counted); the stock is refilled by the filler.
+func (p *Pool) restore(ctx context.Context, o Options) (*VM, error) {
+	select {
+	case v := <-p.ahead:
+		// Replaced a little later, as a pooled VM is (refillDelay).
+		time.AfterFunc(refillDelay, p.kick)
+		if !o.Background {
+			if err := v.Foreground(); err != nil {
+				p.opts.Log.Warn("VM launched ahead: CPU weight", "vm", v.ID, "err", err)
+			}
+		}
+		err := p.tmpl.Complete(ctx, v)
+		p.count(func(s *PoolStats) {
+			s.AheadUsed++
+			if err != nil {
+				s.AheadFailed++
+			}
+		})
+		if err == nil {
+			return v, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		p.opts.Log.Warn("VM launched ahead failed; restoring a new one", "vm", v.ID, "err", err)
+	default:
+	}
+	return p.tmpl.Restore(ctx, o)
 }
 
 // fill keeps the pool at size, backing off after failures and shrinking
@@ -157,7 +201,7 @@ func (p *Pool) fill() {
 		case <-p.wake:
 		case <-tick.C:
 		}
-		for !p.pressure() && len(p.ready) < p.size {
+		for !p.pressure() && (len(p.ready) < p.size || len(p.ahead) < p.aheadN) {
 			ctx, cancel := context.WithCancel(context.Background())
 			go func() {
 				select {
@@ -166,8 +210,13 @@ func (p *Pool) fill() {
 				case <-ctx.Done():
 				}
 			}()
-			v, err := p.tmpl.Restore(ctx, p.opts)
-			if err == nil {
+			stock, launchAhead := p.ready, len(p.ready) >= p.size
+			var v *VM
+			var err error
+			if launchAhead {
+				stock = p.ahead
+				v, err = p.tmpl.Prestart(ctx, p.opts)
+			} else if v, err = p.restore(ctx, p.opts); err == nil {
 				err = warmUp(ctx, v)
 			}
 			cancel()
@@ -188,9 +237,11 @@ func (p *Pool) fill() {
 				continue
 			}
 			backoff = time.Second
-			p.count(func(s *PoolStats) { s.Restored++ })
+			if !launchAhead {
+				p.count(func(s *PoolStats) { s.Restored++ })
+			}
 			select {
-			case p.ready <- v:
+			case stock <- v:
 			case <-p.stop:
 				_ = v.Close()
 				return
@@ -239,6 +290,10 @@ func (p *Pool) pressure() bool {
 		p.opts.Log.Warn("pool: host memory low, giving back an idle VM", "mem_available_mib", avail>>20, "vm", v.ID)
 		_ = v.Close()
 		p.count(func(s *PoolStats) { s.Shrunk++ })
+	case v := <-p.ahead:
+		p.opts.Log.Warn("pool: host memory low, giving back a VM launched ahead", "mem_available_mib", avail>>20, "vm", v.ID)
+		_ = v.Close()
+		p.count(func(s *PoolStats) { s.Shrunk++ })
 	default:
 	}
 	return true
@@ -259,6 +314,9 @@ func (p *Pool) Close() error {
 	for {
 		select {
 		case v := <-p.ready:
+			errs = append(errs, v.Close())
+			continue
+		case v := <-p.ahead:
 			errs = append(errs, v.Close())
 			continue
 		default:

@@ -47,15 +47,30 @@ func TestTemplate_RestoreClones(t *testing.T) {
 		t.Errorf("write to the sealed template RAM: %v, want EPERM", err)
 	}
 
+	// Clone b is launched ahead and waits while clone a is restored: the
+	// checks below hold across both ways of making a clone.
+	ahead, err := tmpl.Prestart(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ahead.Close()
 	clones := make([]*VM, 2)
 	for i := range clones {
-		v, err := tmpl.Restore(ctx, opts)
+		v := ahead
+		if i == 0 {
+			v, err = tmpl.Restore(ctx, opts)
+		} else {
+			err = tmpl.Complete(ctx, v)
+		}
 		if err != nil {
 			t.Fatalf("restore %d: %v", i, err)
 		}
 		defer v.Close()
 		t.Logf("clone %d: %s restored in %v", i, v.ID, v.BootDuration())
 		clones[i] = v
+	}
+	if err := tmpl.Complete(ctx, ahead); err == nil {
+		t.Error("a clone launched ahead was completed twice")
 	}
 	a, b := clones[0], clones[1]
 	t.Run("jailed", func(t *testing.T) {
@@ -134,10 +149,10 @@ func TestTemplate_RestoreClones(t *testing.T) {
 }
 
 func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
-	p := NewPool(tmpl, opts, 2)
+	p := NewPool(tmpl, opts, 2, 1)
 	defer p.Close()
 	waitFull := func() {
-		for p.Stats().Ready < 2 {
+		for st := p.Stats(); st.Ready < 2 || st.Ahead < 1; st = p.Stats() {
 			select {
 			case <-ctx.Done():
 				t.Fatalf("pool never filled: %+v", p.Stats())
@@ -173,7 +188,7 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		st := p.Stats()
-		if st.Ready == 0 && st.Shrunk > 0 {
+		if st.Ready == 0 && st.Ahead == 0 && st.Shrunk > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -194,12 +209,57 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	t.Logf("pool stats: %+v", p.Stats())
 
 	// Size 0 keeps nothing ready.
-	p0 := NewPool(tmpl, opts, 0)
+	p0 := NewPool(tmpl, opts, 0, 0)
 	time.Sleep(200 * time.Millisecond)
-	if st := p0.Stats(); st.Ready != 0 || st.Restored != 0 {
+	if st := p0.Stats(); st.Ready != 0 || st.Restored != 0 || st.Ahead != 0 {
 		t.Errorf("size-0 pool restored VMs: %+v", st)
 	}
 	if err := p0.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Size 0 with one clone launched ahead: a Get completes it. One
+	// whose QEMU died while it waited is replaced by a new restore.
+	pa := NewPool(tmpl, opts, 0, 1)
+	defer pa.Close()
+	waitAhead := func() *VM {
+		for {
+			select {
+			case v := <-pa.ahead:
+				return v
+			case <-ctx.Done():
+				t.Fatalf("nothing launched ahead: %+v", pa.Stats())
+			}
+		}
+	}
+	v = waitAhead()
+	pa.ahead <- v
+	got, fromPool, err := pa.Get(ctx)
+	if err != nil || fromPool || got != v {
+		t.Fatalf("get with a clone launched ahead: %v fromPool=%v vm %p, want %p", err, fromPool, got, v)
+	}
+	if o := run(t, got, ExecRequest{Argv: []string{"true"}}); o.res.ExitCode != 0 {
+		t.Errorf("clone launched ahead: %+v", o.res)
+	}
+	_ = got.Close()
+	dead := waitAhead()
+	if err := dead.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-dead.Exited()
+	pa.ahead <- dead
+	got, _, err = pa.Get(ctx)
+	if err != nil || got == dead {
+		t.Fatalf("get after the clone launched ahead died: %v (the dead one: %v)", err, got == dead)
+	}
+	if o := run(t, got, ExecRequest{Argv: []string{"true"}}); o.res.ExitCode != 0 {
+		t.Errorf("the replacement: %+v", o.res)
+	}
+	_ = got.Close()
+	if st := pa.Stats(); st.AheadUsed != 2 || st.AheadFailed != 1 {
+		t.Errorf("stats: %+v, want 2 used and 1 failed", st)
+	}
+	if err := pa.Close(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -124,17 +125,23 @@ type VM struct {
 	Dir   string
 	Accel Accel
 
-	log      *slog.Logger
-	cmd      *exec.Cmd
-	exited   chan struct{} // closed when QEMU has exited
-	exitErr  error         // valid after exited is closed
-	cause    error         // why the daemon killed QEMU, if it did (under mu)
-	client   *ssh.Client
-	bootTime time.Duration
-	cgroup   *cgroup.Group // nil without cgroups
-	net      GuestNetwork
-	console  *console
-	phases   []Phase
+	log       *slog.Logger
+	cmd       *exec.Cmd
+	exited    chan struct{} // closed when QEMU has exited
+	exitErr   error         // valid after exited is closed
+	cause     error         // why the daemon killed QEMU, if it did (under mu)
+	client    *ssh.Client
+	bootTime  time.Duration
+	started   time.Time     // when the critical path began (launchVM, or complete for a VM launched ahead)
+	phaseAt   time.Time     // the end of the last phase recorded
+	ahead     *Template     // launched ahead of its request from it (Template.Prestart), or nil
+	aheadOpts Options       // its options, for Template.Complete
+	completed atomic.Bool   // Template.Complete was called
+	incoming  *qmp          // a restore's monitor, from openIncoming to loadState
+	cgroup    *cgroup.Group // nil without cgroups
+	net       GuestNetwork
+	console   *console
+	phases    []Phase
 
 	mu       sync.Mutex
 	closed   bool
@@ -244,7 +251,27 @@ type launchMode struct {
 
 // start creates the VM directory and overlay, launches QEMU in its jail
 // and waits for the agent.
-func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m launchMode) (_ *VM, err error) {
+func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m launchMode) (*VM, error) {
+	v, err := launchVM(ctx, opts, img, accel, m)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.complete(ctx, opts, img, m); err != nil {
+		if cerr := v.Close(); cerr != nil {
+			v.log.Warn("cleanup after failed start", "err", cerr)
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+// launchVM creates the VM directory and overlay and launches QEMU in its
+// jail; a restore's QEMU is then up and waiting for its state (its QMP
+// connection held in v.incoming). Nothing of the guest has run yet: a VM
+// launched ahead (Template.Prestart) is completed later.
+//
+// Postcondition: on error nothing of the VM is left.
+func launchVM(ctx context.Context, opts Options, img *imageFiles, accel Accel, m launchMode) (_ *VM, err error) {
 	id := newID()
 	v := &VM{ID: id, Accel: accel, log: opts.Log.With("vm", id), exited: make(chan struct{})}
 	defer func() {
@@ -254,8 +281,8 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 			}
 		}
 	}()
-	t0 := time.Now()
-	tp := t0
+	v.started = time.Now()
+	tp := v.started
 	if err := v.makeDir(ctx, opts.StateDir, m.backing); err != nil {
 		return nil, err
 	}
@@ -264,20 +291,40 @@ func start(ctx context.Context, opts Options, img *imageFiles, accel Accel, m la
 		return nil, err
 	}
 	v.phase("launch", &tp)
-	if err := v.ready(ctx, opts, img, m, &tp); err != nil {
-		return nil, err
+	if m.restore {
+		bootCtx, cancel := context.WithTimeout(ctx, opts.BootTimeout)
+		defer cancel()
+		if err := v.openIncoming(bootCtx); err != nil {
+			return nil, err
+		}
+		v.phase("qemu_up", &tp)
 	}
-	v.bootTime = time.Since(t0)
+	v.phaseAt = tp
+	return v, nil
+}
+
+// complete brings a launched VM to one that runs commands (ready) and
+// logs it. A VM launched ahead is timed from here: its phases and boot
+// time are those of the request's critical path.
+func (v *VM) complete(ctx context.Context, opts Options, img *imageFiles, m launchMode) error {
+	if v.ahead != nil {
+		v.started, v.phaseAt, v.phases = time.Now(), time.Now(), nil
+	}
+	tp := v.phaseAt
+	if err := v.ready(ctx, opts, img, m, &tp); err != nil {
+		return err
+	}
+	v.bootTime = time.Since(v.started)
 	kind := "boot_ms"
 	if m.restore {
 		kind = "restore_ms"
 	}
 	if rep, err := v.JailReport(); err == nil {
-		v.log.Info("vm ready", "accel", accel, kind, v.bootTime.Milliseconds(), "phases", phasesString(v.phases), "jail", rep.String())
+		v.log.Info("vm ready", "accel", v.Accel, kind, v.bootTime.Milliseconds(), "ahead", v.ahead != nil, "phases", phasesString(v.phases), "jail", rep.String())
 	} else {
-		v.log.Warn("vm ready, jail report unavailable", "accel", accel, kind, v.bootTime.Milliseconds(), "err", err)
+		v.log.Warn("vm ready, jail report unavailable", "accel", v.Accel, kind, v.bootTime.Milliseconds(), "err", err)
 	}
-	return v, nil
+	return nil
 }
 
 // makeDir creates the VM's private directory (removed by Close) and its
@@ -487,17 +534,38 @@ func phasesString(ps []Phase) string {
 	return b.String()
 }
 
-// loadState feeds the migration stream on QEMU's fd 5 into the waiting
-// QEMU and lets the guest run.
-func (v *VM) loadState(ctx context.Context) error {
+// openIncoming connects to a restore's QEMU, waiting until it is up
+// (its QMP socket answers), and sets the migration capabilities; the
+// connection is kept in v.incoming for loadState.
+func (v *VM) openIncoming(ctx context.Context) error {
 	q, err := dialQMP(ctx, filepath.Join(v.Dir, QMPSocket), v.exited)
 	if err != nil {
 		return v.failedRestore(err)
 	}
-	defer q.Close()
 	if _, err := q.run(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
+		q.Close()
 		return v.failedRestore(err)
 	}
+	v.incoming = q
+	// A VM closed before loadState ran (launched ahead, never used).
+	v.push(func() error {
+		if v.incoming != nil {
+			_ = v.incoming.Close()
+		}
+		return nil
+	})
+	return nil
+}
+
+// loadState feeds the migration stream on QEMU's fd 5 into the waiting
+// QEMU and lets the guest run.
+func (v *VM) loadState(ctx context.Context) error {
+	q := v.incoming
+	if q == nil {
+		return errors.New("restore: QEMU's monitor is not connected")
+	}
+	v.incoming = nil
+	defer q.Close()
 	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": "fd:5"}); err != nil {
 		return v.failedRestore(err)
 	}

@@ -338,19 +338,26 @@ type Status struct {
 
 // Pool is one VM shape's template and pool.
 type Pool struct {
-	Image                    string `json:"image"`
-	MemoryMiB                int    `json:"memory_mib"`
-	CPUs                     int    `json:"cpus"`
-	Seccomp                  string `json:"seccomp"`
-	Network                  bool   `json:"network"`
-	Ready                    int    `json:"ready"`
-	Size                     int    `json:"size"`
-	Hits                     int64  `json:"hits"`
-	Misses                   int64  `json:"misses"`
-	Restored                 int64  `json:"restored"`
-	Failures                 int64  `json:"failures"`
-	Shrunk                   int64  `json:"shrunk"`
-	RestoreHandshakeFailures int64  `json:"restore_handshake_failures"`
+	Image     string `json:"image"`
+	MemoryMiB int    `json:"memory_mib"`
+	CPUs      int    `json:"cpus"`
+	Seccomp   string `json:"seccomp"`
+	Network   bool   `json:"network"`
+	Ready     int    `json:"ready"`
+	Size      int    `json:"size"`
+	Hits      int64  `json:"hits"`
+	Misses    int64  `json:"misses"`
+	Restored  int64  `json:"restored"`
+	Failures  int64  `json:"failures"`
+	Shrunk    int64  `json:"shrunk"`
+	// Ahead clones launched ahead wait now (QEMU up, no state loaded), of
+	// AheadSize kept; AheadUsed restores completed one, AheadFailed of
+	// them failed and were replaced by a new restore.
+	Ahead                    int   `json:"ahead"`
+	AheadSize                int   `json:"ahead_size"`
+	AheadUsed                int64 `json:"ahead_used"`
+	AheadFailed              int64 `json:"ahead_failed"`
+	RestoreHandshakeFailures int64 `json:"restore_handshake_failures"`
 }
 
 // LiveExec is a command running now.

@@ -23,6 +23,7 @@ type DaemonOptions struct {
 	Policy      []byte // the policy file's text
 	MaxVMs      int
 	PoolSize    int
+	Ahead       int
 	Accel       vm.Accel
 	TBSizeMiB   int
 	Log         *slog.Logger
@@ -54,7 +55,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	}
 	return StartGateway(ctx, gateway.Config{Socket: filepath.Join(o.Dir, "s.sock"), SocketMode: 0o600, StateDir: filepath.Join(o.Dir, "state"),
 		ImageDir: o.ImageDir, AuditPath: filepath.Join(o.Dir, "audit.jsonl"), MaxVMs: o.MaxVMs, QueueLen: 64, PolicyPath: pol,
-		PolicyExplicit: true, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, AllowRoot: os.Geteuid() == 0, Log: o.Log, PoolSize: o.PoolSize, TemplateDir: o.TemplateDir})
+		PolicyExplicit: true, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, AllowRoot: os.Geteuid() == 0, Log: o.Log, PoolSize: o.PoolSize, Ahead: o.Ahead, TemplateDir: o.TemplateDir})
 }
 
 // StartGateway builds the daemon from cfg (it listens on cfg.Socket, which

@@ -43,7 +43,9 @@ type ExecOptions struct {
 	Accel       vm.Accel
 	// TBSizeMiB is TCG's translation buffer per VM (0: QEMU's default).
 	TBSizeMiB int
-	Log       *slog.Logger
+	// Ahead is the daemons' clones launched ahead per shape (vm.Pool).
+	Ahead int
+	Log   *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -116,6 +118,13 @@ type ExecReport struct {
 	RestoreMS       Stat            `json:"restore_ms"`
 	RestorePhasesMS map[string]Stat `json:"restore_phases_ms"`
 	RestoreFirstMS  Stat            `json:"restore_first_exec_ms"`
+	// The same restore completed from a clone launched ahead
+	// (vm.Template.Prestart): timed from Complete, QEMU already up.
+	RestoreAheadMS       Stat            `json:"restore_ahead_ms"`
+	RestoreAheadPhasesMS map[string]Stat `json:"restore_ahead_phases_ms"`
+	RestoreAheadFirstMS  Stat            `json:"restore_ahead_first_exec_ms"`
+	// IdleAhead is a clone launched ahead, waiting: its QEMU's memory.
+	IdleAhead       Memory          `json:"idle_ahead_qemu"`
 	ColdPhasesMS    map[string]Stat `json:"cold_phases_ms"`
 	OneshotPoolMS   Stat            `json:"oneshot_pool_ms"`
 	OneshotNoPoolMS Stat            `json:"oneshot_nopool_ms"`
@@ -181,7 +190,7 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	defer os.RemoveAll(work)
-	r := &execRun{o: o, work: work, rep: &ExecReport{When: time.Now().UTC(), RestorePhasesMS: map[string]Stat{}, ColdPhasesMS: map[string]Stat{}, Ratios: map[string]float64{}}}
+	r := &execRun{o: o, work: work, rep: &ExecReport{When: time.Now().UTC(), RestorePhasesMS: map[string]Stat{}, RestoreAheadPhasesMS: map[string]Stat{}, ColdPhasesMS: map[string]Stat{}, Ratios: map[string]float64{}}}
 	r.rep.Machine = machine()
 	cgm, err := cgroup.OpenMode("auto", cgroup.GroupName(work), o.Log)
 	if err != nil {
@@ -194,7 +203,7 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		r.rep.Machine.Cgroups = "none (rlimits only)"
 	}
 	r.base = vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
-	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB}
+	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB, "ahead": o.Ahead}
 	if err := r.cold(ctx); err != nil {
 		return nil, err
 	}
@@ -208,7 +217,7 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	r.rep.TemplateMS = ms(time.Since(t0))
 	r.rep.TemplateBuilt = tmpl.Built
 	r.rep.TemplateRAMMiB = float64(tmpl.Meta.RAMDataBytes) / (1 << 20)
-	for _, phase := range []func(context.Context, *vm.Template) error{r.restores, r.idleAndSession} {
+	for _, phase := range []func(context.Context, *vm.Template) error{r.restores, r.restoresAhead, r.idleAndSession} {
 		if err := phase(ctx, tmpl); err != nil {
 			return nil, err
 		}
@@ -294,6 +303,44 @@ func (r *execRun) restores(ctx context.Context, tmpl *vm.Template) error {
 	r.rep.RestoreMS, r.rep.RestoreFirstMS = summarize(restores), summarize(firsts)
 	for k, d := range phases {
 		r.rep.RestorePhasesMS[k] = summarize(d)
+	}
+	return nil
+}
+
+// restoresAhead measures restores completed from clones launched ahead
+// (each waits a moment first, as one in a pool does), the first command
+// after each, and a waiting clone's memory.
+func (r *execRun) restoresAhead(ctx context.Context, tmpl *vm.Template) error {
+	var restores, firsts []time.Duration
+	phases := map[string][]time.Duration{}
+	for i := 0; i < r.o.Runs; i++ {
+		r.step("restore launched ahead %d/%d", i+1, r.o.Runs)
+		v, err := tmpl.Prestart(ctx, r.base)
+		if err != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond) // QEMU settles, as it would while it waits in a pool
+		if i == 0 {
+			r.rep.IdleAhead = idleMemory(ctx, []*vm.VM{v})
+		}
+		if err := tmpl.Complete(ctx, v); err != nil {
+			return err
+		}
+		restores = append(restores, v.BootDuration())
+		for _, p := range v.Phases() {
+			phases[p.Name] = append(phases[p.Name], p.Dur)
+		}
+		t1 := time.Now()
+		err = execTrue(ctx, v)
+		firsts = append(firsts, time.Since(t1))
+		v.Close()
+		if err != nil {
+			return err
+		}
+	}
+	r.rep.RestoreAheadMS, r.rep.RestoreAheadFirstMS = summarize(restores), summarize(firsts)
+	for k, d := range phases {
+		r.rep.RestoreAheadPhasesMS[k] = summarize(d)
 	}
 	return nil
 }
@@ -534,7 +581,7 @@ func throughput(ctx context.Context, c *client.Client, conc, n int) (Throughput,
 // handshake failures are added to rep.
 func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, network bool, rep *ExecReport, fn func(*client.Client, func() error) error) error {
 	d, err := StartDaemon(ctx, DaemonOptions{Dir: filepath.Join(work, name), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
-		Policy: benchPolicy(maxVMs(o), network), MaxVMs: maxVMs(o), PoolSize: pool, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
+		Policy: benchPolicy(maxVMs(o), network), MaxVMs: maxVMs(o), PoolSize: pool, Ahead: o.Ahead, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
 	if err != nil {
 		return err
 	}

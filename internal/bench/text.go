@@ -25,6 +25,9 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	row("restore: request -> agent ready", r.RestoreMS)
 	phases(w, r.RestorePhasesMS)
 	row("first command after a restore", r.RestoreFirstMS)
+	row("restore of a clone launched ahead", r.RestoreAheadMS)
+	phases(w, r.RestoreAheadPhasesMS)
+	row("first command after it", r.RestoreAheadFirstMS)
 	row("one-shot `true` via daemon, warm pool", r.OneshotPoolMS)
 	oneshotParts(w, r.OneshotPoolPartsMS)
 	row("one-shot `true` via daemon, no pool", r.OneshotNoPoolMS)
@@ -46,6 +49,7 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	if len(r.Levers) > 0 {
 		fmt.Fprintf(w, "levers: %v\n", r.Levers)
 	}
+	fmt.Fprintf(w, "clone launched ahead, waiting: RSS %.1f MiB, PSS %.1f MiB\n", r.IdleAhead.RSSMiB, r.IdleAhead.PSSMiB)
 	fmt.Fprintf(w, "idle VM, cold-booted: RSS %.1f MiB, PSS %.1f MiB\n", r.IdleCold.RSSMiB, r.IdleCold.PSSMiB)
 	how := "loaded"
 	if r.TemplateBuilt {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/internal/bench"
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/policy"
@@ -30,6 +31,7 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 	pool := fs.Int("pool", 2, "pool size for the pooled figures")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	tbSize := fs.Int("tcg-tb-size", 0, "TCG translation buffer per VM in MiB (0: QEMU's default)")
+	ahead := fs.Int("ahead", gateway.DefaultAhead, "clones launched ahead per shape in the daemons (as vmgated serve --ahead)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
 	level := fs.String("log-level", "warn", "log level")
@@ -69,7 +71,7 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		}
 		rep, err := bench.Exec(ctx, bench.ExecOptions{
 			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
-			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
+			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
 		})
 		if err != nil {
 			return err

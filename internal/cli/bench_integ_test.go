@@ -32,6 +32,7 @@ func TestBenchExec(t *testing.T) {
 		"cold_boot_ms": r.ColdBootMS, "restore_ms": r.RestoreMS, "restore_first_exec_ms": r.RestoreFirstMS,
 		"oneshot_pool_ms": r.OneshotPoolMS, "oneshot_nopool_ms": r.OneshotNoPoolMS, "session_exec_ms": r.SessionExecMS,
 		"oneshot_net_pool_ms": r.OneshotNetPoolMS, "oneshot_net_nopool_ms": r.OneshotNetNoPoolMS,
+		"restore_ahead_ms": r.RestoreAheadMS, "restore_ahead_first_exec_ms": r.RestoreAheadFirstMS,
 	} {
 		want := 2
 		if name == "cold_boot_ms" {
@@ -41,10 +42,22 @@ func TestBenchExec(t *testing.T) {
 			t.Errorf("%s: %+v", name, s)
 		}
 	}
-	for _, p := range []string{"overlay", "launch", "load_state", "agent", "refresh"} {
+	for _, p := range []string{"overlay", "launch", "qemu_up", "load_state", "agent", "refresh"} {
 		if r.RestorePhasesMS[p].N != 2 {
 			t.Errorf("restore phase %s missing: %+v", p, r.RestorePhasesMS)
 		}
+	}
+	// A clone launched ahead is timed from its completion: QEMU is up.
+	for _, p := range []string{"load_state", "agent", "refresh"} {
+		if r.RestoreAheadPhasesMS[p].N != 2 {
+			t.Errorf("phase %s of a restore launched ahead missing: %+v", p, r.RestoreAheadPhasesMS)
+		}
+	}
+	if _, ok := r.RestoreAheadPhasesMS["qemu_up"]; ok {
+		t.Errorf("a restore launched ahead timed QEMU's start-up: %+v", r.RestoreAheadPhasesMS)
+	}
+	if r.IdleAhead.RSSMiB <= 0 || r.Levers["ahead"] == nil {
+		t.Errorf("clone launched ahead: memory %+v, levers %v", r.IdleAhead, r.Levers)
 	}
 	if len(r.Throughput) != 2 || r.Throughput[1].Concurrency != 2 || r.Throughput[1].PerMinute <= 0 || r.Throughput[0].Commands < 2 {
 		t.Errorf("throughput: %+v", r.Throughput)

@@ -42,6 +42,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 	allowRoot := fs.Bool("allow-root", false, "allow running as root (tests, containers)")
 	noTemplate := fs.Bool("no-template", false, "boot every VM cold (no template snapshot, no pool)")
 	pool := fs.Int("pool", gateway.DefaultPoolSize, "restored VMs to keep ready per VM shape (0: restore on demand)")
+	ahead := fs.Int("ahead", gateway.DefaultAhead, "clones per VM shape launched ahead: QEMU up, waiting for a restore (0: none)")
 	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
 	netHosts := fs.String("net-hosts", "", "hosts(5)-style file pinning guest DNS names to addresses (checked before the host's resolver)")
 	netstackSocket := fs.String("netstack-socket", "", "SOCK_SEQPACKET socket where systemd starts a netstack per networked VM (vmgate-netstack.socket); default: vmgated jails them itself")
@@ -68,7 +69,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 			Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
 			MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, TCGTBSizeMiB: *tbSize, MetricsListen: *metricsListen, AllowRoot: *allowRoot,
 			Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
-			NoTemplate: *noTemplate, PoolSize: *pool, TemplateDir: *templateDir,
+			NoTemplate: *noTemplate, PoolSize: *pool, Ahead: *ahead, TemplateDir: *templateDir,
 		}
 		if len(sshListen) > 0 {
 			if *sshSessions < 1 || *sshIdle <= 0 {
