@@ -190,7 +190,7 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	defer os.RemoveAll(work)
-	r := &execRun{o: o, work: work, rep: &ExecReport{When: time.Now().UTC(), RestorePhasesMS: map[string]Stat{}, RestoreAheadPhasesMS: map[string]Stat{}, ColdPhasesMS: map[string]Stat{}, Ratios: map[string]float64{}}}
+	r := &execRun{o: o, work: work, rep: &ExecReport{When: time.Now().UTC(), ColdPhasesMS: map[string]Stat{}, Ratios: map[string]float64{}}}
 	r.rep.Machine = machine()
 	cgm, err := cgroup.OpenMode("auto", cgroup.GroupName(work), o.Log)
 	if err != nil {
@@ -280,69 +280,60 @@ func (r *execRun) cold(ctx context.Context) error {
 // restores measures restores (request to agent ready) and the first
 // command after each.
 func (r *execRun) restores(ctx context.Context, tmpl *vm.Template) error {
-	var restores, firsts []time.Duration
-	phases := map[string][]time.Duration{}
-	for i := 0; i < r.o.Runs; i++ {
-		r.step("restore %d/%d", i+1, r.o.Runs)
-		v, err := tmpl.Restore(ctx, r.base)
-		if err != nil {
-			return err
-		}
-		restores = append(restores, v.BootDuration())
-		for _, p := range v.Phases() {
-			phases[p.Name] = append(phases[p.Name], p.Dur)
-		}
-		t1 := time.Now()
-		err = execTrue(ctx, v)
-		firsts = append(firsts, time.Since(t1))
-		v.Close()
-		if err != nil {
-			return err
-		}
-	}
-	r.rep.RestoreMS, r.rep.RestoreFirstMS = summarize(restores), summarize(firsts)
-	for k, d := range phases {
-		r.rep.RestorePhasesMS[k] = summarize(d)
-	}
-	return nil
+	var err error
+	r.rep.RestoreMS, r.rep.RestoreFirstMS, r.rep.RestorePhasesMS, err = r.sampleRestores(ctx, "restore", func(int) (*vm.VM, error) {
+		return tmpl.Restore(ctx, r.base)
+	})
+	return err
 }
 
 // restoresAhead measures restores completed from clones launched ahead
 // (each waits a moment first, as one in a pool does), the first command
 // after each, and a waiting clone's memory.
 func (r *execRun) restoresAhead(ctx context.Context, tmpl *vm.Template) error {
-	var restores, firsts []time.Duration
-	phases := map[string][]time.Duration{}
-	for i := 0; i < r.o.Runs; i++ {
-		r.step("restore launched ahead %d/%d", i+1, r.o.Runs)
+	var err error
+	r.rep.RestoreAheadMS, r.rep.RestoreAheadFirstMS, r.rep.RestoreAheadPhasesMS, err = r.sampleRestores(ctx, "restore launched ahead", func(i int) (*vm.VM, error) {
 		v, err := tmpl.Prestart(ctx, r.base)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		time.Sleep(200 * time.Millisecond) // QEMU settles, as it would while it waits in a pool
 		if i == 0 {
 			r.rep.IdleAhead = idleMemory(ctx, []*vm.VM{v})
 		}
-		if err := tmpl.Complete(ctx, v); err != nil {
-			return err
+		return v, tmpl.Complete(ctx, v)
+	})
+	return err
+}
+
+// sampleRestores makes Runs VMs with restore, timing each (its own
+// account: BootDuration and phases) and the first command in it.
+func (r *execRun) sampleRestores(ctx context.Context, what string, restore func(i int) (*vm.VM, error)) (all, first Stat, phases map[string]Stat, err error) {
+	var restores, firsts []time.Duration
+	byPhase := map[string][]time.Duration{}
+	for i := 0; i < r.o.Runs; i++ {
+		r.step("%s %d/%d", what, i+1, r.o.Runs)
+		v, err := restore(i)
+		if err != nil {
+			return all, first, nil, err
 		}
 		restores = append(restores, v.BootDuration())
 		for _, p := range v.Phases() {
-			phases[p.Name] = append(phases[p.Name], p.Dur)
+			byPhase[p.Name] = append(byPhase[p.Name], p.Dur)
 		}
 		t1 := time.Now()
 		err = execTrue(ctx, v)
 		firsts = append(firsts, time.Since(t1))
 		v.Close()
 		if err != nil {
-			return err
+			return all, first, nil, err
 		}
 	}
-	r.rep.RestoreAheadMS, r.rep.RestoreAheadFirstMS = summarize(restores), summarize(firsts)
-	for k, d := range phases {
-		r.rep.RestoreAheadPhasesMS[k] = summarize(d)
+	phases = map[string]Stat{}
+	for k, d := range byPhase {
+		phases[k] = summarize(d)
 	}
-	return nil
+	return summarize(restores), summarize(firsts), phases, nil
 }
 
 // idleAndSession measures the memory of idle restored VMs and commands in
