@@ -29,11 +29,12 @@ type Pool struct {
 	size   int
 	aheadN int
 
-	ready chan *VM
-	ahead chan *VM
-	wake  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	ready     chan *VM
+	ahead     chan *VM
+	wake      chan struct{} // refill ready
+	wakeAhead chan struct{} // refill ahead
+	stop      chan struct{}
+	done      chan struct{}
 
 	mu     sync.Mutex
 	closed bool
@@ -75,11 +76,12 @@ func NewPool(tmpl *Template, opts Options, size, ahead int) *Pool {
 	opts.Background = true
 	p := &Pool{
 		tmpl: tmpl, opts: opts, size: size, aheadN: ahead,
-		ready: make(chan *VM, max(size, 1)),
-		ahead: make(chan *VM, max(ahead, 1)),
-		wake:  make(chan struct{}, 1),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		ready:     make(chan *VM, max(size, 1)),
+		ahead:     make(chan *VM, max(ahead, 1)),
+		wake:      make(chan struct{}, 1),
+		wakeAhead: make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 		// Keep room for two more VMs of this shape and the host itself.
 		lowMemory:    2*int64(tmpl.Meta.MemoryMiB)<<20 + 512<<20,
 		memAvailable: memAvailable,
@@ -87,6 +89,7 @@ func NewPool(tmpl *Template, opts Options, size, ahead int) *Pool {
 	p.stats.Size, p.stats.AheadSize = size, ahead
 	go p.fill()
 	p.kick()
+	kick(p.wakeAhead)
 	return p
 }
 
@@ -105,9 +108,11 @@ func (p *Pool) Stats() PoolStats {
 	return s
 }
 
-func (p *Pool) kick() {
+func (p *Pool) kick() { kick(p.wake) }
+
+func kick(wake chan struct{}) {
 	select {
-	case p.wake <- struct{}{}:
+	case wake <- struct{}{}:
 	default:
 	}
 }
@@ -161,8 +166,7 @@ func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
 func (p *Pool) restore(ctx context.Context, o Options) (*VM, error) {
 	select {
 	case v := <-p.ahead:
-		// Replaced a little later, as a pooled VM is (refillDelay).
-		time.AfterFunc(refillDelay, p.kick)
+		kick(p.wakeAhead)
 		if !o.Background {
 			if err := v.Foreground(); err != nil {
 				p.opts.Log.Warn("VM launched ahead: CPU weight", "vm", v.ID, "err", err)
@@ -187,10 +191,40 @@ func (p *Pool) restore(ctx context.Context, o Options) (*VM, error) {
 	return p.tmpl.Restore(ctx, o)
 }
 
-// fill keeps the pool at size, backing off after failures and shrinking
-// under memory pressure.
+// fill keeps the pool at size and the clones launched ahead at aheadN,
+// each stock by a filler of its own: a clone launched ahead is replaced at
+// once (its QEMU's start is cheap), a ready VM a little after a hand-out
+// (refillDelay).
 func (p *Pool) fill() {
 	defer close(p.done)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		p.keep(p.wake, p.ready, p.size, "restore", func(ctx context.Context) (*VM, error) {
+			v, err := p.restore(ctx, p.opts)
+			if err == nil {
+				err = warmUp(ctx, v)
+			}
+			if err == nil {
+				p.count(func(s *PoolStats) { s.Restored++ })
+			}
+			return v, err
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		p.keep(p.wakeAhead, p.ahead, p.aheadN, "launch ahead", func(ctx context.Context) (*VM, error) {
+			return p.tmpl.Prestart(ctx, p.opts)
+		})
+	}()
+	wg.Wait()
+}
+
+// keep fills stock up to n with next's VMs whenever woken (and every few
+// seconds), backing off after failures and stopping under memory
+// pressure.
+func (p *Pool) keep(wake <-chan struct{}, stock chan *VM, n int, what string, next func(context.Context) (*VM, error)) {
 	backoff := time.Second
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
@@ -198,10 +232,10 @@ func (p *Pool) fill() {
 		select {
 		case <-p.stop:
 			return
-		case <-p.wake:
+		case <-wake:
 		case <-tick.C:
 		}
-		for !p.pressure() && (len(p.ready) < p.size || len(p.ahead) < p.aheadN) {
+		for len(stock) < n && !p.pressure() {
 			ctx, cancel := context.WithCancel(context.Background())
 			go func() {
 				select {
@@ -210,15 +244,7 @@ func (p *Pool) fill() {
 				case <-ctx.Done():
 				}
 			}()
-			stock, launchAhead := p.ready, len(p.ready) >= p.size
-			var v *VM
-			var err error
-			if launchAhead {
-				stock = p.ahead
-				v, err = p.tmpl.Prestart(ctx, p.opts)
-			} else if v, err = p.restore(ctx, p.opts); err == nil {
-				err = warmUp(ctx, v)
-			}
+			v, err := next(ctx)
 			cancel()
 			if err != nil {
 				p.count(func(s *PoolStats) { s.Failures++ })
@@ -227,7 +253,7 @@ func (p *Pool) fill() {
 					return
 				default:
 				}
-				p.opts.Log.Warn("pool: restore failed", "err", err, "retry_in", backoff)
+				p.opts.Log.Warn("pool: "+what+" failed", "err", err, "retry_in", backoff)
 				select {
 				case <-p.stop:
 					return
@@ -237,9 +263,6 @@ func (p *Pool) fill() {
 				continue
 			}
 			backoff = time.Second
-			if !launchAhead {
-				p.count(func(s *PoolStats) { s.Restored++ })
-			}
 			select {
 			case stock <- v:
 			case <-p.stop:
