@@ -314,3 +314,48 @@ func TestFileConnEOFEndsPendingWrites(t *testing.T) {
 		t.Fatal("EOF did not end the pending write")
 	}
 }
+
+// TestWakeOnChange: with the wake-up on, a change of the file (here, data
+// written into a pipe) sends SIGIO to the channel; with it off, none.
+func TestWakeOnChange(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	wake, err := wakeOnChange(r, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain := func() {
+		for {
+			select {
+			case <-wake:
+			default:
+				return
+			}
+		}
+	}
+	drain()
+	if _, err := w.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wake:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no SIGIO after a write")
+	}
+	if _, err := wakeOnChange(r, false); err != nil {
+		t.Fatal(err)
+	}
+	drain()
+	if _, err := w.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-wake:
+		t.Fatalf("%v with the wake-up off", s)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
