@@ -9,7 +9,7 @@ import (
 )
 
 // phaseOrder is the order VM start phases happen in.
-var phaseOrder = []string{"overlay", "launch", "load_state", "agent", "refresh", "network"}
+var phaseOrder = []string{"overlay", "launch", "qemu_up", "load_state", "agent", "refresh", "network"}
 
 // WriteText renders the report as a table for people.
 func (r *ExecReport) WriteText(w io.Writer) {
@@ -78,6 +78,12 @@ func phases(w io.Writer, p map[string]Stat) {
 	for _, k := range phaseOrder {
 		if s, ok := p[k]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f", k, s.P50))
+		}
+	}
+	// A phase this list does not know yet is printed too, after them.
+	for _, k := range slices.Sorted(maps.Keys(p)) {
+		if !slices.Contains(phaseOrder, k) {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, p[k].P50))
 		}
 	}
 	if len(parts) > 0 {
