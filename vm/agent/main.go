@@ -26,8 +26,7 @@ const (
 	portWaitTimeout = 60 * time.Second
 	// portRetryInterval is the pause between looks for the port device.
 	portRetryInterval = 200 * time.Millisecond
-	// hostPollInterval is the longest pause between polls while no host is
-	// connected; SIGIO from the port ends it early (wakeOnChange).
+	// hostPollInterval is the pause between polls while no host is connected.
 	hostPollInterval = 30 * time.Millisecond
 	// minRetryDelay and maxRetryDelay bound the pause after a connection
 	// whose SSH handshake failed, so that a misbehaving peer cannot make
@@ -83,7 +82,7 @@ func Main(ctx context.Context, log *slog.Logger, version string) error {
 	log.Info("agent listening", "version", version, "port", f.Name(),
 		"host_key", ssh.FingerprintSHA256(hostKey.PublicKey()), "authorized_keys", len(keys))
 
-	port := &devicePort{f: f, reopen: open, interval: hostPollInterval, log: log}
+	port := &devicePort{f: f, reopen: open, interval: hostPollInterval}
 	defer port.close()
 	cfg := Config{HostKey: hostKey, AuthorizedKeys: keys, Logger: log, Version: version}
 	err = servePort(ctx, port, cfg)
@@ -271,37 +270,6 @@ type devicePort struct {
 	reopen   func() (*os.File, error)
 	interval time.Duration
 	last     *fileConn // the previous connection, if any
-	// wake, when set up, receives SIGIO on the port's changes: the
-	// host's open is seen at once, not at the next poll (after a
-	// restore, every millisecond before the agent answers is the
-	// request's).
-	wake <-chan os.Signal
-	log  *slog.Logger
-}
-
-// arm sets up the wake-up for the port's current file while no host is
-// connected; without it the port is polled every interval. disarm ends
-// it once one is: a SIGIO for every packet of a connection would only
-// cost the guest.
-func (p *devicePort) arm() {
-	wake, err := wakeOnChange(p.f, true)
-	if err != nil {
-		if p.log != nil {
-			p.log.Warn("port changes are polled", "every", p.interval, "err", err)
-		}
-		wake = nil
-	}
-	p.wake = wake
-}
-
-func (p *devicePort) disarm() {
-	if p.wake == nil {
-		return
-	}
-	if _, err := wakeOnChange(p.f, false); err != nil && p.log != nil {
-		p.log.Warn("port wake-up not ended", "err", err)
-	}
-	p.wake = nil
 }
 
 func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
@@ -320,10 +288,7 @@ func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
 		}
 		p.f = f
 	}
-	p.arm()
-	err := waitHost(ctx, func() (bool, error) { return pollHangup(p.f) }, p.interval, p.wake)
-	p.disarm()
-	if err != nil {
+	if err := waitHost(ctx, func() (bool, error) { return pollHangup(p.f) }, p.interval); err != nil {
 		return nil, err
 	}
 	c, err := newFileConn(p.f)
@@ -346,12 +311,9 @@ func (p *devicePort) close() {
 	}
 }
 
-// waitHost calls hangup every interval, and whenever wake receives,
-// until it reports that the peer is connected (false), it fails or ctx is
-// done. A nil wake only polls.
-func waitHost(ctx context.Context, hangup func() (bool, error), interval time.Duration, wake <-chan os.Signal) error {
-	t := time.NewTimer(interval)
-	defer t.Stop()
+// waitHost calls hangup every interval until it reports that the peer is
+// connected (false), it fails or ctx is done.
+func waitHost(ctx context.Context, hangup func() (bool, error), interval time.Duration) error {
 	for {
 		hup, err := hangup()
 		if err != nil {
@@ -360,12 +322,8 @@ func waitHost(ctx context.Context, hangup func() (bool, error), interval time.Du
 		if !hup {
 			return nil
 		}
-		t.Reset(interval)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		case <-wake:
+		if err := sleep(ctx, interval); err != nil {
+			return err
 		}
 	}
 }

@@ -3,8 +3,6 @@ package agent
 import (
 	"fmt"
 	"os"
-	"os/signal"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,49 +40,4 @@ func pollHangup(f *os.File) (bool, error) {
 		return false, fmt.Errorf("poll port: %w", unix.EBADF)
 	}
 	return revents&unix.POLLHUP != 0, nil
-}
-
-// portWake receives SIGIO, which the virtio_console driver sends to a
-// port's owner when the host opens or closes its end and when data
-// arrives (O_ASYNC). One channel for the process: a pending wake is all
-// waitHost needs, so a full channel drops the rest.
-var portWake = sync.OnceValue(func() <-chan os.Signal {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, unix.SIGIO)
-	return ch
-})
-
-// wakeOnChange asks the kernel to signal SIGIO to this process on f's
-// changes (on = true) or no more (false), and returns the channel that
-// receives it. SIGIO is caught before O_ASYNC is set: its default action
-// ends the process.
-func wakeOnChange(f *os.File, on bool) (<-chan os.Signal, error) {
-	wake := portWake()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("port wake-up: %w", err)
-	}
-	var opErr error
-	err = rc.Control(func(fd uintptr) {
-		if _, opErr = unix.FcntlInt(fd, unix.F_SETOWN, os.Getpid()); opErr != nil {
-			return
-		}
-		var fl int
-		if fl, opErr = unix.FcntlInt(fd, unix.F_GETFL, 0); opErr != nil {
-			return
-		}
-		if on {
-			fl |= unix.O_ASYNC
-		} else {
-			fl &^= unix.O_ASYNC
-		}
-		_, opErr = unix.FcntlInt(fd, unix.F_SETFL, fl)
-	})
-	if err == nil {
-		err = opErr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("port wake-up: %w", err)
-	}
-	return wake, nil
 }

@@ -12,8 +12,3 @@ import (
 func pollHangup(*os.File) (bool, error) {
 	return false, fmt.Errorf("poll port: %w", errors.ErrUnsupported)
 }
-
-// wakeOnChange is only implemented on Linux: elsewhere waitHost polls.
-func wakeOnChange(*os.File, bool) (<-chan os.Signal, error) {
-	return nil, fmt.Errorf("port wake-up: %w", errors.ErrUnsupported)
-}
