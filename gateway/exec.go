@@ -172,9 +172,10 @@ func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error
 	// The VM is destroyed after the result is sent, not before: the
 	// caller need not wait for QEMU to exit and its files to go. Its slot
 	// stays taken until then, and shutdown waits for it (begin/end). A VM
-	// that failed is already gone, and destroying it costs only its files:
-	// that happens first, so that the error reaches a caller with the VM's
-	// disk space (what a full disk needs back) and slot already freed.
+	// not fit for use (ok false: it failed, or its request's stream
+	// broke) is destroyed first, so that an error reaches a caller with
+	// the VM's disk space (what a full disk needs back) and slot already
+	// freed; a failed VM's QEMU is gone, so that costs only its files.
 	t.done = func(ok bool) {
 		if !ok || !s.begin() {
 			destroy()

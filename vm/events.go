@@ -14,7 +14,7 @@ import (
 
 // EventsSocket is the VM's second QMP monitor. Only the VM's event
 // watcher reads it, so qmp.sock stays free for the restore and the save.
-const EventsSocket = "events.sock"
+const EventsSocket = "evmon.sock"
 
 // ErrStateDiskFull reports that QEMU stopped the guest because a write to
 // its overlay found no space on the disk of the state directory.
@@ -58,8 +58,21 @@ func (v *VM) watchEvents() {
 	}
 	defer q.Close()
 	// QEMU drops events sent before the monitor's negotiation: a guest
-	// stopped before it is found by its status.
-	if st, err := q.status(ctx); err == nil && st == "io-error" {
+	// stopped before it is found by its status, and one stopped while
+	// the status is asked by the event read on the way to the reply.
+	var early *blockIOError
+	q.onEvent = func(r qmpReply) {
+		if e, full := noSpace(r.Data); r.Event == "BLOCK_IO_ERROR" && full && early == nil {
+			early = &e
+		}
+	}
+	st, err := q.status(ctx)
+	q.onEvent = nil
+	switch {
+	case early != nil:
+		v.stopDiskFull(*early)
+		return
+	case err == nil && st == "io-error":
 		v.stopDiskFull(blockIOError{Reason: "the guest was stopped by an I/O error before the watcher connected"})
 		return
 	}
@@ -72,8 +85,11 @@ func (v *VM) watchEvents() {
 		ev, full = noSpace(data)
 		return full
 	})
-	if err == nil {
+	switch {
+	case err == nil:
 		v.stopDiskFull(ev)
+	case !v.isDead():
+		v.log.Warn("event monitor ended: a full state disk will stop this VM silently", "err", err)
 	}
 }
 

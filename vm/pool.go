@@ -175,7 +175,7 @@ func (p *Pool) restore(ctx context.Context, o Options) (*VM, error) {
 		err := p.tmpl.Complete(ctx, v)
 		p.count(func(s *PoolStats) {
 			s.AheadUsed++
-			if err != nil {
+			if err != nil && ctx.Err() == nil {
 				s.AheadFailed++
 			}
 		})
@@ -235,7 +235,9 @@ func (p *Pool) keep(wake <-chan struct{}, stock chan *VM, n int, what string, ne
 		case <-wake:
 		case <-tick.C:
 		}
-		for len(stock) < n && !p.pressure() {
+		p.prune(stock, what)
+		// pressure first: it gives back a VM of a full pool too.
+		for !p.pressure() && len(stock) < n {
 			ctx, cancel := context.WithCancel(context.Background())
 			go func() {
 				select {
@@ -270,6 +272,34 @@ func (p *Pool) keep(wake <-chan struct{}, stock chan *VM, n int, what string, ne
 				return
 			}
 		}
+	}
+}
+
+// prune closes the VMs in stock whose QEMU exited while they waited (the
+// OOM killer, a crash), so that the filler replaces them now and not when
+// a request finds them. Live ones go back; a Get meanwhile may find the
+// stock short and restore instead.
+func (p *Pool) prune(stock chan *VM, what string) {
+	for range len(stock) {
+		var v *VM
+		select {
+		case v = <-stock:
+		default:
+			return
+		}
+		if !v.Gone() {
+			stock <- v // room: only this filler adds to stock
+			continue
+		}
+		p.opts.Log.Warn("pool: a waiting VM died; replacing it", "stock", what, "vm", v.ID, "err", v.died("while waiting"))
+		_ = v.Close()
+		p.count(func(s *PoolStats) {
+			if stock == p.ahead {
+				s.AheadFailed++
+			} else {
+				s.Failures++
+			}
+		})
 	}
 }
 

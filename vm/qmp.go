@@ -17,6 +17,9 @@ import (
 type qmp struct {
 	c *net.UnixConn
 	r *bufio.Reader
+	// onEvent, when set, sees the events run reads past on the way to
+	// its reply.
+	onEvent func(r qmpReply)
 }
 
 // qmpReply is one line QEMU sends: a greeting, an event, a return or an
@@ -124,6 +127,9 @@ func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.R
 			return r.Return, nil
 		}
 		// An event or a stray greeting: keep reading.
+		if r.Event != "" && q.onEvent != nil {
+			q.onEvent(r)
+		}
 	}
 }
 

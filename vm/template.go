@@ -787,6 +787,7 @@ func (t *Template) Prestart(ctx context.Context, opts Options) (*VM, error) {
 // fails the VM is closed. A VM is completed once.
 func (t *Template) Complete(ctx context.Context, v *VM) error {
 	if v.ahead != t {
+		_ = v.Close() // of no use here
 		return errors.New("restore: not a VM launched ahead from this template")
 	}
 	if v.completed.Swap(true) {
@@ -797,6 +798,9 @@ func (t *Template) Complete(ctx context.Context, v *VM) error {
 		err = v.died("while launched ahead")
 	} else {
 		err = v.complete(ctx, v.aheadOpts, t.img, launchMode{restore: true})
+	}
+	if errors.Is(err, ErrHandshake) {
+		t.handshakeFailures.Add(1)
 	}
 	if err != nil {
 		_ = v.Close()

@@ -961,6 +961,14 @@ func killLeftoverQEMU(pid int, dir string) (bool, error) {
 	if errors.Is(err, unix.ESRCH) {
 		return false, nil
 	}
+	if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+		// No pidfds (a kernel before 5.3, a seccomp profile without
+		// them): check, then kill by pid, without waiting.
+		if !pidIsQEMUOf(pid, dir) {
+			return false, nil
+		}
+		return true, syscall.Kill(pid, syscall.SIGKILL)
+	}
 	if err != nil {
 		return false, fmt.Errorf("pidfd_open: %w", err)
 	}
