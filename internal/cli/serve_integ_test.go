@@ -216,11 +216,20 @@ func TestServe_Acceptance(t *testing.T) {
 
 	// A command is running when SIGTERM arrives: after the grace period it
 	// is killed, its VM destroyed, the socket removed, and the daemon exits 0.
-	long := exec.Command(binary(t, "vm-exec"), "--socket", s.socket, "sleep", "600")
+	// The command says when it runs: the daemon's other VMs (its pool,
+	// a clone launched ahead, a template being made) make a count of VM
+	// directories say nothing about it.
+	long := exec.Command(binary(t, "vm-exec"), "--socket", s.socket, "sh", "-c", "echo started; exec sleep 600")
+	out, err := long.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := long.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitVMs(t, s.state, 1, 3*time.Minute)
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "started\n" {
+		t.Fatalf("command: %q %v", line, err)
+	}
 	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
