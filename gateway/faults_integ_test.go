@@ -139,14 +139,7 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	// more than this disk.
 	tdir := filepath.Dir(sharedTemplate(t))
 
-	mnt := filepath.Join(t.TempDir(), "statefs")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=96m,mode=0700"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	mnt := testutil.Tmpfs(t, "96m")
 	d := gatewaytest.Start(t, testPolicy, func(c *gateway.Config) {
 		c.StateDir, c.NoTemplate, c.PoolSize, c.TemplateDir = mnt, false, 0, tdir
 	})

@@ -430,15 +430,7 @@ func TestGateway_SessionLifetime(t *testing.T) {
 // it is full, every request is refused with audit_unavailable (no VM runs
 // unaudited) and the daemon stays up.
 func TestGateway_AuditFullFailsClosed(t *testing.T) {
-	testutil.RequiresRoot(t)
-	mnt := filepath.Join(t.TempDir(), "auditfs")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=8k"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	mnt := testutil.Tmpfs(t, "8k")
 	d := startDaemon(t, func(c *gateway.Config) { c.AuditPath = filepath.Join(mnt, "audit.jsonl") })
 	var last error
 	for i := 0; i < 200; i++ {

@@ -99,9 +99,7 @@ func (v *VM) stopDiskFull(ev blockIOError) {
 	v.cause = fmt.Errorf("%w (QEMU stopped the guest writing its disk: %s)", ErrStateDiskFull, ev.Reason)
 	v.mu.Unlock()
 	v.log.Error("VM stopped: the state directory's disk is full", "dir", v.Dir, "operation", ev.Operation, "reason", ev.Reason)
-	if v.cmd != nil && v.cmd.Process != nil {
-		_ = v.cmd.Process.Signal(syscall.SIGKILL)
-	}
+	_ = v.Kill()
 }
 
 // stopCause is why the daemon ended the VM, or nil.

@@ -380,13 +380,8 @@ func TestTemplate_ImageChangeAndCorruption(t *testing.T) {
 // on a tmpfs too small for the guest's RAM: the build fails saying the
 // disk is full, and leaves no template, build directory or VM directory.
 func TestTemplate_BuildOnFullDisk(t *testing.T) {
-	testutil.RequiresRoot(t)
 	img := testutil.RequiresImage(t)
-	mnt := t.TempDir()
-	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m,mode=0700"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	mnt := testutil.Tmpfs(t, "32m")
 	root := filepath.Join(mnt, "templates")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -99,12 +97,7 @@ func TestRemoveStaleTemplates(t *testing.T) {
 // directory to a tmpfs: the content arrives whole and the holes stay
 // holes.
 func TestMoveFileAcrossFilesystems(t *testing.T) {
-	testutil.RequiresRoot(t)
-	mnt := t.TempDir()
-	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=64m"); err != nil {
-		t.Fatalf("mount tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	mnt := testutil.Tmpfs(t, "64m")
 	src := filepath.Join(t.TempDir(), "ram")
 	f, err := os.Create(src)
 	if err != nil {

@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -112,4 +114,21 @@ func JSONLines[T any](t testing.TB, path string) []T {
 		out = append(out, v)
 	}
 	return out
+}
+
+// Tmpfs mounts a tmpfs of the given size ("8k", "96m") in a directory of
+// the test's and returns its path; it is unmounted at the end of the test.
+// A small filesystem that fills up is how the tests meet a full disk.
+func Tmpfs(t testing.TB, size string) string {
+	t.Helper()
+	RequiresRoot(t)
+	dir := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
 }
