@@ -1,77 +1,129 @@
 // Package agentproto defines the wire contract between vmgated (the host) and
 // the vmgate guest agent that runs inside every VM.
 //
-// Transport: the SSH protocol (golang.org/x/crypto/ssh) carried over one
-// virtio-serial port named [PortName]. The host dials the Unix socket that
-// QEMU exposes for that port; the guest agent serves SSH on the port's
-// character device. The completed SSH handshake is the readiness signal: the
-// agent only answers once the guest has booted far enough to run commands.
+// # Transport
 //
-// Authentication: the host authenticates as [User] with the image's client
-// key (public half in [AuthorizedKeysPath] inside the guest). The agent's host
-// key ([HostKeyPath]) is generated at image build time and pinned by the host
-// (ssh.FixedHostKey); the host never accepts an unknown agent key.
+// One byte stream: the virtio-serial port named [PortName]. The host dials
+// the Unix socket that QEMU exposes for that port, in the VM's private
+// directory; the guest agent reads and writes the port's character device.
+// The stream carries frames (frame.go): a length, a [FrameType], an id and
+// a payload. Control payloads are JSON; data and small fixed payloads are
+// raw bytes.
 //
-// One SSH session channel runs one command. A session accepts, in order:
-// optional "env" requests (RFC 4254 §6.4), an optional "pty-req", then
-// exactly one of:
-//   - [ExecRequest] ("vmgate-exec@vmgate"): payload is ssh.Marshal(ExecPayload)
-//     whose JSON field holds an [ExecSpec]; argv is run without a shell;
-//   - "exec" (RFC 4254 §6.5): the command string is run with /bin/sh -c.
+// # Connection
 //
-// While it runs, the host may send "signal" requests with RFC 4254 signal
-// names ("TERM", "KILL", "INT", "HUP", …); the agent delivers them to the
-// command's whole process group. The session ends with "exit-status" or
-// "exit-signal" followed by channel close. Closing the channel (or losing the
-// connection) before that kills the command's process group.
+// The host speaks first: [FrameHello] with a [Hello]. The agent answers
+// with a [HelloReply], and that answer is the readiness signal: the agent
+// only answers once the guest has booted far enough to run commands. An
+// agent that speaks another [Protocol] answers with HelloReply.Error and
+// hangs up. Requests ([FrameCall] with a [Call]; [CallSetTime],
+// [CallInfo], [CallNetReady]) are answered by a [FrameReply] with the
+// same id; several may be outstanding.
+//
+// # Commands
+//
+// One channel runs one command. The host opens it with [FrameOpen] (an
+// [Open]: the [ExecSpec] and an optional terminal) on an id it has not
+// used before in the connection; the agent answers [FrameOpenOK] (the
+// command was accepted) or [FrameOpenFail] (refused, with the reason; the
+// channel is over). Then the host sends stdin ([FrameData], [FrameEOF]),
+// signals ([FrameSignal], RFC 4254 names: "TERM", "KILL", …; delivered to
+// the command's whole process group) and terminal sizes ([FrameResize]);
+// the agent sends stdout ([FrameData]; on a terminal, everything), stderr
+// ([FrameStderr]), then [FrameEOF], [FrameExit] and [FrameClose] once the
+// command has ended and its output is sent. The host's [FrameClose] before
+// that kills the command's process group, and so does the end of the
+// connection.
+//
+// Data frames are flow-controlled per channel and direction: a sender may
+// send [Window] bytes, and more only as the receiver grants them with
+// [FrameWindow] after its consumer has read them. Control frames are not
+// counted, so a signal reaches a command that has stopped reading its
+// input.
 //
 // A command that cannot be found exits 127 and one that cannot be executed
 // exits 126, each with a one-line message on stderr, as a shell would.
 //
-// Global requests: [SetTimeRequest] sets the guest clock, [InfoRequest] returns
-// [Info], [NetReadyRequest] waits until the guest's network is usable and
-// returns [NetReadyStatus].
+// # Trust
+//
+// The channel is private to one VM: only vmgated can reach the socket (in
+// a 0700 directory), and only the guest the other end. The guest is
+// untrusted either way (its root can replace the agent), so the protocol
+// neither authenticates nor encrypts: everything the host reads is the
+// word of a possibly hostile guest, and the host's reader is bounded
+// ([MaxGuestPayload], [Window]) and fuzzed. (Before protocol 1 this channel
+// spoke SSH; its key exchange and signatures proved nothing against a
+// guest that holds the image's keys, and cost every restored clone
+// 60–90 ms of first-time guest code under TCG: docs/benchmarks.md.)
 package agentproto
 
-import "strconv"
+import (
+	"encoding/json"
+	"strconv"
+)
 
 // PortName is the virtio-serial port name of the agent channel. The guest
 // finds it under /sys/class/virtio-ports/*/name (udev also links it as
 // /dev/virtio-ports/vmgate.agent).
 const PortName = "vmgate.agent"
 
-// User is the SSH user name the host logs in as.
-const User = "vmgate"
+// AgentBinaryPath is the agent inside the guest image.
+const AgentBinaryPath = "/usr/local/sbin/vmgate-agent"
 
-// Paths inside the guest image.
+// Hello is the host's first frame.
+type Hello struct {
+	Protocol int `json:"protocol"`
+}
+
+// HelloReply is the agent's answer to Hello. Error, when set, says why the
+// agent cannot serve this host; it then hangs up.
+type HelloReply struct {
+	Protocol     int    `json:"protocol"`
+	AgentVersion string `json:"agent_version"`
+	Error        string `json:"error,omitempty"`
+}
+
+// Call is a request (FrameCall): the operation and its JSON argument.
+type Call struct {
+	Op   string          `json:"op"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+// Reply answers a Call (FrameReply): the result's JSON, or Error.
+type Reply struct {
+	Error  string          `json:"error,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+}
+
+// Calls the agent answers: the argument and the result.
 const (
-	HostKeyPath        = "/etc/vmgate/agent_host_ed25519"
-	AuthorizedKeysPath = "/etc/vmgate/authorized_keys"
-	AgentBinaryPath    = "/usr/local/sbin/vmgate-agent"
+	CallSetTime  = "settime"  // SetTime; no result
+	CallInfo     = "info"     // no argument; Info
+	CallNetReady = "netready" // NetReady; NetReadyStatus
 )
+
+// Open is the payload of FrameOpen: the command and, for a terminal, its
+// type and size.
+type Open struct {
+	Spec ExecSpec `json:"spec"`
+	PTY  *PTY     `json:"pty,omitempty"`
+}
+
+// PTY is a requested pseudo-terminal.
+type PTY struct {
+	Term    string `json:"term"`
+	Columns uint32 `json:"columns"`
+	Rows    uint32 `json:"rows"`
+}
 
 // Unprivileged guest account that commands may run as (ExecSpec.User).
 const UnprivilegedUser = "agent"
-
-// Request names.
-const (
-	ExecRequest     = "vmgate-exec@vmgate"
-	SetTimeRequest  = "vmgate-settime@vmgate"
-	InfoRequest     = "vmgate-info@vmgate"
-	NetReadyRequest = "vmgate-netready@vmgate"
-)
 
 // Exit codes the agent uses when it cannot start the command.
 const (
 	ExitNotFound      = 127
 	ExitNotExecutable = 126
 )
-
-// ExecPayload is the SSH wire payload of ExecRequest and of the
-// SetTimeRequest/InfoRequest replies: one JSON document in an SSH string.
-type ExecPayload struct {
-	JSON string
-}
 
 // ExecSpec describes one command to run in the guest.
 type ExecSpec struct {
@@ -87,7 +139,7 @@ type ExecSpec struct {
 	User string `json:"user,omitempty"`
 }
 
-// SetTime is the JSON payload of SetTimeRequest.
+// SetTime is the argument of CallSetTime.
 type SetTime struct {
 	UnixNano int64 `json:"unix_nano"`
 	// Entropy, when present (at most MaxEntropy bytes), is host randomness
@@ -100,7 +152,7 @@ type SetTime struct {
 // MaxEntropy bounds SetTime.Entropy.
 const MaxEntropy = 512
 
-// Info is the JSON reply payload of InfoRequest.
+// Info is the result of CallInfo.
 type Info struct {
 	AgentVersion string `json:"agent_version"`
 	Kernel       string `json:"kernel"`
@@ -115,7 +167,7 @@ type Info struct {
 // GetArgv).
 const FeatureTransfer = "transfer"
 
-// NetReady is the JSON payload of NetReadyRequest: wait at most TimeoutMS
+// NetReady is the argument of CallNetReady: wait at most TimeoutMS
 // (capped at MaxNetReadyTimeout) for the guest network to be usable.
 type NetReady struct {
 	TimeoutMS int64 `json:"timeout_ms"`
@@ -124,7 +176,7 @@ type NetReady struct {
 // MaxNetReadyTimeout bounds NetReady.TimeoutMS, in milliseconds.
 const MaxNetReadyTimeout = 5 * 60 * 1000
 
-// NetReadyStatus is the JSON reply payload of NetReadyRequest. The network
+// NetReadyStatus is the result of CallNetReady. The network
 // is ready when an Ethernet interface is up with an IPv4 address, a default
 // route leaves through it, and the first nameserver of /etc/resolv.conf
 // answered a query for [ReadinessName]. Detail says what was still
@@ -189,3 +241,20 @@ const (
 	GatewayAddress = "10.0.2.2"
 	ResolverAddr   = "10.0.2.3"
 )
+
+// The SSH agent channel's names, until the host and the agent move to the
+// framed protocol.
+const (
+	User               = "vmgate"
+	HostKeyPath        = "/etc/vmgate/agent_host_ed25519"
+	AuthorizedKeysPath = "/etc/vmgate/authorized_keys"
+	ExecRequest        = "vmgate-exec@vmgate"
+	SetTimeRequest     = "vmgate-settime@vmgate"
+	InfoRequest        = "vmgate-info@vmgate"
+	NetReadyRequest    = "vmgate-netready@vmgate"
+)
+
+// ExecPayload is the SSH wire payload of the SSH channel's requests.
+type ExecPayload struct {
+	JSON string
+}
