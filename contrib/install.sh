@@ -170,17 +170,16 @@ if [ "$(cat $IMAGE/manifest.json)" != "$manifest_before" ]; then
 fi
 # Writable by root only (vmgated never changes the image, and a compromised
 # daemon cannot either); readable by all like the Debian packages it is made
-# of, except the key vmgated logs in to the guest agent with: group vmgate.
+# of (it holds no secret).
 perms() { find $IMAGE -printf '%p %u %g %m\n' | sort; }
 before=$(perms)
 chown -R root:vmgate $IMAGE
 find $IMAGE -type d -exec chmod 0755 {} +
-find $IMAGE -type f ! -name client_key -exec chmod 0644 {} +
-chmod 0640 $IMAGE/client_key
+find $IMAGE -type f -exec chmod 0644 {} +
 if [ "$(perms)" = "$before" ]; then
-    note "up to date" "$IMAGE (root:vmgate; client_key 0640, the rest 0644)"
+    note "up to date" "$IMAGE (root:vmgate, 0644)"
 else
-    note "fixed" "$IMAGE (root:vmgate; client_key 0640, the rest 0644)"
+    note "fixed" "$IMAGE (root:vmgate, 0644)"
     changed=1
 fi
 

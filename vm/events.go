@@ -102,6 +102,15 @@ func (v *VM) stopDiskFull(ev blockIOError) {
 	_ = v.Kill()
 }
 
+// setCause records why the daemon ends the VM, unless a cause is known.
+func (v *VM) setCause(err error) {
+	v.mu.Lock()
+	if v.cause == nil {
+		v.cause = err
+	}
+	v.mu.Unlock()
+}
+
 // stopCause is why the daemon ended the VM, or nil.
 func (v *VM) stopCause() error {
 	v.mu.Lock()

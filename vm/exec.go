@@ -2,7 +2,6 @@ package vm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,10 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/vmgate/vmgate/internal/signum"
 	"github.com/vmgate/vmgate/internal/sshmsg"
+	"github.com/vmgate/vmgate/vm/agentconn"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -150,9 +148,6 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		return nil, err
 	}
 	defer s.close()
-	if err := s.begin(ctx); err != nil {
-		return nil, err
-	}
 	s.pump()
 	return s.wait(ctx)
 }
@@ -179,16 +174,10 @@ func (v *VM) checkExec(req *ExecRequest) error {
 	return nil
 }
 
-// exitRecord is a command's exit-status or exit-signal.
-type exitRecord struct {
-	code   int
-	signal string
-}
-
-// execSession is one command on one SSH session channel: open the
-// channel, begin (pty and exec requests), pump the streams, wait for the
-// exit record. It is the host's side of the agent's session (package
-// agent): one method per protocol step.
+// execSession is one command on one agent channel: open the channel
+// (the command, its terminal), pump the streams, wait for the exit
+// record. It is the host's side of the agent's session (package agent):
+// one method per step.
 type execSession struct {
 	v     *VM
 	req   ExecRequest
@@ -197,9 +186,7 @@ type execSession struct {
 	// die must be over (Timeout + KillGrace); control steps end by then.
 	deadline time.Time
 
-	ch       ssh.Channel
-	exitc    chan exitRecord // the first exit record
-	reqsDone chan struct{}   // closed when the channel's requests end
+	ch *agentconn.Channel
 
 	stdout, stderr *capWriter
 	streams        chan struct{} // closed at EOF of both output streams
@@ -236,114 +223,36 @@ func (s *execSession) bounded(ctx context.Context, step string, fn func() error)
 	return why
 }
 
-// open opens the session channel and starts collecting its exit record.
+// open opens the command's channel; the agent answers once it has
+// accepted the command (its start failures are exit codes, 126 and 127).
 func (s *execSession) open(ctx context.Context) error {
-	var reqs <-chan *ssh.Request
-	err := s.bounded(ctx, "session channel", func() error {
-		var err error
-		s.ch, reqs, err = s.v.client.OpenChannel("session", nil)
-		return err
-	})
-	switch {
-	case errors.Is(err, ErrAgentUnresponsive) || errors.Is(err, ErrVMDied):
-		return err
-	case err != nil && s.v.isDead():
-		return s.v.died("before exec")
-	case err != nil:
-		return fmt.Errorf("exec: open session: %w", err)
-	}
-	s.exitc = make(chan exitRecord, 1)
-	s.reqsDone = make(chan struct{})
-	go s.exitRecords(reqs)
-	return nil
-}
-
-// exitRecords takes the channel's requests: the exit record, refusing the
-// rest.
-func (s *execSession) exitRecords(reqs <-chan *ssh.Request) {
-	defer close(s.reqsDone)
-	for r := range reqs {
-		var rec *exitRecord
-		switch r.Type {
-		case sshmsg.ExitStatus:
-			var p sshmsg.ExitStatusMsg
-			if ssh.Unmarshal(r.Payload, &p) == nil {
-				rec = &exitRecord{code: int(p.Status)}
-			}
-		case sshmsg.ExitSignal:
-			var p sshmsg.ExitSignalMsg
-			if ssh.Unmarshal(r.Payload, &p) == nil {
-				rec = &exitRecord{code: -1, signal: p.Signal}
-			}
-		}
-		if rec != nil {
-			select {
-			case s.exitc <- *rec:
-			default:
-			}
-		}
-		if r.WantReply {
-			_ = r.Reply(false, nil)
-		}
-	}
-}
-
-// begin asks for the pty, if any, and starts the command.
-func (s *execSession) begin(ctx context.Context) error {
+	o := agentproto.Open{Spec: agentproto.ExecSpec{Argv: s.req.Argv, Env: s.req.Env, Dir: s.req.Dir, User: s.req.User}}
 	if p := s.req.PTY; p != nil {
-		term, cols, rows := p.Term, p.Columns, p.Rows
-		if term == "" {
-			term = "xterm"
+		o.PTY = &agentproto.PTY{Term: p.Term, Columns: p.Columns, Rows: p.Rows}
+		if o.PTY.Term == "" {
+			o.PTY.Term = "xterm"
 		}
-		if cols == 0 || rows == 0 {
-			cols, rows = 80, 24
-		}
-		var ok bool
-		err := s.bounded(ctx, "pty request", func() error {
-			var err error
-			ok, err = s.ch.SendRequest(sshmsg.PtyReq, true, ssh.Marshal(sshmsg.PtyRequest{Term: term, Columns: cols, Rows: rows}))
-			return err
-		})
-		if err != nil || !ok {
-			return fmt.Errorf("exec: pty request refused (%v)", err)
+		if o.PTY.Columns == 0 || o.PTY.Rows == 0 {
+			o.PTY.Columns, o.PTY.Rows = 80, 24
 		}
 	}
-	spec := agentproto.ExecSpec{Argv: s.req.Argv, Env: s.req.Env, Dir: s.req.Dir, User: s.req.User}
-	js, _ := json.Marshal(spec)
-	var ok bool
 	err := s.bounded(ctx, "exec request", func() error {
 		var err error
-		ok, err = s.ch.SendRequest(agentproto.ExecRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: string(js)}))
+		s.ch, err = s.v.agent.Open(ctx, o)
 		return err
 	})
+	var refused *agentconn.RefusedError
 	switch {
 	case errors.Is(err, ErrAgentUnresponsive) || errors.Is(err, ErrVMDied):
 		return err
-	case err != nil && s.v.isDead():
-		return s.v.died("during exec")
+	case errors.As(err, &refused):
+		return fmt.Errorf("exec: %w", err)
+	case err != nil && s.v.agent.Err() != nil:
+		return s.v.lost("before exec")
 	case err != nil:
 		return fmt.Errorf("exec: %w", err)
-	case !ok:
-		return fmt.Errorf("exec: agent refused the request: %s", s.refusal())
 	}
 	return nil
-}
-
-// refusal reads what the agent says on stderr about a refused request:
-// what arrives promptly.
-func (s *execSession) refusal() string {
-	msgc := make(chan []byte, 1)
-	go func() {
-		buf := make([]byte, 4096)
-		n, _ := s.ch.Stderr().Read(buf)
-		msgc <- buf[:n]
-	}()
-	select {
-	case msg := <-msgc:
-		return strings.TrimSpace(string(msg))
-	case <-time.After(500 * time.Millisecond):
-		return ""
-	}
 }
 
 // pump copies stdin in and the output streams out.
@@ -364,11 +273,11 @@ func (s *execSession) pump() {
 	go func() { wg.Wait(); close(s.streams) }()
 }
 
-// send sends a request that needs no answer without waiting for it: an
-// agent that has stopped reading must not hold the host (the kill
-// deadline ends such a command with its VM).
-func (s *execSession) send(name string, payload []byte) {
-	go func() { _, _ = s.ch.SendRequest(name, false, payload) }()
+// send sends a signal or a terminal size without waiting: an agent that
+// has stopped reading must not hold the host (the kill deadline ends such
+// a command with its VM).
+func (s *execSession) send(fn func() error) {
+	go func() { _ = fn() }()
 }
 
 // wait forwards signals and resizes, enforces the time limit and ctx, and
@@ -384,7 +293,7 @@ func (s *execSession) wait(ctx context.Context) (*ExecResult, error) {
 	var killDeadline <-chan time.Time
 	var ctxErr error
 	kill := func() {
-		s.send(sshmsg.Signal, ssh.Marshal(sshmsg.SignalRequest{Signal: "KILL"}))
+		s.send(func() error { return s.ch.Signal("KILL") })
 		if killDeadline == nil {
 			killDeadline = time.After(s.req.KillGrace)
 		}
@@ -393,28 +302,23 @@ func (s *execSession) wait(ctx context.Context) (*ExecResult, error) {
 	streams := s.streams
 	for {
 		select {
-		case e := <-s.exitc:
-			s.drain(streams, killDeadline)
-			s.fill(res, e)
-			return res, ctxErr
+		case <-s.ch.Exited():
+			e, ok := s.ch.ExitStatus()
+			if ok {
+				s.drain(streams, killDeadline)
+				s.fill(res, e)
+				return res, ctxErr
+			}
+			if s.v.agent.Err() != nil {
+				return nil, s.v.lost("during exec")
+			}
+			return nil, errors.New("exec: the agent closed the channel without an exit status")
 		case <-streams:
 			// EOF on both streams but no exit record yet: wait for it, or
 			// for the connection to end (VM died).
 			streams = nil
 		case <-s.v.exited:
 			return nil, s.v.died("during exec")
-		case <-s.reqsDone:
-			select {
-			case e := <-s.exitc:
-				s.drain(streams, killDeadline)
-				s.fill(res, e)
-				return res, ctxErr
-			default:
-			}
-			if s.v.isDead() {
-				return nil, s.v.died("during exec")
-			}
-			return nil, errors.New("exec: the agent closed the session without an exit status")
 		case <-timeout:
 			timeout = nil
 			res.TimedOut = true
@@ -426,11 +330,11 @@ func (s *execSession) wait(ctx context.Context) (*ExecResult, error) {
 			kill()
 		case sig := <-s.req.Signals:
 			if signum.IsRFC4254(sig) {
-				s.send(sshmsg.Signal, ssh.Marshal(sshmsg.SignalRequest{Signal: sig}))
+				s.send(func() error { return s.ch.Signal(sig) })
 			}
 		case sz := <-s.req.Resize:
 			if s.req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && sshmsg.TermSizeOK(sz.Columns, sz.Rows) {
-				s.send(sshmsg.WindowChange, ssh.Marshal(sshmsg.WindowChangeRequest{Columns: sz.Columns, Rows: sz.Rows}))
+				s.send(func() error { return s.ch.Resize(sz.Columns, sz.Rows) })
 			}
 		case <-killDeadline:
 			s.v.log.Warn("command did not die after SIGKILL, killing the vm")
@@ -460,8 +364,11 @@ func (s *execSession) drain(streams <-chan struct{}, killDeadline <-chan time.Ti
 }
 
 // fill completes res from the exit record and the streams.
-func (s *execSession) fill(res *ExecResult, e exitRecord) {
-	res.ExitCode, res.Signal = e.code, e.signal
+func (s *execSession) fill(res *ExecResult, e agentproto.Exit) {
+	res.ExitCode, res.Signal = int(e.Status), e.Signal
+	if e.Signal != "" {
+		res.ExitCode = -1
+	}
 	res.Duration = time.Since(s.start)
 	res.StdoutBytes, res.StdoutTruncated = s.stdout.counts()
 	res.StderrBytes, res.StderrTruncated = s.stderr.counts()

@@ -2,8 +2,7 @@ package vm
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -13,35 +12,53 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm/agentconn"
+	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
-// hostileAgent is what a fake guest agent does once its SSH connection is
-// up; it gets its connection and channels.
-type hostileAgent func(conn *stallConn, chans <-chan ssh.NewChannel)
-
-// stallConn is the agent's end of the connection; after stall, it reads
-// nothing more (until the connection is gone), as an agent that stopped
-// reading its port.
-type stallConn struct {
-	net.Conn
+// fakeGuest is the guest's end of a fake VM's agent connection, driven
+// frame by frame by a hostile agent. After stall it reads nothing more
+// (until the connection is gone), as an agent that stopped reading its
+// port.
+type fakeGuest struct {
+	conn    net.Conn
 	stalled chan struct{}
 	gone    chan struct{}
+	buf     []byte
 }
 
-func (c *stallConn) stall() { close(c.stalled) }
+func (g *fakeGuest) stall() { close(g.stalled) }
 
-func (c *stallConn) Read(p []byte) (int, error) {
+// read returns the host's next frame, or false once the guest stalled or
+// the connection is gone.
+func (g *fakeGuest) read() (agentproto.Frame, bool) {
 	select {
-	case <-c.stalled:
-		<-c.gone
-		return 0, net.ErrClosed
+	case <-g.stalled:
+		<-g.gone
+		return agentproto.Frame{}, false
 	default:
 	}
-	return c.Conn.Read(p)
+	f, err := agentproto.ReadFrame(g.conn, &g.buf, agentproto.MaxHostPayload)
+	return f, err == nil
 }
+
+func (g *fakeGuest) send(t agentproto.FrameType, id uint32, p []byte) {
+	_, _ = g.conn.Write(agentproto.AppendFrame(nil, t, id, p))
+}
+
+// drain reads the host's frames until the connection ends.
+func (g *fakeGuest) drain() {
+	for {
+		if _, ok := g.read(); !ok {
+			return
+		}
+	}
+}
+
+// hostileAgent is what a fake guest agent does once it answered the
+// host's hello.
+type hostileAgent func(g *fakeGuest)
 
 // fakeVM is a VM whose "QEMU" is a sleeping process and whose agent is
 // hostile. As with a real QEMU, the agent's end of the connection goes
@@ -49,16 +66,8 @@ func (c *stallConn) Read(p []byte) (int, error) {
 // host's writes block once the socket's buffer is full.
 func fakeVM(t *testing.T, agent hostileAgent) *VM {
 	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostEnd, pipeEnd := testutil.SocketPair(t)
-	guestEnd := &stallConn{Conn: pipeEnd, stalled: make(chan struct{}), gone: make(chan struct{})}
+	hostEnd, guestEnd := testutil.SocketPair(t)
+	g := &fakeGuest{conn: guestEnd, stalled: make(chan struct{}), gone: make(chan struct{})}
 	qemu := exec.Command("sleep", "600")
 	if err := qemu.Start(); err != nil {
 		t.Skipf("no sleep(1): %v", err)
@@ -67,76 +76,98 @@ func fakeVM(t *testing.T, agent hostileAgent) *VM {
 	go func() {
 		v.exitErr = qemu.Wait()
 		close(v.exited)
-		close(guestEnd.gone)
+		close(g.gone)
 		guestEnd.Close()
 		hostEnd.Close()
 	}()
 	t.Cleanup(func() { _ = qemu.Process.Kill(); <-v.exited })
 	go func() {
-		cfg := &ssh.ServerConfig{NoClientAuth: true}
-		cfg.AddHostKey(signer)
-		sc, chans, reqs, err := ssh.NewServerConn(guestEnd, cfg)
-		if err != nil {
+		if f, ok := g.read(); !ok || f.Type != agentproto.FrameHello {
 			return
 		}
-		defer sc.Close()
-		go ssh.DiscardRequests(reqs)
-		agent(guestEnd, chans)
+		b, _ := json.Marshal(agentproto.HelloReply{Protocol: agentproto.Protocol, AgentVersion: "hostile"})
+		g.send(agentproto.FrameHello, 0, b)
+		agent(g)
 	}()
-	c, chans, reqs, err := ssh.NewClientConn(hostEnd, "fake", &ssh.ClientConfig{User: "vmgate", HostKeyCallback: ssh.FixedHostKey(signer.PublicKey())})
-	if err != nil {
+	c := agentconn.Client(hostEnd, v.log)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Hello(ctx); err != nil {
 		t.Fatal(err)
 	}
-	v.client = ssh.NewClient(c, chans, reqs)
+	v.attach(c)
 	return v
+}
+
+// openOf waits for the host's open and returns its channel id.
+func openOf(g *fakeGuest) (uint32, bool) {
+	for {
+		f, ok := g.read()
+		if !ok {
+			return 0, false
+		}
+		if f.Type == agentproto.FrameOpen {
+			return f.ID, true
+		}
+	}
 }
 
 // TestExecHostileAgent: whatever the agent does, a command with a time
 // limit ends within limit + kill grace + a margin, and the VM is killed.
 func TestExecHostileAgent(t *testing.T) {
 	const limit, grace = time.Second, time.Second
-	for name, agent := range map[string]hostileAgent{
-		"never confirms the channel": func(_ *stallConn, chans <-chan ssh.NewChannel) {
-			for range chans { // neither accepted nor rejected
+	for name, tc := range map[string]struct {
+		agent hostileAgent
+		want  error
+	}{
+		"never answers the open": {func(g *fakeGuest) { g.drain() }, ErrAgentUnresponsive},
+		"accepts, then never reports an exit": {func(g *fakeGuest) {
+			if id, ok := openOf(g); ok {
+				g.send(agentproto.FrameOpenOK, id, nil)
+				g.drain()
 			}
-		},
-		"never answers exec": func(_ *stallConn, chans <-chan ssh.NewChannel) {
-			for nc := range chans {
-				ch, reqs, err := nc.Accept()
-				if err != nil {
-					return
+		}, ErrAgentUnresponsive},
+		"stops reading its port": {func(g *fakeGuest) {
+			if id, ok := openOf(g); ok {
+				g.stall() // before the answer: nothing after it is read
+				g.send(agentproto.FrameOpenOK, id, nil)
+				<-g.gone
+			}
+		}, ErrAgentUnresponsive},
+		"sends past its window": {func(g *fakeGuest) {
+			if id, ok := openOf(g); ok {
+				g.send(agentproto.FrameOpenOK, id, nil)
+				chunk := make([]byte, agentproto.MaxData)
+				for sent := 0; sent <= agentproto.Window; sent += len(chunk) {
+					g.send(agentproto.FrameData, id, chunk)
 				}
-				defer ch.Close()
-				go func() {
-					for range reqs { // never replied
-					}
-				}()
+				g.drain()
 			}
-		},
-		"stops reading its port": func(conn *stallConn, chans <-chan ssh.NewChannel) {
-			nc, ok := <-chans
-			if !ok {
-				return
+		}, ErrAgentLost},
+		"breaks the protocol": {func(g *fakeGuest) {
+			if id, ok := openOf(g); ok {
+				g.send(agentproto.FrameSignal, id, []byte("KILL"))
+				g.drain()
 			}
-			ch, reqs, err := nc.Accept()
-			if err != nil {
-				return
+		}, ErrAgentLost},
+		"hangs up": {func(g *fakeGuest) {
+			if _, ok := openOf(g); ok {
+				g.conn.Close()
 			}
-			defer ch.Close()
-			r := <-reqs
-			conn.stall() // before the reply: nothing after it is read
-			_ = r.Reply(true, nil)
-			<-conn.gone
-		},
+		}, ErrAgentLost},
 	} {
 		t.Run(name, func(t *testing.T) {
-			v := fakeVM(t, agent)
+			v := fakeVM(t, tc.agent)
 			stdin := strings.NewReader(strings.Repeat("x", 8<<20)) // more than any window
+			// A consumer that takes nothing: the host grants no window
+			// beyond the first.
+			pr, pw := io.Pipe()
+			defer pr.Close()
 			t0 := time.Now()
-			res, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"cat"}, Stdin: stdin, Timeout: limit, KillGrace: grace})
+			res, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"cat"}, Stdin: stdin, Stdout: pw, Timeout: limit, KillGrace: grace})
 			took := time.Since(t0)
-			if !errors.Is(err, ErrAgentUnresponsive) {
-				t.Errorf("Exec returned %+v, %v; want ErrAgentUnresponsive", res, err)
+			if !errors.Is(err, tc.want) {
+				t.Errorf("Exec returned %+v, %v; want %v", res, err, tc.want)
 			}
 			if took > limit+grace+time.Second {
 				t.Errorf("Exec took %v, limit %v + grace %v + 1 s", took, limit, grace)

@@ -437,8 +437,8 @@ func (h *Host) discard(k Shape, e *shapeEntry, why error) {
 type ShapeStats struct {
 	Shape
 	Pool PoolStats
-	// HandshakeFailures counts restores whose first agent handshake
-	// failed (each replaced by a second clone).
+	// HandshakeFailures counts restores whose first agent contact
+	// failed (each a failed restore).
 	HandshakeFailures int64
 }
 
@@ -456,7 +456,7 @@ func (h *Host) Stats() []ShapeStats {
 }
 
 // HandshakeFailures counts, over the Host's life, restores whose first
-// agent handshake failed.
+// agent contact failed.
 func (h *Host) HandshakeFailures() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -2,12 +2,9 @@ package vm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
@@ -37,21 +34,9 @@ func (v *VM) waitNetwork(ctx context.Context, timeout time.Duration) (*agentprot
 	if timeout <= 0 {
 		return nil, fmt.Errorf("%w: no time left to wait for it", ErrNetworkNotReady)
 	}
-	b, _ := json.Marshal(agentproto.NetReady{TimeoutMS: max(timeout.Milliseconds(), 1)})
-	ok, reply, err := v.boundedRequest(ctx, agentproto.NetReadyRequest, ssh.Marshal(agentproto.ExecPayload{JSON: string(b)}), timeout+replyMargin)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNetworkNotReady, err)
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: the agent refused the readiness check", ErrNetworkNotReady)
-	}
-	var p agentproto.ExecPayload
 	var st agentproto.NetReadyStatus
-	if err := ssh.Unmarshal(reply, &p); err != nil {
-		return nil, fmt.Errorf("%w: readiness reply: %w", ErrNetworkNotReady, err)
-	}
-	if err := json.Unmarshal([]byte(p.JSON), &st); err != nil {
-		return nil, fmt.Errorf("%w: readiness reply: %w", ErrNetworkNotReady, err)
+	if err := v.call(ctx, agentproto.CallNetReady, agentproto.NetReady{TimeoutMS: max(timeout.Milliseconds(), 1)}, &st, timeout+replyMargin); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNetworkNotReady, err)
 	}
 	if !st.Ready {
 		detail := st.Detail
@@ -61,37 +46,4 @@ func (v *VM) waitNetwork(ctx context.Context, timeout time.Duration) (*agentprot
 		return &st, fmt.Errorf("%w after %v: %s", ErrNetworkNotReady, time.Duration(st.WaitedMS)*time.Millisecond, detail)
 	}
 	return &st, nil
-}
-
-// boundedRequest sends a global request to the agent and waits at most
-// limit (and while ctx lasts and QEMU runs) for its reply. An agent that
-// does not answer in time loses its connection, which also ends the
-// pending SendRequest; the VM is then unusable and the caller destroys it.
-func (v *VM) boundedRequest(ctx context.Context, name string, payload []byte, limit time.Duration) (bool, []byte, error) {
-	type reply struct {
-		ok   bool
-		data []byte
-		err  error
-	}
-	done := make(chan reply, 1)
-	go func() {
-		ok, data, err := v.client.SendRequest(name, true, payload)
-		done <- reply{ok, data, err}
-	}()
-	t := time.NewTimer(limit)
-	defer t.Stop()
-	var why error
-	select {
-	case r := <-done:
-		return r.ok, r.data, r.err
-	case <-t.C:
-		why = fmt.Errorf("the agent did not answer %s within %v", name, limit)
-	case <-ctx.Done():
-		why = ctx.Err()
-	case <-v.exited:
-		why = v.died("while waiting for the agent")
-	}
-	_ = v.client.Close()
-	<-done
-	return false, nil, why
 }

@@ -144,7 +144,7 @@ func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
 		if err := v.Foreground(); err != nil {
 			p.opts.Log.Warn("pooled VM: CPU weight", "vm", v.ID, "err", err)
 		}
-		if err := v.refresh(true); err != nil {
+		if err := v.refresh(ctx, true); err != nil {
 			p.opts.Log.Warn("pooled VM did not answer", "vm", v.ID, "err", err)
 			_ = v.Close()
 			continue

@@ -5,10 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -22,11 +20,11 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/vm/agentconn"
 	"github.com/vmgate/vmgate/vm/agentproto"
 	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/image"
@@ -130,7 +128,7 @@ type VM struct {
 	exited    chan struct{} // closed when QEMU has exited
 	exitErr   error         // valid after exited is closed
 	cause     error         // why the daemon killed QEMU, if it did (under mu)
-	client    *ssh.Client
+	agent     *agentconn.Conn
 	bootTime  time.Duration
 	started   time.Time     // when the critical path began (launchVM, or complete for a VM launched ahead)
 	phaseAt   time.Time     // the end of the last phase recorded
@@ -145,6 +143,7 @@ type VM struct {
 
 	mu       sync.Mutex
 	closed   bool
+	detached bool // the host closed the agent connection on purpose (a template's save)
 	cleanups []func() error
 	closeErr error
 }
@@ -418,13 +417,13 @@ func (v *VM) ready(ctx context.Context, opts Options, img *imageFiles, m launchM
 		}
 		v.phase("load_state", tp)
 	}
-	if err := v.connect(bootCtx, img); err != nil {
+	if err := v.connect(bootCtx); err != nil {
 		return fmt.Errorf("vm %s: %w", v.ID, err)
 	}
 	v.phase("agent", tp)
 	// A clone wakes with its template's clock and entropy pool: both are
 	// refreshed before it is handed out.
-	if err := v.refresh(m.restore); err != nil {
+	if err := v.refresh(bootCtx, m.restore); err != nil {
 		if m.restore {
 			return err
 		}
@@ -604,12 +603,10 @@ func (v *VM) failedRestore(err error) error {
 type imageFiles struct {
 	base, kernel, initrd string
 	diskMiB              int // the virtual disk's size
-	hostKey              ssh.PublicKey
-	signer               ssh.Signer
 }
 
 // qemuFiles are the image files QEMU opens: the jail shows it those and
-// nothing else of the image (not the agent's client key).
+// nothing else of the image.
 func (img *imageFiles) qemuFiles() []string { return []string{img.base, img.kernel, img.initrd} }
 
 // loadImage checks the image before QEMU starts, so a missing or damaged
@@ -626,34 +623,20 @@ func loadImage(dir string) (*imageFiles, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := m.CheckRunnable(abs); err != nil {
+		return nil, err
+	}
 	if err := m.Verify(abs, false); err != nil {
 		return nil, err
 	}
 	if err := checkQcow2(filepath.Join(abs, image.BaseFile)); err != nil {
 		return nil, err
 	}
-	pub, err := os.ReadFile(filepath.Join(abs, image.HostPubKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
-	hk, _, _, _, err := ssh.ParseAuthorizedKey(pub)
-	if err != nil {
-		return nil, fmt.Errorf("image: agent host key: %w", err)
-	}
-	priv, err := os.ReadFile(filepath.Join(abs, image.ClientKeyFile))
-	if err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
-	signer, err := ssh.ParsePrivateKey(priv)
-	if err != nil {
-		return nil, fmt.Errorf("image: client key: %w", err)
-	}
 	return &imageFiles{
 		diskMiB: m.Inputs.DiskSizeMiB,
 		base:    filepath.Join(abs, image.BaseFile),
 		kernel:  filepath.Join(abs, image.KernelFile),
 		initrd:  filepath.Join(abs, image.InitrdFile),
-		hostKey: hk, signer: signer,
 	}, nil
 }
 
@@ -753,31 +736,16 @@ func (v *VM) consoleTail() string {
 	return strings.Join(parts, "; ")
 }
 
-// The agent channel's algorithms. The client's order decides, so these
-// need nothing from an image's agent. The channel is a per-VM Unix socket
-// in the VM's 0700 directory: nothing records it and nothing else can
-// reach it, so its key exchange need not resist a future quantum attacker.
-// What it costs does matter: after a restore every guest code path runs
-// for the first time under TCG (translated before it runs), and X25519
-// with ChaCha20-Poly1305 is the least guest code among x/crypto's
-// defaults. Against the default (ML-KEM-768 hybrid), it took the agent
-// handshake after a restore from 179 to 169 ms p50 (3 × 12 restores,
-// docs/benchmarks.md).
-var (
-	agentKeyExchanges = []string{"curve25519-sha256"}
-	agentCiphers      = []string{"chacha20-poly1305@openssh.com"}
-)
-
 // ErrHandshake reports that the guest agent answered, but not with a
-// working SSH handshake.
+// working hello (package agentconn).
 var ErrHandshake = errors.New("agent handshake failed")
 
-// connect dials the agent socket and completes the SSH handshake, which
-// succeeds only once the guest agent runs (the readiness signal). A failed
-// handshake is a failed VM: the channel carries nothing but this one
-// connection's bytes (a clone's agent waits on a freshly opened port), so
-// there is nothing a reconnect could skip.
-func (v *VM) connect(ctx context.Context, img *imageFiles) error {
+// connect dials the agent socket and waits for the agent's answer to the
+// host's hello, which comes only once the guest agent runs (the readiness
+// signal). A failed hello is a failed VM: the channel carries nothing but
+// this one connection's bytes (a clone's agent waits on a freshly opened
+// port), so there is nothing a reconnect could skip.
+func (v *VM) connect(ctx context.Context) error {
 	path := filepath.Join(v.Dir, AgentSocket)
 	var conn net.Conn
 	for {
@@ -794,56 +762,100 @@ func (v *VM) connect(ctx context.Context, img *imageFiles) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	cfg := &ssh.ClientConfig{
-		User:            agentproto.User,
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(img.signer)},
-		HostKeyCallback: ssh.FixedHostKey(img.hostKey),
-	}
-	cfg.KeyExchanges, cfg.Ciphers = agentKeyExchanges, agentCiphers
-	type result struct {
-		c     ssh.Conn
-		chans <-chan ssh.NewChannel
-		reqs  <-chan *ssh.Request
-		err   error
-	}
-	done := make(chan result, 1)
+	c := agentconn.Client(conn, v.log)
+	done := make(chan error, 1)
 	go func() {
-		c, chans, reqs, err := ssh.NewClientConn(conn, "vmgate-agent", cfg)
-		done <- result{c, chans, reqs, err}
+		_, err := c.Hello(ctx)
+		done <- err
 	}()
+	var err error
 	select {
-	case r := <-done:
-		if r.err != nil {
-			conn.Close()
-			// QEMU's exit resets the connection first: a VM that died
-			// says why, and is not a handshake to try again.
-			if v.isDead() {
-				return v.died("during boot")
-			}
-			return fmt.Errorf("%w: %w", ErrHandshake, r.err)
-		}
-		v.client = ssh.NewClient(r.c, r.chans, r.reqs)
-		v.push(func() error {
-			// After the VM died the connection is already gone.
-			if err := v.client.Close(); err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.EOF) {
-				return fmt.Errorf("close agent connection: %w", err)
-			}
-			return nil
-		})
-		return nil
+	case err = <-done:
 	case <-v.exited:
-		conn.Close()
+		_ = c.Close()
+		<-done
 		return v.died("during boot")
-	case <-ctx.Done():
-		conn.Close()
-		return fmt.Errorf("boot: guest agent did not answer in time (%v); %s", ctx.Err(), v.consoleTail())
 	}
+	switch {
+	case err == nil:
+		v.attach(c)
+		return nil
+	case v.isDead():
+		// QEMU's exit ends the connection first: a VM that died says
+		// why, and is not a failed hello.
+		_ = c.Close()
+		return v.died("during boot")
+	case ctx.Err() != nil:
+		_ = c.Close()
+		return fmt.Errorf("boot: guest agent did not answer in time (%v); %s", ctx.Err(), v.consoleTail())
+	case errors.Is(err, agentproto.ErrSSHAgent):
+		return fmt.Errorf("%w: %w; rebuild the image (vmgated image build --force)", ErrHandshake, err)
+	}
+	return fmt.Errorf("%w: %w", ErrHandshake, err)
 }
+
+// ErrAgentLost reports a VM whose agent connection ended while the VM was
+// in use: the guest broke the protocol or hung up. The VM is then killed:
+// no command can reach it any more.
+var ErrAgentLost = errors.New("guest agent connection lost")
+
+// attach makes c the VM's agent connection, closed with the VM. The VM
+// lives only as long as the connection: one that ends while the VM is in
+// use (the guest hung up or broke the protocol, or a call timed out) ends
+// the VM, with the reason as its cause (ErrAgentLost, unless a cause was
+// set), so that whoever waits on it learns why. Only detach (a template's
+// save) and Close end the connection without that.
+func (v *VM) attach(c *agentconn.Conn) {
+	v.agent = c
+	v.push(c.Close)
+	go func() {
+		<-c.Done()
+		err := c.Err()
+		var pe *agentconn.ProtocolError
+		// A QEMU that exits closes the socket first: isDead gives the
+		// exit a moment, so that the VM's end says why QEMU died rather
+		// than that the connection ended.
+		if !errors.As(err, &pe) && v.isDead() {
+			return
+		}
+		v.mu.Lock()
+		quiet := v.detached || v.closed
+		if !quiet && v.cause == nil {
+			v.cause = fmt.Errorf("%w: %w", ErrAgentLost, err)
+		}
+		v.mu.Unlock()
+		if !quiet {
+			v.log.Warn("guest agent connection lost; killing the VM", "err", err)
+			_ = v.Kill()
+		}
+	}()
+}
+
+// detach closes the agent connection without ending the VM.
+func (v *VM) detach() {
+	v.mu.Lock()
+	v.detached = true
+	v.mu.Unlock()
+	_ = v.agent.Close()
+}
+
+// lost is the error of a step that found the agent connection ended: the
+// VM ends with it (attach), and its end says why.
+func (v *VM) lost(during string) error {
+	select {
+	case <-v.exited:
+	case <-time.After(killWait):
+	}
+	return v.died(during)
+}
+
+// killWait bounds the wait for a QEMU that was sent SIGKILL.
+const killWait = 10 * time.Second
 
 // refresh sets the guest clock from the host and, with reseed, mixes 64
 // bytes of host randomness into the guest's entropy pool and reseeds its
 // generator, so that clones of one template never share random numbers.
-func (v *VM) refresh(reseed bool) error {
+func (v *VM) refresh(ctx context.Context, reseed bool) error {
 	st := agentproto.SetTime{UnixNano: time.Now().UnixNano()}
 	if reseed {
 		st.Entropy = make([]byte, 64)
@@ -851,35 +863,57 @@ func (v *VM) refresh(reseed bool) error {
 			return fmt.Errorf("refresh: %w", err)
 		}
 	}
-	b, _ := json.Marshal(st)
-	ok, _, err := v.client.SendRequest(agentproto.SetTimeRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: string(b)}))
-	if err != nil {
+	if err := v.call(ctx, agentproto.CallSetTime, st, nil, controlTimeout); err != nil {
 		return fmt.Errorf("set time: %w", err)
-	}
-	if !ok {
-		return errors.New("set time: agent refused")
 	}
 	return nil
 }
 
 // Info asks the agent about the guest.
 func (v *VM) Info() (*agentproto.Info, error) {
-	ok, reply, err := v.client.SendRequest(agentproto.InfoRequest, true, nil)
-	if err != nil {
-		return nil, fmt.Errorf("info: %w", err)
-	}
-	if !ok {
-		return nil, errors.New("info: agent refused")
-	}
-	var p agentproto.ExecPayload
-	if err := ssh.Unmarshal(reply, &p); err != nil {
-		return nil, fmt.Errorf("info: %w", err)
-	}
 	var info agentproto.Info
-	if err := json.Unmarshal([]byte(p.JSON), &info); err != nil {
+	if err := v.call(context.Background(), agentproto.CallInfo, nil, &info, controlTimeout); err != nil {
 		return nil, fmt.Errorf("info: %w", err)
 	}
 	return &info, nil
+}
+
+// call sends the agent a call and waits at most limit (and while ctx
+// lasts and QEMU runs) for its reply, decoded into result. An agent that
+// does not answer in time loses its connection: the VM is then unusable
+// and the caller destroys it.
+func (v *VM) call(ctx context.Context, op string, args, result any, limit time.Duration) error {
+	if v.agent == nil {
+		return ErrClosed
+	}
+	cctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- v.agent.Call(cctx, op, args, result) }()
+	select {
+	case err := <-done:
+		switch {
+		case err == nil:
+			return nil
+		case cctx.Err() != nil:
+			// Given up: the connection goes (and with it the VM), so no
+			// late reply is taken for the answer to a later call.
+			why := err
+			if ctx.Err() == nil {
+				why = fmt.Errorf("%w: it did not answer %s within %v", ErrAgentUnresponsive, op, limit)
+			}
+			v.setCause(why)
+			_ = v.agent.Close()
+			return why
+		case v.agent.Err() != nil:
+			return v.lost("while waiting for the agent")
+		}
+		return err
+	case <-v.exited:
+		_ = v.agent.Close()
+		<-done
+		return v.died("while waiting for the agent")
+	}
 }
 
 // Close kills QEMU and removes the VM's directory. It runs the cleanup stack

@@ -103,12 +103,13 @@ func TestVM_Exec(t *testing.T) {
 		if want := fmt.Sprintf("1000 %d 1", os.Getuid()); rep.UIDMap != want {
 			t.Errorf("uid_map %q, want %q", rep.UIDMap, want)
 		}
-		// QEMU sees the image files it opens, not the agent's client key;
-		// the /proc entries runc masks are masked; its files are bounded.
+		// QEMU sees the image files it opens, not the rest of the image
+		// directory; the /proc entries runc masks are masked; its files
+		// are bounded.
 		root := fmt.Sprintf("/proc/%d/root", v.Pid())
 		abs, _ := filepath.Abs(img)
-		if _, err := os.Stat(root + filepath.Join(abs, "client_key")); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("the jail shows the image's client key: %v", err)
+		if _, err := os.Stat(root + filepath.Join(abs, "manifest.json")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the jail shows the image's manifest: %v", err)
 		}
 		if _, err := os.Stat(root + filepath.Join(abs, "base.qcow2")); err != nil {
 			t.Errorf("the jail lacks the base image: %v", err)

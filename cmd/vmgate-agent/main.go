@@ -1,6 +1,6 @@
 // Command vmgate-agent is the guest side of vmgate: a static binary that is
 // both the initramfs's /init (when it runs as PID 1) and the guest agent
-// daemon that serves SSH on the vmgate.agent virtio-serial port.
+// daemon that serves the host on the vmgate.agent virtio-serial port.
 package main
 
 import (

@@ -430,7 +430,7 @@ func (r *execRun) ratios() {
 	ratio("cold_over_oneshot_nopool", rep.OneshotNoPoolMS.P50)
 	ratio("cold_over_oneshot_net_pool", rep.OneshotNetPoolMS.P50)
 	if rep.Machine.Accel == string(vm.AccelTCG) {
-		rep.Notes = append(rep.Notes, "TCG: a restored QEMU starts with an empty translation cache, so the guest's first code paths (the agent's SSH handshake, the first commands) run several times slower than in a settled VM; the pool hides this by running one command in each VM before handing it out")
+		rep.Notes = append(rep.Notes, "TCG: a restored QEMU starts with an empty translation cache, so the guest's first code paths (the agent's first contact, the first commands) run several times slower than in a settled VM; the pool hides this by running one command in each VM before handing it out")
 	}
 }
 

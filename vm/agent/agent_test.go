@@ -11,90 +11,41 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
+	"github.com/vmgate/vmgate/vm/agentconn"
 	"github.com/vmgate/vmgate/vm/agentproto"
-
-	"github.com/vmgate/vmgate/internal/testutil"
 )
 
-func TestServeRejectsWrongClientKey(t *testing.T) {
+func TestServeRejectsAnotherProtocol(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, nil)
-	_, err := a.dialWith(clientConfig(agentproto.User, newSigner(t), a.hostKey.PublicKey()))
-	if err == nil || !strings.Contains(err.Error(), "unable to authenticate") {
-		t.Fatalf("dial with an unknown key: err = %v, want authentication failure", err)
+	// An SSH client (a host before the framed protocol) gets nothing
+	// and the connection ends.
+	if _, err := a.conn.Write([]byte("SSH-2.0-Go\r\n")); err != nil {
+		t.Fatal(err)
 	}
-	a.conn.Close()
 	if err := a.waitServe(t); err == nil {
-		t.Error("Serve returned nil after a failed handshake")
+		t.Fatal("Serve returned nil for a peer that did not speak the protocol")
 	}
 }
 
-func TestServeRejectsWrongUser(t *testing.T) {
-	t.Parallel()
-	for _, user := range []string{"root", agentproto.UnprivilegedUser, ""} {
-		t.Run(user, func(t *testing.T) {
-			a := startAgent(t, nil)
-			_, err := a.dialWith(clientConfig(user, a.clientKey, a.hostKey.PublicKey()))
-			if err == nil || !strings.Contains(err.Error(), "unable to authenticate") {
-				t.Fatalf("dial as %q: err = %v, want authentication failure", user, err)
-			}
-		})
-	}
-}
-
-func TestServeRejectsPasswordAuth(t *testing.T) {
+func TestServeRefusesAnotherProtocolVersion(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, nil)
-	cfg := clientConfig(agentproto.User, a.clientKey, a.hostKey.PublicKey())
-	cfg.Auth = []ssh.AuthMethod{ssh.Password("secret"), ssh.KeyboardInteractive(
-		func(string, string, []string, []bool) ([]string, error) { return nil, nil })}
-	if _, err := a.dialWith(cfg); err == nil {
-		t.Fatal("password authentication succeeded")
+	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, []byte(`{"protocol":99}`))); err != nil {
+		t.Fatal(err)
 	}
-}
-
-func TestClientRejectsWrongHostKey(t *testing.T) {
-	t.Parallel()
-	a := startAgent(t, nil)
-	_, err := a.dialWith(clientConfig(agentproto.User, a.clientKey, newSigner(t).PublicKey()))
-	if err == nil || !strings.Contains(err.Error(), "host key mismatch") {
-		t.Fatalf("dial pinning another host key: err = %v, want host key mismatch", err)
-	}
-}
-
-func TestServeAcceptsAnyAuthorizedKey(t *testing.T) {
-	t.Parallel()
-	second := newSigner(t)
-	a := startAgent(t, func(c *Config) {
-		c.AuthorizedKeys = append(c.AuthorizedKeys, second.PublicKey())
-	})
-	c, err := a.dialWith(clientConfig(agentproto.User, second, a.hostKey.PublicKey()))
+	var buf []byte
+	_ = a.conn.SetReadDeadline(time.Now().Add(testTimeout))
+	f, err := agentproto.ReadFrame(a.conn, &buf, agentproto.MaxGuestPayload)
 	if err != nil {
-		t.Fatalf("dial with the second authorized key: %v", err)
+		t.Fatal(err)
 	}
-	c.Close()
-}
-
-func TestServeInvalidConfig(t *testing.T) {
-	t.Parallel()
-	key := newSigner(t)
-	for name, cfg := range map[string]Config{
-		"no host key":        {AuthorizedKeys: []ssh.PublicKey{key.PublicKey()}},
-		"no authorized keys": {HostKey: key},
-	} {
-		server, peer := testutil.SocketPair(t)
-		err := Serve(context.Background(), server, cfg)
-		if err == nil {
-			t.Errorf("%s: Serve returned nil", name)
-		}
-		// Serve closed its end: the peer sees EOF.
-		_ = peer.SetReadDeadline(time.Now().Add(testTimeout))
-		if _, err := peer.Read(make([]byte, 1)); err == nil {
-			t.Errorf("%s: connection still open", name)
-		}
-		peer.Close()
+	var r agentproto.HelloReply
+	if err := json.Unmarshal(f.Payload, &r); err != nil || f.Type != agentproto.FrameHello || !strings.Contains(r.Error, "protocol 1, not 99") {
+		t.Fatalf("answer %v %+v %v", f.Type, r, err)
+	}
+	if err := a.waitServe(t); err == nil {
+		t.Fatal("Serve returned nil after refusing the host")
 	}
 }
 
@@ -112,10 +63,7 @@ func TestServeStopsWhenContextEnds(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, nil)
 	c := a.dial(t)
-	r := openSession(t, c)
-	if !r.execSpec(t, agentproto.ExecSpec{Argv: []string{"sh", "-c", "echo $$; exec sleep 100"}}) {
-		t.Fatal("exec rejected")
-	}
+	r := start(t, c, agentproto.ExecSpec{Argv: []string{"sh", "-c", "echo $$; exec sleep 100"}})
 	pid := waitPID(t, r)
 	a.cancel()
 	if err := a.waitServe(t); !errors.Is(err, context.Canceled) {
@@ -126,29 +74,27 @@ func TestServeStopsWhenContextEnds(t *testing.T) {
 	}
 }
 
-func TestServeRejectsOtherChannelTypes(t *testing.T) {
+func TestServeRejectsUnknownCalls(t *testing.T) {
 	t.Parallel()
 	c := client(t)
-	_, _, err := c.OpenChannel("direct-tcpip", nil)
-	var oce *ssh.OpenChannelError
-	if !errors.As(err, &oce) || oce.Reason != ssh.UnknownChannelType {
-		t.Fatalf("open direct-tcpip: err = %v, want UnknownChannelType", err)
-	}
-}
-
-func TestServeRejectsUnknownGlobalRequests(t *testing.T) {
-	t.Parallel()
-	c := client(t)
-	for _, name := range []string{"tcpip-forward", "keepalive@openssh.com", "no-such-request"} {
-		ok, _, err := c.SendRequest(name, true, nil)
-		if err != nil || ok {
-			t.Errorf("%s: ok=%v err=%v, want rejection", name, ok, err)
+	for _, name := range []string{"tcpip-forward", "exec", "no-such-request"} {
+		err := c.Call(ctxT(t), name, nil, nil)
+		var ce *agentconn.CallError
+		if !errors.As(err, &ce) || !strings.Contains(ce.Msg, "unknown call") {
+			t.Errorf("%s: %v, want a refusal", name, err)
 		}
 	}
 }
 
-func setTimePayload(doc string) []byte {
-	return ssh.Marshal(agentproto.ExecPayload{JSON: doc})
+// setTime sends a CallSetTime with the JSON argument doc.
+func setTime(t *testing.T, c *agentconn.Conn, doc string) error {
+	t.Helper()
+	return c.Call(ctxT(t), agentproto.CallSetTime, json.RawMessage(doc), nil)
+}
+
+func setTimeDoc(st agentproto.SetTime) string {
+	b, _ := json.Marshal(st)
+	return string(b)
 }
 
 func TestSetTime(t *testing.T) {
@@ -167,23 +113,20 @@ func TestSetTime(t *testing.T) {
 	})
 	c := a.dial(t)
 	want := time.Date(2031, 5, 6, 7, 8, 9, 123456789, time.UTC)
-	doc, _ := json.Marshal(agentproto.SetTime{UnixNano: want.UnixNano()})
-	ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc)))
-	if err != nil || !ok {
-		t.Fatalf("set time: ok=%v err=%v", ok, err)
+	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: want.UnixNano()})); err != nil {
+		t.Fatalf("set time: %v", err)
 	}
-	for _, bad := range [][]byte{
-		nil,
-		[]byte("garbage"),
-		setTimePayload(`{"unix_nano": "soon"}`),
-		setTimePayload(`{"unix_nano": 0}`),
-		setTimePayload(`{"unix_nano": -5}`),
-		setTimePayload(`{"unix_nano": 5, "zone": "UTC"}`),
-		setTimePayload(`{"unix_nano": 5} {}`),
+	for _, bad := range []string{
+		`null`,
+		`"garbage"`,
+		`{"unix_nano": "soon"}`,
+		`{"unix_nano": 0}`,
+		`{"unix_nano": -5}`,
+		`{"unix_nano": 5, "zone": "UTC"}`,
 	} {
-		ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, bad)
-		if err != nil || ok {
-			t.Errorf("set time with payload %q: ok=%v err=%v, want rejection", bad, ok, err)
+		var ce *agentconn.CallError
+		if err := setTime(t, c, bad); !errors.As(err, &ce) {
+			t.Errorf("set time with %s: %v, want refusal", bad, err)
 		}
 	}
 	mu.Lock()
@@ -210,18 +153,15 @@ func TestSetTimeReseeds(t *testing.T) {
 	})
 	c := a.dial(t)
 	seed := []byte("0123456789abcdef0123456789abcdef")
-	doc, _ := json.Marshal(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: seed})
-	if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || !ok {
-		t.Fatalf("set time with entropy: ok=%v err=%v", ok, err)
+	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: seed})); err != nil {
+		t.Fatalf("set time with entropy: %v", err)
 	}
 	// No entropy: no reseed. Too much: refused, nothing done.
-	doc, _ = json.Marshal(agentproto.SetTime{UnixNano: 1700000000000000000})
-	if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || !ok {
-		t.Fatalf("set time: ok=%v err=%v", ok, err)
+	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: 1700000000000000000})); err != nil {
+		t.Fatalf("set time: %v", err)
 	}
-	doc, _ = json.Marshal(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: make([]byte, agentproto.MaxEntropy+1)})
-	if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || ok {
-		t.Fatalf("set time with too much entropy: ok=%v err=%v, want refusal", ok, err)
+	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: make([]byte, agentproto.MaxEntropy+1)})); err == nil {
+		t.Fatal("set time with too much entropy accepted")
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -238,9 +178,8 @@ func TestSetTimeLeavesARightClock(t *testing.T) {
 	})
 	c := a.dial(t)
 	for _, off := range []time.Duration{0, 50 * time.Millisecond, -50 * time.Millisecond, time.Second} {
-		doc, _ := json.Marshal(agentproto.SetTime{UnixNano: time.Now().Add(off).UnixNano()})
-		if ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(string(doc))); err != nil || !ok {
-			t.Fatalf("offset %v: ok=%v err=%v", off, ok, err)
+		if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: time.Now().Add(off).UnixNano()})); err != nil {
+			t.Fatalf("offset %v: %v", off, err)
 		}
 	}
 	if n := calls.Load(); n != 1 { // only the one-second offset
@@ -248,15 +187,15 @@ func TestSetTimeLeavesARightClock(t *testing.T) {
 	}
 }
 
-func TestSetTimeFailureRepliesFalse(t *testing.T) {
+func TestSetTimeFailureIsAnErrorReply(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, func(c *Config) {
 		c.setClock = func(time.Time) error { return os.ErrPermission }
 	})
 	c := a.dial(t)
-	ok, _, err := c.SendRequest(agentproto.SetTimeRequest, true, setTimePayload(`{"unix_nano": 1700000000000000000}`))
-	if err != nil || ok {
-		t.Fatalf("set time with a failing clock: ok=%v err=%v, want false", ok, err)
+	var ce *agentconn.CallError
+	if err := setTime(t, c, `{"unix_nano": 1700000000000000000}`); !errors.As(err, &ce) || !strings.Contains(ce.Msg, "permission denied") {
+		t.Fatalf("set time with a failing clock: %v, want a refusal saying why", err)
 	}
 }
 
@@ -273,17 +212,9 @@ func TestSetSystemClockUnprivileged(t *testing.T) {
 func TestInfo(t *testing.T) {
 	t.Parallel()
 	c := client(t)
-	ok, payload, err := c.SendRequest(agentproto.InfoRequest, true, nil)
-	if err != nil || !ok {
-		t.Fatalf("info: ok=%v err=%v", ok, err)
-	}
-	var p agentproto.ExecPayload
-	if err := ssh.Unmarshal(payload, &p); err != nil {
-		t.Fatalf("unmarshal info payload: %v", err)
-	}
 	var info agentproto.Info
-	if err := json.Unmarshal([]byte(p.JSON), &info); err != nil {
-		t.Fatalf("decode info %q: %v", p.JSON, err)
+	if err := c.Call(ctxT(t), agentproto.CallInfo, nil, &info); err != nil {
+		t.Fatalf("info: %v", err)
 	}
 	if info.AgentVersion != "test-version" {
 		t.Errorf("AgentVersion = %q, want test-version", info.AgentVersion)

@@ -3,8 +3,6 @@ package agent
 import (
 	"bytes"
 	"crypto/rand"
-	"errors"
-	"github.com/vmgate/vmgate/internal/sshmsg"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -14,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
@@ -48,9 +44,9 @@ func TestExecSeveralSessionsConcurrently(t *testing.T) {
 	results := make(chan string, 8)
 	for i := range 8 {
 		go func() {
-			r := openSession(t, c)
-			if !r.execSpec(t, argv("sh", "-c", "sleep 0.2; echo "+strconv.Itoa(i))) {
-				results <- "rejected"
+			r, err := open(t, c, agentproto.Open{Spec: argv("sh", "-c", "sleep 0.2; echo "+strconv.Itoa(i))})
+			if err != nil {
+				results <- err.Error()
 				return
 			}
 			_ = r.ch.CloseWrite()
@@ -141,10 +137,7 @@ func TestExecStdinRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := client(t)
-	r := openSession(t, c)
-	if !r.execSpec(t, argv("cat")) {
-		t.Fatal("exec cat rejected")
-	}
+	r := start(t, c, argv("cat"))
 	if _, err := r.ch.Write(data); err != nil {
 		t.Fatalf("write stdin: %v", err)
 	}
@@ -173,10 +166,7 @@ func TestExecIgnoredStdinDoesNotBlock(t *testing.T) {
 	c := client(t)
 	// true exits without reading 4 MiB of input; the host's writes must
 	// still complete and the exit status must arrive.
-	r := openSession(t, c)
-	if !r.execSpec(t, argv("true")) {
-		t.Fatal("exec rejected")
-	}
+	r := start(t, c, argv("true"))
 	errc := make(chan error, 1)
 	go func() {
 		_, err := r.ch.Write(make([]byte, 4<<20))
@@ -213,24 +203,10 @@ func TestExecLargeOutputComplete(t *testing.T) {
 func TestExecEnvironment(t *testing.T) {
 	t.Parallel()
 	c := client(t)
-	r := openSession(t, c)
-	for _, kv := range [][2]string{{"FROM_REQ", "req"}, {"BOTH", "from-request"}, {"LANG", "en_US.UTF-8"}} {
-		if !r.request(t, "env", sshmsg.EnvRequest{Name: kv[0], Value: kv[1]}) {
-			t.Fatalf("env %s rejected", kv[0])
-		}
-	}
-	for _, bad := range []sshmsg.EnvRequest{{Name: "", Value: "x"}, {Name: "A=B", Value: "x"}, {Name: "NUL", Value: "a\x00b"}} {
-		if r.request(t, "env", bad) {
-			t.Errorf("env request %+v accepted", bad)
-		}
-	}
-	spec := agentproto.ExecSpec{
+	r := start(t, c, agentproto.ExecSpec{
 		Argv: []string{"env"},
-		Env:  []string{"BOTH=from-spec", "FROM_SPEC=spec", "EMPTY="},
-	}
-	if !r.execSpec(t, spec) {
-		t.Fatal("exec rejected")
-	}
+		Env:  []string{"LANG=C", "BOTH=first", "BOTH=from-spec", "FROM_SPEC=spec", "EMPTY=", "LANG=en_US.UTF-8"},
+	})
 	_ = r.ch.CloseWrite()
 	if st := r.wait(t); st != 0 {
 		t.Fatalf("env exited %d", st)
@@ -254,7 +230,6 @@ func TestExecEnvironment(t *testing.T) {
 		"LOGNAME":   "root",
 		"SHELL":     loginShell(passwdPath, "root"),
 		"LANG":      "en_US.UTF-8",
-		"FROM_REQ":  "req",
 		"FROM_SPEC": "spec",
 		"BOTH":      "from-spec",
 		"EMPTY":     "",
@@ -303,158 +278,101 @@ func TestExecDir(t *testing.T) {
 	}
 }
 
-func TestShellExec(t *testing.T) {
+func TestInvalidCommands(t *testing.T) {
 	t.Parallel()
 	c := client(t)
-	s, err := c.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	out, err := s.Output("echo $((6*7)) | tr 4 x; echo $0")
-	if err != nil || string(out) != "x2\n/bin/sh\n" {
-		t.Fatalf("exec: out=%q err=%v", out, err)
-	}
-	s2, err := c.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	var ee *ssh.ExitError
-	if err := s2.Run("exit 3"); !errors.As(err, &ee) || ee.ExitStatus() != 3 {
-		t.Fatalf("exit 3: err = %v", err)
-	}
-}
-
-func TestInvalidExecRequests(t *testing.T) {
-	t.Parallel()
-	c := client(t)
-	for _, tc := range []struct{ doc, reason string }{
-		{`{"argv": []}`, "argv is empty"},
-		{`{}`, "argv is empty"},
-		{`{"argv": [""]}`, "argv[0] is empty"},
-		{`{"argv": ["echo", "a\u0000b"]}`, "argv[1] contains a NUL byte"},
-		{`{"argv": ["echo"], "env": ["NOEQUALS"]}`, "env[0]"},
-		{`{"argv": ["echo"], "env": ["=x"]}`, "env[0]"},
-		{`{"argv": ["echo"], "dir": "/tmp\u0000"}`, "dir contains a NUL byte"},
-		{`{"argv": ["echo"], "user": "nobody"}`, `user "nobody" is not allowed`},
-		{`{"argv": ["echo"], "timeout": 5}`, "unknown field"},
-		{`{"argv": ["echo"]} trailing`, "trailing data"},
-		{`not json`, "decode exec spec"},
+	for _, tc := range []struct {
+		o      agentproto.Open
+		reason string
+	}{
+		{agentproto.Open{Spec: argv()}, "argv is empty"},
+		{agentproto.Open{Spec: argv("")}, "argv[0] is empty"},
+		{agentproto.Open{Spec: argv("echo", "a\x00b")}, "argv[1] contains a NUL byte"},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, Env: []string{"NOEQUALS"}}}, "env[0]"},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, Env: []string{"=x"}}}, "env[0]"},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, Dir: "/tmp\x00"}}, "dir contains a NUL byte"},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, User: "nobody"}}, `user "nobody" is not allowed`},
+		{agentproto.Open{Spec: argv("echo"), PTY: &agentproto.PTY{Term: "xterm", Columns: 1 << 20, Rows: 24}}, "invalid terminal"},
+		{agentproto.Open{Spec: argv("echo"), PTY: &agentproto.PTY{Term: "x\nterm", Columns: 80, Rows: 24}}, "invalid terminal"},
 	} {
-		r := openSession(t, c)
-		if r.execJSON(t, tc.doc) {
-			t.Errorf("%s: accepted", tc.doc)
-			continue
-		}
-		if got := r.stderrAfterClose(); !strings.HasPrefix(got, "vmgate-agent: ") || !strings.Contains(got, tc.reason) {
-			t.Errorf("%s: stderr %q, want a reason containing %q", tc.doc, got, tc.reason)
+		if got := refusal(t, c, tc.o); !strings.Contains(got, tc.reason) {
+			t.Errorf("%+v: refused with %q, want a reason containing %q", tc.o, got, tc.reason)
 		}
 	}
-	// A payload that is not an SSH string.
-	r := openSession(t, c)
-	if r.request(t, agentproto.ExecRequest, nil) {
-		t.Error("exec request without payload accepted")
-	}
-	// "exec" with a NUL byte.
-	r = openSession(t, c)
-	if r.request(t, "exec", sshmsg.ExecRequest{Command: "echo a\x00b"}) {
-		t.Error("exec with a NUL byte accepted")
+	// The connection goes on after refusals.
+	if res := run(t, c, argv("echo", "ok"), nil); res.status != 0 || res.stdout != "ok\n" {
+		t.Fatalf("after the refusals: %+v", res)
 	}
 }
 
-func TestRejectedRequestKeepsSessionUsable(t *testing.T) {
+// TestOpenDecodedStrictly: an open the agent cannot decode exactly is
+// refused with the reason, the connection going on.
+func TestOpenDecodedStrictly(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	r := openSession(t, c)
-	if r.execJSON(t, `{"argv": []}`) {
-		t.Fatal("empty argv accepted")
+	a := startAgent(t, nil)
+	var buf []byte
+	read := func() agentproto.Frame {
+		t.Helper()
+		_ = a.conn.SetReadDeadline(time.Now().Add(testTimeout))
+		f, err := agentproto.ReadFrame(a.conn, &buf, agentproto.MaxGuestPayload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
 	}
-	if !r.execSpec(t, argv("echo", "ok")) {
-		t.Fatal("valid request after a rejected one was refused")
+	send := func(ft agentproto.FrameType, id uint32, p string) {
+		if _, err := a.conn.Write(agentproto.AppendFrame(nil, ft, id, []byte(p))); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if st := r.wait(t); st != 0 || r.stdout.String() != "ok\n" {
-		t.Fatalf("status %d, stdout %q", st, r.stdout.String())
+	send(agentproto.FrameHello, 0, `{"protocol":1}`)
+	if f := read(); f.Type != agentproto.FrameHello {
+		t.Fatalf("answer %v", f.Type)
 	}
-}
-
-func TestOneCommandPerSession(t *testing.T) {
-	t.Parallel()
-	c := client(t)
-	r := openSession(t, c)
-	if !r.execSpec(t, argv("sleep", "0.5")) {
-		t.Fatal("exec rejected")
-	}
-	if r.execSpec(t, argv("echo", "second")) {
-		t.Error("second ExecRequest accepted")
-	}
-	if r.request(t, "exec", sshmsg.ExecRequest{Command: "echo second"}) {
-		t.Error("exec after ExecRequest accepted")
-	}
-	if r.request(t, "env", sshmsg.EnvRequest{Name: "A", Value: "b"}) {
-		t.Error("env after the command started accepted")
-	}
-	if r.request(t, "pty-req", sshmsg.PtyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
-		t.Error("pty-req after the command started accepted")
-	}
-	if r.request(t, "subsystem", sshmsg.ExecRequest{Command: "sftp"}) {
-		t.Error("subsystem accepted")
-	}
-	if st := r.wait(t); st != 0 {
-		t.Fatalf("sleep exited %d", st)
-	}
-	if strings.Contains(r.stdout.String(), "second") {
-		t.Error("a second command ran")
-	}
-}
-
-func TestShellNeedsPty(t *testing.T) {
-	t.Parallel()
-	c := client(t)
-	r := openSession(t, c)
-	if r.request(t, "shell", nil) {
-		t.Fatal("shell without a pty accepted")
+	for i, tc := range []struct{ doc, reason string }{
+		{`{"spec":{"argv":["echo"],"timeout":5}}`, "unknown field"},
+		{`{"spec":{"argv":["echo"]},"sandbox":false}`, "unknown field"},
+		{`{"spec":{"argv":["echo"]}} trailing`, "trailing data"},
+		{`not json`, "decode open"},
+	} {
+		id := uint32(i + 1)
+		send(agentproto.FrameOpen, id, tc.doc)
+		f := read()
+		if f.Type != agentproto.FrameOpenFail || f.ID != id || !strings.Contains(string(f.Payload), tc.reason) {
+			t.Errorf("%s: answer %v %d %q, want open-fail with %q", tc.doc, f.Type, f.ID, f.Payload, tc.reason)
+		}
 	}
 }
 
 func TestSignalTerm(t *testing.T) {
 	t.Parallel()
 	c := client(t)
-	r := openSession(t, c)
-	if !r.execSpec(t, argv("sh", "-c", "sleep 100 & echo $!; echo $$; wait")) {
-		t.Fatal("exec rejected")
-	}
+	r := start(t, c, argv("sh", "-c", "sleep 100 & echo $!; echo $$; wait"))
 	pids := waitPIDs(t, r, 2)
-	if r.request(t, "signal", sshmsg.SignalRequest{Signal: "NOPE"}) {
-		t.Error("unknown signal accepted")
+	// An unknown signal is ignored; TERM reaches the command.
+	if err := r.ch.Signal("NOPE"); err != nil {
+		t.Fatal(err)
 	}
-	if !r.request(t, "signal", sshmsg.SignalRequest{Signal: "TERM"}) {
-		t.Fatal("signal TERM rejected")
+	if err := r.ch.Signal("TERM"); err != nil {
+		t.Fatal(err)
 	}
-	if st := r.wait(t); st != -1 || r.signal.Signal != "TERM" {
-		t.Fatalf("status %d, exit-signal %+v, want TERM", st, r.signal)
+	if e := r.exit(t); e.Signal != "TERM" {
+		t.Fatalf("exit %+v, want the signal TERM", e)
 	}
 	// The signal went to the whole process group, the background sleep too.
 	waitGone(t, pids...)
 }
 
-func TestSignalViaSession(t *testing.T) {
+func TestSignalInt(t *testing.T) {
 	t.Parallel()
 	c := client(t)
-	s, err := c.NewSession()
-	if err != nil {
+	r := start(t, c, argv("sh", "-c", "echo $$; exec sleep 100"))
+	waitPID(t, r)
+	if err := r.ch.Signal("INT"); err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	if err := s.Start("exec sleep 100"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Signal(ssh.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	var ee *ssh.ExitError
-	if err := s.Wait(); !errors.As(err, &ee) || ee.Signal() != "INT" {
-		t.Fatalf("wait: %v, want exit signal INT", err)
+	if e := r.exit(t); e.Signal != "INT" {
+		t.Fatalf("exit %+v, want the signal INT", e)
 	}
 }
 
@@ -470,19 +388,16 @@ func TestExitSignalKill(t *testing.T) {
 func TestClosingSessionKillsCommand(t *testing.T) {
 	t.Parallel()
 	c := client(t)
-	r := openSession(t, c)
-	if !r.execSpec(t, argv("sh", "-c", "sleep 100 & echo $!; echo $$; exec sleep 101")) {
-		t.Fatal("exec rejected")
-	}
+	r := start(t, c, argv("sh", "-c", "sleep 100 & echo $!; echo $$; exec sleep 101"))
 	pids := waitPIDs(t, r, 2)
 	if err := r.ch.Close(); err != nil {
 		t.Fatal(err)
 	}
 	waitGone(t, pids...)
-	// The session was closed before the command ended: no exit report.
+	// The channel was closed before the command ended: no exit report.
 	<-r.done
-	if r.status != nil || r.signal != nil {
-		t.Errorf("exit reported after the host closed the session: %v %v", r.status, r.signal)
+	if e, ok := r.ch.ExitStatus(); ok {
+		t.Errorf("exit reported after the host closed the channel: %+v", e)
 	}
 }
 
@@ -490,10 +405,7 @@ func TestDroppedConnectionKillsCommand(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, nil)
 	c := a.dial(t)
-	r := openSession(t, c)
-	if !r.execSpec(t, argv("sh", "-c", "sleep 100 & echo $!; echo $$; wait")) {
-		t.Fatal("exec rejected")
-	}
+	r := start(t, c, argv("sh", "-c", "sleep 100 & echo $!; echo $$; wait"))
 	pids := waitPIDs(t, r, 2)
 	a.conn.Close()
 	_ = a.waitServe(t)
@@ -568,10 +480,8 @@ func TestNoGoroutineLeak(t *testing.T) {
 	if pid, err := strconv.Atoi(strings.TrimSpace(bg.stdout)); err == nil {
 		defer syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if r := openSession(t, c); !r.execSpec(t, argv("sleep", "100")) {
-		t.Fatal("exec rejected")
-	}
-	openSession(t, c) // never starts a command
+	start(t, c, argv("sleep", "100"))
+	refusal(t, c, agentproto.Open{Spec: argv("")}) // never starts a command
 	a.conn.Close()
 	_ = a.waitServe(t)
 	deadline := time.Now().Add(5 * time.Second)
@@ -594,10 +504,10 @@ func agentGoroutines() string {
 	buf = buf[:runtime.Stack(buf, true)]
 	var leaked []string
 	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "vm/agent.Test") || strings.Contains(g, "vm/agent.(*remote)") || strings.Contains(g, "vm/agent.openSession") {
+		if strings.Contains(g, "vm/agent.Test") || strings.Contains(g, "vm/agent.open") {
 			continue
 		}
-		if strings.Contains(g, "vmgate/vm/agent.") {
+		if strings.Contains(g, "vmgate/vm/agent.") || strings.Contains(g, "vmgate/vm/agentconn.") {
 			leaked = append(leaked, g)
 		}
 	}

@@ -2,11 +2,7 @@ package agent
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/json"
 	"errors"
-	"github.com/vmgate/vmgate/internal/sshmsg"
 	"io"
 	"log/slog"
 	"net"
@@ -18,27 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm/agentconn"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
 // testTimeout bounds every wait in the tests.
 const testTimeout = 30 * time.Second
-
-func newSigner(t testing.TB) ssh.Signer {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // testLogger logs to the test's output.
 func testLogger(t testing.TB) *slog.Logger {
@@ -47,24 +29,20 @@ func testLogger(t testing.TB) *slog.Logger {
 
 // agent is an agent serving one connection to a test.
 type agent struct {
-	hostKey   ssh.Signer
-	clientKey ssh.Signer
-	conn      net.Conn // the client's end
-	done      chan error
-	cancel    context.CancelFunc
+	conn   net.Conn // the host's end
+	done   chan error
+	cancel context.CancelFunc
 }
 
 // startAgent runs Serve on one end of a socket pair. edit, if not nil,
-// adjusts the configuration. At the end of the test the client end is
+// adjusts the configuration. At the end of the test the host's end is
 // closed and Serve must return.
 func startAgent(t *testing.T, edit func(*Config)) *agent {
 	t.Helper()
-	a := &agent{hostKey: newSigner(t), clientKey: newSigner(t), done: make(chan error, 1)}
+	a := &agent{done: make(chan error, 1)}
 	cfg := Config{
-		HostKey:        a.hostKey,
-		AuthorizedKeys: []ssh.PublicKey{a.clientKey.PublicKey()},
-		Logger:         testLogger(t),
-		Version:        "test-version",
+		Logger:  testLogger(t),
+		Version: "test-version",
 		setClock: func(time.Time) error {
 			return errors.New("the tests never set the clock")
 		},
@@ -72,8 +50,8 @@ func startAgent(t *testing.T, edit func(*Config)) *agent {
 	if edit != nil {
 		edit(&cfg)
 	}
-	serverEnd, clientEnd := testutil.SocketPair(t)
-	a.conn = clientEnd
+	serverEnd, hostEnd := testutil.SocketPair(t)
+	a.conn = hostEnd
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	go func() { a.done <- Serve(ctx, serverEnd, cfg) }()
@@ -82,7 +60,7 @@ func startAgent(t *testing.T, edit func(*Config)) *agent {
 		select {
 		case <-a.done:
 		case <-time.After(testTimeout):
-			t.Error("Serve did not return after the client closed the connection")
+			t.Error("Serve did not return after the host closed the connection")
 		}
 		cancel()
 	})
@@ -102,154 +80,111 @@ func (a *agent) waitServe(t *testing.T) error {
 	}
 }
 
-// clientConfig returns a client configuration for user with key, pinning
-// hostKey.
-func clientConfig(user string, key ssh.Signer, hostKey ssh.PublicKey) *ssh.ClientConfig {
-	return &ssh.ClientConfig{
-		User:            user,
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(key)},
-		HostKeyCallback: ssh.FixedHostKey(hostKey),
-		Timeout:         testTimeout,
-	}
-}
-
-// dial performs the client handshake with the agent's expected keys.
-func (a *agent) dial(t *testing.T) *ssh.Client {
+// dial connects as the host does (package agentconn) and waits for the
+// agent's hello.
+func (a *agent) dial(t *testing.T) *agentconn.Conn {
 	t.Helper()
-	c, err := a.dialWith(clientConfig(agentproto.User, a.clientKey, a.hostKey.PublicKey()))
-	if err != nil {
-		t.Fatalf("dial agent: %v", err)
-	}
+	c := agentconn.Client(a.conn, testLogger(t))
 	t.Cleanup(func() { c.Close() })
+	r, err := c.Hello(ctxT(t))
+	if err != nil {
+		t.Fatalf("hello: %v", err)
+	}
+	if r.AgentVersion != "test-version" {
+		t.Fatalf("hello %+v", r)
+	}
 	return c
 }
 
-func (a *agent) dialWith(cfg *ssh.ClientConfig) (*ssh.Client, error) {
-	conn, chans, reqs, err := ssh.NewClientConn(a.conn, "vmgate-agent", cfg)
-	if err != nil {
-		return nil, err
-	}
-	return ssh.NewClient(conn, chans, reqs), nil
+// ctxT is a context that ends with the test, or after testTimeout.
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
 }
 
-// client starts an agent and returns a connected client.
-func client(t *testing.T) *ssh.Client {
+// client starts an agent and returns a connected host.
+func client(t *testing.T) *agentconn.Conn {
 	t.Helper()
 	return startAgent(t, nil).dial(t)
 }
 
-// remote is a command started on a raw session channel, the way the host
-// runs commands.
+// remote is a command started on a channel, the way the host runs
+// commands.
 type remote struct {
-	ch             ssh.Channel
+	ch             *agentconn.Channel
 	stdout, stderr testutil.SyncBuffer
-	wg             sync.WaitGroup // output readers and request collector
-
-	mu     sync.Mutex
-	status *int
-	signal *sshmsg.ExitSignalMsg
-	done   chan struct{} // closed when the channel is closed and drained
+	done           chan struct{} // closed when both outputs reached EOF
 }
 
-// openSession opens a raw session channel and starts collecting its output
-// and requests.
-func openSession(t *testing.T, c *ssh.Client) *remote {
+// open opens a channel for o, or returns the agent's refusal.
+func open(t *testing.T, c *agentconn.Conn, o agentproto.Open) (*remote, error) {
 	t.Helper()
-	ch, reqs, err := c.OpenChannel("session", nil)
+	ch, err := c.Open(ctxT(t), o)
 	if err != nil {
-		t.Fatalf("open session: %v", err)
+		return nil, err
 	}
 	r := &remote{ch: ch, done: make(chan struct{})}
-	r.wg.Go(func() { _, _ = io.Copy(&r.stdout, ch) })
-	r.wg.Go(func() { _, _ = io.Copy(&r.stderr, ch.Stderr()) })
-	r.wg.Go(func() { r.collect(reqs) })
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = io.Copy(&r.stdout, ch) })
+	wg.Go(func() { _, _ = io.Copy(&r.stderr, ch.Stderr()) })
 	go func() {
-		r.wg.Wait()
+		wg.Wait()
 		close(r.done)
 	}()
 	t.Cleanup(func() { ch.Close() })
+	return r, nil
+}
+
+// start starts spec; the agent must accept it.
+func start(t *testing.T, c *agentconn.Conn, spec agentproto.ExecSpec) *remote {
+	t.Helper()
+	r, err := open(t, c, agentproto.Open{Spec: spec})
+	if err != nil {
+		t.Fatalf("exec %v: %v", spec.Argv, err)
+	}
 	return r
 }
 
-func (r *remote) collect(reqs <-chan *ssh.Request) {
-	for req := range reqs {
-		switch req.Type {
-		case "exit-status":
-			var m sshmsg.ExitStatusMsg
-			if ssh.Unmarshal(req.Payload, &m) == nil {
-				st := int(m.Status)
-				r.mu.Lock()
-				r.status = &st
-				r.mu.Unlock()
-			}
-		case "exit-signal":
-			var m sshmsg.ExitSignalMsg
-			if ssh.Unmarshal(req.Payload, &m) == nil {
-				r.mu.Lock()
-				r.signal = &m
-				r.mu.Unlock()
-			}
-		}
-		if req.WantReply {
-			_ = req.Reply(false, nil)
-		}
-	}
-}
-
-// execSpec sends an ExecRequest and reports whether it was accepted.
-func (r *remote) execSpec(t *testing.T, spec agentproto.ExecSpec) bool {
+// refusal opens o and returns the agent's reason to refuse it.
+func refusal(t *testing.T, c *agentconn.Conn, o agentproto.Open) string {
 	t.Helper()
-	b, err := json.Marshal(spec)
-	if err != nil {
-		t.Fatal(err)
+	_, err := open(t, c, o)
+	var re *agentconn.RefusedError
+	if !errors.As(err, &re) {
+		t.Fatalf("open %+v: %v, want a refusal", o, err)
 	}
-	return r.execJSON(t, string(b))
+	return re.Reason
 }
 
-func (r *remote) execJSON(t *testing.T, doc string) bool {
-	t.Helper()
-	ok, err := r.ch.SendRequest(agentproto.ExecRequest, true, ssh.Marshal(agentproto.ExecPayload{JSON: doc}))
-	if err != nil {
-		t.Fatalf("send exec request: %v", err)
-	}
-	return ok
-}
-
-// request sends a session request that wants a reply.
-func (r *remote) request(t *testing.T, name string, payload any) bool {
-	t.Helper()
-	var b []byte
-	if payload != nil {
-		b = ssh.Marshal(payload)
-	}
-	ok, err := r.ch.SendRequest(name, true, b)
-	if err != nil {
-		t.Fatalf("send %s request: %v", name, err)
-	}
-	return ok
-}
-
-// wait waits until the agent closed the channel and returns the exit
-// status, or -1 if the command was killed by a signal.
-func (r *remote) wait(t *testing.T) int {
+// exit waits for the command's exit record and its output.
+func (r *remote) exit(t *testing.T) agentproto.Exit {
 	t.Helper()
 	select {
-	case <-r.done:
+	case <-r.ch.Exited():
 	case <-time.After(testTimeout):
 		t.Fatal("timed out waiting for the command to end")
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch {
-	case r.status != nil && r.signal != nil:
-		t.Fatal("got both exit-status and exit-signal")
-	case r.status != nil:
-		return *r.status
-	case r.signal != nil:
-		return -1
+	e, ok := r.ch.ExitStatus()
+	if !ok {
+		t.Fatal("channel closed without an exit record")
 	}
-	t.Fatal("channel closed without exit-status or exit-signal")
-	return 0
+	select {
+	case <-r.done:
+	case <-time.After(testTimeout):
+		t.Fatal("output still open after the exit record")
+	}
+	return e
+}
+
+// wait waits until the command ended and returns its exit status, or -1
+// if it was killed by a signal.
+func (r *remote) wait(t *testing.T) int {
+	t.Helper()
+	if e := r.exit(t); e.Signal == "" {
+		return int(e.Status)
+	}
+	return -1
 }
 
 // result is how a command ended and what it wrote.
@@ -259,13 +194,10 @@ type result struct {
 	stdout, stderr string
 }
 
-// run runs spec with stdin on a new session and waits for it to end.
-func run(t *testing.T, c *ssh.Client, spec agentproto.ExecSpec, stdin []byte) result {
+// run runs spec with stdin on a new channel and waits for it to end.
+func run(t *testing.T, c *agentconn.Conn, spec agentproto.ExecSpec, stdin []byte) result {
 	t.Helper()
-	r := openSession(t, c)
-	if !r.execSpec(t, spec) {
-		t.Fatalf("exec request %v rejected: %s", spec.Argv, r.stderrAfterClose())
-	}
+	r := start(t, c, spec)
 	if len(stdin) > 0 {
 		// A command may end without reading its input; then the agent
 		// closes the channel and the write fails with EOF.
@@ -274,21 +206,12 @@ func run(t *testing.T, c *ssh.Client, spec agentproto.ExecSpec, stdin []byte) re
 		}
 	}
 	_ = r.ch.CloseWrite()
-	res := result{status: r.wait(t), stdout: r.stdout.String(), stderr: r.stderr.String()}
-	if r.signal != nil {
-		res.signal = r.signal.Signal
+	e := r.exit(t)
+	res := result{status: int(e.Status), signal: e.Signal, stdout: r.stdout.String(), stderr: r.stderr.String()}
+	if e.Signal != "" {
+		res.status = -1
 	}
 	return res
-}
-
-// stderrAfterClose closes the channel and returns what arrived on stderr.
-func (r *remote) stderrAfterClose() string {
-	r.ch.Close()
-	select {
-	case <-r.done:
-	case <-time.After(testTimeout):
-	}
-	return r.stderr.String()
 }
 
 // waitPIDs waits until the command has printed n lines on stdout and

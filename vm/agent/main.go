@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -29,7 +26,7 @@ const (
 	// hostPollInterval is the pause between polls while no host is connected.
 	hostPollInterval = 30 * time.Millisecond
 	// minRetryDelay and maxRetryDelay bound the pause after a connection
-	// whose SSH handshake failed, so that a misbehaving peer cannot make
+	// that ended without a hello, so that a misbehaving peer cannot make
 	// the agent spin.
 	minRetryDelay = 50 * time.Millisecond
 	maxRetryDelay = time.Second
@@ -42,29 +39,17 @@ var defaultPortPaths = portPaths{
 	fallback: "/dev/virtio-ports/" + agentproto.PortName,
 }
 
-// Main runs the guest agent daemon until ctx is done. It loads the host key
-// (agentproto.HostKeyPath, an unencrypted OpenSSH private key) and the
-// authorised client keys (agentproto.AuthorizedKeysPath, authorized_keys
-// format; lines with options are skipped because the agent does not
-// implement them), opens the virtio-serial port named
-// agentproto.PortName, waiting up to a minute for it to appear, and then
-// serves one host connection after another on it with [Serve], opening the
-// device afresh for each (see devicePort). A nil log means slog.Default();
-// version is reported in agentproto.Info.
+// Main runs the guest agent daemon until ctx is done. It opens the
+// virtio-serial port named agentproto.PortName, waiting up to a minute for
+// it to appear, and then serves one host connection after another on it
+// with [Serve], opening the device afresh for each (see devicePort). A nil
+// log means slog.Default(); version is reported to the host.
 //
 // Main returns nil once ctx is done, or an error if it cannot start or the
 // port device fails.
 func Main(ctx context.Context, log *slog.Logger, version string) error {
 	if log == nil {
 		log = slog.Default()
-	}
-	hostKey, err := loadHostKey(agentproto.HostKeyPath)
-	if err != nil {
-		return err
-	}
-	keys, err := loadAuthorizedKeys(agentproto.AuthorizedKeysPath, log)
-	if err != nil {
-		return err
 	}
 	open := func() (*os.File, error) {
 		return openPort(ctx, defaultPortPaths, portWaitTimeout, portRetryInterval)
@@ -79,70 +64,16 @@ func Main(ctx context.Context, log *slog.Logger, version string) error {
 	if err := f.SetDeadline(time.Time{}); errors.Is(err, os.ErrNoDeadline) {
 		log.Warn("port device does not support deadlines; ending a connection may have to wait for the host", "port", f.Name())
 	}
-	log.Info("agent listening", "version", version, "port", f.Name(),
-		"host_key", ssh.FingerprintSHA256(hostKey.PublicKey()), "authorized_keys", len(keys))
+	log.Info("agent listening", "version", version, "port", f.Name(), "protocol", agentproto.Protocol)
 
 	port := &devicePort{f: f, reopen: open, interval: hostPollInterval}
 	defer port.close()
-	cfg := Config{HostKey: hostKey, AuthorizedKeys: keys, Logger: log, Version: version}
+	cfg := Config{Logger: log, Version: version}
 	err = servePort(ctx, port, cfg)
 	if ctx.Err() != nil {
 		return nil
 	}
 	return err
-}
-
-// loadHostKey reads an unencrypted private key in OpenSSH (or PEM) format.
-func loadHostKey(path string) (ssh.Signer, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read host key: %w", err)
-	}
-	signer, err := ssh.ParsePrivateKey(b)
-	if err != nil {
-		return nil, fmt.Errorf("parse host key %s: %w", path, err)
-	}
-	return signer, nil
-}
-
-// loadAuthorizedKeys reads an authorized_keys file.
-func loadAuthorizedKeys(path string, log *slog.Logger) ([]ssh.PublicKey, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read authorized keys: %w", err)
-	}
-	keys, err := parseAuthorizedKeys(b, log)
-	if err != nil {
-		return nil, fmt.Errorf("authorized keys %s: %w", path, err)
-	}
-	return keys, nil
-}
-
-// parseAuthorizedKeys parses authorized_keys lines. Lines that do not parse
-// and keys with options (which the agent does not implement, so honouring
-// such a key could grant more than its options allow) are skipped with a
-// warning. At least one key is required.
-func parseAuthorizedKeys(data []byte, log *slog.Logger) ([]ssh.PublicKey, error) {
-	var keys []ssh.PublicKey
-	for i, line := range bytes.Split(data, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 || line[0] == '#' {
-			continue
-		}
-		key, _, options, _, err := ssh.ParseAuthorizedKey(line)
-		switch {
-		case err != nil:
-			log.Warn("skipping unparsable authorized key", "line", i+1, "err", err)
-		case len(options) > 0:
-			log.Warn("skipping authorized key with options", "line", i+1, "options", strings.Join(options, ","))
-		default:
-			keys = append(keys, key)
-		}
-	}
-	if len(keys) == 0 {
-		return nil, errors.New("no usable key")
-	}
-	return keys, nil
 }
 
 // portPaths says where the agent port device is looked for.

@@ -2,91 +2,18 @@ package agent
 
 import (
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
-	"github.com/vmgate/vmgate/vm/agentproto"
-
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm/agentconn"
+	"github.com/vmgate/vmgate/vm/agentproto"
 )
-
-func TestLoadHostKey(t *testing.T) {
-	dir := t.TempDir()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "host key")
-	if err != nil {
-		t.Fatal(err)
-	}
-	good := filepath.Join(dir, "good")
-	if err := os.WriteFile(good, pem.EncodeToMemory(block), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := loadHostKey(good)
-	if err != nil {
-		t.Fatalf("loadHostKey: %v", err)
-	}
-	want, _ := ssh.NewPublicKey(priv.Public())
-	if string(signer.PublicKey().Marshal()) != string(want.Marshal()) {
-		t.Error("loaded a different key")
-	}
-
-	encBlock, err := ssh.MarshalPrivateKeyWithPassphrase(priv, "", []byte("pass"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	encrypted := filepath.Join(dir, "encrypted")
-	garbage := filepath.Join(dir, "garbage")
-	if err := os.WriteFile(encrypted, pem.EncodeToMemory(encBlock), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(garbage, []byte("not a key"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []string{encrypted, garbage, filepath.Join(dir, "missing")} {
-		if _, err := loadHostKey(p); err == nil {
-			t.Errorf("loadHostKey(%s) succeeded", filepath.Base(p))
-		}
-	}
-}
-
-func TestParseAuthorizedKeys(t *testing.T) {
-	k1, k2, k3 := newSigner(t).PublicKey(), newSigner(t).PublicKey(), newSigner(t).PublicKey()
-	line := func(k ssh.PublicKey) string { return strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k))) }
-	data := "# vmgate host key\n\n" +
-		line(k1) + " host@vmgate\n" +
-		"ssh-ed25519 AAAAnotbase64!!\n" +
-		`command="/bin/false",no-pty ` + line(k3) + "\n" +
-		"   " + line(k2) + "\r\n"
-	keys, err := parseAuthorizedKeys([]byte(data), testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) != 2 || string(keys[0].Marshal()) != string(k1.Marshal()) || string(keys[1].Marshal()) != string(k2.Marshal()) {
-		t.Fatalf("parsed %d keys, want k1 and k2", len(keys))
-	}
-	for _, bad := range []string{"", "# only a comment\n", "garbage\n"} {
-		if _, err := parseAuthorizedKeys([]byte(bad), testLogger(t)); err == nil {
-			t.Errorf("parseAuthorizedKeys(%q) succeeded", bad)
-		}
-	}
-	if _, err := loadAuthorizedKeys(filepath.Join(t.TempDir(), "missing"), testLogger(t)); err == nil {
-		t.Error("loadAuthorizedKeys of a missing file succeeded")
-	}
-}
 
 // fakeSysfs builds a /sys/class/virtio-ports and /dev look-alike.
 func fakeSysfs(t *testing.T, ports map[string]string, devNodes ...string) portPaths {
@@ -214,8 +141,7 @@ func (p *fakePort) accept(ctx context.Context) (net.Conn, error) {
 }
 
 func TestServePortServesConnectionsInTurn(t *testing.T) {
-	hostKey, clientKey := newSigner(t), newSigner(t)
-	cfg := Config{HostKey: hostKey, AuthorizedKeys: []ssh.PublicKey{clientKey.PublicKey()}, Logger: testLogger(t)}
+	cfg := Config{Logger: testLogger(t), Version: "test-version"}
 	port := &fakePort{conns: make(chan net.Conn)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -229,11 +155,10 @@ func TestServePortServesConnectionsInTurn(t *testing.T) {
 	for i := range 3 {
 		server, peer := testutil.SocketPair(t)
 		port.conns <- server
-		conn, chans, reqs, err := ssh.NewClientConn(peer, "agent", clientConfig(agentproto.User, clientKey, hostKey.PublicKey()))
-		if err != nil {
+		c := agentconn.Client(peer, testLogger(t))
+		if _, err := c.Hello(ctxT(t)); err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
-		c := ssh.NewClient(conn, chans, reqs)
 		if res := run(t, c, argv("echo", "hi"), nil); res.stdout != "hi\n" {
 			t.Errorf("connection %d: %+v", i, res)
 		}

@@ -15,8 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -239,15 +237,10 @@ func probeResolver(ctx context.Context, resolver netip.AddrPort) error {
 	}
 }
 
-// netReady handles the payload of a NetReadyRequest and returns the reply
-// payload.
-func (s *server) netReady(ctx context.Context, payload []byte) ([]byte, error) {
-	var p agentproto.ExecPayload
-	if err := ssh.Unmarshal(payload, &p); err != nil {
-		return nil, fmt.Errorf("decode net ready payload: %w", err)
-	}
+// netReady handles a CallNetReady.
+func (s *server) netReady(ctx context.Context, args []byte) (*agentproto.NetReadyStatus, error) {
 	var req agentproto.NetReady
-	if err := decodeJSON([]byte(p.JSON), &req); err != nil {
+	if err := agentproto.DecodeStrict(args, &req); err != nil {
 		return nil, fmt.Errorf("decode net ready: %w", err)
 	}
 	if req.TimeoutMS <= 0 || req.TimeoutMS > agentproto.MaxNetReadyTimeout {
@@ -263,5 +256,5 @@ func (s *server) netReady(ctx context.Context, payload []byte) ([]byte, error) {
 	} else {
 		s.log.Warn("network not ready", "detail", st.Detail, "waited_ms", st.WaitedMS)
 	}
-	return encodePayload(st)
+	return &st, nil
 }

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
+	"github.com/vmgate/vmgate/vm/agentconn"
 
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
@@ -200,27 +200,22 @@ func TestNetReadyRequest(t *testing.T) {
 	f := &fakeNet{up: true, addr: "10.0.2.15/24"}
 	a := startAgent(t, func(c *Config) { c.netChecker = f.checker(t) })
 	c := a.dial(t)
-	doc, _ := json.Marshal(agentproto.NetReady{TimeoutMS: 5000})
-	ok, reply, err := c.SendRequest(agentproto.NetReadyRequest, true, setTimePayload(string(doc)))
-	if err != nil || !ok {
-		t.Fatalf("net ready: ok=%v err=%v", ok, err)
-	}
-	var p agentproto.ExecPayload
 	var st agentproto.NetReadyStatus
-	if err := ssh.Unmarshal(reply, &p); err != nil {
-		t.Fatal(err)
+	if err := c.Call(ctxT(t), agentproto.CallNetReady, agentproto.NetReady{TimeoutMS: 5000}, &st); err != nil {
+		t.Fatalf("net ready: %v", err)
 	}
-	if err := json.Unmarshal([]byte(p.JSON), &st); err != nil || !st.Ready || st.Address != "10.0.2.15/24" {
-		t.Fatalf("reply %q: %+v %v", p.JSON, st, err)
+	if !st.Ready || st.Address != "10.0.2.15/24" {
+		t.Fatalf("reply %+v", st)
 	}
-	for _, bad := range [][]byte{
-		nil,
-		setTimePayload(`{"timeout_ms": 0}`),
-		setTimePayload(`{"timeout_ms": 300001}`),
-		setTimePayload(`{"timeout_ms": 5, "extra": 1}`),
+	for _, bad := range []string{
+		`null`,
+		`{"timeout_ms": 0}`,
+		`{"timeout_ms": 300001}`,
+		`{"timeout_ms": 5, "extra": 1}`,
 	} {
-		if ok, _, err := c.SendRequest(agentproto.NetReadyRequest, true, bad); err != nil || ok {
-			t.Errorf("payload %q: ok=%v err=%v, want refusal", bad, ok, err)
+		var ce *agentconn.CallError
+		if err := c.Call(ctxT(t), agentproto.CallNetReady, json.RawMessage(bad), nil); !errors.As(err, &ce) {
+			t.Errorf("argument %s: %v, want refusal", bad, err)
 		}
 	}
 }

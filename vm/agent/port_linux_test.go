@@ -11,10 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
+	"github.com/vmgate/vmgate/vm/agentconn"
 	"golang.org/x/sys/unix"
-
-	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
 // The virtio-serial port reports POLLHUP while no host is connected to the
@@ -125,8 +123,7 @@ func TestPollHangupLeavesDataAlone(t *testing.T) {
 // opened again between them.
 func TestDevicePortReconnects(t *testing.T) {
 	master, slave := fakeDevice(t)
-	hostKey, clientKey := newSigner(t), newSigner(t)
-	cfg := Config{HostKey: hostKey, AuthorizedKeys: []ssh.PublicKey{clientKey.PublicKey()}, Logger: testLogger(t), Version: "v"}
+	cfg := Config{Logger: testLogger(t), Version: "v"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	dev := &dupDevice{master: master}
@@ -141,11 +138,10 @@ func TestDevicePortReconnects(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	for i := range 3 {
 		h := connectHost(t, slave)
-		conn, chans, reqs, err := ssh.NewClientConn(h, "agent", clientConfig(agentproto.User, clientKey, hostKey.PublicKey()))
-		if err != nil {
-			t.Fatalf("connection %d: handshake: %v", i, err)
+		c := agentconn.Client(h, testLogger(t))
+		if _, err := c.Hello(ctxT(t)); err != nil {
+			t.Fatalf("connection %d: hello: %v", i, err)
 		}
-		c := ssh.NewClient(conn, chans, reqs)
 		if res := run(t, c, argv("sh", "-c", "echo hi; echo there >&2"), nil); res.stdout != "hi\n" || res.stderr != "there\n" {
 			t.Errorf("connection %d: %+v", i, res)
 		}

@@ -1,42 +1,34 @@
 package agent
 
 import (
-	"errors"
-	"github.com/vmgate/vmgate/internal/sshmsg"
 	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
-func ptySession(t *testing.T, c *ssh.Client, rows, cols int) *ssh.Session {
+// startPty starts argv on a terminal of cols × rows.
+func startPty(t *testing.T, term string, cols, rows uint32, argv ...string) *remote {
 	t.Helper()
-	s, err := c.NewSession()
+	r, err := open(t, client(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: argv}, PTY: &agentproto.PTY{Term: term, Columns: cols, Rows: rows}})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("open %v on a pty: %v", argv, err)
 	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.RequestPty("xterm-256color", rows, cols, ssh.TerminalModes{ssh.ECHO: 0}); err != nil {
-		t.Fatalf("request pty: %v", err)
-	}
-	return s
+	return r
 }
 
 func TestPtyExec(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	s := ptySession(t, c, 33, 111)
-	out, err := s.Output("tty; echo $TERM; stty size; test -t 0 && test -t 1 && test -t 2 && echo terminal")
-	if err != nil {
-		t.Fatalf("run: %v (output %q)", err, out)
+	r := startPty(t, "xterm-256color", 111, 33, "sh", "-c", "tty; echo $TERM; stty size; test -t 0 && test -t 1 && test -t 2 && echo terminal")
+	if st := r.wait(t); st != 0 {
+		t.Fatalf("status %d, output %q", st, r.stdout.String())
 	}
-	lines := strings.Split(strings.TrimRight(strings.ReplaceAll(string(out), "\r\n", "\n"), "\n"), "\n")
+	out := r.stdout.String()
+	lines := strings.Split(strings.TrimRight(strings.ReplaceAll(out, "\r\n", "\n"), "\n"), "\n")
 	if len(lines) != 4 {
 		t.Fatalf("output %q", out)
 	}
@@ -52,21 +44,14 @@ func TestPtyExec(t *testing.T) {
 	if lines[3] != "terminal" {
 		t.Errorf("stdin/stdout/stderr are not terminals: %q", lines[3])
 	}
+	if r.stderr.String() != "" {
+		t.Errorf("stderr %q: a terminal's output all arrives as stdout", r.stderr.String())
+	}
 }
 
-func TestPtyExecSpecExitStatus(t *testing.T) {
+func TestPtyExitStatus(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	r := openSession(t, c)
-	if !r.request(t, "pty-req", sshmsg.PtyRequest{Term: "vt100", Columns: 80, Rows: 24}) {
-		t.Fatal("pty-req rejected")
-	}
-	if r.request(t, "pty-req", sshmsg.PtyRequest{Term: "vt100", Columns: 80, Rows: 24}) {
-		t.Error("second pty-req accepted")
-	}
-	if !r.execSpec(t, argv("sh", "-c", "test -t 0 || exit 9; echo $TERM; exit 7")) {
-		t.Fatal("exec rejected")
-	}
+	r := startPty(t, "vt100", 80, 24, "sh", "-c", "test -t 0 || exit 9; echo $TERM; exit 7")
 	if st := r.wait(t); st != 7 {
 		t.Fatalf("status %d, stdout %q, want 7", st, r.stdout.String())
 	}
@@ -75,77 +60,51 @@ func TestPtyExecSpecExitStatus(t *testing.T) {
 	}
 }
 
-func TestPtyWindowChange(t *testing.T) {
+func TestPtyResize(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	s := ptySession(t, c, 24, 80)
-	stdin, err := s.StdinPipe()
-	if err != nil {
+	// The kernel signals the terminal's foreground group on a new size;
+	// the command reports the size it was given when that arrives.
+	r := startPty(t, "xterm", 80, 24, "sh", "-c", "trap 'stty size; exit 0' WINCH; echo ready; while sleep 0.05; do :; done")
+	waitFor(t, &r.stdout, "ready")
+	if err := r.ch.Resize(132, 50); err != nil {
 		t.Fatal(err)
 	}
-	var out testutil.SyncBuffer
-	s.Stdout = &out
-	if err := s.Start("stty -echo; echo ready; read line; stty size"); err != nil {
-		t.Fatal(err)
+	if st := r.wait(t); st != 0 {
+		t.Fatalf("status %d, output %q", st, r.stdout.String())
 	}
-	waitFor(t, &out, "ready")
-	// Want a reply so that the resize is done before the input arrives.
-	ok, err := s.SendRequest("window-change", true, ssh.Marshal(sshmsg.WindowChangeRequest{Columns: 132, Rows: 50}))
-	if err != nil || !ok {
-		t.Fatalf("window-change: ok=%v err=%v", ok, err)
-	}
-	if _, err := stdin.Write([]byte("go\n")); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Wait(); err != nil {
-		t.Fatalf("wait: %v (output %q)", err, out.String())
-	}
-	if got := out.String(); !strings.HasSuffix(got, "50 132\r\n") {
+	if got := r.stdout.String(); !strings.HasSuffix(got, "50 132\r\n") {
 		t.Errorf("output %q, want the new size 50 132", got)
 	}
 }
 
-func TestPtyWithoutPtyRejectsWindowChange(t *testing.T) {
+func TestResizeWithoutPtyIsIgnored(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	r := openSession(t, c)
-	if r.request(t, "window-change", sshmsg.WindowChangeRequest{Columns: 1, Rows: 1}) {
-		t.Error("window-change without a pty accepted")
+	r := start(t, client(t), argv("sh", "-c", "read line; echo $line"))
+	if err := r.ch.Resize(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ch.Write([]byte("still here\n")); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.wait(t); st != 0 || r.stdout.String() != "still here\n" {
+		t.Fatalf("status %d, output %q", st, r.stdout.String())
 	}
 }
 
-func TestPtyShell(t *testing.T) {
+func TestPtyInteractiveShell(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	s := ptySession(t, c, 24, 80)
-	stdin, err := s.StdinPipe()
-	if err != nil {
+	r := startPty(t, "xterm", 80, 24, "sh", "-i")
+	if _, err := r.ch.Write([]byte("exit 5\n")); err != nil {
 		t.Fatal(err)
 	}
-	var out testutil.SyncBuffer
-	s.Stdout = &out
-	if err := s.Shell(); err != nil {
-		t.Fatalf("shell: %v", err)
-	}
-	if _, err := stdin.Write([]byte("exit 5\n")); err != nil {
-		t.Fatal(err)
-	}
-	var ee *ssh.ExitError
-	if err := s.Wait(); !errors.As(err, &ee) || ee.ExitStatus() != 5 {
-		t.Fatalf("wait: %v (output %q), want exit status 5", err, out.String())
+	if st := r.wait(t); st != 5 {
+		t.Fatalf("status %d (output %q), want 5", st, r.stdout.String())
 	}
 }
 
 func TestPtyCloseKillsCommand(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	r := openSession(t, c)
-	if !r.request(t, "pty-req", sshmsg.PtyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
-		t.Fatal("pty-req rejected")
-	}
-	if !r.execSpec(t, agentproto.ExecSpec{Argv: []string{"sh", "-c", "trap '' HUP; sleep 100 & echo $!; echo $$; wait"}}) {
-		t.Fatal("exec rejected")
-	}
+	r := startPty(t, "xterm", 80, 24, "sh", "-c", "trap '' HUP; sleep 100 & echo $!; echo $$; wait")
 	pids := waitPIDs(t, r, 2)
 	r.ch.Close()
 	waitGone(t, pids...)
@@ -164,16 +123,9 @@ func waitFor(t *testing.T, b *testutil.SyncBuffer, s string) {
 
 func TestPtyBackgroundChildDoesNotBlockExit(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	r := openSession(t, c)
-	if !r.request(t, "pty-req", sshmsg.PtyRequest{Term: "xterm", Columns: 80, Rows: 24}) {
-		t.Fatal("pty-req rejected")
-	}
 	start := time.Now()
 	// The background sleep ignores the hangup and keeps the terminal open.
-	if !r.execSpec(t, argv("sh", "-c", "trap '' HUP; sleep 60 & echo $!; exit 4")) {
-		t.Fatal("exec rejected")
-	}
+	r := startPty(t, "xterm", 80, 24, "sh", "-c", "trap '' HUP; sleep 60 & echo $!; exit 4")
 	pid := waitPID(t, r)
 	defer syscall.Kill(pid, syscall.SIGKILL)
 	if st := r.wait(t); st != 4 {

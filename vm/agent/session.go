@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"github.com/vmgate/vmgate/internal/sshmsg"
 	"io"
 	"log/slog"
 	"os"
@@ -13,8 +12,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
+	"github.com/vmgate/vmgate/internal/sshmsg"
+	"github.com/vmgate/vmgate/vm/agentconn"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
@@ -22,24 +21,19 @@ import (
 // when background processes keep its stdout, stderr or terminal open.
 const waitDelay = time.Second
 
-// maxEnvRequests bounds the number of "env" requests per session.
-const maxEnvRequests = 4096
-
-// session is one session channel: it collects "env" and "pty-req" requests,
-// runs exactly one command and reports how it ended.
+// session is one channel: it runs exactly one command, takes the host's
+// signals and terminal sizes while it runs, and reports how it ended.
 type session struct {
-	ch  ssh.Channel
+	ch  *agentconn.Channel
 	log *slog.Logger
 
-	env     []string // from "env" requests, as KEY=VALUE
-	pty     *ptyState
-	started bool     // a command request was accepted
-	proc    *process // the started command, nil if none was started
+	pty  *ptyState
+	proc *process // the started command, nil if none was started
 
 	io sync.WaitGroup // goroutines copying input to the command
 }
 
-// ptyState is the pseudo-terminal requested by "pty-req".
+// ptyState is the pseudo-terminal the host asked for.
 type ptyState struct {
 	ptmx *os.File // master side, used by the agent
 	tty  *os.File // slave side until the command has been started
@@ -55,49 +49,36 @@ type process struct {
 	done chan struct{}
 }
 
-// serveSession runs a session until its channel is closed by the host or the
-// connection is lost. If its command is still running then, the command's
-// process group is killed. It returns once the command has been reaped and
-// every goroutine of the session has finished.
-func serveSession(log *slog.Logger, ch ssh.Channel, reqs <-chan *ssh.Request) {
+// serveSession runs the command of a new channel, then serves the host's
+// events until the host closes the channel or the connection is lost. If
+// the command still runs then, its process group is killed. It returns
+// once the command has been reaped and every goroutine of the session has
+// finished.
+func serveSession(log *slog.Logger, ch *agentconn.Channel, o agentproto.Open) {
 	s := &session{ch: ch, log: log}
-	for req := range reqs {
-		s.handle(req)
+	if !s.begin(o) {
+		return
+	}
+	for {
+		e, ok := ch.NextEvent()
+		if !ok {
+			break
+		}
+		s.handle(e)
 	}
 	s.finish()
 }
 
-// handle dispatches one channel request.
-func (s *session) handle(req *ssh.Request) {
-	switch req.Type {
-	case "env":
-		reply(req, s.setEnv(req.Payload))
-	case "pty-req":
-		reply(req, s.allocatePty(req.Payload))
-	case "window-change":
-		reply(req, s.resizePty(req.Payload))
-	case "signal":
-		// The reply goes out before the signal: a command that dies of it
-		// ends the channel, and a reply after that would be lost.
-		deliver := s.signal(req.Payload)
-		reply(req, deliver != nil)
-		if deliver != nil {
-			deliver()
+// handle takes one event of the host.
+func (s *session) handle(e agentconn.Event) {
+	switch {
+	case e.Signal != "":
+		s.signal(e.Signal)
+	case s.pty != nil && sshmsg.TermSizeOK(e.Columns, e.Rows):
+		if err := setWinsize(s.pty.ptmx, e.Columns, e.Rows, 0, 0); err != nil {
+			s.log.Debug("resize pty", "err", err)
 		}
-	case agentproto.ExecRequest:
-		s.execSpec(req)
-	case "exec":
-		s.execShellCommand(req)
-	case "shell":
-		s.execLoginShell(req)
-	default:
-		s.log.Debug("rejecting session request", "type", req.Type)
-		reply(req, false)
 	}
-}
-
-func reply(req *ssh.Request, ok bool) {
-	_ = req.Reply(ok, nil)
 }
 
 // finish is called when the channel is gone: it kills a command that is
@@ -129,170 +110,94 @@ func (p *ptyState) close() {
 	}
 }
 
-// setEnv handles an "env" request.
-func (s *session) setEnv(payload []byte) bool {
-	var r sshmsg.EnvRequest
-	if s.started || ssh.Unmarshal(payload, &r) != nil || len(s.env) >= maxEnvRequests {
-		return false
-	}
-	if err := validateEnvVar(r.Name, r.Value); err != nil {
-		s.log.Debug("rejecting env request", "err", err)
-		return false
-	}
-	s.env = append(s.env, r.Name+"="+r.Value)
-	return true
-}
-
-// allocatePty handles a "pty-req" request.
-func (s *session) allocatePty(payload []byte) bool {
-	var r sshmsg.PtyRequest
-	if s.started || s.pty != nil || ssh.Unmarshal(payload, &r) != nil || !sshmsg.TermSizeOK(r.Columns, r.Rows) || !sshmsg.TermNameOK(r.Term) {
-		return false
-	}
-	if err := validateEnvVar("TERM", r.Term); err != nil {
-		return false
-	}
-	ptmx, tty, err := openPty()
-	if err != nil {
-		s.log.Warn("allocate pty", "err", err)
-		return false
-	}
-	if err := setWinsize(ptmx, r.Columns, r.Rows, r.Width, r.Height); err != nil {
-		s.log.Warn("allocate pty", "err", err)
-	}
-	s.pty = &ptyState{ptmx: ptmx, tty: tty, term: r.Term}
-	return true
-}
-
-// resizePty handles a "window-change" request.
-func (s *session) resizePty(payload []byte) bool {
-	var r sshmsg.WindowChangeRequest
-	if s.pty == nil || ssh.Unmarshal(payload, &r) != nil || !sshmsg.TermSizeOK(r.Columns, r.Rows) {
-		return false
-	}
-	return setWinsize(s.pty.ptmx, r.Columns, r.Rows, r.Width, r.Height) == nil
-}
-
-// signal handles a "signal" request: the signal goes to the command's whole
-// process group until the command's end has been reported.
-// signal checks a signal request and returns the function that delivers
-// it to the command's process group, or nil to refuse it.
-func (s *session) signal(payload []byte) func() {
-	var r sshmsg.SignalRequest
-	if s.proc == nil || ssh.Unmarshal(payload, &r) != nil {
-		return nil
-	}
-	sig, ok := parseSignal(r.Signal)
-	if !ok {
-		s.log.Debug("rejecting unknown signal", "signal", r.Signal)
-		return nil
+// signal delivers a signal to the command's whole process group until the
+// command's end has been reported.
+func (s *session) signal(name string) {
+	sig, ok := parseSignal(name)
+	if !ok || s.proc == nil {
+		s.log.Debug("ignoring signal", "signal", name, "started", s.proc != nil)
+		return
 	}
 	select {
 	case <-s.proc.done:
-		return nil
+		return
 	default:
 	}
-	pgid := s.proc.pgid
-	return func() {
-		if err := syscall.Kill(-pgid, sig); err != nil {
-			s.log.Debug("deliver signal", "signal", r.Signal, "err", err)
+	if err := syscall.Kill(-s.proc.pgid, sig); err != nil {
+		s.log.Debug("deliver signal", "signal", name, "err", err)
+	}
+}
+
+// begin validates the command, allocates its terminal and starts it,
+// reporting whether the channel was accepted. Failures to start the
+// command are reported as exit codes 126 and 127 with a message.
+func (s *session) begin(o agentproto.Open) bool {
+	id, err := s.check(o)
+	if err == nil && o.PTY != nil {
+		err = s.allocatePty(*o.PTY)
+	}
+	if err != nil {
+		s.log.Info("rejecting command", "err", err)
+		_ = s.ch.Reject(err.Error())
+		if s.pty != nil {
+			s.pty.close()
 		}
+		return false
 	}
-}
-
-// execSpec handles an agentproto.ExecRequest.
-func (s *session) execSpec(req *ssh.Request) {
-	if s.started {
-		s.reject(req, errors.New("a command was already started in this session"))
-		return
+	if err := s.ch.Accept(); err != nil {
+		return false
 	}
-	var p agentproto.ExecPayload
-	if err := ssh.Unmarshal(req.Payload, &p); err != nil {
-		s.reject(req, fmt.Errorf("decode exec payload: %w", err))
-		return
-	}
-	spec, err := decodeExecSpec([]byte(p.JSON))
-	if err != nil {
-		s.reject(req, err)
-		return
-	}
-	s.run(req, spec)
-}
-
-// execShellCommand handles an RFC 4254 "exec" request with /bin/sh -c.
-func (s *session) execShellCommand(req *ssh.Request) {
-	if s.started {
-		s.reject(req, errors.New("a command was already started in this session"))
-		return
-	}
-	var r sshmsg.ExecRequest
-	if err := ssh.Unmarshal(req.Payload, &r); err != nil {
-		s.reject(req, fmt.Errorf("decode exec request: %w", err))
-		return
-	}
-	if hasNUL(r.Command) {
-		s.reject(req, errors.New("command contains a NUL byte"))
-		return
-	}
-	s.run(req, agentproto.ExecSpec{Argv: []string{"/bin/sh", "-c", r.Command}})
-}
-
-// execLoginShell handles a "shell" request, which is only accepted on a
-// terminal: it runs root's login shell.
-func (s *session) execLoginShell(req *ssh.Request) {
-	if s.started || s.pty == nil {
-		s.reject(req, errors.New("a shell needs a pty and a session without a command"))
-		return
-	}
-	s.run(req, agentproto.ExecSpec{Argv: []string{rootIdentity().shell, "-l"}})
-}
-
-// reject answers a command request negatively, with the reason on stderr.
-func (s *session) reject(req *ssh.Request, err error) {
-	s.log.Info("rejecting command request", "type", req.Type, "err", err)
-	_, _ = fmt.Fprintf(s.ch.Stderr(), "vmgate-agent: %v\n", err)
-	reply(req, false)
-}
-
-// run accepts req and runs spec, which has been validated. Failures to start
-// the command are reported as exit codes 126 and 127 with a message.
-func (s *session) run(req *ssh.Request, spec agentproto.ExecSpec) {
-	id, err := lookupIdentity(spec.User)
-	if err != nil {
-		s.reject(req, err)
-		return
-	}
-	s.started = true
-	reply(req, true)
-
+	spec := o.Spec
 	term := ""
 	if s.pty != nil {
 		term = s.pty.term
 	}
-	env := buildEnv(id, term, s.env, spec.Env)
+	env := buildEnv(id, term, nil, spec.Env)
 	dir := workDir(spec.Dir, id.home)
 	if err := checkDir(dir); err != nil {
 		s.exitEarly(dirFailure(dir, err))
-		return
+		return true
 	}
 	path, err := lookPath(spec.Argv[0], envValue(env, "PATH"), dir, id)
 	if err != nil {
 		s.exitEarly(startFailure(spec.Argv[0], err))
-		return
+		return true
 	}
 	cmd := newCommand(path, spec.Argv, env, dir, id, s.pty != nil)
 	if err := s.start(cmd); err != nil {
 		s.exitEarly(startFailure(spec.Argv[0], err))
-		return
+		return true
 	}
 	s.log.Debug("command started", "argv", spec.Argv, "user", id.name, "dir", dir, "pid", cmd.Process.Pid)
+	return true
+}
+
+// check validates the host's command and finds its user.
+func (s *session) check(o agentproto.Open) (identity, error) {
+	if err := validateOpen(o); err != nil {
+		return identity{}, err
+	}
+	return lookupIdentity(o.Spec.User)
+}
+
+// allocatePty opens the terminal the host asked for.
+func (s *session) allocatePty(p agentproto.PTY) error {
+	ptmx, tty, err := openPty()
+	if err != nil {
+		return fmt.Errorf("allocate pty: %w", err)
+	}
+	if err := setWinsize(ptmx, p.Columns, p.Rows, 0, 0); err != nil {
+		s.log.Warn("allocate pty", "err", err)
+	}
+	s.pty = &ptyState{ptmx: ptmx, tty: tty, term: p.Term}
+	return nil
 }
 
 // exitEarly reports a command that could not be started.
 func (s *session) exitEarly(code uint32, msg string) {
 	s.log.Info("command not started", "exit_status", code, "reason", strings.TrimSpace(msg))
 	_, _ = io.WriteString(s.ch.Stderr(), msg)
-	s.report(&sshmsg.ExitStatusMsg{Status: code}, nil)
+	s.report(agentproto.Exit{Status: code})
 }
 
 // start starts cmd wired to the channel or to the pty and the goroutines that
@@ -343,7 +248,7 @@ func (s *session) startPty(cmd *exec.Cmd) error {
 // the host it closes a pipe (closeOnEOF); a terminal stays open. Once the
 // command stops accepting input, the rest of the input is discarded so
 // that the host is never blocked writing.
-func copyInput(w io.WriteCloser, ch ssh.Channel, closeOnEOF bool) {
+func copyInput(w io.WriteCloser, ch *agentconn.Channel, closeOnEOF bool) {
 	_, err := io.Copy(w, ch)
 	if closeOnEOF {
 		_ = w.Close()
@@ -370,9 +275,8 @@ func (s *session) wait(output <-chan struct{}) {
 			<-output
 		}
 	}
-	status, sig := exitMessage(p.cmd.ProcessState)
 	s.log.Debug("command ended", "pid", p.pgid, "state", p.cmd.ProcessState)
-	s.report(status, sig)
+	s.report(exitRecord(p.cmd.ProcessState))
 	close(p.done)
 }
 
@@ -381,26 +285,21 @@ func isExitError(err error) bool {
 	return errors.As(err, &ee)
 }
 
-// exitMessage converts how a process ended into an "exit-status" or an
-// "exit-signal" message; exactly one of the results is non-nil.
-func exitMessage(ps *os.ProcessState) (*sshmsg.ExitStatusMsg, *sshmsg.ExitSignalMsg) {
+// exitRecord says how a process ended.
+func exitRecord(ps *os.ProcessState) agentproto.Exit {
 	if ps == nil {
-		return &sshmsg.ExitStatusMsg{Status: 255}, nil
+		return agentproto.Exit{Status: 255}
 	}
 	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return nil, &sshmsg.ExitSignalMsg{Signal: signalName(ws.Signal()), CoreDumped: ws.CoreDump()}
+		return agentproto.Exit{Signal: signalName(ws.Signal()), CoreDumped: ws.CoreDump()}
 	}
-	return &sshmsg.ExitStatusMsg{Status: uint32(ps.ExitCode())}, nil
+	return agentproto.Exit{Status: uint32(ps.ExitCode())}
 }
 
-// report sends EOF, then the exit message, then closes the channel. All
+// report sends EOF, then the exit record, then closes the channel. All
 // output has been written to the channel before report is called.
-func (s *session) report(status *sshmsg.ExitStatusMsg, sig *sshmsg.ExitSignalMsg) {
+func (s *session) report(e agentproto.Exit) {
 	_ = s.ch.CloseWrite()
-	if sig != nil {
-		_, _ = s.ch.SendRequest("exit-signal", false, ssh.Marshal(sig))
-	} else {
-		_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(status))
-	}
+	_ = s.ch.Exit(e)
 	_ = s.ch.Close()
 }

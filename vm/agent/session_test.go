@@ -3,132 +3,80 @@ package agent
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/vmgate/vmgate/internal/sshmsg"
-	"io"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
-// recordingChannel is an ssh.Channel that records what a session sends, in
-// order. Writes are slow so that output still being copied when the exit
-// status is sent would show up after it.
-type recordingChannel struct {
-	mu      sync.Mutex
-	events  []string
-	stdout  int
-	stderr  int
-	closed  chan struct{}
-	closeMu sync.Once
-}
-
-func newRecordingChannel() *recordingChannel {
-	return &recordingChannel{closed: make(chan struct{})}
-}
-
-func (c *recordingChannel) record(ev string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.events = append(c.events, ev)
-}
-
-func (c *recordingChannel) Read([]byte) (int, error) { return 0, io.EOF }
-
-func (c *recordingChannel) Write(p []byte) (int, error) {
-	time.Sleep(time.Millisecond)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stdout += len(p)
-	c.events = append(c.events, "data")
-	return len(p), nil
-}
-
-func (c *recordingChannel) Close() error {
-	c.record("close")
-	c.closeMu.Do(func() { close(c.closed) })
-	return nil
-}
-
-func (c *recordingChannel) CloseWrite() error {
-	c.record("eof")
-	return nil
-}
-
-func (c *recordingChannel) SendRequest(name string, _ bool, payload []byte) (bool, error) {
-	var m sshmsg.ExitStatusMsg
-	if name == "exit-status" && ssh.Unmarshal(payload, &m) == nil {
-		name = fmt.Sprintf("exit-status %d", m.Status)
-	}
-	c.record(name)
-	return true, nil
-}
-
-func (c *recordingChannel) Stderr() io.ReadWriter { return recordingStderr{c} }
-
-type recordingStderr struct{ c *recordingChannel }
-
-func (s recordingStderr) Read([]byte) (int, error) { return 0, io.EOF }
-
-func (s recordingStderr) Write(p []byte) (int, error) {
-	time.Sleep(time.Millisecond)
-	s.c.mu.Lock()
-	defer s.c.mu.Unlock()
-	s.c.stderr += len(p)
-	s.c.events = append(s.c.events, "data")
-	return len(p), nil
-}
-
-// runRecorded serves one session whose requests are reqs on a recording
-// channel and returns the recorded events once the session is over.
-func runRecorded(t *testing.T, reqs ...*ssh.Request) *recordingChannel {
+// frames runs o on a fresh agent through a raw host end and returns, in
+// wire order, what the agent sent on its channel: "data" for each output
+// frame (counted in stdout and stderr), then the other frame types.
+func frames(t *testing.T, o agentproto.Open) (events []string, stdout, stderr int) {
 	t.Helper()
-	ch := newRecordingChannel()
-	in := make(chan *ssh.Request, len(reqs))
-	for _, r := range reqs {
-		in <- r
+	a := startAgent(t, nil)
+	var buf []byte
+	read := func() agentproto.Frame {
+		t.Helper()
+		_ = a.conn.SetReadDeadline(time.Now().Add(testTimeout))
+		f, err := agentproto.ReadFrame(a.conn, &buf, agentproto.MaxGuestPayload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
 	}
-	done := make(chan struct{})
-	go func() {
-		serveSession(testLogger(t), ch, in)
-		close(done)
-	}()
-	select {
-	case <-ch.closed:
-	case <-time.After(testTimeout):
-		t.Fatal("session never closed its channel")
+	send := func(ft agentproto.FrameType, p []byte) {
+		if _, err := a.conn.Write(agentproto.AppendFrame(nil, ft, 1, p)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	close(in) // the host acknowledges the close
-	select {
-	case <-done:
-	case <-time.After(testTimeout):
-		t.Fatal("session did not finish")
-	}
-	return ch
-}
-
-func execReq(t *testing.T, spec agentproto.ExecSpec) *ssh.Request {
-	b, err := json.Marshal(spec)
-	if err != nil {
+	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, []byte(`{"protocol":1}`))); err != nil {
 		t.Fatal(err)
 	}
-	return &ssh.Request{Type: agentproto.ExecRequest, Payload: ssh.Marshal(agentproto.ExecPayload{JSON: string(b)})}
+	read()
+	doc, _ := json.Marshal(o)
+	send(agentproto.FrameOpen, doc)
+	send(agentproto.FrameEOF, nil)
+	for {
+		f := read()
+		switch f.Type {
+		case agentproto.FrameData, agentproto.FrameStderr:
+			if f.Type == agentproto.FrameData {
+				stdout += len(f.Payload)
+			} else {
+				stderr += len(f.Payload)
+			}
+			events = append(events, "data")
+			// Grant the window back, as the host does.
+			send(agentproto.FrameWindow, agentproto.EncodeUint32(uint32(len(f.Payload))))
+		case agentproto.FrameExit:
+			e, err := agentproto.DecodeExit(f.Payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			events = append(events, fmt.Sprintf("exit %d%s", e.Status, e.Signal))
+		default:
+			events = append(events, f.Type.String())
+		}
+		if f.Type == agentproto.FrameClose {
+			send(agentproto.FrameClose, nil)
+			return events, stdout, stderr
+		}
+	}
 }
 
-// checkOrder verifies that all output precedes EOF, which precedes the
-// exit status, which precedes the close.
-func checkOrder(t *testing.T, ch *recordingChannel, exit string) {
+// checkOrder verifies that the answer comes first, that all output
+// precedes EOF, which precedes the exit record, which precedes the close.
+func checkOrder(t *testing.T, events []string, exit string) {
 	t.Helper()
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
+	if len(events) == 0 || events[0] != "open-ok" {
+		t.Fatalf("events %v: the answer is not first", events)
+	}
 	var tail []string
-	for i, ev := range ch.events {
+	for i, ev := range events[1:] {
 		if ev != "data" {
-			tail = ch.events[i:]
+			tail = events[1+i:]
 			break
 		}
 	}
@@ -139,25 +87,28 @@ func checkOrder(t *testing.T, ch *recordingChannel, exit string) {
 
 func TestSessionSendsOutputBeforeExitStatus(t *testing.T) {
 	t.Parallel()
-	ch := runRecorded(t, execReq(t, argv("sh", "-c", "head -c 300000 /dev/zero; echo oops >&2; exit 3")))
-	checkOrder(t, ch, "exit-status 3")
-	if ch.stdout != 300000 || ch.stderr != 5 {
-		t.Errorf("stdout %d bytes, stderr %d bytes", ch.stdout, ch.stderr)
+	events, stdout, stderr := frames(t, agentproto.Open{Spec: argv("sh", "-c", "head -c 3000000 /dev/zero; echo oops >&2; exit 3")})
+	checkOrder(t, events, "exit 3")
+	if stdout != 3000000 || stderr != 5 {
+		t.Errorf("stdout %d bytes, stderr %d bytes", stdout, stderr)
 	}
 }
 
 func TestSessionPtySendsOutputBeforeExitStatus(t *testing.T) {
 	t.Parallel()
-	pty := &ssh.Request{Type: "pty-req", Payload: ssh.Marshal(sshmsg.PtyRequest{Term: "dumb", Columns: 80, Rows: 24})}
-	ch := runRecorded(t, pty, execReq(t, argv("sh", "-c", "stty raw; head -c 100000 /dev/zero; exit 2")))
-	checkOrder(t, ch, "exit-status 2")
-	if ch.stdout != 100000 {
-		t.Errorf("stdout %d bytes", ch.stdout)
+	events, stdout, _ := frames(t, agentproto.Open{Spec: argv("sh", "-c", "stty raw; head -c 100000 /dev/zero; exit 2"),
+		PTY: &agentproto.PTY{Term: "dumb", Columns: 80, Rows: 24}})
+	checkOrder(t, events, "exit 2")
+	if stdout != 100000 {
+		t.Errorf("stdout %d bytes", stdout)
 	}
 }
 
 func TestSessionReportsStartFailure(t *testing.T) {
 	t.Parallel()
-	ch := runRecorded(t, execReq(t, argv("vmgate-no-such-command")))
-	checkOrder(t, ch, "exit-status 127")
+	events, _, stderr := frames(t, agentproto.Open{Spec: argv("vmgate-no-such-command")})
+	checkOrder(t, events, "exit 127")
+	if stderr == 0 {
+		t.Error("no message on stderr")
+	}
 }

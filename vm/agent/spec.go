@@ -1,48 +1,30 @@
 package agent
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
+	"github.com/vmgate/vmgate/internal/sshmsg"
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
-// maxSpecBytes bounds the JSON document of one ExecRequest. SSH packets are
-// smaller than this anyway; the limit only documents the expectation.
-const maxSpecBytes = 1 << 20
-
-// decodeExecSpec parses the JSON document of an ExecRequest and validates
-// it. Unknown fields are rejected: a newer host may add fields whose meaning
-// this agent does not implement, and silently ignoring them could run a
-// command under weaker conditions than the host asked for.
-func decodeExecSpec(data []byte) (agentproto.ExecSpec, error) {
-	if len(data) > maxSpecBytes {
-		return agentproto.ExecSpec{}, fmt.Errorf("decode exec spec: %d bytes exceeds the limit of %d", len(data), maxSpecBytes)
-	}
-	var spec agentproto.ExecSpec
-	if err := decodeJSON(data, &spec); err != nil {
-		return agentproto.ExecSpec{}, fmt.Errorf("decode exec spec: %w", err)
-	}
-	if err := validateExecSpec(spec); err != nil {
-		return agentproto.ExecSpec{}, err
-	}
-	return spec, nil
-}
-
-// decodeJSON decodes exactly one JSON value from data into v, rejecting
-// unknown object fields and trailing data.
-func decodeJSON(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+// validateOpen checks a command the host opened a channel for (decoded
+// strictly by package agentconn: unknown fields are rejected, since a
+// newer host may add fields whose meaning this agent does not implement,
+// and silently ignoring them could run a command under weaker conditions
+// than the host asked for): its ExecSpec and, if any, its terminal.
+func validateOpen(o agentproto.Open) error {
+	if err := validateExecSpec(o.Spec); err != nil {
 		return err
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the JSON value")
+	if p := o.PTY; p != nil {
+		if !sshmsg.TermSizeOK(p.Columns, p.Rows) || !sshmsg.TermNameOK(p.Term) {
+			return errors.New("invalid terminal: size or type out of bounds")
+		}
+		if err := validateEnvVar("TERM", p.Term); err != nil {
+			return fmt.Errorf("invalid terminal: %w", err)
+		}
 	}
 	return nil
 }
@@ -91,8 +73,8 @@ func validateEnvEntry(kv string) error {
 	return validateEnvVar(name, value)
 }
 
-// validateEnvVar checks a variable name and value as they arrive in an "env"
-// request or an ExecSpec entry.
+// validateEnvVar checks a variable name and value (an ExecSpec entry, a
+// terminal's TERM).
 func validateEnvVar(name, value string) error {
 	switch {
 	case name == "":

@@ -9,46 +9,56 @@ import (
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
-func TestDecodeExecSpec(t *testing.T) {
+// decodeOpen is what the agent does with an open's payload: package
+// agentconn decodes it strictly, the session validates it.
+func decodeOpen(data []byte) (agentproto.Open, error) {
+	var o agentproto.Open
+	if err := agentproto.DecodeStrict(data, &o); err != nil {
+		return agentproto.Open{}, err
+	}
+	if err := validateOpen(o); err != nil {
+		return agentproto.Open{}, err
+	}
+	return o, nil
+}
+
+func TestDecodeOpen(t *testing.T) {
 	for _, tc := range []struct {
 		doc  string
 		want *agentproto.ExecSpec // nil: must be rejected
 	}{
-		{`{"argv":["echo","hi"]}`, &agentproto.ExecSpec{Argv: []string{"echo", "hi"}}},
-		{` {"argv":["a"],"env":["K=V","E="],"dir":"/tmp","user":"agent"} `,
+		{`{"spec":{"argv":["echo","hi"]}}`, &agentproto.ExecSpec{Argv: []string{"echo", "hi"}}},
+		{` {"spec":{"argv":["a"],"env":["K=V","E="],"dir":"/tmp","user":"agent"}} `,
 			&agentproto.ExecSpec{Argv: []string{"a"}, Env: []string{"K=V", "E="}, Dir: "/tmp", User: "agent"}},
-		{`{"argv":["a"],"user":"root"}`, &agentproto.ExecSpec{Argv: []string{"a"}, User: "root"}},
-		{`{"argv":["a",""]}`, &agentproto.ExecSpec{Argv: []string{"a", ""}}},
-		{`{"argv":["a"],"env":["K=V=W"]}`, &agentproto.ExecSpec{Argv: []string{"a"}, Env: []string{"K=V=W"}}},
+		{`{"spec":{"argv":["a"],"user":"root"}}`, &agentproto.ExecSpec{Argv: []string{"a"}, User: "root"}},
+		{`{"spec":{"argv":["a",""]}}`, &agentproto.ExecSpec{Argv: []string{"a", ""}}},
+		{`{"spec":{"argv":["a"],"env":["K=V=W"]}}`, &agentproto.ExecSpec{Argv: []string{"a"}, Env: []string{"K=V=W"}}},
+		{`{"spec":{"argv":["a"]},"pty":{"term":"xterm","columns":80,"rows":24}}`, &agentproto.ExecSpec{Argv: []string{"a"}}},
 		{`null`, nil},
 		{``, nil},
 		{`[]`, nil},
-		{`{"argv":null}`, nil},
-		{`{"argv":"echo"}`, nil},
-		{`{"argv":["a"],"user":"Root"}`, nil},
-		{`{"argv":["a"],"env":["K"]}`, nil},
-		{`{"argv":["a"],"env":["\u0000=1"]}`, nil},
-		{`{"argv":["a"],"env":["K=\u0000"]}`, nil},
-		{`{"argv":["a"],"extra":1}`, nil},
-		{`{"argv":["a"]}{"argv":["b"]}`, nil},
-		{`{"argv":["a\u0000"]}`, nil},
+		{`{"spec":{"argv":null}}`, nil},
+		{`{"spec":{"argv":"echo"}}`, nil},
+		{`{"spec":{"argv":["a"],"user":"Root"}}`, nil},
+		{`{"spec":{"argv":["a"],"env":["K"]}}`, nil},
+		{`{"spec":{"argv":["a"],"env":["\u0000=1"]}}`, nil},
+		{`{"spec":{"argv":["a"],"env":["K=\u0000"]}}`, nil},
+		{`{"spec":{"argv":["a"],"extra":1}}`, nil},
+		{`{"spec":{"argv":["a"]},"extra":1}`, nil},
+		{`{"spec":{"argv":["a"]}}{"spec":{"argv":["b"]}}`, nil},
+		{`{"spec":{"argv":["a\u0000"]}}`, nil},
+		{`{"spec":{"argv":["a"]},"pty":{"term":"x\u0000","columns":80,"rows":24}}`, nil},
+		{`{"spec":{"argv":["a"]},"pty":{"term":"xterm","columns":80,"rows":5000}}`, nil},
 	} {
-		got, err := decodeExecSpec([]byte(tc.doc))
+		got, err := decodeOpen([]byte(tc.doc))
 		switch {
 		case tc.want == nil && err == nil:
 			t.Errorf("%s: accepted as %+v", tc.doc, got)
 		case tc.want != nil && err != nil:
 			t.Errorf("%s: %v", tc.doc, err)
-		case tc.want != nil && !specEqual(got, *tc.want):
-			t.Errorf("%s: got %+v, want %+v", tc.doc, got, *tc.want)
+		case tc.want != nil && !specEqual(got.Spec, *tc.want):
+			t.Errorf("%s: got %+v, want %+v", tc.doc, got.Spec, *tc.want)
 		}
-	}
-}
-
-func TestDecodeExecSpecTooLarge(t *testing.T) {
-	doc := `{"argv":["` + strings.Repeat("a", maxSpecBytes) + `"]}`
-	if _, err := decodeExecSpec([]byte(doc)); err == nil {
-		t.Fatal("oversized spec accepted")
 	}
 }
 
@@ -56,39 +66,40 @@ func specEqual(a, b agentproto.ExecSpec) bool {
 	return slices.Equal(a.Argv, b.Argv) && slices.Equal(a.Env, b.Env) && a.Dir == b.Dir && a.User == b.User
 }
 
-func FuzzDecodeExecSpec(f *testing.F) {
+func FuzzDecodeOpen(f *testing.F) {
 	for _, seed := range []string{
-		`{"argv":["echo","hi"]}`,
-		`{"argv":["sh","-c","exit 3"],"env":["A=1","B="],"dir":"/tmp","user":"agent"}`,
-		`{"argv":["x"],"user":"root"}`,
-		`{"argv":[]}`,
-		`{"argv":[""]}`,
-		`{"argv":["a\u0000b"]}`,
-		`{"argv":["a"],"env":["=x"]}`,
-		`{"argv":["a"],"unknown":true}`,
-		`{"argv":["a"]} {}`,
+		`{"spec":{"argv":["echo","hi"]}}`,
+		`{"spec":{"argv":["sh","-c","exit 3"],"env":["A=1","B="],"dir":"/tmp","user":"agent"}}`,
+		`{"spec":{"argv":["x"],"user":"root"},"pty":{"term":"vt100","columns":1,"rows":1}}`,
+		`{"spec":{"argv":[]}}`,
+		`{"spec":{"argv":[""]}}`,
+		`{"spec":{"argv":["a\u0000b"]}}`,
+		`{"spec":{"argv":["a"],"env":["=x"]}}`,
+		`{"spec":{"argv":["a"],"unknown":true}}`,
+		`{"spec":{"argv":["a"]}} {}`,
 		`null`,
-		`{"argv":["\ud800"],"dir":"\u0000"}`,
-		"{\"argv\":[\"\xff\"]}",
+		`{"spec":{"argv":["\ud800"],"dir":"\u0000"}}`,
+		"{\"spec\":{\"argv\":[\"\xff\"]}}",
 	} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		spec, err := decodeExecSpec(data)
+		o, err := decodeOpen(data)
 		if err != nil {
-			if !specEqual(spec, agentproto.ExecSpec{}) {
-				t.Fatalf("rejected spec returned with content: %+v", spec)
-			}
 			return
 		}
+		spec := o.Spec
 		if len(spec.Argv) == 0 || spec.Argv[0] == "" {
 			t.Fatalf("accepted spec without a program: %+v", spec)
 		}
 		all := append(slices.Clone(spec.Argv), spec.Env...)
 		all = append(all, spec.Dir, spec.User)
+		if o.PTY != nil {
+			all = append(all, o.PTY.Term)
+		}
 		for _, s := range all {
 			if strings.IndexByte(s, 0) >= 0 {
-				t.Fatalf("accepted spec with a NUL byte: %q", s)
+				t.Fatalf("accepted an open with a NUL byte: %q", s)
 			}
 		}
 		for _, kv := range spec.Env {
@@ -99,14 +110,14 @@ func FuzzDecodeExecSpec(f *testing.F) {
 		if !allowedUser(spec.User) {
 			t.Fatalf("accepted user %q", spec.User)
 		}
-		// An accepted spec survives a round trip through the host's encoding.
-		b, err := json.Marshal(spec)
+		// An accepted open survives a round trip through the host's encoding.
+		b, err := json.Marshal(o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, err := decodeExecSpec(b)
-		if err != nil || !specEqual(again, spec) {
-			t.Fatalf("round trip of %+v: %+v, %v", spec, again, err)
+		again, err := decodeOpen(b)
+		if err != nil || !specEqual(again.Spec, spec) || (again.PTY == nil) != (o.PTY == nil) {
+			t.Fatalf("round trip of %+v: %+v, %v", o, again, err)
 		}
 	})
 }

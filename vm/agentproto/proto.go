@@ -241,20 +241,3 @@ const (
 	GatewayAddress = "10.0.2.2"
 	ResolverAddr   = "10.0.2.3"
 )
-
-// The SSH agent channel's names, until the host and the agent move to the
-// framed protocol.
-const (
-	User               = "vmgate"
-	HostKeyPath        = "/etc/vmgate/agent_host_ed25519"
-	AuthorizedKeysPath = "/etc/vmgate/authorized_keys"
-	ExecRequest        = "vmgate-exec@vmgate"
-	SetTimeRequest     = "vmgate-settime@vmgate"
-	InfoRequest        = "vmgate-info@vmgate"
-	NetReadyRequest    = "vmgate-netready@vmgate"
-)
-
-// ExecPayload is the SSH wire payload of the SSH channel's requests.
-type ExecPayload struct {
-	JSON string
-}

@@ -189,7 +189,6 @@ type builder struct {
 	log    *slog.Logger
 	p      *progress
 	start  time.Time
-	keys   *agentKeys
 }
 
 // build runs every step up to a complete image in b.tmp.
@@ -210,13 +209,8 @@ func (b *builder) build(ctx context.Context) (*Manifest, error) {
 	return b.finish(ctx, res)
 }
 
-// begin generates the agent keys and makes the scratch directory.
+// begin makes the scratch directory.
 func (b *builder) begin() error {
-	b.p.step("generating agent keys")
-	var err error
-	if b.keys, err = generateKeys(); err != nil {
-		return err
-	}
 	if err := os.Mkdir(b.work, 0o700); err != nil {
 		return fmt.Errorf("image build: %w", err)
 	}
@@ -252,8 +246,6 @@ func (b *builder) writeSpec() (string, error) {
 	spec := customizeSpec{
 		WorkDir:        b.work,
 		AgentPath:      b.agent,
-		HostKeyPEM:     string(b.keys.hostPEM),
-		AuthorizedKey:  string(b.keys.clientAuthorized),
 		DiskSizeMiB:    b.in.DiskSizeMiB,
 		KernelMetaPkg:  "linux-image-amd64",
 		InitrdModules:  InitrdModules,
@@ -297,8 +289,8 @@ func (b *builder) rootfs(ctx context.Context, specPath string) (*customizeResult
 	return &res, nil
 }
 
-// artifacts converts the root filesystem to qcow2 and puts the kernel,
-// initramfs and keys beside it.
+// artifacts converts the root filesystem to qcow2 and puts the kernel and
+// initramfs beside it.
 func (b *builder) artifacts(ctx context.Context) error {
 	if err := run(ctx, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", filepath.Join(b.work, "rootfs.ext4"), filepath.Join(b.tmp, BaseFile)); err != nil {
 		return fmt.Errorf("image build: %w", err)
@@ -307,12 +299,6 @@ func (b *builder) artifacts(ctx context.Context) error {
 		if err := os.Rename(filepath.Join(b.work, n), filepath.Join(b.tmp, n)); err != nil {
 			return fmt.Errorf("image build: %w", err)
 		}
-	}
-	if err := os.WriteFile(filepath.Join(b.tmp, ClientKeyFile), b.keys.clientPEM, 0o600); err != nil {
-		return fmt.Errorf("image build: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(b.tmp, HostPubKeyFile), b.keys.hostAuthorized, 0o644); err != nil {
-		return fmt.Errorf("image build: %w", err)
 	}
 	return nil
 }

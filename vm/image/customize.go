@@ -107,8 +107,6 @@ var PrunedModuleDirs = []string{
 type customizeSpec struct {
 	WorkDir        string   `json:"work_dir"`
 	AgentPath      string   `json:"agent_path"`
-	HostKeyPEM     string   `json:"host_key_pem"`
-	AuthorizedKey  string   `json:"authorized_key"`
 	DiskSizeMiB    int      `json:"disk_size_mib"`
 	KernelMetaPkg  string   `json:"kernel_meta_pkg"`
 	InitrdModules  []string `json:"initrd_modules"`
@@ -324,8 +322,6 @@ func installAgent(root string, s customizeSpec, bin []byte) error {
 		mode os.FileMode
 	}{
 		{agentproto.AgentBinaryPath, bin, 0o755},
-		{agentproto.HostKeyPath, []byte(s.HostKeyPEM), 0o600},
-		{agentproto.AuthorizedKeysPath, []byte(s.AuthorizedKey), 0o644},
 		{"/etc/systemd/system/vmgate-agent.service", []byte(agentUnit), 0o644},
 	}
 	for _, f := range files {

@@ -43,7 +43,7 @@ const ImportSuite = "import"
 
 // Import makes an image from a root file system tarball: the same kernel
 // and initramfs as a built image (the kernel package comes through the
-// host's apt), the agent and its keys added to the root, and the agent as
+// host's apt), the agent added to the root, and the agent as
 // the root's init (agentproto.RootInitMarker), since such a root has no
 // init system. The root gets a user "agent", a resolver and a host name;
 // nothing else of it changes, and nothing is written outside it (every
@@ -125,7 +125,7 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 	}
 
 	b.p.step("adding the guest agent")
-	if err := prepareImported(r, agentBin, b.keys); err != nil {
+	if err := prepareImported(r, agentBin); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	pkgs := ""
@@ -149,10 +149,10 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 	return b.finish(ctx, &customizeResult{KernelVersion: k.version, KernelPackage: k.pkg, Modules: names, Packages: pkgs})
 }
 
-// prepareImported adds to the root r what vmgate needs: the agent, its
-// keys, the marker that makes it the init, the network's resolver, a host
-// name and the guest user.
-func prepareImported(r *os.Root, agentBin []byte, keys *agentKeys) error {
+// prepareImported adds to the root r what vmgate needs: the agent, the
+// marker that makes it the init, the network's resolver, a host name and
+// the guest user.
+func prepareImported(r *os.Root, agentBin []byte) error {
 	rel := func(p string) string { return strings.TrimPrefix(p, "/") }
 	files := []struct {
 		path string
@@ -160,8 +160,6 @@ func prepareImported(r *os.Root, agentBin []byte, keys *agentKeys) error {
 		mode os.FileMode
 	}{
 		{agentproto.AgentBinaryPath, agentBin, 0o755},
-		{agentproto.HostKeyPath, keys.hostPEM, 0o600},
-		{agentproto.AuthorizedKeysPath, keys.clientAuthorized, 0o644},
 		{agentproto.RootInitMarker, []byte("vmgate-agent is this root's init (vmgated image import)\n"), 0o644},
 		{"/etc/resolv.conf", []byte("nameserver " + agentproto.ResolverAddr + "\noptions timeout:2 attempts:2\n"), 0o644},
 		{"/etc/hostname", []byte("vmgate\n"), 0o644},

@@ -46,11 +46,7 @@ func TestPrepareImported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	keys, err := generateKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := prepareImported(r, []byte("agent"), keys); err == nil {
+	if err := prepareImported(r, []byte("agent")); err == nil {
 		t.Fatal("prepareImported wrote through a symlink that leaves the root")
 	}
 	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
@@ -59,20 +55,20 @@ func TestPrepareImported(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "usr")); err != nil {
 		t.Fatal(err)
 	}
-	if err := prepareImported(r, []byte("agent"), keys); err != nil {
+	if err := prepareImported(r, []byte("agent")); err != nil {
 		t.Fatal(err)
 	}
 	passwd, _ := os.ReadFile(filepath.Join(dir, "etc/passwd"))
 	if !strings.Contains(string(passwd), "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n") {
 		t.Errorf("passwd:\n%s", passwd)
 	}
-	for _, p := range []string{"usr/local/sbin/vmgate-agent", "etc/vmgate/agent-is-init", "etc/vmgate/authorized_keys", "home/agent"} {
+	for _, p := range []string{"usr/local/sbin/vmgate-agent", "etc/vmgate/agent-is-init", "home/agent"} {
 		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
 			t.Error(err)
 		}
 	}
 	// A second run changes nothing in passwd.
-	if err := prepareImported(r, []byte("agent"), keys); err != nil {
+	if err := prepareImported(r, []byte("agent")); err != nil {
 		t.Fatal(err)
 	}
 	if again, _ := os.ReadFile(filepath.Join(dir, "etc/passwd")); string(again) != string(passwd) {

@@ -3,8 +3,8 @@
 // An image is a directory holding base.qcow2 (the root filesystem, never
 // written after the build: every VM gets its own overlay on it), vmlinuz (the
 // Debian kernel, unpacked from its package, not the host's /boot), initrd.img
-// (a small initramfs generated in Go by package initramfs), the agent keys,
-// and manifest.json describing all of it. Images are built from Debian
+// (a small initramfs generated in Go by package initramfs) and
+// manifest.json describing all of it. Images are built from Debian
 // packages only (mmdebstrap), with nothing else downloaded.
 //
 // The build runs in a temporary directory beside the output and is renamed
@@ -29,17 +29,25 @@ import (
 
 // File names inside an image directory.
 const (
-	BaseFile       = "base.qcow2"
-	KernelFile     = "vmlinuz"
-	InitrdFile     = "initrd.img"
-	ManifestFile   = "manifest.json"
-	ClientKeyFile  = "client_key"
-	HostPubKeyFile = "agent_host_key.pub"
+	BaseFile     = "base.qcow2"
+	KernelFile   = "vmlinuz"
+	InitrdFile   = "initrd.img"
+	ManifestFile = "manifest.json"
 )
 
 // BuilderVersion changes whenever the build procedure changes in a way that
-// makes older images stale; it is part of the inputs digest.
-const BuilderVersion = 2
+// makes older images stale; it is part of the inputs digest. Version 3:
+// the guest agent speaks the framed protocol (package agentproto), not
+// SSH, and the image has no agent keys.
+const BuilderVersion = 3
+
+// MinBuilderVersion is the oldest image vmgated can run: the agent of an
+// image from before it speaks SSH.
+const MinBuilderVersion = 3
+
+// ErrStale reports an image built by an older vmgated whose guest agent
+// this one cannot talk to.
+var ErrStale = errors.New("image built by an older vmgated")
 
 // ErrNotBuilt reports an image directory without a usable image.
 var ErrNotBuilt = errors.New("image not built")
@@ -120,7 +128,7 @@ type Manifest struct {
 }
 
 // artifactNames are the files every manifest must describe.
-var artifactNames = []string{BaseFile, KernelFile, InitrdFile, ClientKeyFile, HostPubKeyFile}
+var artifactNames = []string{BaseFile, KernelFile, InitrdFile}
 
 // ReadManifest loads dir/manifest.json. A missing file yields ErrNotBuilt.
 func ReadManifest(dir string) (*Manifest, error) {
@@ -167,6 +175,16 @@ func (m *Manifest) Verify(dir string, full bool) error {
 		if got != want.SHA256 {
 			return fmt.Errorf("image %s: %s sha256 %s, manifest says %s", dir, n, got, want.SHA256)
 		}
+	}
+	return nil
+}
+
+// CheckRunnable reports an image that vmgated cannot run any more
+// (ErrStale), saying how to replace it.
+func (m *Manifest) CheckRunnable(dir string) error {
+	if m.Inputs.BuilderVersion < MinBuilderVersion {
+		return fmt.Errorf("image %s: %w (builder %d; its guest agent speaks SSH, this vmgated the framed agent protocol): rebuild it with: vmgated image build --out %s",
+			dir, ErrStale, m.Inputs.BuilderVersion, dir)
 	}
 	return nil
 }
