@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -882,7 +883,7 @@ func (v *VM) Info() (*agentproto.Info, error) {
 // lasts and QEMU runs) for its reply, decoded into result. An agent that
 // does not answer in time loses its connection: the VM is then unusable
 // and the caller destroys it.
-func (v *VM) call(ctx context.Context, op string, args, result any, limit time.Duration) error {
+func (v *VM) call(ctx context.Context, op string, args encoding.BinaryMarshaler, result encoding.BinaryUnmarshaler, limit time.Duration) error {
 	if v.agent == nil {
 		return ErrClosed
 	}

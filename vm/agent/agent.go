@@ -2,7 +2,7 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
+	"encoding"
 	"fmt"
 	"log/slog"
 	"net"
@@ -82,7 +82,7 @@ func (s *server) Open(_ context.Context, ch *agentconn.Channel, o agentproto.Ope
 }
 
 // Call answers the host's calls.
-func (s *server) Call(ctx context.Context, op string, args json.RawMessage) (any, error) {
+func (s *server) Call(ctx context.Context, op string, args []byte) (encoding.BinaryMarshaler, error) {
 	switch op {
 	case agentproto.CallSetTime:
 		return nil, s.setTime(args)
@@ -143,7 +143,7 @@ func (s *server) setTime(args []byte) error {
 // decodeSetTime decodes and validates a CallSetTime's argument.
 func decodeSetTime(args []byte) (agentproto.SetTime, error) {
 	var st agentproto.SetTime
-	if err := agentproto.DecodeStrict(args, &st); err != nil {
+	if err := st.UnmarshalBinary(args); err != nil {
 		return agentproto.SetTime{}, fmt.Errorf("decode set time: %w", err)
 	}
 	if len(st.Entropy) > agentproto.MaxEntropy {

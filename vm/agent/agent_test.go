@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"strings"
@@ -31,7 +30,7 @@ func TestServeRejectsAnotherProtocol(t *testing.T) {
 func TestServeRefusesAnotherProtocolVersion(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, nil)
-	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, []byte(`{"protocol":99}`))); err != nil {
+	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, encode(agentproto.Hello{Protocol: 99}))); err != nil {
 		t.Fatal(err)
 	}
 	var buf []byte
@@ -41,7 +40,7 @@ func TestServeRefusesAnotherProtocolVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r agentproto.HelloReply
-	if err := json.Unmarshal(f.Payload, &r); err != nil || f.Type != agentproto.FrameHello || !strings.Contains(r.Error, "protocol 1, not 99") {
+	if err := r.UnmarshalBinary(f.Payload); err != nil || f.Type != agentproto.FrameHello || !strings.Contains(r.Error, "protocol 1, not 99") {
 		t.Fatalf("answer %v %+v %v", f.Type, r, err)
 	}
 	if err := a.waitServe(t); err == nil {
@@ -86,15 +85,10 @@ func TestServeRejectsUnknownCalls(t *testing.T) {
 	}
 }
 
-// setTime sends a CallSetTime with the JSON argument doc.
-func setTime(t *testing.T, c *agentconn.Conn, doc string) error {
+// setTime sends a CallSetTime with the argument st.
+func setTime(t *testing.T, c *agentconn.Conn, st agentproto.SetTime) error {
 	t.Helper()
-	return c.Call(ctxT(t), agentproto.CallSetTime, json.RawMessage(doc), nil)
-}
-
-func setTimeDoc(st agentproto.SetTime) string {
-	b, _ := json.Marshal(st)
-	return string(b)
+	return c.Call(ctxT(t), agentproto.CallSetTime, st, nil)
 }
 
 func TestSetTime(t *testing.T) {
@@ -113,20 +107,18 @@ func TestSetTime(t *testing.T) {
 	})
 	c := a.dial(t)
 	want := time.Date(2031, 5, 6, 7, 8, 9, 123456789, time.UTC)
-	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: want.UnixNano()})); err != nil {
+	if err := setTime(t, c, agentproto.SetTime{UnixNano: want.UnixNano()}); err != nil {
 		t.Fatalf("set time: %v", err)
 	}
-	for _, bad := range []string{
-		`null`,
-		`"garbage"`,
-		`{"unix_nano": "soon"}`,
-		`{"unix_nano": 0}`,
-		`{"unix_nano": -5}`,
-		`{"unix_nano": 5, "zone": "UTC"}`,
+	for _, bad := range []wire{
+		nil,
+		wire("short"),
+		encode(agentproto.SetTime{UnixNano: 0}),
+		encode(agentproto.SetTime{UnixNano: -5}),
 	} {
 		var ce *agentconn.CallError
-		if err := setTime(t, c, bad); !errors.As(err, &ce) {
-			t.Errorf("set time with %s: %v, want refusal", bad, err)
+		if err := c.Call(ctxT(t), agentproto.CallSetTime, bad, nil); !errors.As(err, &ce) {
+			t.Errorf("set time with %q: %v, want refusal", bad, err)
 		}
 	}
 	mu.Lock()
@@ -153,14 +145,14 @@ func TestSetTimeReseeds(t *testing.T) {
 	})
 	c := a.dial(t)
 	seed := []byte("0123456789abcdef0123456789abcdef")
-	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: seed})); err != nil {
+	if err := setTime(t, c, agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: seed}); err != nil {
 		t.Fatalf("set time with entropy: %v", err)
 	}
 	// No entropy: no reseed. Too much: refused, nothing done.
-	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: 1700000000000000000})); err != nil {
+	if err := setTime(t, c, agentproto.SetTime{UnixNano: 1700000000000000000}); err != nil {
 		t.Fatalf("set time: %v", err)
 	}
-	if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: make([]byte, agentproto.MaxEntropy+1)})); err == nil {
+	if err := setTime(t, c, agentproto.SetTime{UnixNano: 1700000000000000000, Entropy: make([]byte, agentproto.MaxEntropy+1)}); err == nil {
 		t.Fatal("set time with too much entropy accepted")
 	}
 	mu.Lock()
@@ -178,7 +170,7 @@ func TestSetTimeLeavesARightClock(t *testing.T) {
 	})
 	c := a.dial(t)
 	for _, off := range []time.Duration{0, 50 * time.Millisecond, -50 * time.Millisecond, time.Second} {
-		if err := setTime(t, c, setTimeDoc(agentproto.SetTime{UnixNano: time.Now().Add(off).UnixNano()})); err != nil {
+		if err := setTime(t, c, agentproto.SetTime{UnixNano: time.Now().Add(off).UnixNano()}); err != nil {
 			t.Fatalf("offset %v: %v", off, err)
 		}
 	}
@@ -194,7 +186,7 @@ func TestSetTimeFailureIsAnErrorReply(t *testing.T) {
 	})
 	c := a.dial(t)
 	var ce *agentconn.CallError
-	if err := setTime(t, c, `{"unix_nano": 1700000000000000000}`); !errors.As(err, &ce) || !strings.Contains(ce.Msg, "permission denied") {
+	if err := setTime(t, c, agentproto.SetTime{UnixNano: 1700000000000000000}); !errors.As(err, &ce) || !strings.Contains(ce.Msg, "permission denied") {
 		t.Fatalf("set time with a failing clock: %v, want a refusal saying why", err)
 	}
 }

@@ -320,26 +320,29 @@ func TestOpenDecodedStrictly(t *testing.T) {
 		}
 		return f
 	}
-	send := func(ft agentproto.FrameType, id uint32, p string) {
-		if _, err := a.conn.Write(agentproto.AppendFrame(nil, ft, id, []byte(p))); err != nil {
+	send := func(ft agentproto.FrameType, id uint32, p []byte) {
+		if _, err := a.conn.Write(agentproto.AppendFrame(nil, ft, id, p)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	send(agentproto.FrameHello, 0, `{"protocol":1}`)
+	send(agentproto.FrameHello, 0, encode(agentproto.Hello{Protocol: agentproto.Protocol}))
 	if f := read(); f.Type != agentproto.FrameHello {
 		t.Fatalf("answer %v", f.Type)
 	}
-	for i, tc := range []struct{ doc, reason string }{
-		{`{"spec":{"argv":["echo"],"timeout":5}}`, "unknown field"},
-		{`{"spec":{"argv":["echo"]},"sandbox":false}`, "unknown field"},
-		{`{"spec":{"argv":["echo"]}} trailing`, "trailing data"},
-		{`not json`, "decode open"},
+	good := encode(agentproto.Open{Spec: argv("echo")})
+	for i, tc := range []struct {
+		p      []byte
+		reason string
+	}{
+		{append(append([]byte(nil), good...), 0), "1 bytes after the open"},
+		{good[:len(good)-2], "too short"},
+		{nil, "too short"},
 	} {
 		id := uint32(i + 1)
-		send(agentproto.FrameOpen, id, tc.doc)
+		send(agentproto.FrameOpen, id, tc.p)
 		f := read()
 		if f.Type != agentproto.FrameOpenFail || f.ID != id || !strings.Contains(string(f.Payload), tc.reason) {
-			t.Errorf("%s: answer %v %d %q, want open-fail with %q", tc.doc, f.Type, f.ID, f.Payload, tc.reason)
+			t.Errorf("%q: answer %v %d %q, want open-fail with %q", tc.p, f.Type, f.ID, f.Payload, tc.reason)
 		}
 	}
 }

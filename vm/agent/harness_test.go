@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding"
 	"errors"
 	"io"
 	"log/slog"
@@ -107,6 +108,20 @@ func ctxT(t *testing.T) context.Context {
 func client(t *testing.T) *agentconn.Conn {
 	t.Helper()
 	return startAgent(t, nil).dial(t)
+}
+
+// wire is a call's argument as it is on the wire, well-formed or not.
+type wire []byte
+
+func (w wire) MarshalBinary() ([]byte, error) { return w, nil }
+
+// encode is m's wire form.
+func encode(m encoding.BinaryMarshaler) wire {
+	b, err := m.MarshalBinary()
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 // remote is a command started on a channel, the way the host runs

@@ -240,7 +240,7 @@ func probeResolver(ctx context.Context, resolver netip.AddrPort) error {
 // netReady handles a CallNetReady.
 func (s *server) netReady(ctx context.Context, args []byte) (*agentproto.NetReadyStatus, error) {
 	var req agentproto.NetReady
-	if err := agentproto.DecodeStrict(args, &req); err != nil {
+	if err := req.UnmarshalBinary(args); err != nil {
 		return nil, fmt.Errorf("decode net ready: %w", err)
 	}
 	if req.TimeoutMS <= 0 || req.TimeoutMS > agentproto.MaxNetReadyTimeout {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/netip"
@@ -207,15 +206,15 @@ func TestNetReadyRequest(t *testing.T) {
 	if !st.Ready || st.Address != "10.0.2.15/24" {
 		t.Fatalf("reply %+v", st)
 	}
-	for _, bad := range []string{
-		`null`,
-		`{"timeout_ms": 0}`,
-		`{"timeout_ms": 300001}`,
-		`{"timeout_ms": 5, "extra": 1}`,
+	for _, bad := range []wire{
+		nil,
+		encode(agentproto.NetReady{TimeoutMS: 0}),
+		encode(agentproto.NetReady{TimeoutMS: 300001}),
+		append(encode(agentproto.NetReady{TimeoutMS: 5}), 1),
 	} {
 		var ce *agentconn.CallError
-		if err := c.Call(ctxT(t), agentproto.CallNetReady, json.RawMessage(bad), nil); !errors.As(err, &ce) {
-			t.Errorf("argument %s: %v, want refusal", bad, err)
+		if err := c.Call(ctxT(t), agentproto.CallNetReady, bad, nil); !errors.As(err, &ce) {
+			t.Errorf("argument %q: %v, want refusal", bad, err)
 		}
 	}
 }

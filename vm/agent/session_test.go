@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -31,12 +30,11 @@ func frames(t *testing.T, o agentproto.Open) (events []string, stdout, stderr in
 			t.Fatal(err)
 		}
 	}
-	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, []byte(`{"protocol":1}`))); err != nil {
+	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, encode(agentproto.Hello{Protocol: agentproto.Protocol}))); err != nil {
 		t.Fatal(err)
 	}
 	read()
-	doc, _ := json.Marshal(o)
-	send(agentproto.FrameOpen, doc)
+	send(agentproto.FrameOpen, encode(o))
 	send(agentproto.FrameEOF, nil)
 	for {
 		f := read()

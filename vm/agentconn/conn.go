@@ -28,7 +28,6 @@ package agentconn
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -242,15 +241,4 @@ func (c *Conn) forget(id uint32) {
 	c.mu.Lock()
 	delete(c.chans, id)
 	c.mu.Unlock()
-}
-
-// decodeJSON decodes one JSON value. The guest (which trusts the host)
-// rejects unknown fields: a newer host may have added a field whose
-// meaning this agent does not implement. The host accepts them from a
-// newer agent.
-func (c *Conn) decodeJSON(p []byte, v any) error {
-	if c.host {
-		return json.Unmarshal(p, v)
-	}
-	return agentproto.DecodeStrict(p, v)
 }

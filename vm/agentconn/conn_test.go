@@ -3,7 +3,7 @@ package agentconn
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -32,19 +32,25 @@ type testHandler struct {
 	closed chan string // the commands whose channel the host closed while they ran
 }
 
-func (h *testHandler) Call(ctx context.Context, op string, args json.RawMessage) (any, error) {
+// raw is a call's argument or result as it is on the wire.
+type raw []byte
+
+func (r raw) MarshalBinary() ([]byte, error) { return r, nil }
+
+func (r *raw) UnmarshalBinary(p []byte) error {
+	*r = append((*r)[:0], p...)
+	return nil
+}
+
+func (h *testHandler) Call(ctx context.Context, op string, args []byte) (encoding.BinaryMarshaler, error) {
 	switch op {
 	case "echo":
-		var v any
-		if err := json.Unmarshal(args, &v); err != nil {
-			return nil, err
-		}
-		return v, nil
+		return raw(args), nil
 	case "block":
 		<-ctx.Done()
 		return nil, ctx.Err()
 	case "huge":
-		return strings.Repeat("x", agentproto.MaxGuestPayload), nil
+		return raw(strings.Repeat("x", agentproto.MaxGuestPayload)), nil
 	}
 	return nil, fmt.Errorf("unknown call %q", op)
 }
@@ -135,9 +141,9 @@ func ctxT(t *testing.T) context.Context {
 
 func TestCall(t *testing.T) {
 	c, _, _ := pair(t)
-	var got map[string]int
-	if err := c.Call(ctxT(t), "echo", map[string]int{"a": 1}, &got); err != nil || got["a"] != 1 {
-		t.Fatalf("echo: %v %v", got, err)
+	var got raw
+	if err := c.Call(ctxT(t), "echo", raw("a\x00\xff"), &got); err != nil || string(got) != "a\x00\xff" {
+		t.Fatalf("echo: %q %v", got, err)
 	}
 	err := c.Call(ctxT(t), "nope", nil, nil)
 	var ce *CallError
@@ -156,7 +162,7 @@ func TestCall(t *testing.T) {
 	if err := c.Call(ctx, "block", nil, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("block: %v", err)
 	}
-	if err := c.Call(ctxT(t), "echo", 1, nil); err != nil {
+	if err := c.Call(ctxT(t), "echo", raw("1"), nil); err != nil {
 		t.Fatalf("after an abandoned call: %v", err)
 	}
 }
@@ -326,8 +332,12 @@ func (g *rawGuest) send(t agentproto.FrameType, id uint32, p []byte) {
 }
 
 func (g *rawGuest) hello() {
-	b, _ := json.Marshal(agentproto.HelloReply{Protocol: agentproto.Protocol, AgentVersion: "raw"})
-	g.send(agentproto.FrameHello, 0, b)
+	g.send(agentproto.FrameHello, 0, helloReply(agentproto.HelloReply{Protocol: agentproto.Protocol, AgentVersion: "raw"}))
+}
+
+func helloReply(r agentproto.HelloReply) []byte {
+	b, _ := r.MarshalBinary()
+	return b
 }
 
 // open has the host open a channel and answers it; it returns the host's
@@ -430,12 +440,12 @@ func TestHostRejectsHostileGuest(t *testing.T) {
 		{name: "frame before hello", send: func(g *rawGuest, _ uint32) { g.send(agentproto.FrameData, 1, []byte("x")) }, want: "before hello"},
 		{name: "an SSH agent", send: func(g *rawGuest, _ uint32) { _, _ = g.conn.Write([]byte("SSH-2.0-vmgate-agent\r\n")) }, isSSH: true},
 		{name: "hello of another protocol", send: func(g *rawGuest, _ uint32) {
-			g.send(agentproto.FrameHello, 0, []byte(`{"protocol":2}`))
+			g.send(agentproto.FrameHello, 0, helloReply(agentproto.HelloReply{Protocol: 2}))
 		}, want: "protocol 2"},
 		{name: "hello refused", send: func(g *rawGuest, _ uint32) {
-			g.send(agentproto.FrameHello, 0, []byte(`{"protocol":1,"error":"no"}`))
+			g.send(agentproto.FrameHello, 0, helloReply(agentproto.HelloReply{Protocol: 1, Error: "no"}))
 		}, want: "refused the connection: no"},
-		{name: "hello not JSON", send: func(g *rawGuest, _ uint32) { g.send(agentproto.FrameHello, 0, []byte("{")) }, want: "hello"},
+		{name: "hello cut short", send: func(g *rawGuest, _ uint32) { g.send(agentproto.FrameHello, 0, []byte{0, 0, 0, 1, 0, 0}) }, want: "hello reply"},
 		{name: "second hello", open: true, send: func(g *rawGuest, _ uint32) { g.hello() }, want: "second hello"},
 		{name: "oversized frame", open: true, send: func(g *rawGuest, id uint32) {
 			_, _ = g.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameData, id, nil)[:5])
@@ -524,7 +534,7 @@ func TestHostDropsFramesOfForgottenChannels(t *testing.T) {
 	if f.Type != agentproto.FrameCall {
 		t.Fatalf("frame %v", f.Type)
 	}
-	g.send(agentproto.FrameReply, f.ID, []byte(`{}`))
+	g.send(agentproto.FrameReply, f.ID, []byte{0})
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -625,7 +635,7 @@ func FuzzHostReader(f *testing.F) {
 	chunk := []byte("output")
 	f.Add(agentproto.AppendFrame(agentproto.AppendFrame(nil, agentproto.FrameData, 1, chunk), agentproto.FrameExit, 1, agentproto.EncodeExit(agentproto.Exit{Status: 3})))
 	f.Add(agentproto.AppendFrame(nil, agentproto.FrameStderr, 1, make([]byte, 100)))
-	f.Add(agentproto.AppendFrame(nil, agentproto.FrameReply, 1, []byte(`{"result":1}`)))
+	f.Add(agentproto.AppendFrame(nil, agentproto.FrameReply, 1, []byte{1, 'n', 'o'}))
 	f.Add(agentproto.AppendFrame(nil, agentproto.FrameClose, 1, nil))
 	f.Add([]byte{0, 0, 0, 9, 7, 0, 0, 0, 1, 'a', 'b', 'c', 'd'})
 	f.Fuzz(func(t *testing.T, stream []byte) {

@@ -2,7 +2,7 @@ package agentconn
 
 import (
 	"context"
-	"encoding/json"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +15,8 @@ import (
 // Handler serves a host: its calls and its commands' channels.
 type Handler interface {
 	// Call answers one call, in a goroutine of its own; ctx ends with
-	// the connection. The result is sent as JSON.
-	Call(ctx context.Context, op string, args json.RawMessage) (any, error)
+	// the connection. A nil result is an empty one.
+	Call(ctx context.Context, op string, args []byte) (encoding.BinaryMarshaler, error)
 	// Open runs one command, in a goroutine of its own: it accepts or
 	// rejects ch, runs the command, sends its output and exit record,
 	// and returns when done with ch (Serve then closes it). ctx ends
@@ -65,14 +65,14 @@ func Serve(ctx context.Context, rw io.ReadWriteCloser, cfg ServeConfig) (helloDo
 // reader never blocks, so writing here cannot stall).
 func (c *Conn) answerHello(f agentproto.Frame) error {
 	var h agentproto.Hello
-	if err := c.decodeJSON(f.Payload, &h); err != nil {
-		return violation("hello: %v", err)
+	if err := h.UnmarshalBinary(f.Payload); err != nil {
+		return violation("%v", err)
 	}
 	r := agentproto.HelloReply{Protocol: agentproto.Protocol, AgentVersion: c.version}
 	if h.Protocol != agentproto.Protocol {
 		r.Error = fmt.Sprintf("this agent speaks protocol %d, not %d", agentproto.Protocol, h.Protocol)
 	}
-	b, _ := json.Marshal(r)
+	b, _ := r.MarshalBinary()
 	if err := c.writeFrame(agentproto.FrameHello, 0, b); err != nil {
 		return err
 	}
@@ -88,22 +88,23 @@ func (c *Conn) answerHello(f agentproto.Frame) error {
 // serveCall runs the handler for a call and sends its reply.
 func (c *Conn) serveCall(f agentproto.Frame) error {
 	var call agentproto.Call
-	if err := c.decodeJSON(f.Payload, &call); err != nil {
-		return violation("call: %v", err)
+	if err := call.UnmarshalBinary(f.Payload); err != nil {
+		return violation("%v", err)
 	}
+	call.Args = append([]byte(nil), call.Args...) // f.Payload is the reader's buffer
 	id := f.ID
 	c.wg.Go(func() {
 		res, err := c.handler.Call(c.ctx, call.Op, call.Args)
 		var r agentproto.Reply
 		if err == nil && res != nil {
-			r.Result, err = json.Marshal(res)
+			r.Result, err = res.MarshalBinary()
 		}
 		if err != nil {
 			r = agentproto.Reply{Error: err.Error()}
 		}
-		b, err := json.Marshal(r)
-		if err == nil && len(b) > agentproto.MaxGuestPayload {
-			b, _ = json.Marshal(agentproto.Reply{Error: fmt.Sprintf("reply of %d bytes, at most %d", len(b), agentproto.MaxGuestPayload)})
+		b, _ := r.MarshalBinary()
+		if len(b) > agentproto.MaxGuestPayload {
+			b, _ = agentproto.Reply{Error: fmt.Sprintf("reply of %d bytes, at most %d", len(b), agentproto.MaxGuestPayload)}.MarshalBinary()
 		}
 		_ = c.writeFrame(agentproto.FrameReply, id, b)
 	})
@@ -121,8 +122,8 @@ func (c *Conn) serveOpen(f agentproto.Frame) error {
 	c.chans[f.ID] = ch
 	c.mu.Unlock()
 	var o agentproto.Open
-	if err := c.decodeJSON(f.Payload, &o); err != nil {
-		c.wg.Go(func() { _ = ch.Reject(fmt.Sprintf("decode open: %v", err)) })
+	if err := o.UnmarshalBinary(f.Payload); err != nil {
+		c.wg.Go(func() { _ = ch.Reject(err.Error()) })
 		return nil
 	}
 	c.wg.Go(func() {

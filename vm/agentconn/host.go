@@ -2,7 +2,7 @@ package agentconn
 
 import (
 	"context"
-	"encoding/json"
+	"encoding"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,7 +16,7 @@ import (
 func Client(rw io.ReadWriteCloser, log *slog.Logger) *Conn {
 	c := newConn(rw, true, log)
 	go c.readLoop()
-	b, _ := json.Marshal(agentproto.Hello{Protocol: agentproto.Protocol})
+	b, _ := agentproto.Hello{Protocol: agentproto.Protocol}.MarshalBinary()
 	_ = c.writeFrame(agentproto.FrameHello, 0, b) // a failure ends c, which Hello reports
 	return c
 }
@@ -40,8 +40,8 @@ func (c *Conn) onHello(f agentproto.Frame) error {
 		return c.answerHello(f)
 	}
 	var r agentproto.HelloReply
-	if err := c.decodeJSON(f.Payload, &r); err != nil {
-		return violation("hello: %v", err)
+	if err := r.UnmarshalBinary(f.Payload); err != nil {
+		return violation("%v", err)
 	}
 	if r.Error != "" {
 		return violation("the agent refused the connection: %.200s", r.Error)
@@ -66,23 +66,20 @@ type CallError struct {
 
 func (e *CallError) Error() string { return fmt.Sprintf("agent: %s: %s", e.Op, e.Msg) }
 
-// Call sends the call op with args (JSON; nil for none) and waits for its
+// Call sends the call op with args (nil for none) and waits for its
 // reply, whose result it decodes into result (unless nil). An error
 // reply is a *CallError. When ctx ends first, the reply is dropped when
 // it comes.
-func (c *Conn) Call(ctx context.Context, op string, args, result any) error {
-	var raw json.RawMessage
+func (c *Conn) Call(ctx context.Context, op string, args encoding.BinaryMarshaler, result encoding.BinaryUnmarshaler) error {
+	var raw []byte
 	if args != nil {
-		b, err := json.Marshal(args)
+		b, err := args.MarshalBinary()
 		if err != nil {
 			return fmt.Errorf("%s: %w", op, err)
 		}
 		raw = b
 	}
-	p, err := json.Marshal(agentproto.Call{Op: op, Args: raw})
-	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
+	p, _ := agentproto.Call{Op: op, Args: raw}.MarshalBinary()
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -105,7 +102,7 @@ func (c *Conn) Call(ctx context.Context, op string, args, result any) error {
 			return &CallError{Op: op, Msg: r.reply.Error}
 		}
 		if result != nil {
-			if err := json.Unmarshal(r.reply.Result, result); err != nil {
+			if err := result.UnmarshalBinary(r.reply.Result); err != nil {
 				return fmt.Errorf("%s: result: %w", op, err)
 			}
 		}
@@ -121,8 +118,8 @@ func (c *Conn) Call(ctx context.Context, op string, args, result any) error {
 // onReply takes a reply (the host's reader).
 func (c *Conn) onReply(f agentproto.Frame) error {
 	var r agentproto.Reply
-	if err := c.decodeJSON(f.Payload, &r); err != nil {
-		return violation("reply: %v", err)
+	if err := r.UnmarshalBinary(f.Payload); err != nil {
+		return violation("%v", err)
 	}
 	c.mu.Lock()
 	rc := c.calls[f.ID]
@@ -143,10 +140,7 @@ func (e *RefusedError) Error() string { return "the agent refused the command: "
 // accept it. A refusal is a *RefusedError. When ctx ends first, the
 // channel is closed.
 func (c *Conn) Open(ctx context.Context, o agentproto.Open) (*Channel, error) {
-	p, err := json.Marshal(o)
-	if err != nil {
-		return nil, fmt.Errorf("open: %w", err)
-	}
+	p, _ := o.MarshalBinary()
 	if len(p) > agentproto.MaxHostPayload {
 		return nil, fmt.Errorf("open: the command's description is %d bytes, at most %d", len(p), agentproto.MaxHostPayload)
 	}

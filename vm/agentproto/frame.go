@@ -1,9 +1,7 @@
 package agentproto
 
 import (
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -259,18 +257,4 @@ func DecodeReason(p []byte) (string, error) {
 		return "", errors.New("agent protocol: refusal is not UTF-8")
 	}
 	return string(p), nil
-}
-
-// DecodeStrict decodes exactly one JSON value from data into v, rejecting
-// unknown object fields and trailing data.
-func DecodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after the JSON value")
-	}
-	return nil
 }

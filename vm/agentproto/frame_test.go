@@ -135,18 +135,6 @@ func TestSmallPayloads(t *testing.T) {
 	}
 }
 
-func TestDecodeStrict(t *testing.T) {
-	var h Hello
-	if err := DecodeStrict([]byte(`{"protocol":1}`), &h); err != nil || h.Protocol != 1 {
-		t.Fatalf("%+v %v", h, err)
-	}
-	for _, doc := range []string{`{"protocol":1,"x":2}`, `{"protocol":1} {}`, `{"protocol":"1"}`, ``} {
-		if err := DecodeStrict([]byte(doc), &h); err == nil {
-			t.Errorf("%q accepted", doc)
-		}
-	}
-}
-
 // FuzzReadFrame: any stream decodes into frames within the bound, or an
 // error; a frame re-encodes to the bytes it came from.
 func FuzzReadFrame(f *testing.F) {

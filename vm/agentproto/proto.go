@@ -7,8 +7,8 @@
 // the Unix socket that QEMU exposes for that port, in the VM's private
 // directory; the guest agent reads and writes the port's character device.
 // The stream carries frames (frame.go): a length, a [FrameType], an id and
-// a payload. Control payloads are JSON; data and small fixed payloads are
-// raw bytes.
+// a payload. Payloads are binary (codec.go): each message type has its
+// MarshalBinary and UnmarshalBinary; data frames carry raw bytes.
 //
 // # Connection
 //
@@ -57,10 +57,7 @@
 // 60–90 ms of first-time guest code under TCG: docs/benchmarks.md.)
 package agentproto
 
-import (
-	"encoding/json"
-	"strconv"
-)
+import "strconv"
 
 // PortName is the virtio-serial port name of the agent channel. The guest
 // finds it under /sys/class/virtio-ports/*/name (udev also links it as
@@ -72,27 +69,27 @@ const AgentBinaryPath = "/usr/local/sbin/vmgate-agent"
 
 // Hello is the host's first frame.
 type Hello struct {
-	Protocol int `json:"protocol"`
+	Protocol int
 }
 
 // HelloReply is the agent's answer to Hello. Error, when set, says why the
 // agent cannot serve this host; it then hangs up.
 type HelloReply struct {
-	Protocol     int    `json:"protocol"`
-	AgentVersion string `json:"agent_version"`
-	Error        string `json:"error,omitempty"`
+	Protocol     int
+	AgentVersion string
+	Error        string
 }
 
 // Call is a request (FrameCall): the operation and its JSON argument.
 type Call struct {
-	Op   string          `json:"op"`
-	Args json.RawMessage `json:"args,omitempty"`
+	Op   string
+	Args []byte // the argument's encoding, or empty
 }
 
 // Reply answers a Call (FrameReply): the result's JSON, or Error.
 type Reply struct {
-	Error  string          `json:"error,omitempty"`
-	Result json.RawMessage `json:"result,omitempty"`
+	Error  string
+	Result []byte // the result's encoding, or empty
 }
 
 // Calls the agent answers: the argument and the result.
@@ -105,15 +102,15 @@ const (
 // Open is the payload of FrameOpen: the command and, for a terminal, its
 // type and size.
 type Open struct {
-	Spec ExecSpec `json:"spec"`
-	PTY  *PTY     `json:"pty,omitempty"`
+	Spec ExecSpec
+	PTY  *PTY
 }
 
 // PTY is a requested pseudo-terminal.
 type PTY struct {
-	Term    string `json:"term"`
-	Columns uint32 `json:"columns"`
-	Rows    uint32 `json:"rows"`
+	Term    string
+	Columns uint32
+	Rows    uint32
 }
 
 // Unprivileged guest account that commands may run as (ExecSpec.User).
@@ -129,24 +126,24 @@ const (
 type ExecSpec struct {
 	// Argv is the program and its arguments; Argv[0] is looked up in PATH
 	// when it has no slash. Required, non-empty, no NUL bytes.
-	Argv []string `json:"argv"`
+	Argv []string
 	// Env holds extra KEY=VALUE pairs added to the base environment
 	// (PATH, HOME, USER, LANG, TERM for a pty).
-	Env []string `json:"env,omitempty"`
+	Env []string
 	// Dir is the working directory; empty means the user's home.
-	Dir string `json:"dir,omitempty"`
+	Dir string
 	// User is "root" (default when empty) or UnprivilegedUser.
-	User string `json:"user,omitempty"`
+	User string
 }
 
 // SetTime is the argument of CallSetTime.
 type SetTime struct {
-	UnixNano int64 `json:"unix_nano"`
+	UnixNano int64
 	// Entropy, when present (at most MaxEntropy bytes), is host randomness
 	// the agent credits to the guest's entropy pool before it forces the
 	// kernel's generator to reseed: a VM restored from a snapshot would
 	// otherwise continue its template's random stream.
-	Entropy []byte `json:"entropy,omitempty"`
+	Entropy []byte
 }
 
 // MaxEntropy bounds SetTime.Entropy.
@@ -154,13 +151,13 @@ const MaxEntropy = 512
 
 // Info is the result of CallInfo.
 type Info struct {
-	AgentVersion string `json:"agent_version"`
-	Kernel       string `json:"kernel"`
-	Hostname     string `json:"hostname"`
-	BootID       string `json:"boot_id"`
+	AgentVersion string
+	Kernel       string
+	Hostname     string
+	BootID       string
 	// Features lists what this agent can do beyond running commands
 	// ([FeatureTransfer]); an older agent lists nothing.
-	Features []string `json:"features,omitempty"`
+	Features []string
 }
 
 // FeatureTransfer: the agent has the put and get subcommands (PutArgv,
@@ -170,7 +167,7 @@ const FeatureTransfer = "transfer"
 // NetReady is the argument of CallNetReady: wait at most TimeoutMS
 // (capped at MaxNetReadyTimeout) for the guest network to be usable.
 type NetReady struct {
-	TimeoutMS int64 `json:"timeout_ms"`
+	TimeoutMS int64
 }
 
 // MaxNetReadyTimeout bounds NetReady.TimeoutMS, in milliseconds.
@@ -182,13 +179,13 @@ const MaxNetReadyTimeout = 5 * 60 * 1000
 // answered a query for [ReadinessName]. Detail says what was still
 // missing when Ready is false.
 type NetReadyStatus struct {
-	Ready     bool   `json:"ready"`
-	Interface string `json:"interface,omitempty"`
-	Address   string `json:"address,omitempty"`
-	Gateway   string `json:"gateway,omitempty"`
-	Resolver  string `json:"resolver,omitempty"`
-	Detail    string `json:"detail,omitempty"`
-	WaitedMS  int64  `json:"waited_ms"`
+	Ready     bool
+	Interface string
+	Address   string
+	Gateway   string
+	Resolver  string
+	Detail    string
+	WaitedMS  int64
 }
 
 // ReadinessName is the name the agent's readiness probe asks the guest's
