@@ -23,8 +23,12 @@ const (
 	portWaitTimeout = 60 * time.Second
 	// portRetryInterval is the pause between looks for the port device.
 	portRetryInterval = 200 * time.Millisecond
-	// hostPollInterval is the pause between polls while no host is connected.
+	// hostPollInterval is the pause between polls while no host is
+	// connected, on a device that does not wake a waiting agent.
 	hostPollInterval = 30 * time.Millisecond
+	// hostRecheck bounds the wait for a host between two checks on a
+	// device that wakes a waiting agent (waitHostEvent).
+	hostRecheck = 250 * time.Millisecond
 	// minRetryDelay and maxRetryDelay bound the pause after a connection
 	// that ended without a hello, so that a misbehaving peer cannot make
 	// the agent spin.
@@ -66,7 +70,7 @@ func Main(ctx context.Context, log *slog.Logger, version string) error {
 	}
 	log.Info("agent listening", "version", version, "port", f.Name(), "protocol", agentproto.Protocol)
 
-	port := &devicePort{f: f, reopen: open, interval: hostPollInterval}
+	port := &devicePort{f: f, reopen: open, interval: hostPollInterval, recheck: hostRecheck}
 	defer port.close()
 	cfg := Config{Logger: log, Version: version}
 	err = servePort(ctx, port, cfg)
@@ -199,8 +203,9 @@ func servePort(ctx context.Context, p hostPort, cfg Config) error {
 type devicePort struct {
 	f        *os.File
 	reopen   func() (*os.File, error)
-	interval time.Duration
-	last     *fileConn // the previous connection, if any
+	interval time.Duration // between polls, on a device that does not wake the agent
+	recheck  time.Duration // between checks, on one that does
+	last     *fileConn     // the previous connection, if any
 }
 
 func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
@@ -219,7 +224,11 @@ func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
 		}
 		p.f = f
 	}
-	if err := waitHost(ctx, func() (bool, error) { return pollHangup(p.f) }, p.interval); err != nil {
+	err := waitHostEvent(ctx, p.f, p.recheck)
+	if errors.Is(err, errors.ErrUnsupported) {
+		err = waitHost(ctx, func() (bool, error) { return pollHangup(p.f) }, p.interval)
+	}
+	if err != nil {
 		return nil, err
 	}
 	c, err := newFileConn(p.f)

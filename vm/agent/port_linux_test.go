@@ -131,7 +131,8 @@ func TestDevicePortReconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := &devicePort{f: first, reopen: dev.open, interval: 5 * time.Millisecond}
+	// Never a timed check: the agent must wake when the host connects.
+	port := &devicePort{f: first, reopen: dev.open, interval: time.Hour, recheck: time.Hour}
 	go func() { done <- servePort(ctx, port, cfg) }()
 
 	// Let the agent poll the hung-up device for a while first.
@@ -175,6 +176,63 @@ func TestDevicePortReconnects(t *testing.T) {
 	port.close()
 	if _, err := opened[len(opened)-1].Stat(); !errors.Is(err, os.ErrClosed) {
 		t.Errorf("close left the device open: %v", err)
+	}
+}
+
+// TestWaitHostEvent: the agent waits for a host without polling on a
+// timer, and wakes when the host comes (a pty master, like the port, is
+// woken by its peer's data; the port also when the host connects).
+func TestWaitHostEvent(t *testing.T) {
+	master, slave := fakeDevice(t)
+	f, err := (&dupDevice{master: master}).open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// No host: it waits until ctx ends, and ends then.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if err := waitHostEvent(ctx, f, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("no host: %v", err)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("ctx ended it after %v", d)
+	}
+	// A host that connects and writes wakes it, long before the recheck.
+	done := make(chan error, 1)
+	go func() { done <- waitHostEvent(context.Background(), f, time.Hour) }()
+	time.Sleep(50 * time.Millisecond)
+	h := connectHost(t, slave)
+	defer h.Close()
+	if _, err := h.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("the host's arrival did not wake the agent")
+	}
+	// The host's bytes are left for the connection.
+	buf := make([]byte, 16)
+	if n, err := f.Read(buf); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+	// A host already there: at once. A file Go's poller does not take:
+	// ErrUnsupported, and the caller polls on a timer.
+	if err := waitHostEvent(context.Background(), f, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	regular, err := os.CreateTemp(t.TempDir(), "regular")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer regular.Close()
+	if err := waitHostEvent(context.Background(), regular, time.Hour); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("a regular file: %v", err)
 	}
 }
 
