@@ -73,6 +73,12 @@ func Main(ctx context.Context, log *slog.Logger, version string) error {
 	port := &devicePort{f: f, reopen: open, interval: hostPollInterval, recheck: hostRecheck}
 	defer port.close()
 	cfg := Config{Logger: log, Version: version}
+	if rd, err := openRandomDevice(); err != nil {
+		log.Warn("each reseed opens /dev/urandom", "err", err)
+	} else {
+		defer rd.close()
+		cfg.reseed = rd.reseed
+	}
 	err = servePort(ctx, port, cfg)
 	if ctx.Err() != nil {
 		return nil
