@@ -2,7 +2,6 @@ package vm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -85,7 +84,7 @@ func fakeVM(t *testing.T, agent hostileAgent) *VM {
 		if f, ok := g.read(); !ok || f.Type != agentproto.FrameHello {
 			return
 		}
-		b, _ := json.Marshal(agentproto.HelloReply{Protocol: agentproto.Protocol, AgentVersion: "hostile"})
+		b, _ := agentproto.HelloReply{Protocol: agentproto.Protocol, AgentVersion: "hostile"}.MarshalBinary()
 		g.send(agentproto.FrameHello, 0, b)
 		agent(g)
 	}()

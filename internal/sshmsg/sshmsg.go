@@ -1,8 +1,8 @@
 // Package sshmsg holds the payloads of the RFC 4254 session-channel
-// requests vmgate speaks (ssh.Marshal and ssh.Unmarshal them) and the
-// bounds of what they may carry. One definition serves the three places
-// that speak them: the guest agent (vm/agent, server), the host's exec
-// (vm, client) and the SSH front door (gateway, server).
+// requests the SSH front door speaks (gateway/sshfront; ssh.Marshal and
+// ssh.Unmarshal them) and the bounds of what they may carry. The terminal
+// bounds are also those of the agent protocol's terminals: what the host's
+// exec asks for (vm) and what the guest agent accepts (vm/agent).
 //
 // Every payload comes from a peer that may be hostile (a guest, an SSH
 // client): the bounds are checked before a value is used.

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm/agentproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -366,30 +367,50 @@ func TestInstall_QEMUBoot_Isolated(t *testing.T) {
 	}
 }
 
-// agentBanner connects to the agent socket until the guest agent (an SSH
-// server) sends its version line, which proves the guest booted to user
-// space and the virtio-serial path works under the filter.
+// agentBanner sends the guest agent the host's hello on its socket (QEMU
+// listens there from its start) and returns the agent's version from its
+// answer, which comes once the guest has booted to user space: proof that
+// the virtio-serial path works under the filter.
 func agentBanner(ctx context.Context, path string, done chan error) (string, error) {
-	for {
-		select {
-		case err := <-done:
-			done <- err
-			return "", fmt.Errorf("qemu exited: %v", err)
-		case <-ctx.Done():
-			return "", ctx.Err()
+	c, err := net.DialTimeout("unix", path, 10*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	hello, _ := agentproto.Hello{Protocol: agentproto.Protocol}.MarshalBinary()
+	if _, err := c.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, hello)); err != nil {
+		return "", err
+	}
+	type answer struct {
+		r   agentproto.HelloReply
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		var buf []byte
+		f, err := agentproto.ReadFrame(c, &buf, agentproto.MaxGuestPayload)
+		var a answer
+		switch {
+		case err != nil:
+			a.err = err
+		case f.Type != agentproto.FrameHello:
+			a.err = fmt.Errorf("a %v frame instead of the hello", f.Type)
 		default:
+			a.err = a.r.UnmarshalBinary(f.Payload)
 		}
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _ = c.Write([]byte("SSH-2.0-vmgate-seccomp-test\r\n"))
-			line, rerr := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if rerr == nil && strings.HasPrefix(line, "SSH-2.0-") {
-				return strings.TrimSpace(line), nil
-			}
+		got <- a
+	}()
+	select {
+	case a := <-got:
+		if a.err != nil {
+			return "", a.err
 		}
-		time.Sleep(500 * time.Millisecond)
+		return "vmgate-agent " + a.r.AgentVersion, nil
+	case err := <-done:
+		done <- err
+		return "", fmt.Errorf("qemu exited: %v", err)
 	}
 }
 
