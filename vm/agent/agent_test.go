@@ -30,15 +30,7 @@ func TestServeRejectsAnotherProtocol(t *testing.T) {
 func TestServeRefusesAnotherProtocolVersion(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, nil)
-	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, encode(agentproto.Hello{Protocol: 99}))); err != nil {
-		t.Fatal(err)
-	}
-	var buf []byte
-	_ = a.conn.SetReadDeadline(time.Now().Add(testTimeout))
-	f, err := agentproto.ReadFrame(a.conn, &buf, agentproto.MaxGuestPayload)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := a.raw(t, &agentproto.Hello{Protocol: 99}).read()
 	var r agentproto.HelloReply
 	if err := r.UnmarshalBinary(f.Payload); err != nil || f.Type != agentproto.FrameHello || !strings.Contains(r.Error, "protocol 1, not 99") {
 		t.Fatalf("answer %v %+v %v", f.Type, r, err)

@@ -309,26 +309,7 @@ func TestInvalidCommands(t *testing.T) {
 // refused with the reason, the connection going on.
 func TestOpenDecodedStrictly(t *testing.T) {
 	t.Parallel()
-	a := startAgent(t, nil)
-	var buf []byte
-	read := func() agentproto.Frame {
-		t.Helper()
-		_ = a.conn.SetReadDeadline(time.Now().Add(testTimeout))
-		f, err := agentproto.ReadFrame(a.conn, &buf, agentproto.MaxGuestPayload)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
-	send := func(ft agentproto.FrameType, id uint32, p []byte) {
-		if _, err := a.conn.Write(agentproto.AppendFrame(nil, ft, id, p)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	send(agentproto.FrameHello, 0, encode(agentproto.Hello{Protocol: agentproto.Protocol}))
-	if f := read(); f.Type != agentproto.FrameHello {
-		t.Fatalf("answer %v", f.Type)
-	}
+	h := startAgent(t, nil).connect(t)
 	good := encode(agentproto.Open{Spec: argv("echo")})
 	for i, tc := range []struct {
 		p      []byte
@@ -339,8 +320,8 @@ func TestOpenDecodedStrictly(t *testing.T) {
 		{nil, "too short"},
 	} {
 		id := uint32(i + 1)
-		send(agentproto.FrameOpen, id, tc.p)
-		f := read()
+		h.send(agentproto.FrameOpen, id, tc.p)
+		f := h.read()
 		if f.Type != agentproto.FrameOpenFail || f.ID != id || !strings.Contains(string(f.Payload), tc.reason) {
 			t.Errorf("%q: answer %v %d %q, want open-fail with %q", tc.p, f.Type, f.ID, f.Payload, tc.reason)
 		}

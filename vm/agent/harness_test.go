@@ -110,6 +110,51 @@ func client(t *testing.T) *agentconn.Conn {
 	return startAgent(t, nil).dial(t)
 }
 
+// rawHost is the host's end driven frame by frame, for what the host's
+// own code never sends and for the order of what the agent sends.
+type rawHost struct {
+	t   *testing.T
+	a   *agent
+	buf []byte
+}
+
+// raw returns the agent's raw host end, after sending hello (nil: none).
+func (a *agent) raw(t *testing.T, hello *agentproto.Hello) *rawHost {
+	h := &rawHost{t: t, a: a}
+	if hello != nil {
+		h.send(agentproto.FrameHello, 0, encode(hello))
+	}
+	return h
+}
+
+// read returns the agent's next frame.
+func (h *rawHost) read() agentproto.Frame {
+	h.t.Helper()
+	_ = h.a.conn.SetReadDeadline(time.Now().Add(testTimeout))
+	f, err := agentproto.ReadFrame(h.a.conn, &h.buf, agentproto.MaxGuestPayload)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return f
+}
+
+func (h *rawHost) send(ft agentproto.FrameType, id uint32, p []byte) {
+	h.t.Helper()
+	if _, err := h.a.conn.Write(agentproto.AppendFrame(nil, ft, id, p)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// connect sends the hello of this protocol and reads the agent's answer.
+func (a *agent) connect(t *testing.T) *rawHost {
+	t.Helper()
+	h := a.raw(t, &agentproto.Hello{Protocol: agentproto.Protocol})
+	if f := h.read(); f.Type != agentproto.FrameHello {
+		t.Fatalf("answer to the hello: %v", f.Type)
+	}
+	return h
+}
+
 // wire is a call's argument as it is on the wire, well-formed or not.
 type wire []byte
 

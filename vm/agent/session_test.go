@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/vmgate/vmgate/vm/agentproto"
 )
@@ -14,30 +13,12 @@ import (
 // frame (counted in stdout and stderr), then the other frame types.
 func frames(t *testing.T, o agentproto.Open) (events []string, stdout, stderr int) {
 	t.Helper()
-	a := startAgent(t, nil)
-	var buf []byte
-	read := func() agentproto.Frame {
-		t.Helper()
-		_ = a.conn.SetReadDeadline(time.Now().Add(testTimeout))
-		f, err := agentproto.ReadFrame(a.conn, &buf, agentproto.MaxGuestPayload)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
-	send := func(ft agentproto.FrameType, p []byte) {
-		if _, err := a.conn.Write(agentproto.AppendFrame(nil, ft, 1, p)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := a.conn.Write(agentproto.AppendFrame(nil, agentproto.FrameHello, 0, encode(agentproto.Hello{Protocol: agentproto.Protocol}))); err != nil {
-		t.Fatal(err)
-	}
-	read()
+	h := startAgent(t, nil).connect(t)
+	send := func(ft agentproto.FrameType, p []byte) { h.send(ft, 1, p) }
 	send(agentproto.FrameOpen, encode(o))
 	send(agentproto.FrameEOF, nil)
 	for {
-		f := read()
+		f := h.read()
 		switch f.Type {
 		case agentproto.FrameData, agentproto.FrameStderr:
 			if f.Type == agentproto.FrameData {
