@@ -29,6 +29,7 @@ import (
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/agentproto"
 )
 
 // ExecOptions configures Exec.
@@ -203,7 +204,8 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 		r.rep.Machine.Cgroups = "none (rlimits only)"
 	}
 	r.base = vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
-	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB, "ahead": o.Ahead}
+	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB, "ahead": o.Ahead,
+		"agent_protocol": agentproto.Protocol}
 	if err := r.cold(ctx); err != nil {
 		return nil, err
 	}

@@ -56,7 +56,7 @@ func TestBenchExec(t *testing.T) {
 	if _, ok := r.RestoreAheadPhasesMS["qemu_up"]; ok {
 		t.Errorf("a restore launched ahead timed QEMU's start-up: %+v", r.RestoreAheadPhasesMS)
 	}
-	if r.IdleAhead.RSSMiB <= 0 || r.Levers["ahead"] == nil {
+	if r.IdleAhead.RSSMiB <= 0 || r.Levers["ahead"] == nil || r.Levers["agent_protocol"] == nil {
 		t.Errorf("clone launched ahead: memory %+v, levers %v", r.IdleAhead, r.Levers)
 	}
 	if len(r.Throughput) != 2 || r.Throughput[1].Concurrency != 2 || r.Throughput[1].PerMinute <= 0 || r.Throughput[0].Commands < 2 {
