@@ -53,8 +53,8 @@
 // word of a possibly hostile guest, and the host's reader is bounded
 // ([MaxGuestPayload], [Window]) and fuzzed. (Before protocol 1 this channel
 // spoke SSH; its key exchange and signatures proved nothing against a
-// guest that holds the image's keys, and cost every restored clone
-// 60–90 ms of first-time guest code under TCG: docs/benchmarks.md.)
+// guest that holds the image's keys. docs/benchmarks.md has what the
+// change did to a restore, third round of levers.)
 package agentproto
 
 import "strconv"
