@@ -1,6 +1,7 @@
 package image
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -219,5 +220,18 @@ func TestFindAgentRejectsDynamicBinary(t *testing.T) {
 	}
 	if _, err := FindAgent(filepath.Join(t.TempDir(), "nope")); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+func TestCheckRunnable(t *testing.T) {
+	for v, ok := range map[int]bool{1: false, MinBuilderVersion - 1: false, MinBuilderVersion: true, MinBuilderVersion + 1: true} {
+		m := &Manifest{Inputs: Inputs{BuilderVersion: v}}
+		err := m.CheckRunnable("/img")
+		if ok != (err == nil) {
+			t.Errorf("builder %d: %v", v, err)
+		}
+		if err != nil && (!errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "vmgated image build --out /img")) {
+			t.Errorf("builder %d: %v, want ErrStale saying how to rebuild", v, err)
+		}
 	}
 }
