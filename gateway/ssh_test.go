@@ -136,7 +136,7 @@ func newUnitFront(t *testing.T, keys string, mutate func(*sshfront.Config)) *uni
 func unbootableImage(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	m := &image.Manifest{Artifacts: map[string]image.Artifact{}}
+	m := &image.Manifest{Inputs: image.Inputs{BuilderVersion: image.BuilderVersion}, Artifacts: map[string]image.Artifact{}}
 	for _, n := range []string{image.BaseFile, image.KernelFile, image.InitrdFile} {
 		b := []byte("not an image: " + n)
 		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {

@@ -154,6 +154,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := m.CheckRunnable(cfg.ImageDir); err != nil {
+		return nil, err
+	}
 	if err := m.Verify(cfg.ImageDir, true); err != nil {
 		return nil, err
 	}
@@ -256,6 +259,9 @@ func (h *Host) CheckImage(name string) error {
 	}
 	m, err := image.ReadManifest(dir)
 	if err != nil {
+		return fmt.Errorf("image %q: %w", name, err)
+	}
+	if err := m.CheckRunnable(dir); err != nil {
 		return fmt.Errorf("image %q: %w", name, err)
 	}
 	if err := m.Verify(dir, false); err != nil {

@@ -1,8 +1,14 @@
 package vm
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // TestShapeNormal: a shape that leaves its image unnamed and one that
@@ -38,5 +44,34 @@ func TestRetryAfter(t *testing.T) {
 		if got := retryAfter(tc.failures); got != tc.want {
 			t.Errorf("retryAfter(%d) = %v, want %v", tc.failures, got, tc.want)
 		}
+	}
+}
+
+// TestNewHostRefusesStaleImage: a daemon whose image's agent speaks the
+// old protocol does not start, and says how to rebuild the image; the
+// same for an image a policy names.
+func TestNewHostRefusesStaleImage(t *testing.T) {
+	dir := t.TempDir()
+	m := &image.Manifest{Inputs: image.Inputs{BuilderVersion: image.MinBuilderVersion - 1}, Artifacts: map[string]image.Artifact{}}
+	for _, n := range []string{image.BaseFile, image.KernelFile, image.InitrdFile} {
+		m.Artifacts[n] = image.Artifact{}
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := image.WriteManifest(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewHost(HostConfig{ImageDir: dir, StateDir: t.TempDir(), Cgroups: "off"})
+	if !errors.Is(err, image.ErrStale) || !strings.Contains(err.Error(), "vmgated image build --out "+dir) {
+		t.Fatalf("NewHost: %v, want ErrStale saying how to rebuild", err)
+	}
+	images := t.TempDir()
+	if err := os.Symlink(dir, filepath.Join(images, "old")); err != nil {
+		t.Fatal(err)
+	}
+	h := &Host{cfg: HostConfig{ImageDir: dir, ImagesDir: images}}
+	if err := h.CheckImage("old"); !errors.Is(err, image.ErrStale) {
+		t.Fatalf("CheckImage: %v, want ErrStale", err)
 	}
 }
