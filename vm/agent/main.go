@@ -300,9 +300,10 @@ func newFileConn(f *os.File) (*fileConn, error) {
 // only while no host is connected and nothing is buffered): the
 // connection is then over, and Read closes it at once. A write still
 // waiting would otherwise wait for ever, because a virtio-serial port
-// blocks writers while no host is connected; its goroutine holds the SSH
-// channel's write lock, the SSH connection could never finish, and the
-// next host would receive the bytes that write was still holding.
+// blocks writers while no host is connected; its goroutine holds the
+// connection's write lock (package agentconn: one frame at a time), the
+// connection could never finish, and the next host would receive the
+// bytes that write was still holding.
 func (c *fileConn) Read(b []byte) (int, error) {
 	c.inUse.RLock()
 	defer c.inUse.RUnlock()
