@@ -70,7 +70,7 @@ func Main(ctx context.Context, log *slog.Logger, version string) error {
 	}
 	log.Info("agent listening", "version", version, "port", f.Name(), "protocol", agentproto.Protocol)
 
-	port := &devicePort{f: f, reopen: open, interval: hostPollInterval, recheck: hostRecheck}
+	port := &devicePort{f: f, reopen: open, interval: hostPollInterval, recheck: hostRecheck, log: log}
 	defer port.close()
 	cfg := Config{Logger: log, Version: version}
 	if rd, err := openRandomDevice(); err != nil {
@@ -211,6 +211,7 @@ type devicePort struct {
 	reopen   func() (*os.File, error)
 	interval time.Duration // between polls, on a device that does not wake the agent
 	recheck  time.Duration // between checks, on one that does
+	log      *slog.Logger  // nil: no log
 	last     *fileConn     // the previous connection, if any
 }
 
@@ -230,7 +231,10 @@ func (p *devicePort) accept(ctx context.Context) (net.Conn, error) {
 		}
 		p.f = f
 	}
-	err := waitHostEvent(ctx, p.f, p.recheck)
+	missed, err := waitHostEvent(ctx, p.f, p.recheck)
+	if missed && p.log != nil {
+		p.log.Warn("the port did not wake the agent when the host connected; the periodic check found it", "recheck", p.recheck)
+	}
 	if errors.Is(err, errors.ErrUnsupported) {
 		err = waitHost(ctx, func() (bool, error) { return pollHangup(p.f) }, p.interval)
 	}

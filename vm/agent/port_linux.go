@@ -59,16 +59,22 @@ func hangupOf(fd uintptr) (bool, error) {
 // average, docs/benchmarks.md). recheck is a safety net for a device that
 // would not wake its waiters. A file that Go's poller does not handle is
 // errors.ErrUnsupported: the caller then polls on a timer (waitHost).
-func waitHostEvent(ctx context.Context, f *os.File, recheck time.Duration) error {
+//
+// missed reports a host that a recheck found, not a wake-up: the device
+// did not wake the agent when the host came, and the host waited for the
+// recheck. The caller says so in the log, so that the safety net never
+// hides a slow first contact.
+func waitHostEvent(ctx context.Context, f *os.File, recheck time.Duration) (missed bool, err error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
-		return fmt.Errorf("wait for host: %w", err)
+		return false, fmt.Errorf("wait for host: %w", err)
 	}
 	if err := f.SetWriteDeadline(time.Time{}); errors.Is(err, os.ErrNoDeadline) {
-		return fmt.Errorf("wait for host: %w", errors.ErrUnsupported)
+		return false, fmt.Errorf("wait for host: %w", errors.ErrUnsupported)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = f.SetWriteDeadline(time.Unix(1, 0)) })
 	defer stop()
+	rechecked := false // the last wait ended at its deadline
 	for {
 		// Checked first: a wait whose deadline has passed returns
 		// without calling the check.
@@ -76,15 +82,15 @@ func waitHostEvent(ctx context.Context, f *os.File, recheck time.Duration) error
 			if err == nil {
 				err = f.SetWriteDeadline(time.Time{})
 			}
-			return err
+			return rechecked && err == nil, err
 		}
 		if err := f.SetWriteDeadline(time.Now().Add(recheck)); err != nil {
-			return fmt.Errorf("wait for host: %w", err)
+			return false, fmt.Errorf("wait for host: %w", err)
 		}
 		// ctx's AfterFunc sets a deadline in the past: if it ran before
 		// the deadline above replaced it, ctx is done by now.
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 		var pollErr error
 		err := rc.Write(func(fd uintptr) bool {
@@ -94,13 +100,14 @@ func waitHostEvent(ctx context.Context, f *os.File, recheck time.Duration) error
 		})
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return false, ctx.Err()
 		case pollErr != nil:
-			return pollErr
+			return false, pollErr
 		case err == nil:
-			return f.SetWriteDeadline(time.Time{})
+			return false, f.SetWriteDeadline(time.Time{})
 		case !errors.Is(err, os.ErrDeadlineExceeded):
-			return fmt.Errorf("wait for host: %w", err)
+			return false, fmt.Errorf("wait for host: %w", err)
 		}
+		rechecked = true
 	}
 }

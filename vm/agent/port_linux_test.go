@@ -193,7 +193,7 @@ func TestWaitHostEvent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
-	if err := waitHostEvent(ctx, f, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := waitHostEvent(ctx, f, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("no host: %v", err)
 	}
 	if d := time.Since(t0); d > 5*time.Second {
@@ -201,7 +201,13 @@ func TestWaitHostEvent(t *testing.T) {
 	}
 	// A host that connects and writes wakes it, long before the recheck.
 	done := make(chan error, 1)
-	go func() { done <- waitHostEvent(context.Background(), f, time.Hour) }()
+	go func() {
+		missed, err := waitHostEvent(context.Background(), f, time.Hour)
+		if err == nil && missed {
+			err = errors.New("reported as found by the recheck")
+		}
+		done <- err
+	}()
 	time.Sleep(50 * time.Millisecond)
 	h := connectHost(t, slave)
 	defer h.Close()
@@ -223,16 +229,55 @@ func TestWaitHostEvent(t *testing.T) {
 	}
 	// A host already there: at once. A file Go's poller does not take:
 	// ErrUnsupported, and the caller polls on a timer.
-	if err := waitHostEvent(context.Background(), f, time.Hour); err != nil {
-		t.Fatal(err)
+	if missed, err := waitHostEvent(context.Background(), f, time.Hour); err != nil || missed {
+		t.Fatal(missed, err)
 	}
 	regular, err := os.CreateTemp(t.TempDir(), "regular")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer regular.Close()
-	if err := waitHostEvent(context.Background(), regular, time.Hour); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := waitHostEvent(context.Background(), regular, time.Hour); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("a regular file: %v", err)
+	}
+}
+
+// TestWaitHostEventReportsMissedWake: a pty master is not woken when its
+// slave is opened (a host that connects and sends nothing): the recheck
+// finds the host, and says so, so the safety net never hides a device
+// that does not wake the agent.
+func TestWaitHostEventReportsMissedWake(t *testing.T) {
+	master, slave := fakeDevice(t)
+	f, err := (&dupDevice{master: master}).open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := connectHost(t, slave)
+	defer h.Close()
+	// The host is there before the wait: found at once, not missed.
+	if missed, err := waitHostEvent(context.Background(), f, time.Hour); err != nil || missed {
+		t.Fatalf("host already there: missed=%v err=%v", missed, err)
+	}
+	h.Close()
+	done := make(chan bool, 1)
+	go func() {
+		missed, err := waitHostEvent(context.Background(), f, 50*time.Millisecond)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- missed
+	}()
+	time.Sleep(100 * time.Millisecond)
+	h2 := connectHost(t, slave)
+	defer h2.Close()
+	select {
+	case missed := <-done:
+		if !missed {
+			t.Fatal("a host found by the recheck was not reported as missed")
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("the recheck did not find the host")
 	}
 }
 

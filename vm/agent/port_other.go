@@ -16,6 +16,6 @@ func pollHangup(*os.File) (bool, error) {
 }
 
 // waitHostEvent is only implemented on Linux, the only guest OS.
-func waitHostEvent(context.Context, *os.File, time.Duration) error {
-	return fmt.Errorf("wait for host: %w", errors.ErrUnsupported)
+func waitHostEvent(context.Context, *os.File, time.Duration) (bool, error) {
+	return false, fmt.Errorf("wait for host: %w", errors.ErrUnsupported)
 }
