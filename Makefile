@@ -26,7 +26,7 @@ build:
 
 # Man pages of vmgated and vm-exec, from their help texts, into man/.
 man:
-	$(GO) run ./internal/mangen -out man
+	$(GO) run ./cmd/mangen -out man
 
 # Installs the Debian packages vmgate needs (root).
 deps:

@@ -36,14 +36,14 @@ func TestGateway_AuditRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	moved, _ := out["rotated_to"].(string)
+	moved := out.RotatedTo
 	denied()
 
 	if err := os.WriteFile(d.Config.PolicyPath, []byte("version = 1\n[[profile]]\nname = 'x'\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	d.Reload()
-	st, err := d.Client.StatusReport(ctx)
+	st, err := d.Client.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

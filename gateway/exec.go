@@ -26,7 +26,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // newRequestID returns a fresh request id for the audit log and the caller.
@@ -220,7 +220,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	// gets the profile's allowlist, audited as this request's, only now
 	// that it is this request's VM.
 	if n := v.Network; n != nil {
-		t.vm.Network().SetPolicy(guestnet.Policy{Egress: *n, Audit: s.netAudit(st, t.vm.ID)})
+		t.vm.Network().SetPolicy(netstack.Policy{Egress: *n, Audit: s.netAudit(st, t.vm.ID)})
 	}
 	return t, release, nil
 }
@@ -246,9 +246,9 @@ func (s *Server) sessionNetwork(st *execState, t *vmTarget) error {
 	case vn == nil:
 		return nil
 	case n == nil: // the profile no longer allows any network
-		vn.SetPolicy(guestnet.Policy{Audit: s.netAudit(st, t.vm.ID)})
+		vn.SetPolicy(netstack.Policy{Audit: s.netAudit(st, t.vm.ID)})
 	default:
-		vn.SetPolicy(guestnet.Policy{Egress: *n, Audit: s.netAudit(st, t.vm.ID)})
+		vn.SetPolicy(netstack.Policy{Egress: *n, Audit: s.netAudit(st, t.vm.ID)})
 	}
 	return nil
 }

@@ -59,7 +59,7 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 		t.Fatalf("command: %q %v", line, err)
 	}
 	// The command's VM, by its id.
-	st, err := d.Client.StatusReport(context.Background())
+	st, err := d.Client.Status(context.Background())
 	if err != nil || len(st.VMs) != 1 {
 		t.Fatalf("status: %+v %v", st, err)
 	}
@@ -151,7 +151,7 @@ func TestGateway_StateDiskFull(t *testing.T) {
 		return int64(st.Bavail) * st.Bsize
 	}
 	waitFor(t, 2*time.Minute, "the template to load", func() bool {
-		st, err := d.Client.StatusReport(context.Background())
+		st, err := d.Client.Status(context.Background())
 		return err == nil && len(st.Pools) == 1
 	})
 	if res, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil); res.ExitCode != 0 || res.VMStart != "restore" {
@@ -198,7 +198,7 @@ func TestGateway_StateDiskFull(t *testing.T) {
 		t.Fatalf("%d VM directories left", n)
 	}
 	// A full disk says nothing about the template: it stays.
-	if st, err := d.Client.StatusReport(context.Background()); err != nil || len(st.Pools) != 1 {
+	if st, err := d.Client.Status(context.Background()); err != nil || len(st.Pools) != 1 {
 		t.Fatalf("the template after a request on a full disk: %+v %v", st, err)
 	}
 
@@ -257,7 +257,7 @@ func TestGateway_DamagedTemplate(t *testing.T) {
 	})
 	ctx := context.Background()
 	ready := func() bool {
-		st, err := d.Client.StatusReport(ctx)
+		st, err := d.Client.Status(ctx)
 		return err == nil && len(st.Pools) == 1
 	}
 	waitFor(t, 2*time.Minute, "the template to load", ready)

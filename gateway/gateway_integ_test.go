@@ -459,7 +459,7 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 		t.Fatalf("%d VMs started while the audit log was down", n)
 	}
 	st, err := d.Client.Status(context.Background())
-	if err != nil || !strings.Contains(st["audit"].(string), "unavailable") {
+	if err != nil || !strings.Contains(st.Audit, "unavailable") {
 		t.Fatalf("status: %v %v", st, err)
 	}
 	// The operator makes room: the daemon records again without a
@@ -469,7 +469,7 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the audit log to recover", func() bool {
 		st, err := d.Client.Status(context.Background())
-		return err == nil && st["audit"] == "ok"
+		return err == nil && st.Audit == "ok"
 	})
 	if _, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"rm", "x"}}, nil); !errors.Is(err, client.ErrDenied) {
 		t.Fatalf("after the recovery a request is decided again: %v", err)
@@ -498,15 +498,15 @@ func TestGateway_FastPath(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	var pool map[string]any
+	var pool wire.Pool
 	waitPool := func() {
 		for {
 			st, err := d.Client.Status(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if pools, _ := st["pools"].([]any); len(pools) == 1 {
-				if pool = pools[0].(map[string]any); pool["ready"].(float64) >= 1 && pool["ahead"].(float64) >= 1 {
+			if len(st.Pools) == 1 {
+				if pool = st.Pools[0]; pool.Ready >= 1 && pool.Ahead >= 1 {
 					return
 				}
 			}
@@ -531,7 +531,7 @@ func TestGateway_FastPath(t *testing.T) {
 	waitPool()
 	// The clone launched ahead when the pool was first full made the
 	// second VM, or the pool's replacement of the first.
-	if pool["ahead_used"].(float64) < 1 || pool["ahead_failed"].(float64) != 0 {
+	if pool.AheadUsed < 1 || pool.AheadFailed != 0 {
 		t.Fatalf("clones launched ahead: %v", pool)
 	}
 	res3, so3, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "echo kept > /root/f"}, Session: "s"}, nil)
@@ -569,8 +569,7 @@ func TestGateway_RestoreFailureFallsBack(t *testing.T) {
 	defer cancel()
 	waitFor(t, 5*time.Minute, "the template", func() bool {
 		st, err := d.Client.Status(ctx)
-		pools, _ := st["pools"].([]any)
-		return err == nil && len(pools) == 1
+		return err == nil && len(st.Pools) == 1
 	})
 	res, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
 	if res.VMStart != "restore" {
@@ -846,10 +845,8 @@ allow = ["other.test:80"]
 		if err != nil {
 			t.Fatal(err)
 		}
-		pools, _ := st["pools"].([]any)
-		for _, p := range pools {
-			m := p.(map[string]any)
-			if m["network"] == true && m["ready"].(float64) >= 1 {
+		for _, p := range st.Pools {
+			if p.Network && p.Ready >= 1 {
 				return true
 			}
 		}
@@ -876,8 +873,8 @@ allow = ["other.test:80"]
 		t.Errorf("web profile reached narrow's name: %+v", res)
 	}
 	st, err := d.Client.Status(ctx)
-	if err != nil || st["restore_handshake_failures"] != float64(0) {
-		t.Errorf("status: %v %v", st["restore_handshake_failures"], err)
+	if err != nil || st.RestoreHandshakeFailures != 0 {
+		t.Errorf("status: %v %v", st.RestoreHandshakeFailures, err)
 	}
 	d.StopAndCheck(t)
 	// The pooled VM's connection is audited as its request's, on its VM.

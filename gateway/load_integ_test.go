@@ -129,7 +129,7 @@ func TestGateway_Load(t *testing.T) {
 	// only its pool left, then compare.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		st, err := d.Client.StatusReport(ctx)
+		st, err := d.Client.Status(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,19 +9,19 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/policy/netrule"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // netBase is the plumbing of every VM network (the daemon's resolver and
 // log) with no policy: it allows nothing until SetPolicy.
-func (s *Server) netBase() guestnet.Config {
-	return guestnet.Config{Hosts: s.cfg.NetHosts, Log: s.log}
+func (s *Server) netBase() netstack.Config {
+	return netstack.Config{Hosts: s.cfg.NetHosts, Log: s.log}
 }
 
 // netAudit returns the audit hook of a VM's network: one KindNet record
 // per DNS query and connection, tied to the request and the VM.
-func (s *Server) netAudit(st *execState, vmID string) func(guestnet.Record) {
-	return func(r guestnet.Record) {
+func (s *Server) netAudit(st *execState, vmID string) func(netstack.Record) {
+	return func(r netstack.Record) {
 		rec := audit.Record{Kind: audit.KindNet, RequestID: st.reqID, Profile: st.verdict.Profile,
 			VMID: vmID, Verdict: audit.VerdictDeny, Rule: r.Rule, Reason: r.Reason,
 			Net: &audit.NetEvent{Proto: r.Proto, Name: r.Name, Port: r.Port, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds()}}

@@ -341,7 +341,7 @@ func TestGateway_SSH(t *testing.T) {
 		_ = cmd.Wait()
 		waitFor(t, time.Minute, "the VM of the dropped command to go", func() bool {
 			st, err := d.Client.Status(context.Background())
-			return err == nil && st["live_vms"].(float64) == 0
+			return err == nil && st.LiveVMs == 0
 		})
 		for _, r := range testutil.JSONLines[audit.Record](t, d.AuditPath) {
 			if r.Kind == audit.KindExec && len(r.Argv) == 3 && strings.Contains(r.Argv[2], "sleep 300") {

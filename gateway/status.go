@@ -110,7 +110,7 @@ func (s *Server) handleAuditRotate(w http.ResponseWriter, r *http.Request) {
 	}
 	seq, head := s.audit.Head()
 	s.log.Info("audit log rotated", "to", to, "seq", seq, "head", head, "by", describeCaller(id))
-	writeJSON(w, map[string]any{"rotated_to": to, "seq": seq, "head": head})
+	writeJSON(w, wire.Rotation{RotatedTo: to, Seq: seq, Head: head})
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {

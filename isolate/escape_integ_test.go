@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/isolate/cgroup/cgrouptest"
+
 	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/isolate"
@@ -96,7 +98,7 @@ func TestEscape_Isolated(t *testing.T) {
 	img := testutil.ForOthers(t, testutil.RequiresImage(t))
 	// The jail's cgroup comes from a group delegated to the unprivileged
 	// daemon user, as systemd's Delegate=yes gives vmgated one.
-	cgm := testutil.RequiresCgroups(t)
+	cgm := cgrouptest.RequiresCgroups(t)
 	delegated, undelegate, err := cgm.Delegate("service", nobody, nobody)
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/names"
+
 	"github.com/vmgate/vmgate/policy/netrule"
 )
 
@@ -192,10 +193,6 @@ func (v Verdict) Err() error {
 	b.WriteString(v.Reason)
 	return fmt.Errorf("%w: %s", ErrDenied, b.String())
 }
-
-// ValidSessionName reports whether s is an acceptable session name; the
-// rule is the protocol's (wire.ValidSessionName), which clients check too.
-func ValidSessionName(s string) bool { return wire.ValidSessionName(s) }
 
 // Decide returns the verdict for req from the caller id. It is pure: no I/O,
 // no clock, no mutation; safe for concurrent use. A nil Policy denies
@@ -412,7 +409,7 @@ func checkRequest(req *Request) string {
 	if req.Interactive && req.Timeout != 0 {
 		return "an interactive shell takes no timeout: its limit is the profile's sessions.max_lifetime"
 	}
-	if req.Session != "" && !ValidSessionName(req.Session) {
+	if req.Session != "" && !names.Session(req.Session) {
 		return fmt.Sprintf("session name %s: must be 1 to 64 of [A-Za-z0-9._-], not . or ..", quote(req.Session))
 	}
 	if req.Timeout < 0 {

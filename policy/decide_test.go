@@ -370,18 +370,6 @@ func TestReasonQuotesHostileInput(t *testing.T) {
 	}
 }
 
-func TestValidSessionName(t *testing.T) {
-	for s, want := range map[string]bool{
-		"a": true, "A.b_c-1": true, strings.Repeat("x", 64): true,
-		"": false, ".": false, "..": false, "a/b": false, strings.Repeat("x", 65): false,
-		"a\x00": false, "é": false, "a\n": false,
-	} {
-		if got := ValidSessionName(s); got != want {
-			t.Errorf("ValidSessionName(%q) = %v, want %v", s, got, want)
-		}
-	}
-}
-
 func TestQuote(t *testing.T) {
 	if got := quote("abc"); got != `"abc"` {
 		t.Fatalf("quote = %s", got)

@@ -53,7 +53,7 @@
 // diagnose); a negative timeout or one above the profile's timeout.max (0
 // means timeout.default); a shell string when allow_shell is false, or one not
 // shaped ["sh", "-c", STRING]; a session when sessions are not allowed, or a
-// session name that [ValidSessionName] rejects.
+// session name that names.Session rejects.
 //
 // Program names (argv[0]) must be either a bare name ("wget") or a clean
 // absolute path ("/usr/bin/wget"): not empty, valid UTF-8, without white

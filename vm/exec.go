@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/signum"
-	"github.com/vmgate/vmgate/internal/sshmsg"
-	"github.com/vmgate/vmgate/vm/agentconn"
-	"github.com/vmgate/vmgate/vm/agentproto"
+	"github.com/vmgate/vmgate/internal/tty"
+	"github.com/vmgate/vmgate/vm/guest/agentconn"
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // ExecRequest is one command to run in the VM.
@@ -333,7 +333,7 @@ func (s *execSession) wait(ctx context.Context) (*ExecResult, error) {
 				s.send(func() error { return s.ch.Signal(sig) })
 			}
 		case sz := <-s.req.Resize:
-			if s.req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && sshmsg.TermSizeOK(sz.Columns, sz.Rows) {
+			if s.req.PTY != nil && sz.Columns > 0 && sz.Rows > 0 && tty.SizeOK(sz.Columns, sz.Rows) {
 				s.send(func() error { return s.ch.Resize(sz.Columns, sz.Rows) })
 			}
 		case <-killDeadline:

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/testutil"
-	"github.com/vmgate/vmgate/vm/agentconn"
-	"github.com/vmgate/vmgate/vm/agentproto"
+	"github.com/vmgate/vmgate/vm/guest/agentconn"
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // fakeGuest is the guest's end of a fake VM's agent connection, driven

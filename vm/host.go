@@ -10,9 +10,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/names"
+
 	"github.com/vmgate/vmgate/isolate/cgroup"
-	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/image"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // Host is where VMs come from: built once per daemon, it owns the checked
@@ -63,7 +65,7 @@ type HostConfig struct {
 	Cgroups string
 	// Network is the plumbing of every NIC's network (resolver, log),
 	// with no policy.
-	Network guestnet.Config
+	Network netstack.Config
 	// NetstackSocket, when set, is where systemd starts the guest
 	// networks' netstacks (vm/netproc Config.Socket); empty: vmgated
 	// jails them itself.
@@ -237,7 +239,7 @@ func (h *Host) ImageDir(name string) (string, error) {
 	if name == "" || name == DefaultImage {
 		return h.cfg.ImageDir, nil
 	}
-	if !image.ValidName(name) {
+	if !names.Image(name) {
 		return "", fmt.Errorf("image %q: not an image name", name)
 	}
 	return filepath.Join(h.imagesDir(), name), nil

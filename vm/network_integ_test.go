@@ -18,7 +18,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/policy/netrule"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // testInternet is a web server the guest reaches as allowed.test: names
@@ -28,7 +28,7 @@ type testInternet struct {
 	srv    *httptest.Server
 	public netip.AddrPort
 	mu     sync.Mutex
-	recs   []guestnet.Record
+	recs   []netstack.Record
 }
 
 func newTestInternet(t *testing.T) *testInternet {
@@ -42,14 +42,14 @@ func newTestInternet(t *testing.T) *testInternet {
 	return ti
 }
 
-func (ti *testInternet) config(t *testing.T) *guestnet.Config {
+func (ti *testInternet) config(t *testing.T) *netstack.Config {
 	rules, err := netrule.ParseRules([]string{fmt.Sprintf("allowed.test:%d", ti.public.Port())})
 	if err != nil {
 		t.Fatal(err)
 	}
 	real := strings.TrimPrefix(ti.srv.URL, "http://")
-	cfg := &guestnet.Config{
-		Policy: guestnet.Policy{Egress: netrule.Egress{Rules: rules}},
+	cfg := &netstack.Config{
+		Policy: netstack.Policy{Egress: netrule.Egress{Rules: rules}},
 		Resolve: func(_ context.Context, name string) ([]netip.Addr, error) {
 			switch name {
 			case "allowed.test", "denied.test":
@@ -65,14 +65,14 @@ func (ti *testInternet) config(t *testing.T) *guestnet.Config {
 			return d.DialContext(ctx, network, real)
 		},
 	}
-	cfg.Audit = func(r guestnet.Record) { ti.mu.Lock(); ti.recs = append(ti.recs, r); ti.mu.Unlock() }
+	cfg.Audit = func(r netstack.Record) { ti.mu.Lock(); ti.recs = append(ti.recs, r); ti.mu.Unlock() }
 	return cfg
 }
 
-func (ti *testInternet) records() []guestnet.Record {
+func (ti *testInternet) records() []netstack.Record {
 	ti.mu.Lock()
 	defer ti.mu.Unlock()
-	return append([]guestnet.Record(nil), ti.recs...)
+	return append([]netstack.Record(nil), ti.recs...)
 }
 
 // TestVM_Network boots a VM with a network and checks, from inside the
@@ -183,10 +183,10 @@ func TestTemplate_NetworkClones(t *testing.T) {
 	}
 	defer a.Close()
 	var mu sync.Mutex
-	var bRecs []guestnet.Record
+	var bRecs []netstack.Record
 	deny := *allow
 	deny.Rules = nil
-	deny.Audit = func(r guestnet.Record) { mu.Lock(); bRecs = append(bRecs, r); mu.Unlock() }
+	deny.Audit = func(r netstack.Record) { mu.Lock(); bRecs = append(bRecs, r); mu.Unlock() }
 	bOpts := opts
 	bOpts.Network = &deny
 	b, err := tmpl.Restore(ctx, bOpts)

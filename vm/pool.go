@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/vm/agentproto"
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // Pool keeps up to Size VMs restored from one template, ready to hand out.

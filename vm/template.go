@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/image"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // A template is a booted, quiesced VM saved once, from which fresh VMs are
@@ -375,7 +375,7 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 	if opts.Network != nil {
 		// The template's guest gets its DHCP lease while it boots, and
 		// nothing else: no name resolves, no connection is made.
-		opts.Network = &guestnet.Config{Log: opts.Log}
+		opts.Network = &netstack.Config{Log: opts.Log}
 	}
 	v, err := start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: img.qemuFiles(), ram: ramSharedFile})
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/isolate/cgroup/cgrouptest"
+
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm/image"
 )
@@ -27,7 +29,7 @@ func TestTemplate_RestoreClones(t *testing.T) {
 	state := t.TempDir()
 	opts := Options{ImageDir: img, StateDir: state, Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}
 	if os.Geteuid() == 0 {
-		opts.Cgroups = testutil.RequiresCgroups(t)
+		opts.Cgroups = cgrouptest.RequiresCgroups(t)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()

@@ -25,11 +25,11 @@ import (
 
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/isolate/cgroup"
-	"github.com/vmgate/vmgate/vm/agentconn"
-	"github.com/vmgate/vmgate/vm/agentproto"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/guest/agentconn"
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
 	"github.com/vmgate/vmgate/vm/image"
 	"github.com/vmgate/vmgate/vm/netproc"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // ErrVMDied reports that QEMU exited while the VM was in use.
@@ -68,10 +68,10 @@ type Options struct {
 	// TemplateDir holds VM templates (default StateDir/templates).
 	TemplateDir string
 	// Network, when set, gives the VM a NIC on its own user-space network
-	// (package guestnet) with this policy; nil: no NIC at all. The
+	// (package netstack) with this policy; nil: no NIC at all. The
 	// policy can be replaced later (VM.Network().SetPolicy), as the pool
 	// does when it hands a VM out.
-	Network *guestnet.Config
+	Network *netstack.Config
 	// NetstackSocket: see HostConfig.NetstackSocket.
 	NetstackSocket string
 	// NetworkTimeout bounds the wait, once the agent answers, for a VM
@@ -443,15 +443,15 @@ func (v *VM) ready(ctx context.Context, opts Options, img *imageFiles, m launchM
 }
 
 // GuestNetwork is a VM's user-space network as its user sees it: a
-// policy that can be replaced (guestnet.Network.SetPolicy).
-type GuestNetwork interface{ SetPolicy(guestnet.Policy) }
+// policy that can be replaced (netstack.Network.SetPolicy).
+type GuestNetwork interface{ SetPolicy(netstack.Policy) }
 
 // startNetwork starts the VM's user-space network, listening on its
 // socket; QEMU connects when it starts. It runs in a jailed netstack
 // process (package vm/netproc), except for a Config with Resolve or Dial
 // set: functions cannot cross into another process, so that test
 // plumbing (a fake Internet) runs the network in this process.
-func (v *VM) startNetwork(cfg guestnet.Config, opts Options) error {
+func (v *VM) startNetwork(cfg netstack.Config, opts Options) error {
 	if cfg.Log == nil {
 		cfg.Log = v.log
 	}
@@ -488,8 +488,8 @@ func (v *VM) startNetwork(cfg guestnet.Config, opts Options) error {
 }
 
 // startNetworkHere runs the VM's network in this process.
-func (v *VM) startNetworkHere(cfg guestnet.Config) error {
-	n, err := guestnet.New(cfg)
+func (v *VM) startNetworkHere(cfg netstack.Config) error {
+	n, err := netstack.New(cfg)
 	if err != nil {
 		return fmt.Errorf("start vm: %w", err)
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/isolate/cgroup/cgrouptest"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/testutil"
@@ -30,7 +32,7 @@ func startTestVM(t *testing.T, state string) *VM {
 	// As root a cgroup is always at hand (under CI its absence fails);
 	// as a plain user the VM runs with rlimits only, as vmgated would.
 	if os.Geteuid() == 0 {
-		opts.Cgroups = testutil.RequiresCgroups(t)
+		opts.Cgroups = cgrouptest.RequiresCgroups(t)
 	}
 	v, err := Start(ctx, opts)
 	if err != nil {

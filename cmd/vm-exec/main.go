@@ -5,7 +5,7 @@ package main
 import (
 	"os"
 
-	"github.com/vmgate/vmgate/internal/vmexec"
+	"github.com/vmgate/vmgate/cmd/vm-exec/vmexec"
 )
 
 func main() { os.Exit(vmexec.Run(os.Args[1:])) }

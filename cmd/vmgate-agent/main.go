@@ -12,9 +12,9 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/vmgate/vmgate/vm/agent"
-	"github.com/vmgate/vmgate/vm/agentproto"
-	"github.com/vmgate/vmgate/vm/guestinit"
+	"github.com/vmgate/vmgate/vm/guest/agent"
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
+	"github.com/vmgate/vmgate/vm/guest/boot"
 )
 
 // version is set by the build (-ldflags -X main.version=…).
@@ -23,9 +23,9 @@ var version = "dev"
 func main() {
 	if os.Getpid() == 1 {
 		if filepath.Base(os.Args[0]) == agentproto.RootInitName {
-			guestinit.RunRoot() // an imported root's init; never returns
+			boot.RunRoot() // an imported root's init; never returns
 		}
-		guestinit.Run() // never returns
+		boot.Run() // never returns
 	}
 	if len(os.Args) > 1 {
 		// A file transfer (vm-exec --put/--get), run as a command.

@@ -5,7 +5,7 @@ package main
 import (
 	"os"
 
-	"github.com/vmgate/vmgate/internal/cli"
+	"github.com/vmgate/vmgate/cmd/vmgated/cli"
 	"github.com/vmgate/vmgate/internal/reexec"
 )
 

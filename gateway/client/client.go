@@ -416,24 +416,30 @@ func (c *Client) HoldSession(ctx context.Context, name string) error {
 	return nil
 }
 
-// Status returns the gateway's status document.
-func (c *Client) Status(ctx context.Context) (map[string]any, error) {
-	var out map[string]any
-	return out, c.status(ctx, &out)
+// Status returns the gateway's status: live VMs, the caller's (or, for an
+// admin, every) command and session, the pools, the audit chain's head.
+func (c *Client) Status(ctx context.Context) (*wire.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var out wire.Status
+	if err := c.call(ctx, http.MethodGet, "/v1/status", http.StatusOK, &out); err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return &out, nil
 }
 
 // errConnLost: the exec stream ended before its final frame.
 var errConnLost = errors.New("connection to vmgated lost")
 
 // RotateAudit asks the daemon to move its audit log aside and continue
-// the chain in a new file; it returns the daemon's answer (rotated_to,
-// seq, head).
-func (c *Client) RotateAudit(ctx context.Context) (map[string]any, error) {
-	var out map[string]any
+// the chain in a new file; it returns where the old file went and the
+// chain's head.
+func (c *Client) RotateAudit(ctx context.Context) (*wire.Rotation, error) {
+	var out wire.Rotation
 	if err := c.call(ctx, http.MethodPost, "/v1/audit/rotate", http.StatusOK, &out); err != nil {
 		return nil, fmt.Errorf("audit rotate: %w", err)
 	}
-	return out, nil
+	return &out, nil
 }
 
 // Metrics returns the daemon's metrics in the Prometheus text format.
@@ -457,21 +463,6 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("metrics: %w", err)
 	}
 	return string(b), nil
-}
-
-// StatusReport is Status decoded.
-func (c *Client) StatusReport(ctx context.Context) (*wire.Status, error) {
-	var out wire.Status
-	return &out, c.status(ctx, &out)
-}
-
-func (c *Client) status(ctx context.Context, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := c.call(ctx, http.MethodGet, "/v1/status", http.StatusOK, out); err != nil {
-		return fmt.Errorf("status: %w", err)
-	}
-	return nil
 }
 
 // call makes a plain API request and decodes a JSON answer into out (if

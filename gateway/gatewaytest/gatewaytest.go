@@ -2,8 +2,8 @@
 // net/http/httptest runs a real server: its socket, state, audit log and
 // policy in a temporary directory, on the test image, with the test's
 // changes to the configuration; at the end of the test it is stopped and
-// nothing of it may be left. Every in-process daemon test uses it; the
-// daemon itself is internal/bench's (gateway.New, a listener, Serve).
+// nothing of it may be left. Every in-process daemon test uses it, and
+// the benchmarks use its daemon (Daemon: gateway.New, a listener, Serve).
 package gatewaytest
 
 import (
@@ -20,14 +20,8 @@ import (
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/internal/bench"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
-
-// Daemon is a daemon serving in this process for a test.
-type Daemon struct {
-	*bench.Daemon
-}
 
 // Start starts a daemon for t: its socket, state, audit log and (when
 // policy is not empty) policy file in a temporary directory, on the test
@@ -51,11 +45,10 @@ func Start(t testing.TB, policy string, mutate func(*gateway.Config)) *Daemon {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	bd, err := bench.StartGateway(context.Background(), cfg)
+	d, err := Serve(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("daemon: %v", err)
 	}
-	d := &Daemon{bd}
 	t.Cleanup(func() { d.StopAndCheck(t) })
 	return d
 }

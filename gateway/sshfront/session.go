@@ -13,7 +13,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/internal/sshmsg"
+	"github.com/vmgate/vmgate/internal/tty"
 	"github.com/vmgate/vmgate/policy"
 )
 
@@ -86,17 +86,17 @@ type session struct {
 func (ss *session) handle(r *ssh.Request) {
 	ok := false
 	switch r.Type {
-	case sshmsg.Env:
+	case reqEnv:
 		ok = ss.env(r.Payload)
-	case sshmsg.PtyReq:
+	case reqPtyReq:
 		ok = ss.pty(r.Payload)
-	case sshmsg.WindowChange:
+	case reqWindowChange:
 		ok = ss.windowChange(r.Payload)
-	case sshmsg.Exec, sshmsg.Shell:
+	case reqExec, reqShell:
 		if ss.start(r) {
 			return // replied already
 		}
-	case sshmsg.Signal:
+	case reqSignal:
 		ok = ss.signal(r.Payload)
 	}
 	if r.WantReply {
@@ -106,7 +106,7 @@ func (ss *session) handle(r *ssh.Request) {
 
 // env passes a variable the profile allows, before the command starts.
 func (ss *session) env(payload []byte) bool {
-	var p sshmsg.EnvRequest
+	var p envRequest
 	switch {
 	case ss.started || ssh.Unmarshal(payload, &p) != nil:
 		return false
@@ -125,8 +125,8 @@ func (ss *session) env(payload []byte) bool {
 // pty asks for a terminal, before the command starts, unless the key
 // forbids it.
 func (ss *session) pty(payload []byte) bool {
-	var p sshmsg.PtyRequest
-	if ss.started || ss.noPTY || ssh.Unmarshal(payload, &p) != nil || !sshmsg.TermSizeOK(p.Columns, p.Rows) || !sshmsg.TermNameOK(p.Term) {
+	var p ptyRequest
+	if ss.started || ss.noPTY || ssh.Unmarshal(payload, &p) != nil || !tty.SizeOK(p.Columns, p.Rows) || !tty.NameOK(p.Term) {
 		return false
 	}
 	ss.job.tty = &wire.TTY{Term: p.Term, Cols: p.Columns, Rows: p.Rows}
@@ -137,8 +137,8 @@ func (ss *session) pty(payload []byte) bool {
 // pty's; after, the latest size goes to the running command (a size not
 // yet taken is replaced).
 func (ss *session) windowChange(payload []byte) bool {
-	var p sshmsg.WindowChangeRequest
-	if ss.job.tty == nil || ssh.Unmarshal(payload, &p) != nil || p.Columns == 0 || p.Rows == 0 || !sshmsg.TermSizeOK(p.Columns, p.Rows) {
+	var p windowChangeRequest
+	if ss.job.tty == nil || ssh.Unmarshal(payload, &p) != nil || p.Columns == 0 || p.Rows == 0 || !tty.SizeOK(p.Columns, p.Rows) {
 		return false
 	}
 	if !ss.started {
@@ -168,8 +168,8 @@ func (ss *session) start(r *ssh.Request) bool {
 	if ss.started {
 		return false
 	}
-	if r.Type == sshmsg.Exec {
-		var p sshmsg.ExecRequest
+	if r.Type == reqExec {
+		var p execRequest
 		if ssh.Unmarshal(r.Payload, &p) != nil {
 			return false
 		}
@@ -187,7 +187,7 @@ func (ss *session) start(r *ssh.Request) bool {
 
 // signal passes a signal to the running command (dropped when 8 wait).
 func (ss *session) signal(payload []byte) bool {
-	var p sshmsg.SignalRequest
+	var p signalRequest
 	if !ss.started || ssh.Unmarshal(payload, &p) != nil {
 		return false
 	}
@@ -214,7 +214,7 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 	fail := func(code int, msg string) {
 		_, _ = io.WriteString(ch.Stderr(), "vmgate: "+msg+nl)
 		_ = ch.CloseWrite()
-		_, _ = ch.SendRequest(sshmsg.ExitStatus, false, ssh.Marshal(sshmsg.ExitStatusMsg{Status: uint32(code)}))
+		_, _ = ch.SendRequest(reqExitStatus, false, ssh.Marshal(exitStatusMsg{Status: uint32(code)}))
 	}
 	if lg.err != nil {
 		k := id.SSH
@@ -278,9 +278,9 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 		}
 		_ = ch.CloseWrite()
 		if res.Signal != "" {
-			_, _ = ch.SendRequest(sshmsg.ExitSignal, false, ssh.Marshal(sshmsg.ExitSignalMsg{Signal: res.Signal}))
+			_, _ = ch.SendRequest(reqExitSignal, false, ssh.Marshal(exitSignalMsg{Signal: res.Signal}))
 		} else {
-			_, _ = ch.SendRequest(sshmsg.ExitStatus, false, ssh.Marshal(sshmsg.ExitStatusMsg{Status: uint32(res.ExitCode)}))
+			_, _ = ch.SendRequest(reqExitStatus, false, ssh.Marshal(exitStatusMsg{Status: uint32(res.ExitCode)}))
 		}
 	}
 }

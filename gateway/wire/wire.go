@@ -39,27 +39,17 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/internal/signum"
-	"github.com/vmgate/vmgate/internal/sshmsg"
 	"github.com/vmgate/vmgate/internal/transfer"
+	"github.com/vmgate/vmgate/internal/tty"
 )
 
 // DefaultSocket is the daemon's socket when none is configured; clients
 // use it when neither a path nor VMGATE_SOCKET is given.
 const DefaultSocket = "/run/vmgate/vmgate.sock"
-
-var sessionNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-// ValidSessionName reports whether s is an acceptable session name: 1 to 64
-// of [A-Za-z0-9._-], and not "." or "..", so that it is safe as a file name
-// (and as an SSH login, whose user names allow the same characters).
-func ValidSessionName(s string) bool {
-	return sessionNameRE.MatchString(s) && s != "." && s != ".."
-}
 
 // Version is the API version prefix of every path.
 const Version = "v1"
@@ -336,6 +326,14 @@ type Status struct {
 	Sessions                 []Session  `json:"sessions"`
 }
 
+// Rotation is the answer to POST /v1/audit/rotate: where the old file
+// went, and the chain's last record (the new file continues after it).
+type Rotation struct {
+	RotatedTo string `json:"rotated_to"`
+	Seq       uint64 `json:"seq"`
+	Head      string `json:"head"`
+}
+
 // Pool is one VM shape's template and pool.
 type Pool struct {
 	Image     string `json:"image"`
@@ -480,7 +478,7 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 		return nil, errors.New("exec request: negative timeout")
 	}
 	if t := req.TTY; t != nil {
-		if !sshmsg.TermSizeOK(t.Cols, t.Rows) || !sshmsg.TermNameOK(t.Term) {
+		if !tty.SizeOK(t.Cols, t.Rows) || !tty.NameOK(t.Term) {
 			return nil, errors.New("exec request: unreasonable tty size or terminal name")
 		}
 	}

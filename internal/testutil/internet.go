@@ -31,7 +31,7 @@ func RequiresInternet(t testing.TB) *Internet {
 	t.Helper()
 	RequiresRoot(t)
 	if _, err := exec.LookPath("ip"); err != nil {
-		skipOrFail(t, "ip (iproute2) not installed")
+		SkipOrFail(t, "ip (iproute2) not installed")
 	}
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)

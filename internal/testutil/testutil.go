@@ -20,7 +20,9 @@ import (
 // inCI reports whether the tests run under CI, where every gate must pass.
 func inCI() bool { return os.Getenv("CI") == "true" }
 
-func skipOrFail(t testing.TB, format string, args ...any) {
+// SkipOrFail skips the test, or fails it under CI (CI=true), where
+// every gate must pass.
+func SkipOrFail(t testing.TB, format string, args ...any) {
 	t.Helper()
 	if inCI() {
 		t.Fatalf("CI: "+format, args...)
@@ -37,7 +39,7 @@ func RequiresQEMU(t testing.TB) {
 	}
 	for _, b := range []string{"qemu-system-x86_64", "qemu-img"} {
 		if _, err := exec.LookPath(b); err != nil {
-			skipOrFail(t, "%s not installed (apt-get install qemu-system-x86 qemu-utils)", b)
+			SkipOrFail(t, "%s not installed (apt-get install qemu-system-x86 qemu-utils)", b)
 		}
 	}
 }
@@ -49,10 +51,10 @@ func RequiresImage(t testing.TB) string {
 	RequiresQEMU(t)
 	dir := os.Getenv("VMGATE_TEST_IMAGE")
 	if dir == "" {
-		skipOrFail(t, "VMGATE_TEST_IMAGE not set: run the suite with `make test`, which builds the image")
+		SkipOrFail(t, "VMGATE_TEST_IMAGE not set: run the suite with `make test`, which builds the image")
 	}
 	if _, err := os.Stat(dir + "/manifest.json"); err != nil {
-		skipOrFail(t, "VMGATE_TEST_IMAGE=%s holds no built image: %v", dir, err)
+		SkipOrFail(t, "VMGATE_TEST_IMAGE=%s holds no built image: %v", dir, err)
 	}
 	return dir
 }
@@ -65,7 +67,7 @@ func RequiresRoot(t testing.TB) {
 		t.Skip("VMGATE_SKIP_ROOT_TESTS set")
 	}
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root")
+		SkipOrFail(t, "needs root")
 	}
 }
 

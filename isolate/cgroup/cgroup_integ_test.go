@@ -11,7 +11,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/isolate/cgroup/cgrouptest"
+
 	"github.com/vmgate/vmgate/isolate/cgroup"
 )
 
@@ -88,7 +89,7 @@ func runInGroup(t *testing.T, g *cgroup.Group, role string) (string, error) {
 }
 
 func TestGroup_PidsLimit(t *testing.T) {
-	m := testutil.RequiresCgroups(t)
+	m := cgrouptest.RequiresCgroups(t)
 	if !contains(m.Controllers(), "pids") {
 		t.Fatalf("%s: no pids controller", m)
 	}
@@ -109,7 +110,7 @@ func TestGroup_PidsLimit(t *testing.T) {
 }
 
 func TestGroup_MemoryLimit(t *testing.T) {
-	m := testutil.RequiresCgroups(t)
+	m := cgrouptest.RequiresCgroups(t)
 	if !contains(m.Controllers(), "memory") {
 		t.Fatalf("%s: no memory controller", m)
 	}
@@ -127,7 +128,7 @@ func TestGroup_MemoryLimit(t *testing.T) {
 }
 
 func TestGroup_CPUAndRemove(t *testing.T) {
-	m := testutil.RequiresCgroups(t)
+	m := cgrouptest.RequiresCgroups(t)
 	g, err := m.New("cpu", cgroup.Limits{CPUs: 0.5, Pids: 64, MemoryBytes: 256 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +177,7 @@ func contains(l []string, s string) bool {
 // removes the daemon's group; the next VM's group makes it again, with
 // its limits working, instead of every later start failing.
 func TestManager_BaseRemovedFromOutside(t *testing.T) {
-	m := testutil.RequiresCgroups(t)
+	m := cgrouptest.RequiresCgroups(t)
 	g, err := m.New("before", cgroup.Limits{Pids: 32})
 	if err != nil {
 		t.Fatal(err)

@@ -20,9 +20,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmgate/vmgate/internal/testutil"
-	"github.com/vmgate/vmgate/vm/agentproto"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 func init() {

@@ -1,7 +1,7 @@
 package seccomp
 
 // netstackTable is the allowlist of vmgated's netstack role: one VM's
-// user-space network (package vm/guestnet), a Go program (with cgo's
+// user-space network (package vm/netstack), a Go program (with cgo's
 // glibc start-up) that reads the guest's frames from an inherited socket,
 // answers its DNS queries through the host's resolver and makes the
 // outbound TCP connections its policy allows. It opens no files but the

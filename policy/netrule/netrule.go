@@ -2,7 +2,7 @@
 // such as "example.com:443", "*.example.com:443" or "203.0.113.0/24:80",
 // parsed and matched, and the normal form of a DNS name. The policy
 // compiles a profile's allowlist into Rules; the guest network
-// (vm/guestnet) enforces them. It uses the standard library only, so that
+// (vm/netstack) enforces them. It uses the standard library only, so that
 // importing the policy never links a network stack.
 package netrule
 

@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/reexec"
-	"github.com/vmgate/vmgate/vm/agentproto"
-	"github.com/vmgate/vmgate/vm/initramfs"
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
+	"github.com/vmgate/vmgate/vm/guest/initramfs"
 )
 
 // customizeRole is the re-exec role that mmdebstrap's customize hook runs.

@@ -14,7 +14,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/vmgate/vmgate/vm/agentproto"
+	"github.com/vmgate/vmgate/vm/guest/netconf"
+
+	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // ImportOptions configure Import.
@@ -161,7 +163,7 @@ func prepareImported(r *os.Root, agentBin []byte) error {
 	}{
 		{agentproto.AgentBinaryPath, agentBin, 0o755},
 		{agentproto.RootInitMarker, []byte("vmgate-agent is this root's init (vmgated image import)\n"), 0o644},
-		{"/etc/resolv.conf", []byte("nameserver " + agentproto.ResolverAddr + "\noptions timeout:2 attempts:2\n"), 0o644},
+		{"/etc/resolv.conf", []byte("nameserver " + netconf.Resolver.String() + "\noptions timeout:2 attempts:2\n"), 0o644},
 		{"/etc/hostname", []byte("vmgate\n"), 0o644},
 		{"/etc/hosts", []byte("127.0.0.1\tlocalhost\n127.0.1.1\tvmgate\n::1\tlocalhost ip6-localhost ip6-loopback\n"), 0o644},
 	}

@@ -265,22 +265,3 @@ func ParsePackageList(s string) ([]Package, error) {
 	slices.SortFunc(out, func(a, b Package) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
-
-// ValidName reports whether s can name an image: 1 to 64 of
-// [A-Za-z0-9._-], starting with a letter or digit (the policy's
-// profile.image accepts the same), so that STATE/images/NAME is always
-// one directory below STATE/images.
-func ValidName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i, r := range s {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
-		case i > 0 && (r == '.' || r == '_' || r == '-'):
-		default:
-			return false
-		}
-	}
-	return true
-}

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/reexec"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // Role is the re-exec role of the netstack.
@@ -51,9 +51,9 @@ func child(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := guestnet.Config{Hosts: first.Hosts, Log: log}
+	cfg := netstack.Config{Hosts: first.Hosts, Log: log}
 	var gen atomic.Uint64
-	audit := func(r guestnet.Record) {
+	audit := func(r netstack.Record) {
 		b, err := json.Marshal(fromChild{Gen: gen.Load(), Record: recordToWire(r)})
 		if err == nil {
 			_, err = ctl.Write(b)
@@ -62,8 +62,8 @@ func child(args []string) error {
 			log.Debug("send record", "err", err)
 		}
 	}
-	policy := func(m toChild) (guestnet.Policy, error) {
-		p := guestnet.Policy{Audit: audit}
+	policy := func(m toChild) (netstack.Policy, error) {
+		p := netstack.Policy{Audit: audit}
 		if m.Policy != nil {
 			e, err := m.Policy.egress()
 			if err != nil {
@@ -77,7 +77,7 @@ func child(args []string) error {
 	if cfg.Policy, err = policy(first); err != nil {
 		return err
 	}
-	n, err := guestnet.New(cfg)
+	n, err := netstack.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,10 @@
-// Package netproc runs one VM's guest network (package vm/guestnet) in a
+// Package netproc runs one VM's guest network (package vm/netstack) in a
 // process of its own: vmgated's re-exec role "netstack", jailed like QEMU
 // (package isolate), and the daemon's side of the narrow channel to it.
 //
 // Threat model: the guest is hostile, and its frames, DNS queries and
 // connection starts are parsed by the netstack (gVisor's TCP/IP stack and
-// the name checks of guestnet). A bug there, exploited by a guest, gives
+// the name checks of netstack). A bug there, exploited by a guest, gives
 // the attacker the netstack process and nothing more:
 //
 //   - its own user, mount, pid, ipc, uts and cgroup namespaces, no

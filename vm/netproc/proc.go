@@ -20,7 +20,7 @@ import (
 	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/policy/netrule"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // Config is what the daemon gives one VM's netstack.
@@ -32,7 +32,7 @@ type Config struct {
 	// Hosts pins guest DNS names to addresses, before the host's resolver.
 	Hosts map[string][]netip.Addr
 	// Policy is the network's first policy.
-	Policy guestnet.Policy
+	Policy netstack.Policy
 	// Socket, when set, is where systemd starts a netstack per
 	// connection (contrib/systemd/vmgate-netstack.socket): the
 	// netstack then runs outside this service and its jail is systemd's;
@@ -54,7 +54,7 @@ type Proc struct {
 
 	mu     sync.Mutex
 	gen    uint64
-	audits map[uint64]func(guestnet.Record)
+	audits map[uint64]func(netstack.Record)
 	limit  *allowLimit
 
 	done        chan struct{} // closed when the netstack has exited
@@ -70,7 +70,7 @@ func Start(cfg Config, ln *os.File) (*Proc, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	p := &Proc{log: cfg.Log, audits: map[uint64]func(guestnet.Record){}, done: make(chan struct{}), recordsDone: make(chan struct{})}
+	p := &Proc{log: cfg.Log, audits: map[uint64]func(netstack.Record){}, done: make(chan struct{}), recordsDone: make(chan struct{})}
 	var err error
 	if cfg.Socket != "" {
 		err = p.connect(cfg.Socket)
@@ -151,16 +151,16 @@ func (p *Proc) waitChild(stderr io.Reader) {
 	close(p.done)
 }
 
-// SetPolicy gives the network a new policy (see guestnet.Network.SetPolicy);
+// SetPolicy gives the network a new policy (see netstack.Network.SetPolicy);
 // its records go to p.Audit from now on.
-func (p *Proc) SetPolicy(pol guestnet.Policy) {
+func (p *Proc) SetPolicy(pol netstack.Policy) {
 	if err := p.send(&toChild{}, pol, nil); err != nil {
 		p.log.Error("netstack: set policy", "err", err)
 	}
 }
 
 // send sends a policy, and with fd a file along with it.
-func (p *Proc) send(m *toChild, pol guestnet.Policy, fd *os.File) error {
+func (p *Proc) send(m *toChild, pol netstack.Policy, fd *os.File) error {
 	p.mu.Lock()
 	p.gen++
 	m.Gen = p.gen
@@ -169,7 +169,7 @@ func (p *Proc) send(m *toChild, pol guestnet.Policy, fd *os.File) error {
 	}
 	audit := pol.Audit
 	if audit == nil {
-		audit = func(guestnet.Record) {}
+		audit = func(netstack.Record) {}
 	}
 	p.audits[p.gen] = audit
 	delete(p.audits, p.gen-keptGens)
@@ -212,7 +212,7 @@ func (p *Proc) readRecords() {
 	}
 }
 
-func (p *Proc) attribute(gen uint64, rec guestnet.Record) error {
+func (p *Proc) attribute(gen uint64, rec netstack.Record) error {
 	p.mu.Lock()
 	audit, ok := p.audits[gen]
 	lim := p.limit
@@ -303,10 +303,10 @@ type allowLimit struct {
 func newAllowLimit(e netrule.Egress) *allowLimit {
 	rate, conns := e.ConnectRate, e.MaxConns
 	if rate == 0 {
-		rate = guestnet.DefaultConnectRate
+		rate = netstack.DefaultConnectRate
 	}
 	if conns == 0 {
-		conns = guestnet.DefaultMaxConns
+		conns = netstack.DefaultMaxConns
 	}
 	burst := float64(2*rate)/5 + float64(conns)
 	return &allowLimit{perMinute: 2 * rate, tokens: burst, burst: burst, last: time.Now()}

@@ -15,14 +15,14 @@ import (
 	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/guestnet"
 	"github.com/vmgate/vmgate/vm/netproc"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // startNetstack runs a real netstack listening where QEMU would
 // connect, with an audit that collects its records: jailed by this
 // process, or started for a connection to socket (as systemd does).
-func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan guestnet.Record) {
+func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan netstack.Record) {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	spec, err := vm.NetstackSpec("")
@@ -42,8 +42,8 @@ func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan gue
 		t.Fatal(err)
 	}
 	defer lf.Close()
-	recs := make(chan guestnet.Record, 16)
-	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: socket, Policy: guestnet.Policy{Audit: func(r guestnet.Record) { recs <- r }}}, lf)
+	recs := make(chan netstack.Record, 16)
+	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: socket, Policy: netstack.Policy{Audit: func(r netstack.Record) { recs <- r }}}, lf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func udpFrame(dst netip.Addr, port uint16) []byte {
 	ip := make([]byte, 20)
 	ip[0], ip[8], ip[9] = 0x45, 64, 17
 	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(udp)))
-	src := guestnet.GuestAddr.As4()
+	src := netstack.GuestAddr.As4()
 	d := dst.As4()
 	copy(ip[12:], src[:])
 	copy(ip[16:], d[:])
@@ -117,14 +117,14 @@ func TestNetstack_ChannelAndJail(t *testing.T) {
 
 // guestSends sends a datagram as the guest would, through QEMU's socket,
 // and checks that the netstack's record of it reaches the audit.
-func guestSends(t *testing.T, sock string, recs chan guestnet.Record) {
+func guestSends(t *testing.T, sock string, recs chan netstack.Record) {
 	t.Helper()
 	qemu, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { qemu.Close() })
-	if _, err := qemu.Write(guestnet.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), 9999))); err != nil {
+	if _, err := qemu.Write(netstack.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), 9999))); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/policy/netrule"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // MaxMessage bounds one message on the channel, in either direction.
@@ -57,7 +57,7 @@ type fromChild struct {
 	Record wireRecord `json:"record"`
 }
 
-// wireRecord is guestnet.Record as sent.
+// wireRecord is netstack.Record as sent.
 type wireRecord struct {
 	Proto      string     `json:"proto"`
 	Name       string     `json:"name,omitempty"`
@@ -71,7 +71,7 @@ type wireRecord struct {
 	DurationNS int64      `json:"duration_ns,omitempty"`
 }
 
-func recordToWire(r guestnet.Record) wireRecord {
+func recordToWire(r netstack.Record) wireRecord {
 	return wireRecord{Proto: r.Proto, Name: r.Name, Addr: r.Addr, Port: r.Port, Allowed: r.Allowed, Rule: r.Rule,
 		Reason: r.Reason, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationNS: int64(r.Duration)}
 }
@@ -95,20 +95,20 @@ func decodeStrict(b []byte, v any) error {
 
 // parseRecord is the daemon's reading of a message from the netstack:
 // strict, and only the record kinds a netstack makes.
-func parseRecord(b []byte) (uint64, guestnet.Record, error) {
+func parseRecord(b []byte) (uint64, netstack.Record, error) {
 	var m fromChild
 	if err := decodeStrict(b, &m); err != nil {
-		return 0, guestnet.Record{}, err
+		return 0, netstack.Record{}, err
 	}
 	w := m.Record
 	switch w.Proto {
 	case "tcp", "udp", "dns":
 	default:
-		return 0, guestnet.Record{}, fmt.Errorf("netstack record: protocol %q", w.Proto)
+		return 0, netstack.Record{}, fmt.Errorf("netstack record: protocol %q", w.Proto)
 	}
 	if w.BytesOut < 0 || w.BytesIn < 0 || w.DurationNS < 0 {
-		return 0, guestnet.Record{}, fmt.Errorf("netstack record: negative count")
+		return 0, netstack.Record{}, fmt.Errorf("netstack record: negative count")
 	}
-	return m.Gen, guestnet.Record{Proto: w.Proto, Name: w.Name, Addr: w.Addr, Port: w.Port, Allowed: w.Allowed, Rule: w.Rule,
+	return m.Gen, netstack.Record{Proto: w.Proto, Name: w.Name, Addr: w.Addr, Port: w.Port, Allowed: w.Allowed, Rule: w.Rule,
 		Reason: w.Reason, BytesOut: w.BytesOut, BytesIn: w.BytesIn, Duration: time.Duration(w.DurationNS)}, nil
 }

@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/policy/netrule"
-	"github.com/vmgate/vmgate/vm/guestnet"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 func TestParseRecord(t *testing.T) {
 	good := `{"gen":3,"record":{"proto":"tcp","name":"example.com","addr":"93.184.215.14","port":443,"allowed":true,"rule":"example.com:443","bytes_out":10,"bytes_in":20,"duration_ns":1000000}}`
 	gen, r, err := parseRecord([]byte(good))
-	want := guestnet.Record{Proto: "tcp", Name: "example.com", Addr: netip.MustParseAddr("93.184.215.14"), Port: 443, Allowed: true,
+	want := netstack.Record{Proto: "tcp", Name: "example.com", Addr: netip.MustParseAddr("93.184.215.14"), Port: 443, Allowed: true,
 		Rule: "example.com:443", BytesOut: 10, BytesIn: 20, Duration: time.Millisecond}
 	if err != nil || gen != 3 || r != want {
 		t.Fatalf("parseRecord(good) = %d, %+v, %v", gen, r, err)
@@ -65,17 +65,17 @@ func TestEgressWire(t *testing.T) {
 // policy permits, is the netstack misbehaving.
 func TestAttribute(t *testing.T) {
 	var got []uint64
-	p := &Proc{audits: map[uint64]func(guestnet.Record){
-		1: func(guestnet.Record) { got = append(got, 1) },
-		2: func(guestnet.Record) { got = append(got, 2) },
+	p := &Proc{audits: map[uint64]func(netstack.Record){
+		1: func(netstack.Record) { got = append(got, 1) },
+		2: func(netstack.Record) { got = append(got, 2) },
 	}, limit: newAllowLimit(netrule.Egress{ConnectRate: 10, MaxConns: 2})}
-	if err := p.attribute(1, guestnet.Record{Proto: "dns"}); err != nil {
+	if err := p.attribute(1, netstack.Record{Proto: "dns"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.attribute(2, guestnet.Record{Proto: "tcp"}); err != nil {
+	if err := p.attribute(2, netstack.Record{Proto: "tcp"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.attribute(7, guestnet.Record{Proto: "tcp"}); err == nil {
+	if err := p.attribute(7, netstack.Record{Proto: "tcp"}); err == nil {
 		t.Error("a record of a policy never sent was accepted")
 	}
 	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
@@ -85,7 +85,7 @@ func TestAttribute(t *testing.T) {
 	var err error
 	n := 0
 	for ; n < 100 && err == nil; n++ {
-		err = p.attribute(2, guestnet.Record{Proto: "tcp", Allowed: true})
+		err = p.attribute(2, netstack.Record{Proto: "tcp", Allowed: true})
 	}
 	if err == nil || n != 7 {
 		t.Fatalf("allowed connections: error %v after %d", err, n)
@@ -93,7 +93,7 @@ func TestAttribute(t *testing.T) {
 	// Refused events and DNS answers are not bounded here (the daemon's
 	// flood gate is).
 	for range 100 {
-		if err := p.attribute(2, guestnet.Record{Proto: "tcp"}); err != nil {
+		if err := p.attribute(2, netstack.Record{Proto: "tcp"}); err != nil {
 			t.Fatal(err)
 		}
 	}

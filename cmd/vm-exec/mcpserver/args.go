@@ -1,0 +1,95 @@
+package mcpserver
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+
+	"github.com/vmgate/vmgate/internal/names"
+
+	"github.com/vmgate/vmgate/gateway/client/shelltool"
+)
+
+// The session tools' arguments come from a model, like exec_shell_command's:
+// they are parsed here (pure, table-tested, fuzzed) and every error wraps
+// shelltool.ErrArgs with a text the model can act on.
+
+// sessionField decodes the string field key of the JSON object raw. A
+// missing or null field is "" (the caller decides whether that is allowed);
+// a present one must be a valid session name (names.Session).
+func sessionField(raw json.RawMessage, key string) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		raw = []byte("{}")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return "", fmt.Errorf("%w: not a JSON object: %v", shelltool.ErrArgs, err)
+	}
+	v, ok := m[key]
+	if !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+		return "", nil
+	}
+	var name string
+	if err := json.Unmarshal(v, &name); err != nil {
+		return "", fmt.Errorf("%w: %q must be a string", shelltool.ErrArgs, key)
+	}
+	if !names.Session(name) {
+		return "", fmt.Errorf("%w: %q: %q is not a session name (1 to 64 of A-Z a-z 0-9 . _ -, not . or ..)",
+			shelltool.ErrArgs, key, name)
+	}
+	return name, nil
+}
+
+// requiredSession is sessionField for a field that must be present.
+func requiredSession(raw json.RawMessage, key string) (string, error) {
+	name, err := sessionField(raw, key)
+	if err == nil && name == "" {
+		err = fmt.Errorf("%w: %q is missing", shelltool.ErrArgs, key)
+	}
+	return name, err
+}
+
+// parseStart decodes session_start's arguments: an optional "name". An
+// empty result means "generate one".
+func parseStart(raw json.RawMessage) (string, error) { return sessionField(raw, "name") }
+
+// parseSessionExec decodes session_exec's arguments: "session" plus
+// exec_shell_command's own, parsed by shelltool.ParseArgs.
+func parseSessionExec(raw json.RawMessage) (string, shelltool.Args, error) {
+	name, err := requiredSession(raw, "session")
+	if err != nil {
+		return "", shelltool.Args{}, err
+	}
+	a, err := shelltool.ParseArgs(raw)
+	if err != nil {
+		return "", shelltool.Args{}, err
+	}
+	return name, a, nil
+}
+
+// parseEnd decodes session_end's arguments: "session".
+func parseEnd(raw json.RawMessage) (string, error) { return requiredSession(raw, "session") }
+
+// sessionNamePrefix starts the names of generated sessions, so that
+// `vm-exec --list-sessions` shows which sessions an MCP server made.
+const sessionNamePrefix = "mcp-"
+
+// newSessionName returns a fresh random session name.
+func newSessionName() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return sessionNamePrefix + hex.EncodeToString(b)
+}
+
+// sessionExecSchema is session_exec's input schema: exec_shell_command's
+// with a required "session".
+func sessionExecSchema() map[string]any {
+	s := shelltool.Schema()
+	props := s["properties"].(map[string]any)
+	props["session"] = map[string]any{"type": "string", "description": "Session name returned by session_start"}
+	s["required"] = []string{"session", "command"}
+	return s
+}

@@ -1,0 +1,324 @@
+package mcpserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/names"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/client/shelltool"
+	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+// integPolicy: shell strings and sessions allowed, one deny rule to be
+// refused by. The VM shape is the default one, whose template the daemon
+// builds at start (shared across runs through VMGATE_TEST_TEMPLATES).
+const integPolicy = `version = 1
+
+[[profile]]
+name = "mcp-test"
+match = { any = true }
+user = "agent"
+max_vms = 4
+allow_shell = true
+output_limit = "1MiB"
+[profile.timeout]
+default = "30s"
+max = "5m"
+[profile.sessions]
+allowed = true
+idle_timeout = "5m"
+max_lifetime = "30m"
+
+[[profile.deny]]
+name = "no-forbidden"
+args_any = ["*forbidden-word*"]
+`
+
+// startDaemon runs the real gateway in-process on a socket in a temp dir,
+// with templates and a pool of one, and waits until the pool is ready so
+// that each fresh VM is a restore (< 1 s) rather than a boot.
+func startDaemon(t *testing.T) (sock string, c *client.Client) {
+	t.Helper()
+	d := gatewaytest.Start(t, integPolicy, func(c *gateway.Config) {
+		c.NoTemplate, c.PoolSize, c.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 4
+	})
+	wctx, wcancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer wcancel()
+	if err := d.WaitPool(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	return d.Socket, d.Client
+}
+
+// sessionNames lists the caller's sessions on the gateway.
+func sessionNames(t *testing.T, c *client.Client) []string {
+	t.Helper()
+	ss, err := c.Sessions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range ss {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func wantText(t *testing.T, what, text string, isErr, wantErr bool, re string) {
+	t.Helper()
+	if isErr != wantErr {
+		t.Errorf("%s: IsError = %v, want %v; text %q", what, isErr, wantErr, text)
+	}
+	if !regexp.MustCompile(re).MatchString(text) {
+		t.Errorf("%s: text %q does not match %s", what, text, re)
+	}
+}
+
+// TestMCP_Gateway drives the server with the SDK's client against the real
+// daemon booting real VMs: the tools, their result texts, refusals and
+// sessions, including those a client leaves behind.
+func TestMCP_Gateway(t *testing.T) {
+	sock, c := startDaemon(t)
+	tc := connect(t, c, nil)
+
+	t.Run("tools/list", func(t *testing.T) { checkToolList(t, tc.cs) })
+
+	t.Run("uname", func(t *testing.T) {
+		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "uname -a"})
+		wantText(t, "uname -a", text, isErr, false, `^Linux vmgate .*\n\n\[exit code: 0\]$`)
+	})
+	t.Run("streams and exit code", func(t *testing.T) {
+		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "sh -c 'echo out; echo err >&2; exit 3'"})
+		wantText(t, "exit 3", text, isErr, false, `\n\[exit code: 3\]$`)
+		if !strings.Contains(text, "out\n") || !strings.Contains(text, "err\n") {
+			t.Errorf("a stream is missing: %q", text)
+		}
+	})
+	t.Run("truncation", func(t *testing.T) {
+		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "seq 1 1000", "max_output_size": 20})
+		if want := "1\n2\n3\n4\n5\n6\n7\n8\n9\n10" + shelltool.TruncatedMarker + "\n[exit code: 0]"; text != want || isErr {
+			t.Errorf("got %q (IsError %v), want %q", text, isErr, want)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		t0 := time.Now()
+		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "echo started; sleep 30; echo never", "timeout": "2"})
+		wantText(t, "sleep 30", text, isErr, false, `^started\n\n\[exit code: 1\] \[exit due to timed out\]$`)
+		if d := time.Since(t0); d > 20*time.Second {
+			t.Errorf("took %v with a 2 s timeout", d)
+		}
+	})
+	t.Run("denied", func(t *testing.T) {
+		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "echo forbidden-word"})
+		wantText(t, "denied", text, isErr, true, `^vmgate: denied by policy profile mcp-test: rule deny\[0\] no-forbidden: .*\n\[exit code: -1\]$`)
+	})
+	t.Run("session files", func(t *testing.T) {
+		text, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "files"})
+		if isErr || text != "files" {
+			t.Fatalf("session_start: %q", text)
+		}
+		awkward := "line 'one'\n\"two\" $(false) `x` \\n\n"
+		text, isErr = tc.call(t, ToolSessionWriteFile, map[string]any{"session": "files", "path": "/tmp/work/sub/a.txt", "content": awkward})
+		if isErr || !strings.HasPrefix(text, "wrote ") {
+			t.Fatalf("write: %q", text)
+		}
+		if text, isErr = tc.call(t, ToolSessionReadFile, map[string]any{"session": "files", "path": "/tmp/work/sub/a.txt"}); isErr || text != awkward {
+			t.Fatalf("read back: %q (IsError %v), want %q", text, isErr, awkward)
+		}
+		if text, isErr = tc.call(t, ToolSessionWriteFile, map[string]any{"session": "files", "path": "/tmp/work/b.bin", "content": "AAH/", "encoding": "base64"}); isErr {
+			t.Fatalf("binary write: %q", text)
+		}
+		if text, isErr = tc.call(t, ToolSessionReadFile, map[string]any{"session": "files", "path": "/tmp/work/b.bin"}); isErr || text != "[base64]\nAAH/" {
+			t.Fatalf("binary read: %q", text)
+		}
+		// The shell sees the same files.
+		text, _ = tc.call(t, ToolSessionExec, map[string]any{"session": "files", "command": "wc -c < /tmp/work/sub/a.txt"})
+		wantText(t, "wc", text, false, false, fmt.Sprintf(`^%d\n\n\[exit code: 0\]$`, len(awkward)))
+		if text, isErr = tc.call(t, ToolSessionReadFile, map[string]any{"session": "files", "path": "/tmp/work/missing"}); !isErr || !strings.Contains(text, "No such file") {
+			t.Fatalf("missing file: %q (IsError %v)", text, isErr)
+		}
+		if text, isErr = tc.call(t, ToolSessionEnd, map[string]any{"session": "files"}); isErr {
+			t.Fatalf("session_end: %q", text)
+		}
+	})
+	t.Run("session", func(t *testing.T) {
+		name, isErr := tc.call(t, ToolSessionStart, nil)
+		if isErr || !names.Session(name) || !strings.HasPrefix(name, sessionNamePrefix) {
+			t.Fatalf("session_start: %q (IsError %v)", name, isErr)
+		}
+		if got := sessionNames(t, c); !slices.Equal(got, []string{name}) {
+			t.Fatalf("gateway sessions %v, want [%s]", got, name)
+		}
+		text, isErr := tc.call(t, ToolSessionExec, map[string]any{"session": name, "command": "echo kept > /tmp/f; cd /tmp && pwd"})
+		wantText(t, "write", text, isErr, false, `^/tmp\n\n\[exit code: 0\]$`)
+		text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": name, "command": "cat /tmp/f", "timeout": 20})
+		wantText(t, "read back", text, isErr, false, `^kept\n\n\[exit code: 0\]$`)
+		// A one-shot command gets a fresh VM without the file.
+		text, isErr = tc.call(t, shelltool.Name, map[string]any{"command": "cat /tmp/f"})
+		wantText(t, "fresh VM", text, isErr, false, `No such file.*\n\n\[exit code: 1\]$`)
+		// Policy refusals inside a session are tool errors too.
+		text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": name, "command": "echo forbidden-word"})
+		wantText(t, "denied in session", text, isErr, true, `denied by policy.*no-forbidden`)
+
+		text, isErr = tc.call(t, ToolSessionEnd, map[string]any{"session": name})
+		wantText(t, "session_end", text, isErr, false, `ended`)
+		if got := sessionNames(t, c); len(got) != 0 {
+			t.Fatalf("sessions after session_end: %v", got)
+		}
+		text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": name, "command": "true"})
+		wantText(t, "after end", text, isErr, true, `no session "`+name+`"`)
+	})
+	t.Run("named session", func(t *testing.T) {
+		name, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "work.1"})
+		if isErr || name != "work.1" {
+			t.Fatalf("session_start work.1: %q (IsError %v)", name, isErr)
+		}
+		text, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "work.1"})
+		wantText(t, "again", text, isErr, true, `already running`)
+		// Ended behind the server's back (like the gateway's idle timeout):
+		// reported, not silently re-created empty.
+		if err := c.EndSession(context.Background(), "work.1"); err != nil {
+			t.Fatal(err)
+		}
+		text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": "work.1", "command": "true"})
+		wantText(t, "ended outside", text, isErr, true, `has ended`)
+		if got := sessionNames(t, c); len(got) != 0 {
+			t.Fatalf("sessions: %v", got)
+		}
+		// A session someone else started under that name is not taken over.
+		if _, err := c.Exec(context.Background(), wire.ExecRequest{Argv: []string{"true"}, Session: "theirs"}, client.ExecIO{}); err != nil {
+			t.Fatal(err)
+		}
+		text, isErr = tc.call(t, ToolSessionStart, map[string]any{"name": "theirs"})
+		wantText(t, "theirs", text, isErr, true, `already exists outside this server`)
+		if err := c.EndSession(context.Background(), "theirs"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("closing the client ends its sessions", func(t *testing.T) {
+		tc2 := connect(t, c, nil)
+		a, isErr := tc2.call(t, ToolSessionStart, map[string]any{"name": "left-a"})
+		if isErr {
+			t.Fatalf("session_start: %q", a)
+		}
+		b, isErr := tc2.call(t, ToolSessionStart, nil)
+		if isErr {
+			t.Fatalf("session_start: %q", b)
+		}
+		if got := sessionNames(t, c); len(got) != 2 {
+			t.Fatalf("sessions: %v", got)
+		}
+		if err := tc2.close(t); err != nil {
+			t.Fatal(err)
+		}
+		if got := sessionNames(t, c); len(got) != 0 {
+			t.Fatalf("sessions left after the client closed: %v", got)
+		}
+	})
+	t.Run("vm-exec mcp", func(t *testing.T) { testBinary(t, sock, c) })
+	t.Run("vm-exec mcp killed", func(t *testing.T) { testBinaryKilled(t, sock, c) })
+}
+
+// testBinaryKilled: llama-server ends its MCP servers with SIGKILL, so
+// `vm-exec mcp` cannot end its sessions itself; the daemon ends them when
+// the process's hold on them goes, long before their idle timeout (5m).
+func testBinaryKilled(t *testing.T, sock string, c *client.Client) {
+	dir := os.Getenv("VMGATE_TEST_BIN")
+	if dir == "" {
+		t.Skip("VMGATE_TEST_BIN not set: run the suite with `make test`")
+	}
+	cmd := exec.Command(filepath.Join(dir, "vm-exec"), "mcp")
+	cmd.Env = append(os.Environ(), "VMGATE_SOCKET="+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "vmgate-test", Version: "0"}, nil).
+		Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Minute}, nil)
+	if err != nil {
+		t.Fatalf("connect to vm-exec mcp: %v", err)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: ToolSessionStart, Arguments: map[string]any{"name": "killed-session"}})
+	if err != nil || res.IsError {
+		t.Fatalf("session_start: %v %+v", err, res)
+	}
+	if got := sessionNames(t, c); len(got) != 1 {
+		t.Fatalf("sessions after session_start: %v", got)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cs.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(sessionNames(t, c)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("session still there 30 s after its vm-exec mcp was killed: %v", sessionNames(t, c))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// testBinary runs the built `vm-exec mcp` as an MCP client would: a child
+// process speaking JSON-RPC on its stdin/stdout.
+func testBinary(t *testing.T, sock string, c *client.Client) {
+	dir := os.Getenv("VMGATE_TEST_BIN")
+	if dir == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI: VMGATE_TEST_BIN not set (run `make test`)")
+		}
+		t.Skip("VMGATE_TEST_BIN not set: run the suite with `make test`")
+	}
+	cmd := exec.Command(filepath.Join(dir, "vm-exec"), "mcp")
+	cmd.Env = append(os.Environ(), "VMGATE_SOCKET="+sock)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "vmgate-test", Version: "0"}, nil).
+		Connect(ctx, &mcp.CommandTransport{Command: cmd, TerminateDuration: time.Minute}, nil)
+	if err != nil {
+		t.Fatalf("connect to vm-exec mcp: %v\nstderr: %s", err, stderr.String())
+	}
+	checkToolList(t, cs)
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: shelltool.Name, Arguments: map[string]any{"command": "echo hi from $(uname -s); exit 4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := res.Content[0].(*mcp.TextContent).Text; text != "hi from Linux\n\n[exit code: 4]" || res.IsError {
+		t.Errorf("exec: %q (IsError %v)", text, res.IsError)
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: ToolSessionStart, Arguments: map[string]any{"name": "bin-session"}})
+	if err != nil || res.IsError {
+		t.Fatalf("session_start: %v %+v", err, res)
+	}
+	// Close: stdin is closed; the process must end its session and exit 0
+	// (an error from Close is the process's exit status).
+	if err := cs.Close(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("vm-exec mcp exited %d\nstderr: %s", ee.ExitCode(), stderr.String())
+		}
+		t.Fatalf("close: %v\nstderr: %s", err, stderr.String())
+	}
+	if got := sessionNames(t, c); len(got) != 0 {
+		t.Fatalf("sessions left by vm-exec mcp: %v\nstderr: %s", got, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "bin-session") {
+		t.Errorf("stderr does not log the session: %s", stderr.String())
+	}
+}

@@ -1,0 +1,387 @@
+// Package vmexec is the vm-exec command: the client that runs a command in
+// a disposable VM through vmgated with the command's own output streams
+// and exit code, and its MCP server mode. It links the client side only
+// (gateway/client, gateway/wire, cmd/vm-exec/mcpserver): no VM, jail, policy
+// or network code, no cgo; it is the piece users copy into containers.
+package vmexec
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+
+	"github.com/vmgate/vmgate/cmd/vm-exec/mcpserver"
+	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/version"
+)
+
+// vmexecOpts is the parsed vm-exec command line.
+type vmexecOpts struct {
+	socket, session, endSession, shell, dir string
+	timeout                                 time.Duration
+	jsonOut, list, forceStdin, noStdin      bool
+	tty, shellMode, help, version           bool
+	env, envFiles                           []string
+	argv                                    []string
+	puts, gets                              []copySpec
+}
+
+// flagSet defines vm-exec's flags on o. Parsing stops at the first
+// argument that is not a flag (PROG): nothing after it is vm-exec's.
+func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("vm-exec", pflag.ContinueOnError)
+	fs.SetInterspersed(false)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	fs.StringVarP(&o.shell, "command", "c", "", "run the shell `STRING` (sh -c in the guest) instead of PROG ARGS…")
+	fs.StringVar(&o.session, "session", "", "run in the caller's kept VM `NAME` (created on first use)")
+	fs.DurationVar(&o.timeout, "timeout", 0, "time limit, e.g. 30s (default: the policy's)")
+	fs.BoolVarP(&o.forceStdin, "interactive", "i", false, "send stdin even when it is a terminal (default: only when it is not)")
+	fs.BoolVarP(&o.noStdin, "no-stdin", "n", false, "give the command an empty stdin, as ssh -n does")
+	fs.BoolVarP(&o.tty, "tty", "t", false, "run on a pseudo-terminal in the VM (stderr merges into stdout; with -i on a terminal, raw mode)")
+	fs.StringVarP(&o.dir, "workdir", "w", "", "working `DIR` in the guest (default: the guest user's home)")
+	fs.StringVarP(&o.dir, "directory", "C", "", "the same as --workdir `DIR`")
+	fs.StringArrayVarP(&o.env, "env", "e", nil, "set `KEY=VALUE` in the guest, or KEY to pass its value here (repeatable; the policy must allow it)")
+	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
+	fs.StringArrayVar(puts, "put", nil, "copy a file or directory into the VM before the command: `LOCAL:GUESTPATH` (repeatable)")
+	fs.StringArrayVar(gets, "get", nil, "copy a file or directory out of the VM after it: `GUESTPATH:LOCAL` (repeatable)")
+	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result (with stdout and stderr) instead of streaming; with --list-sessions, JSON sessions")
+	fs.BoolVar(&o.list, "list-sessions", false, "list the caller's sessions")
+	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME`")
+	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
+	fs.BoolVarP(&o.help, "help", "h", false, "show this help")
+	fs.BoolVar(&o.version, "version", false, "print the version")
+	return fs
+}
+
+// usageError is a command line vm-exec cannot run.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// parseVMExec parses the vm-exec command line (pure; fuzzed).
+func parseVMExec(args []string) (*vmexecOpts, error) {
+	o := &vmexecOpts{}
+	var puts, gets []string
+	fs := o.flagSet(&puts, &gets)
+	if err := fs.Parse(args); err != nil {
+		return nil, usagef("%v", err)
+	}
+	if o.help || o.version {
+		return o, nil
+	}
+	o.argv = fs.Args()
+	for _, v := range puts {
+		p, err := parsePut(v)
+		if err != nil {
+			return nil, &usageError{err.Error()}
+		}
+		o.puts = append(o.puts, p)
+	}
+	for _, v := range gets {
+		g, err := parseGet(v)
+		if err != nil {
+			return nil, &usageError{err.Error()}
+		}
+		o.gets = append(o.gets, g)
+	}
+	shellSet := fs.Changed("command")
+	switch {
+	case o.list || o.endSession != "":
+		if len(o.argv) > 0 || shellSet {
+			return nil, usagef("--list-sessions and --end-session take no command")
+		}
+	case shellSet:
+		if len(o.argv) > 0 {
+			return nil, usagef("-c takes one shell string and no further arguments (got %q)", o.argv)
+		}
+		o.argv = []string{o.shell}
+		o.shellMode = true
+	case len(o.argv) == 0:
+		return nil, usagef("no command given")
+	}
+	switch {
+	case o.timeout < 0:
+		return nil, usagef("--timeout must not be negative")
+	case o.noStdin && o.forceStdin:
+		return nil, usagef("-n and -i contradict each other")
+	}
+	// `cp` with one guest side is vmgate's copy (`vm-exec -- cp` never is).
+	if fs.ArgsLenAtDash() != 0 && !o.shellMode {
+		cp, err := parseCp(o)
+		if err != nil {
+			return nil, &usageError{err.Error()}
+		}
+		if cp && (len(puts)+len(gets) > 0 || o.tty || o.forceStdin || o.jsonOut) {
+			return nil, usagef("cp takes no --put, --get, -t, -i or --json")
+		}
+	}
+	return o, nil
+}
+
+// vmexecCommand describes vm-exec for its help, man page and completion.
+// vm-exec parses its own command line (parseVMExec): the command is never
+// executed.
+func vmexecCommand() *cobra.Command {
+	var puts, gets []string
+	cmd := &cobra.Command{
+		Use:   "vm-exec [flags] [--] PROG [ARGS…]",
+		Short: "Run a command in a disposable VM, as if it ran here",
+		Long: `vm-exec runs PROG ARGS… in a fresh disposable VM (or in the session NAME) through vmgated,
+with the command's own stdout, stderr and exit code. Flags are read up to PROG: everything
+after it is the command's, so "vm-exec ls -h" runs "ls -h". Use -- before a PROG that
+starts with a dash, or is named mcp, ps or cp.
+
+  vm-exec [flags] -c 'SHELL STRING'
+  vm-exec [--session NAME] cp LOCAL NAME:GUESTPATH     (or NAME:GUESTPATH LOCAL; docs/files.md)
+  vm-exec --list-sessions [--json] | --end-session NAME
+  vm-exec ps [--json]         the caller's live VMs and sessions (vmgated status)
+  vm-exec mcp [--socket PATH] an MCP server on stdin/stdout (docs/agents.md)
+
+Exit status: the command's, or 128+N when signal N killed it; vmgate's own outcomes are
+above that range: 200 vmgate failed, 201 denied by policy, 202 busy, 203 timed out,
+204 gateway unreachable, 205 VM failure, 206 file transfer failed (after a command that
+succeeded), 207 invalid command line.`,
+		Version:               version.Get().String(),
+		DisableFlagsInUseLine: true,
+		SilenceUsage:          true,
+		SilenceErrors:         true,
+		RunE:                  func(*cobra.Command, []string) error { return nil },
+	}
+	cmd.Flags().AddFlagSet((&vmexecOpts{}).flagSet(&puts, &gets))
+	for _, sub := range []*cobra.Command{mcpCommand(new(string)), psCommand(new(bool), new(string))} {
+		sub.Run = func(*cobra.Command, []string) {} // described here, run by Run
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
+
+// Command is vm-exec's command tree, for man pages.
+func Command() *cobra.Command { return vmexecCommand() }
+
+// Run runs the vm-exec command line and returns the process exit code.
+// A first argument "mcp" or "ps" runs that (`vm-exec -- ps` runs a
+// program called ps).
+func Run(args []string) int {
+	if len(args) > 0 {
+		switch {
+		case args[0] == "mcp":
+			return vmexecMCP(args[1:])
+		case isPS(args):
+			return vmexecPS(args[1:])
+		}
+	}
+	o, err := parseVMExec(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\nRun 'vm-exec --help' for usage.\n", err)
+		return wire.ExitUsage
+	}
+	switch {
+	case o.help:
+		cmd := vmexecCommand()
+		cmd.SetOut(os.Stdout)
+		_ = cmd.Help()
+		return 0
+	case o.version:
+		fmt.Println("vm-exec " + version.Get().String())
+		return 0
+	}
+	c := client.New(o.socket)
+	ctx := context.Background()
+	switch {
+	case o.list:
+		return listSessions(ctx, c, o.jsonOut)
+	case o.endSession != "":
+		if err := c.EndSession(ctx, o.endSession); err != nil {
+			return reportErr(err)
+		}
+		return 0
+	}
+	if err := resolveEnv(o, os.LookupEnv, os.ReadFile); err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
+		return wire.ExitUsage
+	}
+	return runExec(ctx, c, o)
+}
+
+func listSessions(ctx context.Context, c *client.Client, jsonOut bool) int {
+	ss, err := c.Sessions(ctx)
+	if err != nil {
+		return reportErr(err)
+	}
+	if jsonOut {
+		if ss == nil {
+			ss = []wire.Session{}
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(ss)
+		return 0
+	}
+	for _, s := range ss {
+		fmt.Printf("%s\tvm=%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, s.VMID, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
+	}
+	return 0
+}
+
+func mcpCommand(socket *string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "mcp [--socket PATH]",
+		Short: "Serve the Model Context Protocol on stdin/stdout",
+		Long: `Serves the Model Context Protocol on stdin/stdout: tools exec_shell_command,
+session_start, session_exec, session_write_file, session_read_file and session_end run
+commands in disposable VMs through vmgated. Sessions it started end when it exits, even by
+SIGKILL. See docs/agents.md.`,
+		Args:                  cobra.NoArgs,
+		DisableFlagsInUseLine: true,
+		SilenceUsage:          true,
+		SilenceErrors:         true,
+	}
+	cmd.Flags().StringVar(socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
+	return cmd
+}
+
+// vmexecMCP runs `vm-exec mcp`: stdout carries the protocol, logs go to stderr.
+func vmexecMCP(args []string) int {
+	var socket string
+	cmd := mcpCommand(&socket)
+	cmd.SetArgs(args)
+	cmd.SetOut(os.Stdout)
+	cmd.RunE = func(*cobra.Command, []string) error {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		srv := mcpserver.New(mcpserver.Options{Client: client.New(socket), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		if err := srv.ServeStdio(ctx); err != nil {
+			return fmt.Errorf("%w", err)
+		}
+		return nil
+	}
+	return execute(cmd, "vm-exec mcp")
+}
+
+// execute runs a cobra command and maps its outcome to an exit code:
+// usage errors (flags, arguments) to ExitUsage.
+func execute(cmd *cobra.Command, name string) int {
+	var ran bool
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, a []string) error { ran = true; return run(c, a) }
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		if !ran {
+			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", name)
+			return wire.ExitUsage
+		}
+		return wire.ExitInternal
+	}
+	return 0
+}
+
+func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
+	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode,
+		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds()}
+	var sio client.ExecIO
+	if err := addTransfers(o, &req, &sio); err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
+		return wire.ExitTransfer
+	}
+	var outBuf, errBuf bytes.Buffer
+	if o.jsonOut {
+		sio.Stdout, sio.Stderr = &outBuf, &errBuf
+	} else {
+		sio.Stdout, sio.Stderr = os.Stdout, os.Stderr
+	}
+	if len(o.argv) > 0 && !o.noStdin && (o.forceStdin || !term.IsTerminal(int(os.Stdin.Fd()))) {
+		sio.Stdin = os.Stdin
+	}
+	if o.tty {
+		req.TTY = &wire.TTY{Term: os.Getenv("TERM")}
+		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+			req.TTY.Cols, req.TTY.Rows = uint32(w), uint32(h)
+		}
+		if sio.Stdin != nil && term.IsTerminal(int(os.Stdin.Fd())) {
+			if old, err := term.MakeRaw(int(os.Stdin.Fd())); err == nil {
+				defer func() { _ = term.Restore(int(os.Stdin.Fd()), old) }()
+			}
+		}
+	}
+	// Ctrl-C / SIGTERM are forwarded to the command; a second one drops
+	// the connection, which makes the gateway kill the command and its VM.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sigc := make(chan os.Signal, 4)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigc)
+	fwd := make(chan string, 4)
+	sio.Signals = fwd
+	go func() {
+		n := 0
+		for s := range sigc {
+			n++
+			if n > 1 {
+				cancel()
+				return
+			}
+			name := map[os.Signal]string{os.Interrupt: "INT", syscall.SIGTERM: "TERM", syscall.SIGHUP: "HUP"}[s]
+			select {
+			case fwd <- name:
+			default:
+			}
+		}
+	}()
+	res, err := c.Exec(ctx, req, sio)
+	if err != nil {
+		return reportErr(err)
+	}
+	code := res.ShellExitCode()
+	if res.TimedOut {
+		code = wire.ExitTimedOut
+	}
+	code = reportTransfers(res, code)
+	if o.jsonOut {
+		out := struct {
+			*wire.Result
+			Stdout string `json:"stdout"`
+			Stderr string `json:"stderr"`
+		}{res, outBuf.String(), errBuf.String()}
+		enc := json.NewEncoder(os.Stdout)
+		_ = enc.Encode(out)
+		return code
+	}
+	if res.TimedOut {
+		fmt.Fprintf(os.Stderr, "vm-exec: timed out after %v; the command was killed\n", time.Duration(res.ExecMS)*time.Millisecond)
+	}
+	if res.StdoutTruncated || res.StderrTruncated {
+		fmt.Fprintf(os.Stderr, "vm-exec: output truncated by the policy's output limit (stdout %d bytes, stderr %d bytes produced)\n", res.StdoutBytes, res.StderrBytes)
+	}
+	return code
+}
+
+// reportErr prints err and maps it to vm-exec's exit codes.
+func reportErr(err error) int {
+	fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
+	var ue *client.UnreachableError
+	var ae *client.APIError
+	var fe *client.ExecFailedError
+	switch {
+	case errors.As(err, &ue):
+		return wire.ExitUnreachable
+	case errors.As(err, &ae):
+		return ae.Body.ExitCode()
+	case errors.As(err, &fe):
+		return fe.Body.ExitCode()
+	}
+	return wire.ExitInternal
+}

@@ -1,0 +1,551 @@
+package agentbench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/gatewaytest"
+
+	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/client/shelltool"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/vm"
+)
+
+// Failure modes of an unresolved trial.
+const (
+	FailHarness = "harness_error"   // inject or verification could not run: the trial says nothing about the agent
+	FailAgent   = "agent_error"     // the endpoint failed
+	FailGuard   = "guard_broken"    // something that had to keep working was broken
+	FailTimeout = "timeout"         // the agent ran out of time with the fault still there
+	FailTurns   = "turns_exhausted" // the agent ran out of turns with the fault still there
+	FailNotFix  = "not_fixed"       // the agent stopped (or declared done) with the fault still there
+)
+
+// Options configure a benchmark run.
+type Options struct {
+	Scenarios []*Scenario
+	// NewAgent returns the agent for one trial (run counts from 1) with
+	// that trial's sampling: Sampling, its seed (if any) + run - 1.
+	NewAgent                   func(run int, s Sampling) Agent
+	AgentName, Model, Endpoint string
+	Sampling                   Sampling
+	Stream                     bool
+	Runs, Parallel             int
+	Seed                       int64
+	Out                        string // results.jsonl, traces/, summary.json, summary.md
+	// Socket, when set, is a running vmgated to use (its policy must give
+	// the caller root in the guest, shell strings and sessions); otherwise
+	// the run starts its own in-process daemon on the bench policy.
+	Socket                          string
+	ImageDir, StateDir, TemplateDir string
+	Accel                           vm.Accel
+	MemoryMiB                       int
+	Log                             *slog.Logger
+	Progress                        io.Writer // one line per finished trial (nil: none)
+}
+
+// CheckResult is one check of a trial's verification.
+type CheckResult struct {
+	Phase  string `json:"phase"` // check, guard, protect
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// TrialResult is one line of results.jsonl.
+type TrialResult struct {
+	Scenario   string    `json:"scenario"`
+	Title      string    `json:"title"`
+	Category   string    `json:"category"`
+	Difficulty string    `json:"difficulty"`
+	Run        int       `json:"run"`
+	Agent      string    `json:"agent"`
+	Model      string    `json:"model,omitempty"`
+	Endpoint   string    `json:"endpoint,omitempty"`
+	Sampling   Sampling  `json:"sampling"`
+	Stream     bool      `json:"stream,omitempty"`
+	Started    time.Time `json:"started"`
+
+	Resolved     bool          `json:"resolved"`
+	CheckPassed  bool          `json:"check_passed"`
+	GuardsPassed bool          `json:"guards_passed"`
+	Checks       []CheckResult `json:"checks"`
+	FailureMode  string        `json:"failure_mode,omitempty"`
+	AgentResult
+	AgentSeconds float64  `json:"agent_seconds"`
+	WallSeconds  float64  `json:"wall_seconds"`
+	TimeToFix    *float64 `json:"time_to_fix_seconds"`
+	Trace        string   `json:"trace"`
+	VMStart      string   `json:"vm_start,omitempty"`
+	Error        string   `json:"error,omitempty"`
+}
+
+// Run runs every scenario Runs times with P trials at once and writes
+// the results; it returns the summary. A trial's failure is a result, not
+// an error; errors are for runs that could not take place.
+func Run(ctx context.Context, o Options) (*Summary, error) {
+	if o.Runs < 1 || o.Parallel < 1 {
+		return nil, errors.New("runs and parallel must be at least 1")
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if err := os.MkdirAll(filepath.Join(o.Out, "traces"), 0o755); err != nil {
+		return nil, err
+	}
+	resf, err := os.OpenFile(filepath.Join(o.Out, "results.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("results: %w (use a new --out directory)", err)
+	}
+	defer resf.Close()
+
+	c, stop, err := o.daemon(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+
+	type job struct {
+		sc  *Scenario
+		run int
+	}
+	var jobs []job
+	for _, sc := range o.Scenarios {
+		for run := 1; run <= o.Runs; run++ {
+			jobs = append(jobs, job{sc, run})
+		}
+	}
+	rng := mrand.New(mrand.NewPCG(uint64(o.Seed), 0x766d67617465))
+	rng.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
+
+	started := time.Now()
+	var (
+		mu      sync.Mutex
+		results []TrialResult
+		werr    error
+		next    int
+		wg      sync.WaitGroup
+	)
+	enc := json.NewEncoder(resf)
+	for range min(o.Parallel, len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if next >= len(jobs) || ctx.Err() != nil {
+					mu.Unlock()
+					return
+				}
+				j := jobs[next]
+				next++
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "        %s run %d: started (%d running, %d waiting)\n", j.sc.ID, j.run,
+						next-len(results), len(jobs)-next)
+				}
+				mu.Unlock()
+				r := o.trial(ctx, c, j.sc, j.run)
+				if ctx.Err() != nil {
+					return // interrupted: the trial says nothing
+				}
+				mu.Lock()
+				results = append(results, r)
+				if err := enc.Encode(r); err != nil && werr == nil {
+					werr = fmt.Errorf("results: %w", err)
+				}
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "[%d/%d] %s\n", len(results), len(jobs), progressLine(r))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if werr != nil {
+		return nil, werr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := Summarize(results)
+	s.Started, s.Seconds = started, math.Round(time.Since(started).Seconds()*10)/10
+	if err := WriteSummary(o.Out, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func progressLine(r TrialResult) string {
+	verdict := "resolved"
+	if !r.Resolved {
+		verdict = "NOT resolved (" + r.FailureMode + ")"
+	}
+	s := fmt.Sprintf("%s run %d, %s: %s; %d turns, %d tool calls, %.1f s", r.Scenario, r.Run, r.Agent, verdict, r.Turns, r.ToolCalls, r.WallSeconds)
+	if r.Error != "" {
+		s += ": " + r.Error
+	}
+	return s
+}
+
+// BenchPolicy is the policy of the run's own daemon: root in the guest
+// (the agent is the server's administrator), shell strings, sessions.
+func BenchPolicy(maxVMs, memoryMiB int) []byte {
+	return fmt.Appendf(nil, `version = 1
+
+[[profile]]
+name = "bench"
+match = { any = true }
+image = "default"
+user = "root"
+memory_mib = %d
+cpus = 1
+max_vms = %d
+max_vms_per_caller = %[2]d
+output_limit = "1MiB"
+allow_shell = true
+env = []
+timeout = { default = "30s", max = "30m" }
+sessions = { allowed = true, idle_timeout = "30m", max_lifetime = "4h" }
+network = { mode = "none" }
+`, memoryMiB, maxVMs)
+}
+
+func (o *Options) daemon(ctx context.Context) (*client.Client, func(), error) {
+	if o.Socket != "" {
+		c := client.New(o.Socket)
+		if _, err := c.Status(ctx); err != nil {
+			return nil, nil, err
+		}
+		return c, func() {}, nil
+	}
+	mem := o.MemoryMiB
+	if mem == 0 {
+		mem = 512
+	}
+	dir, err := os.MkdirTemp(o.StateDir, "ba-") // short: VM socket paths are limited
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: dir, ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
+		Policy: BenchPolicy(o.Parallel, mem), MaxVMs: o.Parallel, PoolSize: min(o.Parallel, 2), Accel: o.Accel, Log: o.Log})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	// Keep the daemon's audit log with the results: every command of
+	// every trial is in it.
+	return d.Client, func() {
+		if err := d.Stop(); err != nil {
+			o.Log.Warn("bench daemon stopped with an error", "err", err)
+		}
+		if b, err := os.ReadFile(d.AuditPath); err == nil {
+			_ = os.WriteFile(filepath.Join(o.Out, "audit.jsonl"), b, 0o644)
+		}
+		os.RemoveAll(dir)
+	}, nil
+}
+
+// tracer appends events to a trial's trace file.
+type tracer struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+	t0  time.Time
+}
+
+func (t *tracer) event(kind string, fields map[string]any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ev := map[string]any{"t": math.Round(time.Since(t.t0).Seconds()*1000) / 1000, "event": kind}
+	for k, v := range fields {
+		ev[k] = v
+	}
+	_ = t.enc.Encode(ev)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// trial runs one scenario once: inject, agent, settle, verify, in one
+// session VM that is ended afterwards whatever happened.
+func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run int) (r TrialResult) {
+	t0 := time.Now()
+	r = TrialResult{Scenario: sc.ID, Title: sc.Title, Category: sc.Category, Difficulty: sc.Difficulty, Run: run,
+		Agent: o.AgentName, Model: o.Model, Endpoint: o.Endpoint, Sampling: o.Sampling, Stream: o.Stream, Started: t0.UTC(),
+		Trace: filepath.Join("traces", fmt.Sprintf("%s-run%d.jsonl", sc.ID, run))}
+	if r.Sampling.Seed != nil {
+		s := *r.Sampling.Seed + int64(run) - 1
+		r.Sampling.Seed = &s
+	}
+	defer func() { r.WallSeconds = math.Round(time.Since(t0).Seconds()*10) / 10 }()
+	tf, err := os.Create(filepath.Join(o.Out, r.Trace))
+	if err != nil {
+		r.FailureMode, r.Error = FailHarness, err.Error()
+		return r
+	}
+	defer tf.Close()
+	bw := bufio.NewWriter(tf)
+	defer bw.Flush()
+	tr := &tracer{enc: json.NewEncoder(bw), t0: t0}
+	tr.enc.SetEscapeHTML(false)
+	tr.event("trial", map[string]any{"scenario": sc.ID, "run": run, "agent": o.AgentName, "model": o.Model,
+		"instruction": sc.Instruction, "max_turns": sc.MaxTurns, "agent_time_limit_s": sc.AgentLimit.Seconds()})
+
+	session := fmt.Sprintf("bench-%.32s-%d-%s", sc.ID, run, randHex(4))
+	defer func() {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := c.EndSession(ectx, session); err != nil && ctx.Err() == nil {
+			o.Log.Warn("ending the trial's session", "session", session, "err", err)
+		}
+	}()
+	script := sessionScript(c, session)
+
+	// Break the VM.
+	out, code, res, err := script(ctx, sc.Inject, 5*time.Minute)
+	tr.event("inject", map[string]any{"exit_code": code, "output": out, "error": errString(err)})
+	if res != nil {
+		r.VMStart = res.VMStart
+	}
+	if err != nil || code != 0 {
+		r.FailureMode, r.Error = FailHarness, fmt.Sprintf("inject.sh: exit %d %v: %s", code, errString(err), tail(out, 400))
+		return r
+	}
+	before, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
+	if err != nil {
+		r.FailureMode, r.Error = FailHarness, "protected files: "+err.Error()
+		return r
+	}
+	o.runAgent(ctx, c, sc, run, session, script, tr, &r)
+	if ctx.Err() != nil {
+		r.Stop, r.FailureMode, r.Error = StopCanceled, FailHarness, "run interrupted"
+		return r
+	}
+	// Settle, then verify.
+	select {
+	case <-ctx.Done():
+	case <-time.After(sc.Settle):
+	}
+	r.judge(o.verify(ctx, sc, script, before, tr, &r))
+	tr.event("verdict", map[string]any{"resolved": r.Resolved, "failure_mode": r.FailureMode, "checks": r.Checks})
+	return r
+}
+
+// sessionScript runs a script (bash -s, the text on stdin) in the trial's
+// session: its output (capped), exit code and result.
+func sessionScript(c *client.Client, session string) scriptFunc {
+	return func(ctx context.Context, text []byte, limit time.Duration) (string, int, *wire.Result, error) {
+		out := &shelltool.Capped{Limit: 64 << 10}
+		res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{"bash", "-s"}, Session: session, TimeoutMS: max(limit.Milliseconds(), 1000)},
+			client.ExecIO{Stdin: bytes.NewReader(text), Stdout: out, Stderr: out})
+		if err != nil {
+			return string(out.Bytes()), -1, nil, err
+		}
+		if res.TimedOut {
+			return string(out.Bytes()), 124, res, fmt.Errorf("timed out after %v", limit)
+		}
+		return string(out.Bytes()), res.ExitCode, res, nil
+	}
+}
+
+// runAgent lets the agent work on the broken VM, within the scenario's
+// limits, and records how it stopped.
+func (o *Options) runAgent(ctx context.Context, c *client.Client, sc *Scenario, run int, session string, script scriptFunc, tr *tracer, r *TrialResult) {
+	actx, cancel := context.WithTimeout(ctx, sc.AgentLimit)
+	defer cancel()
+	env := &Env{Instruction: sc.Instruction, MaxTurns: sc.MaxTurns, Solve: sc.Solve, Trace: tr.event,
+		Shell: func(ctx context.Context, a shelltool.Args) shelltool.Outcome {
+			return shelltool.Run(ctx, c, session, a)
+		},
+		Script: func(ctx context.Context, text []byte, limit time.Duration) (string, int, error) {
+			out, code, _, err := script(ctx, text, limit)
+			return out, code, err
+		}}
+	ta := time.Now()
+	agent := o.NewAgent(run, r.Sampling)
+	r.AgentResult = agent.Run(actx, env)
+	if r.Stop != StopTimeout && actx.Err() != nil && ctx.Err() == nil {
+		r.Stop = StopTimeout
+	}
+	r.AgentSeconds = math.Round(time.Since(ta).Seconds()*10) / 10
+	tr.event("agent_stopped", map[string]any{"result": r.AgentResult, "seconds": r.AgentSeconds})
+}
+
+// verify runs the scenario's check and guards and compares the protected
+// files with their hashes from before; it returns the harness errors.
+func (o *Options) verify(ctx context.Context, sc *Scenario, script scriptFunc, before map[string]string, tr *tracer, r *TrialResult) []string {
+	var harness []string
+	for _, step := range []struct {
+		phase string
+		text  []byte
+		ok    *bool
+	}{{"check", sc.Check, &r.CheckPassed}, {"guard", sc.Guards, &r.GuardsPassed}} {
+		vctx, cancel := context.WithTimeout(ctx, sc.VerifyLimit+30*time.Second)
+		out, code, _, err := script(vctx, step.text, sc.VerifyLimit)
+		cancel()
+		tr.event(step.phase, map[string]any{"exit_code": code, "output": out, "error": errString(err)})
+		checks, ok := ParseChecks(step.phase, out, code)
+		if err != nil && code != 124 {
+			harness = append(harness, fmt.Sprintf("%s: %v", step.phase, err))
+		}
+		r.Checks = append(r.Checks, checks...)
+		*step.ok = ok && err == nil
+	}
+	if len(sc.Protect) == 0 {
+		return harness
+	}
+	after, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
+	if err != nil {
+		harness = append(harness, "protected files: "+err.Error())
+	}
+	for _, p := range sc.Protect {
+		ok := err == nil && after[p] == before[p]
+		cr := CheckResult{Phase: "protect", Name: p, OK: ok}
+		if !ok && err == nil {
+			cr.Detail = fmt.Sprintf("sha256 %.12s… → %.12s…", before[p], after[p])
+			if after[p] == "" {
+				cr.Detail = "removed"
+			}
+		}
+		r.Checks = append(r.Checks, cr)
+		r.GuardsPassed = r.GuardsPassed && ok
+	}
+	return harness
+}
+
+// judge sets the verdict from the checks, the guards, the harness errors
+// and how the agent stopped.
+func (r *TrialResult) judge(harness []string) {
+	r.Resolved = len(harness) == 0 && r.CheckPassed && r.GuardsPassed
+	switch {
+	case r.Resolved:
+		ttf := r.AgentSeconds
+		r.TimeToFix = &ttf
+	case len(harness) > 0:
+		r.FailureMode, r.Error = FailHarness, strings.Join(harness, "; ")
+	case r.Stop == StopError:
+		r.FailureMode = FailAgent
+	case !r.GuardsPassed:
+		r.FailureMode = FailGuard
+	case r.Stop == StopTimeout:
+		r.FailureMode = FailTimeout
+	case r.Stop == StopTurns:
+		r.FailureMode = FailTurns
+	default:
+		r.FailureMode = FailNotFix
+	}
+}
+
+type scriptFunc func(ctx context.Context, text []byte, limit time.Duration) (string, int, *wire.Result, error)
+
+// hashes returns the SHA-256 of each path ("" for a missing file).
+func (o *Options) hashes(ctx context.Context, script scriptFunc, paths []string, limit time.Duration) (map[string]string, error) {
+	m := map[string]string{}
+	if len(paths) == 0 {
+		return m, nil
+	}
+	var b strings.Builder
+	for _, p := range paths {
+		fmt.Fprintf(&b, "if [ -f %s ]; then sha256sum < %s | cut -d' ' -f1; else echo missing; fi\n", shellQuote(p), shellQuote(p))
+	}
+	out, code, _, err := script(ctx, []byte(b.String()), limit)
+	if err != nil || code != 0 {
+		return nil, fmt.Errorf("exit %d %v: %s", code, errString(err), tail(out, 200))
+	}
+	lines := strings.Fields(out)
+	if len(lines) != len(paths) {
+		return nil, fmt.Errorf("unexpected output %q", tail(out, 200))
+	}
+	for i, p := range paths {
+		if lines[i] != "missing" {
+			m[p] = lines[i]
+		}
+	}
+	return m, nil
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+var checkLineRE = regexp.MustCompile(`^(PASS|FAIL) ([^:]{1,120}?)(?:: (.*))?$`)
+
+// ParseChecks reads a check or guard script's report: lines "PASS name"
+// and "FAIL name: detail" (lib.sh's pass and fail). The script passes
+// when it exits 0 and reported no failure; a script that reported
+// nothing is one check named after it.
+func ParseChecks(phase, output string, exit int) ([]CheckResult, bool) {
+	var out []CheckResult
+	failed := false
+	for _, line := range strings.Split(output, "\n") {
+		m := checkLineRE.FindStringSubmatch(strings.TrimRight(line, "\r"))
+		if m == nil {
+			continue
+		}
+		cr := CheckResult{Phase: phase, Name: strings.TrimSpace(m[2]), OK: m[1] == "PASS", Detail: m[3]}
+		failed = failed || !cr.OK
+		out = append(out, cr)
+	}
+	ok := exit == 0 && !failed
+	if exit != 0 && !failed {
+		out = append(out, CheckResult{Phase: phase, Name: phase + " script", OK: false, Detail: "exit status " + strconv.Itoa(exit) + ": " + tail(output, 300)})
+	}
+	if len(out) == 0 {
+		out = append(out, CheckResult{Phase: phase, Name: phase + " script", OK: ok})
+	}
+	return out, ok
+}
+
+// ReadResults reads a run's results.jsonl.
+func ReadResults(dir string) ([]TrialResult, error) {
+	f, err := os.Open(filepath.Join(dir, "results.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []TrialResult
+	dec := json.NewDecoder(f)
+	for {
+		var r TrialResult
+		if err := dec.Decode(&r); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: line %d: %w", f.Name(), len(out)+1, err)
+		}
+		out = append(out, r)
+	}
+	slices.SortStableFunc(out, func(a, b TrialResult) int {
+		if c := strings.Compare(a.Scenario, b.Scenario); c != 0 {
+			return c
+		}
+		return a.Run - b.Run
+	})
+	return out, nil
+}

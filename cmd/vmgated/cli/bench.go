@@ -1,0 +1,196 @@
+package cli
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/vmgate/vmgate/cmd/vmgated/bench"
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/netstack"
+)
+
+func benchExec(fs *pflag.FlagSet) runFunc {
+	state := fs.String("state-dir", defaultStateDir(), "state directory (scratch VMs go in a temporary directory inside it)")
+	imgDir := fs.String("image", "", "image directory (default STATE/image)")
+	templateDir := fs.String("template-dir", "", "template directory (default STATE/templates; a template there is reused)")
+	runs := fs.Int("runs", 10, "samples per latency figure")
+	coldRuns := fs.Int("cold-runs", 2, "cold boots (each a full boot)")
+	conc := fs.String("concurrency", "1,2,4", "comma-separated concurrency levels for throughput")
+	pool := fs.Int("pool", 2, "pool size for the pooled figures")
+	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	tbSize := fs.Int("tcg-tb-size", 0, "TCG translation buffer per VM in MiB (0: QEMU's default)")
+	ahead := fs.Int("ahead", gateway.DefaultAhead, "clones launched ahead per shape in the daemons (as vmgated serve --ahead)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
+	level := fs.String("log-level", "warn", "log level")
+	return func(ctx context.Context, args []string) error {
+		lvl, err := levelAndState(*level, *state)
+		if err != nil {
+			return err
+		}
+		if *from != "" {
+			b, err := os.ReadFile(*from)
+			if err != nil {
+				return err
+			}
+			var rep bench.ExecReport
+			if err := json.Unmarshal(b, &rep); err != nil {
+				return fmt.Errorf("%s: %w", *from, err)
+			}
+			rep.WriteText(os.Stdout)
+			return nil
+		}
+		a, err := vm.ParseAccel(*accel)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		levels, err := parseLevels(*conc)
+		if err != nil {
+			return fmt.Errorf("%w: --concurrency: %v", errUsage, err)
+		}
+		if *runs < 1 || *coldRuns < 1 || *pool < 1 {
+			return fmt.Errorf("%w: --runs, --cold-runs and --pool must be at least 1", errUsage)
+		}
+		if *imgDir == "" {
+			*imgDir = defaultImageDir(*state)
+		}
+		if *templateDir == "" {
+			*templateDir = filepath.Join(*state, "templates")
+		}
+		rep, err := bench.Exec(ctx, bench.ExecOptions{
+			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
+			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
+		})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rep)
+		}
+		rep.WriteText(os.Stdout)
+		return nil
+	}
+}
+
+// parseLevels parses "1,2,4".
+func parseLevels(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 64 {
+			return nil, fmt.Errorf("%q is not a concurrency from 1 to 64", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// imageWarm builds (or checks) VM templates ahead of the daemon, which
+// otherwise builds them in the background at start and on first use: the
+// shapes of the policy (the daemon's), or the one shape the flags name.
+func imageWarm(fs *pflag.FlagSet) runFunc {
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	imgDir := fs.String("image", "", "image directory (default STATE/image)")
+	templateDir := fs.String("template-dir", "", "template directory (default STATE/templates)")
+	config := fs.String("config", "", "policy whose VM shapes to warm (default "+DefaultConfig+" if it exists, else the embedded default policy)")
+	builtin := fs.Bool("builtin-policy", false, "warm the shapes of the embedded default policy")
+	mem := fs.Int("memory", 0, "warm one shape: guest memory in MiB (instead of the policy's shapes)")
+	cpus := fs.Int("cpus", 0, "warm one shape: guest CPUs")
+	network := fs.Bool("network", false, "warm one shape: VMs with a NIC")
+	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
+	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto, required or off")
+	level := fs.String("log-level", "info", "log level")
+	return func(ctx context.Context, args []string) error {
+		lvl, err := levelAndState(*level, *state)
+		if err != nil {
+			return err
+		}
+		a, err := vm.ParseAccel(*accel)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if *imgDir == "" {
+			*imgDir = defaultImageDir(*state)
+		}
+		var shapes []policy.Shape
+		if *mem != 0 || *cpus != 0 || *network {
+			if *config != "" || *builtin {
+				return fmt.Errorf("%w: --memory/--cpus/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
+			}
+			shapes = []policy.Shape{{MemoryMiB: cmp.Or(*mem, vm.DefaultMemoryMiB), CPUs: cmp.Or(*cpus, vm.DefaultCPUs), Network: *network}}
+		} else {
+			pol, err := loadPolicyFile(*config, *builtin)
+			if err != nil {
+				return err
+			}
+			shapes = pol.Shapes()
+		}
+		log := newLogger(os.Stderr, lvl)
+		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
+		if err != nil {
+			return err
+		}
+		if cgm != nil {
+			defer cgm.Close()
+		}
+		for _, sh := range shapes {
+			opts := vm.Options{ImageDir: *imgDir, StateDir: *state, TemplateDir: *templateDir,
+				MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Accel: a, Log: log, Cgroups: cgm}
+			if sh.Network {
+				// The template's network allows nothing: it only gives the
+				// guest its lease.
+				opts.Network = &netstack.Config{Log: log}
+			}
+			t0 := time.Now()
+			t, err := vm.EnsureTemplate(ctx, opts)
+			if err != nil {
+				return err
+			}
+			how := "up to date"
+			if t.Built {
+				how = "built"
+			}
+			nic := ""
+			if sh.Network {
+				nic = ", with a NIC"
+			}
+			fmt.Printf("%s%s: %s in %.1f s (%s, boot %d ms, state %d bytes, %d MiB of RAM data)\n", t, nic, how, time.Since(t0).Seconds(), t.Dir,
+				t.Meta.BootMillis, t.Meta.StateBytes, t.Meta.RAMDataBytes>>20)
+			_ = t.Close()
+		}
+		return nil
+	}
+}
+
+// loadPolicyFile loads the policy vmgated serve would: file, else the
+// default file when it exists, else the built-in one.
+func loadPolicyFile(file string, builtin bool) (*policy.Policy, error) {
+	switch {
+	case builtin && file != "":
+		return nil, fmt.Errorf("%w: --builtin-policy and --config exclude each other", errUsage)
+	case builtin:
+		return policy.Default(), nil
+	case file != "":
+		return policy.Load(file)
+	}
+	p, err := policy.Load(DefaultConfig)
+	if errors.Is(err, os.ErrNotExist) {
+		return policy.Default(), nil
+	}
+	return p, err
+}

@@ -1,0 +1,177 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/vmgate/vmgate/internal/names"
+
+	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/image"
+)
+
+// imageInfo is one line of `vmgated image list`.
+type imageInfo struct {
+	Name      string   `json:"name"`
+	Dir       string   `json:"dir"`
+	Suite     string   `json:"suite,omitempty"`
+	Kernel    string   `json:"kernel,omitempty"`
+	Packages  []string `json:"packages,omitempty"` // installed by name (the base set and --packages)
+	SizeBytes int64    `json:"size_bytes,omitempty"`
+	Templates int      `json:"templates"` // VM templates built from it
+	Error     string   `json:"error,omitempty"`
+}
+
+func imageList(fs *pflag.FlagSet) runFunc {
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	imgDir := fs.String("image", "", "the default image's directory (default STATE/image)")
+	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	return func(ctx context.Context, args []string) error {
+		if err := needStateDir(*state); err != nil {
+			return err
+		}
+		if *imgDir == "" {
+			*imgDir = defaultImageDir(*state)
+		}
+		if *templateDir == "" {
+			*templateDir = filepath.Join(*state, "templates")
+		}
+		dirs := map[string]string{vm.DefaultImage: *imgDir}
+		ents, err := os.ReadDir(filepath.Join(*state, "images"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		for _, e := range ents {
+			if e.IsDir() && names.Image(e.Name()) && e.Name() != vm.DefaultImage {
+				dirs[e.Name()] = filepath.Join(*state, "images", e.Name())
+			}
+		}
+		digests := templateDigests(*templateDir)
+		var out []imageInfo
+		for name, dir := range dirs {
+			out = append(out, describeImage(name, dir, digests))
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tSUITE\tKERNEL\tPACKAGES\tSIZE\tTEMPLATES\tDIR")
+		for _, i := range out {
+			if i.Error != "" {
+				fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t%s (%s)\n", i.Name, i.Dir, i.Error)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d MiB\t%d\t%s\n", i.Name, i.Suite, i.Kernel, len(i.Packages), i.SizeBytes>>20, i.Templates, i.Dir)
+		}
+		return tw.Flush()
+	}
+}
+
+func describeImage(name, dir string, templates map[string]int) imageInfo {
+	info := imageInfo{Name: name, Dir: dir}
+	m, err := image.ReadManifest(dir)
+	if err != nil {
+		info.Error = "not built"
+		return info
+	}
+	info.Suite, info.Kernel, info.Packages = m.Inputs.Suite, m.KernelVersion, m.Inputs.Packages
+	for _, a := range m.Artifacts {
+		info.SizeBytes += a.Size
+	}
+	info.Templates = templates[m.Artifacts[image.BaseFile].SHA256]
+	return info
+}
+
+// templateDigests counts the templates in dir by the image they were
+// built from.
+func templateDigests(dir string) map[string]int {
+	out := map[string]int{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), vm.TemplateMetaFile))
+		if err != nil {
+			continue
+		}
+		var m vm.TemplateMeta
+		if json.Unmarshal(b, &m) == nil {
+			out[m.ImageDigest]++
+		}
+	}
+	return out
+}
+
+// imageTarget is where an image goes: --out, or the state directory's
+// place for --name (the default image without one).
+func imageTarget(state, out, name string) (string, error) {
+	if name != "" && !names.Image(name) {
+		return "", fmt.Errorf("%w: --name %q: an image name is 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit", errUsage, name)
+	}
+	if out != "" {
+		if name != "" {
+			return "", fmt.Errorf("%w: --name and --out both say where the image goes: give one", errUsage)
+		}
+		return out, nil
+	}
+	if err := needStateDir(state); err != nil {
+		return "", fmt.Errorf("%w (or --out DIR)", err)
+	}
+	return namedImageDir(state, name), nil
+}
+
+// imageImport runs `vmgated image import`: an image from a root file
+// system tarball (docker export), for profile.image.
+func imageImport(fs *pflag.FlagSet) runFunc {
+	state := fs.String("state-dir", defaultStateDir(), "state directory")
+	out := fs.String("out", "", "output directory (default STATE/images/NAME)")
+	name := fs.String("name", "", "image name for profile.image")
+	force := fs.Bool("force", false, "import again even if an up-to-date image exists")
+	agent := fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)")
+	diskMiB := fs.Int("disk-size", 4096, "guest root filesystem size in MiB")
+	level := fs.String("log-level", "info", "log level")
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("%w: want one root file system tarball after the flags", errUsage)
+		}
+		if *name == "" && *out == "" {
+			return fmt.Errorf("%w: give the image a --name (profiles select it with image = \"NAME\")", errUsage)
+		}
+		lvl, err := parseLogLevel(*level)
+		if err != nil {
+			return err
+		}
+		if *out, err = imageTarget(*state, *out, *name); err != nil {
+			return err
+		}
+		log := newLogger(os.Stderr, lvl)
+		var progress io.Writer
+		if human(os.Stderr) {
+			progress = os.Stderr
+			log = newLogger(io.Discard, lvl)
+		}
+		res, err := image.Import(ctx, image.ImportOptions{OutDir: *out, Tarball: args[0], AgentPath: *agent,
+			DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress})
+		if err != nil {
+			return err
+		}
+		state2 := "imported"
+		if res.Cached {
+			state2 = "up to date"
+		}
+		m := res.Manifest
+		fmt.Printf("image %s: %s (kernel %s, %d packages, base.qcow2 %d MiB)\n", state2, *out, m.KernelVersion, len(m.Packages), m.Artifacts[image.BaseFile].Size>>20)
+		return nil
+	}
+}

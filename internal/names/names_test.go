@@ -1,0 +1,42 @@
+package names
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestSession(t *testing.T) {
+	for s, ok := range map[string]bool{
+		"work": true, "a.b_c-d": true, ".hidden": true, "-x": true, strings.Repeat("a", 64): true,
+		"": false, ".": false, "..": false, "a/b": false, "a b": false, "é": false, strings.Repeat("a", 65): false, "a\x00": false,
+	} {
+		if Session(s) != ok {
+			t.Errorf("Session(%q) = %v, want %v", s, !ok, ok)
+		}
+	}
+}
+
+func TestImage(t *testing.T) {
+	for s, ok := range map[string]bool{
+		"default": true, "debian-12.1": true, "0x": true, strings.Repeat("a", 64): true,
+		"": false, ".x": false, "-x": false, "_x": false, "..": false, "a/b": false, strings.Repeat("a", 65): false,
+	} {
+		if Image(s) != ok {
+			t.Errorf("Image(%q) = %v, want %v", s, !ok, ok)
+		}
+	}
+}
+
+func FuzzNames(f *testing.F) {
+	for _, s := range []string{"work", "..", "a/b", "-x", "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if Session(s) && (strings.ContainsAny(s, "/\x00") || s == "." || s == ".." || len(s) > MaxLen) {
+			t.Errorf("Session(%q) accepted a name that is not one path element", s)
+		}
+		if Image(s) && !Session(s) {
+			t.Errorf("Image(%q) is wider than Session", s)
+		}
+	})
+}

@@ -1,0 +1,119 @@
+package netstack
+
+import (
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/policy/netrule"
+)
+
+func TestClassify(t *testing.T) {
+	for addr, want := range map[string]bool{ // special?
+		"127.0.0.1": true, "10.1.2.3": true, "172.16.0.1": true, "172.32.0.1": false, "192.168.1.1": true,
+		"100.64.0.1": true, "169.254.169.254": true, "224.0.0.251": true, "255.255.255.255": true, "0.0.0.0": true,
+		"8.8.8.8": false, "198.51.100.10": false, "203.0.113.5": false,
+		"::1": true, "::": true, "fe80::1": true, "fd00::1": true, "ff02::1": true, "2001:4860::8888": false,
+		"::ffff:127.0.0.1": true, "::ffff:8.8.8.8": false, "64:ff9b::a00:1": true, "64:ff9b::808:808": false,
+		"2002:a00:1::": true, "2002:808:808::": false,
+	} {
+		c := Classify(netip.MustParseAddr(addr))
+		if (c != "") != want {
+			t.Errorf("%s: class %q", addr, c)
+		}
+	}
+	if Classify(netip.Addr{}) == "" {
+		t.Error("the zero address is ordinary")
+	}
+}
+
+// clientHello captures the first flight of a real TLS client.
+func clientHello(t testing.TB, serverName string) []byte {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		c := tls.Client(a, &tls.Config{ServerName: serverName, InsecureSkipVerify: true})
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_ = c.Handshake()
+	}()
+	buf := make([]byte, 4096)
+	_ = b.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := b.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf[:n]
+}
+
+func TestSniffName(t *testing.T) {
+	hello := clientHello(t, "Www.Example.COM")
+	if n, p, err := SniffName(hello); err != nil || p != ProtoTLS || n != "www.example.com" {
+		t.Fatalf("tls: %q %q %v", n, p, err)
+	}
+	for i := 0; i < len(hello); i += 7 {
+		if _, _, err := SniffName(hello[:i]); !errors.Is(err, ErrNeedMore) {
+			t.Fatalf("tls prefix %d: %v", i, err)
+		}
+	}
+	// A ClientHello split across two records (and segments) is put back
+	// together.
+	payload := hello[5 : 5+(int(hello[3])<<8|int(hello[4]))]
+	cut := len(payload) / 2
+	split := append(append([]byte{0x16, 3, 1, byte(cut >> 8), byte(cut)}, payload[:cut]...),
+		append([]byte{0x16, 3, 1, byte((len(payload) - cut) >> 8), byte(len(payload) - cut)}, payload[cut:]...)...)
+	if n, p, err := SniffName(split); err != nil || p != ProtoTLS || n != "www.example.com" {
+		t.Fatalf("split ClientHello: %q %q %v", n, p, err)
+	}
+	for i := 0; i < len(split); i += 11 {
+		if _, _, err := SniffName(split[:i]); !errors.Is(err, ErrNeedMore) {
+			t.Fatalf("split ClientHello, prefix %d: %v", i, err)
+		}
+	}
+	ipHello := clientHello(t, "198.51.100.10") // an IP: no SNI is sent
+	if n, p, err := SniffName(ipHello); err != nil || p != ProtoTLS || n != "" {
+		t.Fatalf("tls without SNI: %q %q %v", n, p, err)
+	}
+	for _, c := range []struct {
+		in, name, proto string
+		err             bool
+	}{
+		{"GET / HTTP/1.1\r\nHost: Example.com:8080\r\nUser-Agent: x\r\n\r\n", "example.com", ProtoHTTP, false},
+		{"POST /x HTTP/1.0\r\nhost: a.test\r\n\r\nbody", "a.test", ProtoHTTP, false},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nUser-Agent: x\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "", ProtoHTTP, true},
+		{"GET /\r\n\r\n", "", ProtoHTTP, true},
+		{"SSH-2.0-OpenSSH\r\n", "", ProtoOther, false},
+		{"\r\nGET / HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoOther, false},
+		{"get / HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoOther, false},
+		{"GET http://b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET https://A.test:443/x HTTP/1.1\r\nHost: a.test\r\n\r\n", "a.test", ProtoHTTP, false},
+		{"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: 198.51.100.1\r\n\r\n", "", ProtoHTTP, false},
+		{"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", "", ProtoTLS, true},
+	} {
+		n, p, err := SniffName([]byte(c.in))
+		if n != c.name || p != c.proto || (err != nil) != c.err {
+			t.Errorf("%q: %q %q %v", c.in, n, p, err)
+		}
+	}
+	if _, _, err := SniffName([]byte("GET / HTTP/1.1\r\nHost: a.test\r\n")); !errors.Is(err, ErrNeedMore) {
+		t.Errorf("incomplete head: %v", err)
+	}
+}
+
+func FuzzSniffName(f *testing.F) {
+	f.Add(clientHello(f, "a.example.com"))
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+	f.Add([]byte{0x16, 3, 1, 0, 4, 1, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, _, err := SniffName(b)
+		if err == nil && n != "" && netrule.NormalizeName(n) != n {
+			t.Fatalf("returned an unnormalised name %q", n)
+		}
+	})
+}

@@ -1,0 +1,603 @@
+package netstack
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmgate/vmgate/vm/guest/netconf"
+
+	"github.com/vmgate/vmgate/policy/netrule"
+
+	"gvisor.dev/gvisor/pkg/buffer"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
+	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+// The guest's network, as the guest sees it (the addresses QEMU's user
+// network uses, so that guest images need nothing special).
+var (
+	GatewayAddr = netconf.Gateway
+	DNSAddr     = netconf.Resolver
+	GuestAddr   = netconf.Guest.Addr()
+	GuestPrefix = netconf.Guest.Masked()
+	gatewayMAC  = tcpip.LinkAddress("\x52\x55\x0a\x00\x02\x02")
+)
+
+const nicID = 1
+
+// Config is one VM's network policy and plumbing.
+type Config struct {
+	// Policy is the network's first policy (SetPolicy replaces it).
+	Policy
+	// Hosts pins names to addresses: looked up before Resolve.
+	Hosts   map[string][]netip.Addr
+	Resolve Resolver // DNS lookups for allowed names (default: the host's resolver)
+	// Dial makes the outbound connection (default: a net.Dialer with a
+	// 10 s timeout).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	Log  *slog.Logger
+}
+
+// Record is one audited network event.
+type Record struct {
+	Proto    string // "tcp", "udp", "dns"
+	Name     string // the name the guest resolved or claimed
+	Addr     netip.Addr
+	Port     uint16
+	Allowed  bool
+	Rule     string
+	Reason   string
+	BytesOut int64 // guest → world
+	BytesIn  int64 // world → guest
+	Duration time.Duration
+}
+
+// Network is the user-space network of one VM: an Ethernet segment with
+// a gateway and a DNS server, behind which only allowlisted connections
+// are made, by vmgated itself.
+type Network struct {
+	cfg   Config // plumbing: Resolve, Dial, Log
+	pol   atomic.Pointer[policyState]
+	st    *stack.Stack
+	link  *channel.Endpoint
+	conns atomic.Int64
+	bytes atomic.Int64
+
+	mu    sync.Mutex
+	names map[netip.Addr]map[string]bool // answered by DNS
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Limits of a policy that leaves them zero.
+const (
+	DefaultMaxConns    = 32
+	DefaultMaxBytes    = 256 << 20
+	DefaultConnectRate = 120 // per minute
+)
+
+// Policy is what a network allows; it can change while the network runs
+// (a pooled VM gets its request's policy when it is handed out).
+type Policy struct {
+	// Egress is what the network allows. MaxConns bounds concurrent
+	// connections (default 32); MaxBytes the bytes of all connections in
+	// both directions (default 256 MiB); ConnectRate new connections per
+	// minute (default 120), with bursts of up to a tenth of it.
+	netrule.Egress
+	// Audit receives one record per connection attempt and DNS query.
+	Audit func(Record)
+}
+
+type policyState struct {
+	Policy
+	dns    *DNS
+	bucket *tokenBucket
+}
+
+// tokenBucket allows rate events per minute with bursts of burst.
+type tokenBucket struct {
+	mu     sync.Mutex
+	tokens float64
+	burst  float64
+	perSec float64
+	last   time.Time
+}
+
+func newBucket(perMinute int) *tokenBucket {
+	burst := max(float64(perMinute)/10, 1)
+	return &tokenBucket{tokens: burst, burst: burst, perSec: float64(perMinute) / 60, last: time.Now()}
+}
+
+func (b *tokenBucket) take(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.perSec)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// SetPolicy replaces the network's policy for new DNS queries and
+// connections; connections already made keep running. The names earlier
+// answers resolved are forgotten, so that no address a former policy let
+// the guest resolve counts as resolved under the new one.
+func (n *Network) SetPolicy(p Policy) {
+	n.mu.Lock()
+	clear(n.names)
+	n.mu.Unlock()
+	if p.MaxConns == 0 {
+		p.MaxConns = DefaultMaxConns
+	}
+	if p.MaxBytes == 0 {
+		p.MaxBytes = DefaultMaxBytes
+	}
+	if p.ConnectRate == 0 {
+		p.ConnectRate = DefaultConnectRate
+	}
+	if p.Audit == nil {
+		p.Audit = func(Record) {}
+	}
+	n.pol.Store(&policyState{Policy: p, dns: &DNS{Rules: p.Rules, Allowed: p.AllowedRanges, Resolve: n.cfg.Resolve}, bucket: newBucket(p.ConnectRate)})
+}
+
+func (n *Network) p() *policyState { return n.pol.Load() }
+
+// New builds the network; Serve connects it to QEMU.
+func New(cfg Config) (*Network, error) {
+	if cfg.Dial == nil {
+		d := &net.Dialer{Timeout: 10 * time.Second}
+		cfg.Dial = d.DialContext
+	}
+	if cfg.Resolve == nil {
+		cfg.Resolve = LookupHost
+	}
+	if hosts, next := cfg.Hosts, cfg.Resolve; len(hosts) > 0 {
+		cfg.Resolve = func(ctx context.Context, name string) ([]netip.Addr, error) {
+			if a, ok := hosts[name]; ok {
+				return a, nil
+			}
+			return next(ctx, name)
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.SetPolicy(cfg.Policy)
+	n.st = stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
+	})
+	n.link = channel.New(512, 1500+header.EthernetMinimumSize, gatewayMAC)
+	if err := n.st.CreateNIC(nicID, ethernet.New(n.link)); err != nil {
+		return nil, fmt.Errorf("netstack: nic: %s", err)
+	}
+	for _, a := range []netip.Addr{GatewayAddr, DNSAddr} {
+		pa := tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: tcpip.AddrFromSlice(a.AsSlice()).WithPrefix()}
+		pa.AddressWithPrefix.PrefixLen = GuestPrefix.Bits()
+		if err := n.st.AddProtocolAddress(nicID, pa, stack.AddressProperties{}); err != nil {
+			return nil, fmt.Errorf("netstack: address: %s", err)
+		}
+	}
+	// Accept packets for any destination: every outbound connection of
+	// the guest ends here and is decided by the forwarders.
+	if err := n.st.SetPromiscuousMode(nicID, true); err != nil {
+		return nil, fmt.Errorf("netstack: %s", err)
+	}
+	if err := n.st.SetSpoofing(nicID, true); err != nil {
+		return nil, fmt.Errorf("netstack: %s", err)
+	}
+	n.st.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
+	n.st.SetTransportProtocolHandler(tcp.ProtocolNumber, tcp.NewForwarder(n.st, 0, 64, n.tcp).HandlePacket)
+	n.st.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(n.st, n.udp).HandlePacket)
+	if err := n.startDHCP(); err != nil {
+		n.st.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// startDHCP serves DHCP on port 67: the guest is always offered GuestAddr.
+func (n *Network) startDHCP() error {
+	var wq waiter.Queue
+	ep, terr := n.st.NewEndpoint(udp.ProtocolNumber, ipv4.ProtocolNumber, &wq)
+	if terr != nil {
+		return fmt.Errorf("netstack: dhcp: %s", terr)
+	}
+	ep.SocketOptions().SetBroadcast(true)
+	if terr := ep.Bind(tcpip.FullAddress{NIC: nicID, Port: 67}); terr != nil {
+		ep.Close()
+		return fmt.Errorf("netstack: dhcp: %s", terr)
+	}
+	conn := gonet.NewUDPConn(&wq, ep)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		go func() { <-n.ctx.Done(); conn.Close() }()
+		buf := make([]byte, 1500)
+		bcast := &net.UDPAddr{IP: net.IPv4bcast, Port: 68}
+		for {
+			k, _, err := conn.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			m, err := parseDHCP(buf[:k])
+			if err != nil {
+				n.cfg.Log.Debug("netstack: dhcp", "err", err)
+				continue
+			}
+			if r := dhcpReply(m); r != nil {
+				_, _ = conn.WriteTo(r, bcast)
+			}
+		}
+	}()
+	return nil
+}
+
+// Serve moves frames between the stack and QEMU's stream netdev on conn
+// until either side ends.
+func (n *Network) Serve(conn net.Conn) error {
+	errc := make(chan error, 2)
+	go func() {
+		buf := make([]byte, MaxFrame)
+		for {
+			frame, err := ReadFrame(conn, buf)
+			if err != nil {
+				errc <- err
+				return
+			}
+			pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), frame...))})
+			n.link.InjectInbound(0, pkt)
+			pkt.DecRef()
+		}
+	}()
+	go func() {
+		var out []byte
+		for {
+			pkt := n.link.ReadContext(n.ctx)
+			if pkt == nil {
+				errc <- n.ctx.Err()
+				return
+			}
+			v := pkt.ToView()
+			out = AppendFrame(out[:0], v.AsSlice())
+			v.Release()
+			pkt.DecRef()
+			if _, err := conn.Write(out); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	err := <-errc
+	conn.Close()
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Close stops the network and every connection it carries.
+func (n *Network) Close() {
+	n.cancel()
+	n.st.Close()
+	n.wg.Wait()
+	n.st.Wait()
+}
+
+func toAddr(a tcpip.Address) netip.Addr {
+	ip, _ := netip.AddrFromSlice(a.AsSlice())
+	return ip.Unmap()
+}
+
+// udp serves DNS on the DNS address and refuses everything else.
+func (n *Network) udp(r *udp.ForwarderRequest) {
+	id := r.ID()
+	dst, port := toAddr(id.LocalAddress), id.LocalPort
+	if dst != DNSAddr || port != 53 {
+		n.p().Audit(Record{Proto: "udp", Addr: dst, Port: port, Reason: "UDP is not allowed (only DNS to " + DNSAddr.String() + ")"})
+		return
+	}
+	var wq waiter.Queue
+	ep, err := r.CreateEndpoint(&wq)
+	if err != nil {
+		return
+	}
+	conn := gonet.NewUDPConn(&wq, ep)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer conn.Close()
+		buf := make([]byte, maxQuery+1)
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		k, err := conn.Read(buf)
+		if err != nil {
+			return
+		}
+		resp, v := n.p().dns.Handle(n.ctx, buf[:k])
+		if v.Probe {
+			_, _ = conn.Write(resp)
+			return
+		}
+		n.remember(v)
+		rec := Record{Proto: "dns", Name: v.Name, Allowed: v.Allowed && len(v.Addrs) > 0, Rule: v.Rule, Reason: v.Reason}
+		if len(v.Addrs) > 0 {
+			rec.Addr = v.Addrs[0]
+		}
+		n.p().Audit(rec)
+		if resp != nil {
+			_, _ = conn.Write(resp)
+		}
+	}()
+}
+
+func (n *Network) remember(v DNSVerdict) {
+	if len(v.Addrs) == 0 {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, a := range v.Addrs {
+		if n.names[a] == nil {
+			n.names[a] = map[string]bool{}
+		}
+		n.names[a][v.Name] = true
+	}
+}
+
+// namesFor returns the names the guest resolved to a.
+func (n *Network) namesFor(a netip.Addr) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for name := range n.names[a] {
+		out = append(out, name)
+	}
+	return out
+}
+
+// decide checks a TCP destination before the connection is accepted: by
+// a name the guest resolved to it, or by an address rule.
+func (n *Network) decide(dst netip.Addr, port uint16) (name string, rule netrule.Rule, reason string) {
+	if GuestPrefix.Contains(dst) {
+		return "", netrule.Rule{}, "the gateway and the guest network are not reachable"
+	}
+	if c := Classify(dst); c != "" && !n.p().dns.allowedRange(dst) {
+		return "", netrule.Rule{}, "address refused: " + c
+	}
+	for _, nm := range n.namesFor(dst) {
+		if r, ok := n.p().Rules.AllowsName(nm, port); ok {
+			return nm, r, ""
+		}
+	}
+	if r, ok := n.p().Rules.AllowsAddr(dst, port); ok {
+		return "", r, ""
+	}
+	if names := n.namesFor(dst); len(names) > 0 {
+		return names[0], netrule.Rule{}, fmt.Sprintf("port %d is not allowed for %s", port, names[0])
+	}
+	return "", netrule.Rule{}, "direct connection to an address no allowed name resolved to"
+}
+
+func (n *Network) tcp(r *tcp.ForwarderRequest) {
+	id := r.ID()
+	dst, port := toAddr(id.LocalAddress), id.LocalPort
+	rec := Record{Proto: "tcp", Addr: dst, Port: port}
+	name, rule, reason := n.decide(dst, port)
+	rec.Name = name
+	if reason == "" && n.conns.Load() >= int64(n.p().MaxConns) {
+		reason = fmt.Sprintf("connection limit (%d) reached", n.p().MaxConns)
+	}
+	if reason == "" && n.bytes.Load() >= n.p().MaxBytes {
+		reason = fmt.Sprintf("byte limit (%d) reached", n.p().MaxBytes)
+	}
+	if reason == "" && !n.p().bucket.take(time.Now()) {
+		reason = fmt.Sprintf("connection rate limit (%d per minute) reached", n.p().ConnectRate)
+	}
+	if reason != "" {
+		rec.Reason = reason
+		r.Complete(true)
+		n.p().Audit(rec)
+		return
+	}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		rec.Reason = "accept: " + terr.String()
+		n.p().Audit(rec)
+		return
+	}
+	r.Complete(false)
+	guest := gonet.NewTCPConn(&wq, ep)
+	n.conns.Add(1)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer n.conns.Add(-1)
+		defer guest.Close()
+		t0 := time.Now()
+		rec.Rule = rule.Text
+		rec.Allowed, rec.Reason = n.proxy(guest, &rec, dst, port, rule.Name != "")
+		rec.Duration = time.Since(t0)
+		n.p().Audit(rec)
+	}()
+}
+
+// proxy checks the name the connection claims, dials out and copies both
+// ways; it returns whether the connection was made and why not (or why it
+// was cut). On a port allowed by a name rule (byName) the connection must
+// be TLS whose SNI, or HTTP whose every request's Host, is that name.
+func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16, byName bool) (bool, string) {
+	head, claimed, proto, reason := n.claim(guest, rec, dst, port, byName)
+	if reason != "" {
+		return false, reason
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 15*time.Second)
+	out, err := n.cfg.Dial(ctx, "tcp", netip.AddrPortFrom(dst, port).String())
+	cancel()
+	if err != nil {
+		return false, "dial: " + err.Error()
+	}
+	defer out.Close()
+	done := make(chan struct{}, 2)
+	var cut atomic.Value // why the guard cut the connection
+	if byName && proto == ProtoHTTP {
+		// Every request is checked, not only the first.
+		go func() {
+			in := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), guest), 32<<10)
+			w := &countWriter{w: out, n: n, total: &rec.BytesOut}
+			// On a refused request nothing more goes out; the answers to
+			// the requests before it still come back.
+			if why := copyRequests(w, in, claimed); why != "" {
+				cut.Store(why)
+			}
+			if c, ok := out.(interface{ CloseWrite() error }); ok {
+				_ = c.CloseWrite()
+			}
+			done <- struct{}{}
+		}()
+	} else {
+		if _, err := out.Write(head); err != nil {
+			return true, "write: " + err.Error()
+		}
+		rec.BytesOut += int64(len(head))
+		n.bytes.Add(int64(len(head)))
+	}
+	count := func(dstc, srcc net.Conn, total *int64) {
+		b := make([]byte, 32<<10)
+		for {
+			k, err := srcc.Read(b)
+			if k > 0 {
+				atomic.AddInt64(total, int64(k))
+				if n.bytes.Add(int64(k)) > n.p().MaxBytes {
+					break
+				}
+				if _, werr := dstc.Write(b[:k]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		if c, ok := dstc.(interface{ CloseWrite() error }); ok {
+			_ = c.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	if !(byName && proto == ProtoHTTP) {
+		go count(out, guest, &rec.BytesOut)
+	}
+	go count(guest, out, &rec.BytesIn)
+	select {
+	case <-done:
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+		}
+	case <-n.ctx.Done():
+	}
+	if why, _ := cut.Load().(string); why != "" {
+		return true, "cut: " + why
+	}
+	return true, ""
+}
+
+// claim reads the start of a guest connection and checks the name it
+// claims (TLS SNI, HTTP Host) against the address and port; it returns
+// what it read, the name and protocol, or why the connection is refused.
+func (n *Network) claim(guest net.Conn, rec *Record, dst netip.Addr, port uint16, byName bool) (head []byte, claimed, proto, reason string) {
+	head = make([]byte, 0, 4096)
+	buf := make([]byte, 4096)
+	_ = guest.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		k, err := guest.Read(buf)
+		head = append(head, buf[:k]...)
+		var serr error
+		claimed, proto, serr = SniffName(head)
+		if serr == nil {
+			break
+		}
+		if !errors.Is(serr, ErrNeedMore) {
+			return nil, "", proto, "malformed " + proto + " start: " + serr.Error()
+		}
+		if err != nil || len(head) >= MaxSniff {
+			if len(head) == 0 && err != nil {
+				return nil, "", proto, "the guest sent nothing"
+			}
+			return nil, "", proto, "could not read the name the connection claims"
+		}
+	}
+	_ = guest.SetReadDeadline(time.Time{})
+	if _, err := netip.ParseAddr(claimed); err == nil {
+		claimed = "" // "Host: 203.0.113.7": an address, not a name
+	}
+	if byName && claimed == "" {
+		return nil, "", proto, fmt.Sprintf("port %d of %s is allowed by name: the connection must be HTTP or TLS that names it (got %s)", port, dst, describeStart(proto, head))
+	}
+	if claimed != "" {
+		// TLS SNI or HTTP Host must be a name the guest resolved to this
+		// address and that is allowed on this port: no domain fronting.
+		resolved := false
+		for _, nm := range n.namesFor(dst) {
+			resolved = resolved || nm == claimed
+		}
+		if _, ok := n.p().Rules.AllowsName(claimed, port); !ok || (!resolved && rec.Name != "") {
+			return nil, "", proto, fmt.Sprintf("%s name %q does not match the allowed name for %s", proto, claimed, dst)
+		}
+		rec.Name = claimed
+	}
+	return head, claimed, proto, ""
+}
+
+// countWriter counts what the guest sends against the VM's byte limit.
+type countWriter struct {
+	w     io.Writer
+	n     *Network
+	total *int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	atomic.AddInt64(c.total, int64(len(p)))
+	if c.n.bytes.Add(int64(len(p))) > c.n.p().MaxBytes {
+		return 0, errors.New("byte limit reached")
+	}
+	return c.w.Write(p)
+}
+
+// describeStart says what a connection's first bytes were, for a refusal.
+func describeStart(proto string, head []byte) string {
+	switch proto {
+	case ProtoTLS:
+		return "TLS without a server name"
+	case ProtoHTTP:
+		return "HTTP whose Host is an address"
+	}
+	return fmt.Sprintf("%d bytes of neither (%.16q)", len(head), head)
+}
