@@ -64,7 +64,7 @@ func TestGateway_QEMUKilledMidCommand(t *testing.T) {
 		t.Fatalf("status: %+v %v", st, err)
 	}
 	vmID := st.VMs[0].VMID
-	vmDir := filepath.Join(d.Config.StateDir, "vms", vmID)
+	vmDir := filepath.Join(d.Config.VM.StateDir, "vms", vmID)
 	qemu := pidsOf(t, "qemu-system.*"+vmDir)
 	if len(qemu) != 1 {
 		t.Fatalf("QEMU processes of %s: %v", vmDir, qemu)
@@ -141,7 +141,7 @@ func TestGateway_StateDiskFull(t *testing.T) {
 
 	mnt := testutil.Tmpfs(t, "96m")
 	d := gatewaytest.Start(t, testPolicy, func(c *gateway.Config) {
-		c.StateDir, c.NoTemplate, c.PoolSize, c.TemplateDir = mnt, false, 0, tdir
+		c.VM.StateDir, c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir = mnt, false, 0, tdir
 	})
 	free := func() int64 {
 		var st syscall.Statfs_t
@@ -232,7 +232,7 @@ func sharedTemplate(t *testing.T) string {
 	tdir := testutil.TemplateDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	tm, err := vm.EnsureTemplate(ctx, vm.Options{ImageDir: img, StateDir: t.TempDir(), Accel: vm.AccelAuto, TemplateDir: tdir})
+	tm, err := vm.EnsureTemplate(ctx, vm.Options{Runtime: vm.Runtime{StateDir: t.TempDir(), Accel: vm.AccelAuto, TemplateDir: tdir}, ImageDir: img})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestGateway_DamagedTemplate(t *testing.T) {
 		t.Fatalf("copy the template: %v %s", err, out)
 	}
 	d := gatewaytest.Start(t, testPolicy, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, tdir
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir = false, 0, tdir
 	})
 	ctx := context.Background()
 	ready := func() bool {

@@ -66,7 +66,7 @@ func writeFiles(t *testing.T, root string, files map[string]string) {
 func TestGateway_Files(t *testing.T) {
 	// Restored VMs (the shared test templates): it boots many.
 	d := gatewaytest.Start(t, filesPolicy, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 1, testutil.TemplateDir(t)
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir = false, 1, testutil.TemplateDir(t)
 	})
 	work := t.TempDir()
 	writeFiles(t, work, map[string]string{"proj/main.py": "print('hi')\n", "proj/lib/util.py": "X = 1\n", "notes.txt": "remember\n"})

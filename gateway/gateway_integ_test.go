@@ -31,6 +31,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm"
 )
 
 const testPolicy = `version = 1
@@ -250,7 +251,7 @@ func TestGateway_BusyAndDisconnect(t *testing.T) {
 	case <-time.After(3 * time.Minute):
 		t.Fatal("the first command never started")
 	}
-	if n := len(vmDirs(d.Config.StateDir)); n != 1 {
+	if n := len(vmDirs(d.Config.VM.StateDir)); n != 1 {
 		t.Fatalf("%d VM directories, want 1", n)
 	}
 	_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"true"}}, nil)
@@ -262,8 +263,8 @@ func TestGateway_BusyAndDisconnect(t *testing.T) {
 	if firstErr == nil {
 		t.Fatal("cancelled exec returned no error")
 	}
-	waitFor(t, 30*time.Second, "the VM of the disconnected client to go", func() bool { return len(vmDirs(d.Config.StateDir)) == 0 })
-	if out, err := exec.Command("pgrep", "-f", "qemu-system.*"+d.Config.StateDir).Output(); err == nil {
+	waitFor(t, 30*time.Second, "the VM of the disconnected client to go", func() bool { return len(vmDirs(d.Config.VM.StateDir)) == 0 })
+	if out, err := exec.Command("pgrep", "-f", "qemu-system.*"+d.Config.VM.StateDir).Output(); err == nil {
 		t.Fatalf("qemu still running: %s", out)
 	}
 }
@@ -325,13 +326,13 @@ func TestGateway_RefusesBadStart(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.toml")
 	_ = os.WriteFile(bad, []byte("version = 1\n[[profile]]\nname = \"x\"\nmatch = { any = true }\nbogus = 1\n"), 0o644)
-	err := gateway.Run(context.Background(), gateway.Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img,
+	err := gateway.Run(context.Background(), gateway.Config{Socket: filepath.Join(dir, "s.sock"), VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(dir, "st")}, ImageDir: img},
 		PolicyPath: bad, PolicyExplicit: true, AllowRoot: true})
 	if err == nil || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("invalid policy: %v", err)
 	}
 	if os.Geteuid() == 0 {
-		err = gateway.Run(context.Background(), gateway.Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "st"), ImageDir: img})
+		err = gateway.Run(context.Background(), gateway.Config{Socket: filepath.Join(dir, "s.sock"), VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(dir, "st")}, ImageDir: img}})
 		if err == nil || !strings.Contains(err.Error(), "--allow-root") {
 			t.Fatalf("root without --allow-root: %v", err)
 		}
@@ -387,7 +388,7 @@ func TestGateway_SessionIdleExpiry(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the idle session to end", func() bool {
 		ss, _ := d.Client.Sessions(context.Background())
-		return len(ss) == 0 && len(vmDirs(d.Config.StateDir)) == 0
+		return len(ss) == 0 && len(vmDirs(d.Config.VM.StateDir)) == 0
 	})
 	d.StopAndCheck(t)
 	b, err := os.ReadFile(d.AuditPath)
@@ -455,7 +456,7 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeAudit {
 		t.Fatalf("allowed command while audit is down: %v", err)
 	}
-	if n := len(vmDirs(d.Config.StateDir)); n != 0 {
+	if n := len(vmDirs(d.Config.VM.StateDir)); n != 0 {
 		t.Fatalf("%d VMs started while the audit log was down", n)
 	}
 	st, err := d.Client.Status(context.Background())
@@ -494,7 +495,7 @@ func TestGateway_AuditFullFailsClosed(t *testing.T) {
 // audited with how the VM was made, and nothing left at shutdown.
 func TestGateway_FastPath(t *testing.T) {
 	d := startDaemon(t, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.Ahead, c.TemplateDir = false, 1, 1, testutil.TemplateDir(t)
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.Ahead, c.VM.TemplateDir = false, 1, 1, testutil.TemplateDir(t)
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -562,7 +563,7 @@ func TestGateway_RestoreFailureFallsBack(t *testing.T) {
 	tdir := t.TempDir() // damaged below: never the shared templates
 	var logs testutil.SyncBuffer
 	d := startDaemon(t, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 0, tdir
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir = false, 0, tdir
 		c.Log = slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, &logs), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
@@ -826,7 +827,7 @@ allow = ["other.test:80"]
 		t.Fatal(err)
 	}
 	d := startDaemon(t, func(c *gateway.Config) {
-		c.PolicyPath, c.NoTemplate, c.PoolSize, c.TemplateDir = pol, false, 1, testutil.TemplateDir(t)
+		c.PolicyPath, c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir = pol, false, 1, testutil.TemplateDir(t)
 		c.NetHosts = map[string][]netip.Addr{"allowed.test": {inet.Addr}, "other.test": {inet.Addr}}
 	})
 	wget := func(url string) (*wire.Result, string, string) {
@@ -1020,8 +1021,8 @@ func TestGateway_NamedImages(t *testing.T) {
 	if err := os.WriteFile(polPath, []byte(pol("not-built")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := gateway.New(gateway.Config{Socket: filepath.Join(dir, "s.sock"), StateDir: filepath.Join(dir, "state"), ImageDir: img,
-		AuditPath: filepath.Join(dir, "audit.jsonl"), PolicyPath: polPath, PolicyExplicit: true, AllowRoot: true, NoTemplate: true})
+	_, err := gateway.New(gateway.Config{Socket: filepath.Join(dir, "s.sock"), VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(dir, "state")}, ImageDir: img, NoTemplate: true},
+		AuditPath: filepath.Join(dir, "audit.jsonl"), PolicyPath: polPath, PolicyExplicit: true, AllowRoot: true})
 	if err == nil || !strings.Contains(err.Error(), `profile "test": image "not-built"`) || !strings.Contains(err.Error(), "vmgated image build --name not-built") {
 		t.Fatalf("a policy naming an image that is not built: %v", err)
 	}
@@ -1029,7 +1030,7 @@ func TestGateway_NamedImages(t *testing.T) {
 	// A named image: here a copy of the default one (hard links), which
 	// a reload makes the profile's.
 	d := startDaemon(t, nil)
-	copyDir := filepath.Join(d.Config.StateDir, "images", "copy")
+	copyDir := filepath.Join(d.Config.VM.StateDir, "images", "copy")
 	if err := os.MkdirAll(copyDir, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func TestGateway_ImportedImage(t *testing.T) {
 	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nimage = \"bb\"", 1)
 	pol = strings.Replace(pol, "[profile.sessions]", "[profile.network]\nmode = \"allowlist\"\nallow = [\"allowed.test:80\"]\n[profile.sessions]", 1)
 	d := gatewaytest.Start(t, pol, func(c *gateway.Config) {
-		c.StateDir = state
+		c.VM.StateDir = state
 		c.NetHosts = map[string][]netip.Addr{"allowed.test": {inet.Addr}}
 	})
 	work := t.TempDir()

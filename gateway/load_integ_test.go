@@ -52,7 +52,7 @@ func TestGateway_Load(t *testing.T) {
 		t.Skip("VMGATE_TEST_BIN not set")
 	}
 	d := gatewaytest.Start(t, loadPolicy, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.TemplateDir = false, 2, testutil.TemplateDir(t)
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir = false, 2, testutil.TemplateDir(t)
 		c.QueueLen, c.QueueWait = 8, 10*time.Second
 	})
 	ctx := context.Background()

@@ -44,10 +44,12 @@ type Config struct {
 	PolicyPath string
 	// PolicyExplicit makes a missing PolicyPath an error.
 	PolicyExplicit bool
-	// StateDir holds VM directories and the daemon lock.
-	StateDir string
-	// ImageDir is the guest image (default STATE/image).
-	ImageDir string
+	// VM is the VM layer's own configuration: the state directory (VM
+	// directories, and the daemon's lock, keys and default audit log),
+	// the guest image (default STATE/image), templates, the accelerator
+	// and the pools. The daemon fills in its Cgroups (the policy's mode)
+	// and Network (the resolver, from NetHosts); its Log defaults to Log.
+	VM vm.HostConfig
 	// AuditPath is the audit log (JSON lines, hash-chained).
 	AuditPath string
 	// AuditRedact are regular expressions; argv elements matching one are
@@ -63,33 +65,12 @@ type Config struct {
 	// Grace is how long running commands may finish after SIGTERM before
 	// they are killed (default 10s).
 	Grace time.Duration
-	// Accel is the QEMU accelerator (auto, kvm, tcg).
-	Accel vm.Accel
-	// TCGTBSizeMiB sizes TCG's translation buffer per VM (0: QEMU's).
-	TCGTBSizeMiB int
 	// Seccomp overrides the policy's [isolate] seccomp ("required" or
 	// "off"); empty means the policy decides (default required).
 	Seccomp string
-	// NoTemplate turns the fast path off: every VM boots cold. Otherwise
-	// each VM shape gets a template (built in the background on first use;
-	// the default shape at start) and fresh VMs are restored from it.
-	NoTemplate bool
-	// PoolSize is how many restored VMs each shape keeps ready (0: restore
-	// on demand).
-	PoolSize int
-	// Ahead is how many clones each shape keeps launched ahead: QEMU up
-	// in its jail, waiting for its state, so that a restore skips QEMU's
-	// start-up (vm.Pool).
-	Ahead int
-	// TemplateDir holds templates (default STATE/templates).
-	TemplateDir string
 	// NetHosts pins guest DNS names to addresses (looked up before the
 	// host's resolver; the allowlist and address checks still apply).
 	NetHosts map[string][]netip.Addr
-	// NetstackSocket is where systemd starts the guest networks'
-	// netstacks (vmgated serve --netstack-socket; contrib/systemd/
-	// vmgate-netstack.socket); empty: the daemon jails them itself.
-	NetstackSocket string
 	// MetricsListen, when set, also serves GET /metrics on this loopback
 	// TCP address (it is always on the socket).
 	MetricsListen string
@@ -142,11 +123,11 @@ func (c *Config) setDefaults() {
 	if c.SocketMode == 0 {
 		c.SocketMode = 0o660
 	}
-	if c.ImageDir == "" {
-		c.ImageDir = filepath.Join(c.StateDir, "image")
+	if c.VM.ImageDir == "" {
+		c.VM.ImageDir = filepath.Join(c.VM.StateDir, "image")
 	}
 	if c.AuditPath == "" {
-		c.AuditPath = filepath.Join(c.StateDir, "audit.jsonl")
+		c.AuditPath = filepath.Join(c.VM.StateDir, "audit.jsonl")
 	}
 	if c.MaxVMs == 0 {
 		c.MaxVMs = DefaultMaxVMs
@@ -163,9 +144,6 @@ func (c *Config) setDefaults() {
 	if c.Grace == 0 {
 		c.Grace = DefaultGrace
 	}
-	if c.Accel == "" {
-		c.Accel = vm.AccelAuto
-	}
 	if c.MaxConnsPerUID == 0 {
 		c.MaxConnsPerUID = DefaultMaxConnsPerUID
 	}
@@ -177,6 +155,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+	if c.VM.Log == nil {
+		c.VM.Log = c.Log
 	}
 }
 
@@ -283,10 +264,10 @@ func New(cfg Config) (_ *Server, err error) {
 	if err := checkConfig(cfg); err != nil {
 		return nil, err
 	}
-	if err := openStateDir(cfg.StateDir, log); err != nil {
+	if err := openStateDir(cfg.VM.StateDir, log); err != nil {
 		return nil, err
 	}
-	unlock, err := lockState(cfg.StateDir)
+	unlock, err := lockState(cfg.VM.StateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -296,8 +277,9 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	s.policy.Store(pol)
-	s.host, err = vm.NewHost(vm.HostConfig{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, TemplateDir: cfg.TemplateDir,
-		Accel: cfg.Accel, TCGTBSizeMiB: cfg.TCGTBSizeMiB, Cgroups: pol.Cgroups(), Network: s.netBase(), NetstackSocket: cfg.NetstackSocket, PoolSize: cfg.PoolSize, Ahead: cfg.Ahead, NoTemplate: cfg.NoTemplate, Log: log})
+	hc := cfg.VM
+	hc.Cgroups, hc.Network = pol.Cgroups(), s.netBase()
+	s.host, err = vm.NewHost(hc)
 	if err != nil {
 		return nil, err
 	}
@@ -329,7 +311,7 @@ func New(cfg Config) (_ *Server, err error) {
 	// The SSH front door's files and addresses are checked before any VM
 	// work starts; it serves once the daemon is ready.
 	if cfg.SSH != nil {
-		if s.ssh, err = sshfront.New(sshCore{s}, *cfg.SSH, cfg.StateDir, log); err != nil {
+		if s.ssh, err = sshfront.New(sshCore{s}, *cfg.SSH, cfg.VM.StateDir, log); err != nil {
 			return nil, err
 		}
 		s.push(func() error { s.ssh.CloseListeners(); return nil })
@@ -359,7 +341,7 @@ func checkConfig(cfg Config) error {
 	default:
 		return fmt.Errorf("seccomp %q: want required or off", cfg.Seccomp)
 	}
-	if cfg.StateDir == "" {
+	if cfg.VM.StateDir == "" {
 		return errors.New("no state directory")
 	}
 	return nil
@@ -376,8 +358,8 @@ func (s *Server) warmShapes(pol *policy.Policy) {
 		networked = networked || sh.Network
 	}
 	switch {
-	case networked && s.cfg.NetstackSocket != "":
-		s.log.Info("guest networks: one netstack per VM, started by systemd", "netstack_socket", s.cfg.NetstackSocket)
+	case networked && s.cfg.VM.NetstackSocket != "":
+		s.log.Info("guest networks: one netstack per VM, started by systemd", "netstack_socket", s.cfg.VM.NetstackSocket)
 	case networked:
 		s.log.Warn("RELAXATION: guest networks: each VM's netstack runs jailed by vmgated in the host's network namespace (it dials the guest's allowed connections); under systemd, --netstack-socket runs them in vmgate-netstack@.service instead")
 	}
@@ -412,7 +394,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.ssh.LogReady()
 	}
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.host.ImageDigest()})
-	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.policy.Load().Source(), "image", s.cfg.ImageDir,
+	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.policy.Load().Source(), "image", s.cfg.VM.ImageDir,
 		"audit", s.cfg.AuditPath, "max_vms", s.cfg.MaxVMs)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		s.log.Warn("sd_notify READY", "err", err)

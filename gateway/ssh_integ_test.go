@@ -8,9 +8,6 @@ import (
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
-	"github.com/vmgate/vmgate/gateway"
-	"github.com/vmgate/vmgate/gateway/sshfront"
-	"github.com/vmgate/vmgate/gateway/wire"
 	"io"
 	"net"
 	"os"
@@ -22,6 +19,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/sshfront"
+	"github.com/vmgate/vmgate/gateway/wire"
 
 	"golang.org/x/crypto/ssh"
 
@@ -119,11 +120,11 @@ func TestGateway_SSH(t *testing.T) {
 	d := startDaemon(t, func(c *gateway.Config) {
 		c.PolicyPath = polFile
 		c.SSH = &sshfront.Config{Listeners: []net.Listener{ln}, AuthorizedKeys: keysFile}
-		c.NoTemplate, c.PoolSize, c.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 3
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 3
 	})
 
 	// The daemon created its host key; the client pins it.
-	hostKey := filepath.Join(d.Config.StateDir, sshfront.DefaultHostKey)
+	hostKey := filepath.Join(d.Config.VM.StateDir, sshfront.DefaultHostKey)
 	if st, err := os.Stat(hostKey); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("host key: %v %v", st, err)
 	}

@@ -86,12 +86,12 @@ func newUnitFront(t *testing.T, keys string, mutate func(*sshfront.Config)) *uni
 	}
 	t.Cleanup(func() { al.Close() })
 	img := unbootableImage(t)
-	host, err := vm.NewHost(vm.HostConfig{ImageDir: img, StateDir: dir, Cgroups: "off", NoTemplate: true, Log: log})
+	host, err := vm.NewHost(vm.HostConfig{Runtime: vm.Runtime{StateDir: dir, Log: log}, ImageDir: img, Cgroups: "off", NoTemplate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { host.Close() })
-	s := &Server{cfg: Config{StateDir: dir, ImageDir: img, MaxVMs: 1, Log: log}, host: host,
+	s := &Server{cfg: Config{VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: dir, Log: log}, ImageDir: img}, MaxVMs: 1, Log: log}, host: host,
 		log: log, audit: al, slots: newSlots(1, 0, time.Second), sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, metrics: newMetrics(), idle: make(chan struct{})}
 	s.policy.Store(pol)
 	var cancel context.CancelFunc
@@ -374,7 +374,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: Config{StateDir: dir, SocketMode: 0o660}}
+	s := &Server{cfg: Config{VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: dir}}, SocketMode: 0o660}}
 	s.policy.Store(pol)
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)

@@ -157,7 +157,7 @@ func (s *Server) transfersRun(ctx context.Context, st *execState, target *vmTarg
 	}
 	// Asked once, before the puts: the gets' phase follows only a
 	// request whose first phase passed.
-	if ok, err := canTransfer(before, target.vm); err != nil || !ok {
+	if ok, err := canTransfer(ctx, before, target.vm); err != nil || !ok {
 		why := "the image's agent predates file transfers: rebuild the image (vmgated image build, or image import)"
 		if err != nil {
 			why = "cannot ask the agent whether it copies files: " + err.Error()
@@ -217,9 +217,9 @@ func auditTransfers(req *wire.ExecRequest, done []wire.Transfer) []audit.Transfe
 
 // canTransfer asks the agent in the first phase of a request; the second
 // phase runs only after the first passed.
-func canTransfer(first bool, m *vm.VM) (bool, error) {
+func canTransfer(ctx context.Context, first bool, m *vm.VM) (bool, error) {
 	if !first {
 		return true, nil
 	}
-	return m.CanTransfer()
+	return m.CanTransfer(ctx)
 }

@@ -21,7 +21,7 @@ import (
 // the VM's death shows the console's last lines.
 func TestVM_ConsoleFlood(t *testing.T) {
 	img := testutil.RequiresImage(t)
-	opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}
+	opts := Options{Runtime: Runtime{StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}, ImageDir: img}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	tmpl, err := EnsureTemplate(ctx, opts)
@@ -29,7 +29,7 @@ func TestVM_ConsoleFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tmpl.Close()
-	v, err := tmpl.Restore(ctx, opts)
+	v, err := tmpl.Restore(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

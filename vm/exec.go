@@ -148,6 +148,7 @@ func (v *VM) Exec(ctx context.Context, req ExecRequest) (*ExecResult, error) {
 		return nil, err
 	}
 	defer s.close()
+	s.startSender()
 	s.pump()
 	return s.wait(ctx)
 }
@@ -187,6 +188,12 @@ type execSession struct {
 	deadline time.Time
 
 	ch *agentconn.Channel
+
+	// The sender (startSender): signals and sizes queue in ops (at most
+	// sendQueue), a KILL in kill, which it takes first; stop ends it.
+	ops  chan func() error
+	kill chan struct{}
+	stop chan struct{}
 
 	stdout, stderr *capWriter
 	streams        chan struct{} // closed at EOF of both output streams
@@ -273,11 +280,46 @@ func (s *execSession) pump() {
 	go func() { wg.Wait(); close(s.streams) }()
 }
 
-// send sends a signal or a terminal size without waiting: an agent that
-// has stopped reading must not hold the host (the kill deadline ends such
-// a command with its VM).
-func (s *execSession) send(fn func() error) {
-	go func() { _ = fn() }()
+// sendQueue bounds the signals and terminal sizes waiting for the sender
+// of one command; more are dropped (a client that sends them faster than
+// the agent takes them gains nothing by their number).
+const sendQueue = 16
+
+// startSender starts the one goroutine that sends the command's signals
+// and terminal sizes, so that the caller never waits on an agent that has
+// stopped reading: each frame write has a deadline (agentconn's
+// WriteTimeout), after which the connection, and the VM, are gone. A KILL
+// goes before whatever else waits.
+func (s *execSession) startSender() {
+	s.ops, s.kill, s.stop = make(chan func() error, sendQueue), make(chan struct{}, 1), make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-s.kill:
+				_ = s.ch.Signal("KILL")
+				continue
+			default:
+			}
+			select {
+			case <-s.kill:
+				_ = s.ch.Signal("KILL")
+			case op := <-s.ops:
+				_ = op()
+			case <-s.stop:
+				return
+			}
+		}
+	}()
+}
+
+// send queues a signal or a terminal size for the sender; when the queue
+// is full it is dropped.
+func (s *execSession) send(op func() error) {
+	select {
+	case s.ops <- op:
+	default:
+		s.v.log.Debug("exec: signal or resize dropped: the agent is not taking them")
+	}
 }
 
 // wait forwards signals and resizes, enforces the time limit and ctx, and
@@ -293,7 +335,10 @@ func (s *execSession) wait(ctx context.Context) (*ExecResult, error) {
 	var killDeadline <-chan time.Time
 	var ctxErr error
 	kill := func() {
-		s.send(func() error { return s.ch.Signal("KILL") })
+		select {
+		case s.kill <- struct{}{}:
+		default:
+		}
 		if killDeadline == nil {
 			killDeadline = time.After(s.req.KillGrace)
 		}
@@ -374,9 +419,13 @@ func (s *execSession) fill(res *ExecResult, e agentproto.Exit) {
 	res.StderrBytes, res.StderrTruncated = s.stderr.counts()
 }
 
-// close closes the channel without waiting on an agent that has stopped
-// reading (the close message could otherwise block).
+// close stops the sender and closes the channel without waiting on an
+// agent that has stopped reading (the close message could otherwise
+// block until the write deadline).
 func (s *execSession) close() {
+	if s.stop != nil {
+		close(s.stop)
+	}
 	done := make(chan struct{})
 	go func() { _ = s.ch.Close(); close(done) }()
 	select {
@@ -409,9 +458,10 @@ func GetCommand(path string, maxBytes int64, maxFiles int) []string {
 
 // CanTransfer reports whether the VM's agent has the put and get
 // subcommands: an image built before them has an agent that would take
-// them for a request to serve its port.
-func (v *VM) CanTransfer() (bool, error) {
-	info, err := v.Info()
+// them for a request to serve its port. It asks the agent, within
+// controlTimeout and while ctx lasts.
+func (v *VM) CanTransfer(ctx context.Context) (bool, error) {
+	info, err := v.Info(ctx)
 	if err != nil {
 		return false, err
 	}

@@ -30,7 +30,6 @@ import (
 // Network().SetPolicy.
 type Host struct {
 	cfg     HostConfig
-	base    Options // image, state, accelerator, log, cgroups
 	cgroups *cgroup.Manager
 	digest  string
 	log     *slog.Logger
@@ -50,26 +49,19 @@ type Host struct {
 	pastFailures int64
 }
 
-// HostConfig is what a Host is built from.
+// HostConfig is what a Host is built from: the runtime of its VMs, its
+// images, and how it keeps VMs ready.
 type HostConfig struct {
+	Runtime
 	// ImageDir is the image named DefaultImage; ImagesDir holds the
 	// others, one directory per name (default StateDir/images).
-	ImageDir, ImagesDir, StateDir string
-	// TemplateDir holds the templates (default StateDir/templates).
-	TemplateDir string
-	Accel       Accel
-	// TCGTBSizeMiB: Options.TCGTBSizeMiB of every VM.
-	TCGTBSizeMiB int
+	ImageDir, ImagesDir string
 	// Cgroups is the cgroup mode (cgroup.OpenMode): "auto", "required"
 	// or "off".
 	Cgroups string
 	// Network is the plumbing of every NIC's network (resolver, log),
 	// with no policy.
 	Network netstack.Config
-	// NetstackSocket, when set, is where systemd starts the guest
-	// networks' netstacks (vm/netproc Config.Socket); empty: vmgated
-	// jails them itself.
-	NetstackSocket string
 	// PoolSize is how many restored VMs each shape keeps ready.
 	PoolSize int
 	// Ahead is how many clones each shape keeps launched ahead (QEMU up,
@@ -77,7 +69,6 @@ type HostConfig struct {
 	Ahead int
 	// NoTemplate boots every VM cold.
 	NoTemplate bool
-	Log        *slog.Logger
 }
 
 // Shape is what VMs of one template share.
@@ -143,10 +134,8 @@ func retryAfter(failures int) time.Duration {
 //
 // Postcondition: on error nothing is left open.
 func NewHost(cfg HostConfig) (*Host, error) {
+	cfg.setDefaults()
 	log := cfg.Log
-	if log == nil {
-		log = slog.Default()
-	}
 	if n, err := CleanupStale(cfg.StateDir, log); err != nil {
 		return nil, fmt.Errorf("clean up leftovers: %w", err)
 	} else if n > 0 {
@@ -168,9 +157,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &Host{cfg: cfg, cgroups: cg, digest: m.Artifacts[image.BaseFile].SHA256, log: log, ctx: ctx, cancel: cancel,
-		building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{},
-		base: Options{ImageDir: cfg.ImageDir, StateDir: cfg.StateDir, Accel: cfg.Accel, TCGTBSizeMiB: cfg.TCGTBSizeMiB, Log: log, Cgroups: cg, TemplateDir: cfg.TemplateDir,
-			NetstackSocket: cfg.NetstackSocket}}
+		building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{}}
 	if cfg.NoTemplate {
 		log.Info("VM templates off: every VM boots cold")
 	}
@@ -274,10 +261,9 @@ func (h *Host) CheckImage(name string) error {
 
 // options returns the VM options of a shape.
 func (h *Host) options(k Shape) Options {
-	opts := h.base
 	// Get and Warm refused a shape whose image name is not one.
-	opts.ImageDir, _ = h.ImageDir(k.Image)
-	opts.MemoryMiB, opts.CPUs, opts.Seccomp = k.MemoryMiB, k.CPUs, k.Seccomp
+	dir, _ := h.ImageDir(k.Image)
+	opts := Options{Runtime: h.cfg.Runtime, ImageDir: dir, MemoryMiB: k.MemoryMiB, CPUs: k.CPUs, Seccomp: k.Seccomp, Cgroups: h.cgroups}
 	if k.Network {
 		nc := h.cfg.Network
 		opts.Network = &nc
@@ -362,7 +348,7 @@ func (h *Host) build(k Shape, e *shapeEntry) {
 
 // ready starts the shape's pool on its template.
 func (h *Host) ready(k Shape, e *shapeEntry, tmpl *Template, t0 time.Time) {
-	pool := NewPool(tmpl, h.options(k), h.cfg.PoolSize, h.cfg.Ahead)
+	pool := NewPool(tmpl, h.cfg.PoolSize, h.cfg.Ahead)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ctx.Err() != nil {

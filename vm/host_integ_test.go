@@ -22,12 +22,12 @@ func TestHost_GetEachWay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	shape := Shape{MemoryMiB: DefaultMemoryMiB, CPUs: DefaultCPUs}
-	cfg := HostConfig{ImageDir: img, TemplateDir: testutil.TemplateDir(t), Accel: AccelAuto, Cgroups: "off", PoolSize: 1}
+	cfg := HostConfig{Runtime: Runtime{TemplateDir: testutil.TemplateDir(t), Accel: AccelAuto}, ImageDir: img, Cgroups: "off", PoolSize: 1}
 
 	// The shape's template exists before the Host starts, so that every
 	// Get of the templated Host restores (none boots while it builds).
 	cfg.StateDir = t.TempDir()
-	pre := &Host{cfg: cfg, base: Options{ImageDir: img, StateDir: cfg.StateDir, Accel: AccelAuto, TemplateDir: cfg.TemplateDir}}
+	pre := &Host{cfg: cfg}
 	tmpl, err := EnsureTemplate(ctx, pre.options(shape))
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +99,7 @@ func TestHost_GetEachWay(t *testing.T) {
 // verify, and says why.
 func TestHost_RefusesBadImage(t *testing.T) {
 	dir := t.TempDir()
-	_, err := NewHost(HostConfig{ImageDir: dir, StateDir: t.TempDir(), Cgroups: "off"})
+	_, err := NewHost(HostConfig{Runtime: Runtime{StateDir: t.TempDir()}, ImageDir: dir, Cgroups: "off"})
 	if !errors.Is(err, image.ErrNotBuilt) {
 		t.Fatalf("empty image dir: %v, want ErrNotBuilt", err)
 	}

@@ -28,7 +28,7 @@ func TestShapeNormal(t *testing.T) {
 // TestHost_GetRefusesBadImageName: a shape naming no valid image is an
 // error, never the default image in its place.
 func TestHost_GetRefusesBadImageName(t *testing.T) {
-	h := &Host{cfg: HostConfig{ImageDir: "/nonexistent/default", StateDir: t.TempDir()}}
+	h := &Host{cfg: HostConfig{Runtime: Runtime{StateDir: t.TempDir()}, ImageDir: "/nonexistent/default"}}
 	for _, name := range []string{"../x", "a/b", ".hidden"} {
 		if _, _, err := h.Get(t.Context(), Shape{Image: name}); err == nil {
 			t.Errorf("Get with image %q: no error", name)
@@ -62,7 +62,7 @@ func TestNewHostRefusesStaleImage(t *testing.T) {
 	if err := image.WriteManifest(dir, m); err != nil {
 		t.Fatal(err)
 	}
-	_, err := NewHost(HostConfig{ImageDir: dir, StateDir: t.TempDir(), Cgroups: "off"})
+	_, err := NewHost(HostConfig{Runtime: Runtime{StateDir: t.TempDir()}, ImageDir: dir, Cgroups: "off"})
 	if !errors.Is(err, image.ErrStale) || !strings.Contains(err.Error(), "vmgated image build --out "+dir) {
 		t.Fatalf("NewHost: %v, want ErrStale saying how to rebuild", err)
 	}

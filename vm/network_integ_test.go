@@ -82,7 +82,7 @@ func (ti *testInternet) records() []netstack.Record {
 func TestVM_Network(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	ti := newTestInternet(t)
-	opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, Network: ti.config(t)}
+	opts := Options{Runtime: Runtime{StateDir: t.TempDir(), Accel: AccelAuto}, ImageDir: img, Network: ti.config(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	v, err := Start(ctx, opts)
@@ -164,7 +164,7 @@ func TestTemplate_NetworkClones(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	ti := newTestInternet(t)
 	allow := ti.config(t)
-	opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t), Network: allow}
+	opts := Options{Runtime: Runtime{StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}, ImageDir: img, Network: allow}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	tmpl, err := EnsureTemplate(ctx, opts)
@@ -177,23 +177,20 @@ func TestTemplate_NetworkClones(t *testing.T) {
 	}
 	url := fmt.Sprintf("http://allowed.test:%d/", ti.public.Port())
 
-	a, err := tmpl.Restore(ctx, opts)
+	a, err := tmpl.Restore(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
 	var mu sync.Mutex
 	var bRecs []netstack.Record
-	deny := *allow
-	deny.Rules = nil
-	deny.Audit = func(r netstack.Record) { mu.Lock(); bRecs = append(bRecs, r); mu.Unlock() }
-	bOpts := opts
-	bOpts.Network = &deny
-	b, err := tmpl.Restore(ctx, bOpts)
+	b, err := tmpl.Restore(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
+	// b's network allows nothing, and audits to its own list.
+	b.Network().SetPolicy(netstack.Policy{Audit: func(r netstack.Record) { mu.Lock(); bRecs = append(bRecs, r); mu.Unlock() }})
 	t.Logf("restored with a network: %s", phasesString(a.Phases()))
 
 	sh := func(v *VM, cmd string) execOut {
@@ -265,7 +262,7 @@ func TestTemplate_NetworkClones(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			v, err := tmpl.Restore(ctx, opts)
+			v, err := tmpl.Restore(ctx)
 			if err != nil {
 				t.Errorf("clone %d: %v", i, err)
 				return
@@ -296,7 +293,7 @@ func TestTemplate_RestoreStress(t *testing.T) {
 	ti := newTestInternet(t)
 	for _, nic := range []bool{false, true} {
 		t.Run(fmt.Sprintf("nic=%v", nic), func(t *testing.T) {
-			opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}
+			opts := Options{Runtime: Runtime{StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}, ImageDir: img}
 			if nic {
 				opts.Network = ti.config(t)
 			}
@@ -316,7 +313,7 @@ func TestTemplate_RestoreStress(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					defer func() { <-sem }()
-					v, err := tmpl.Restore(ctx, opts)
+					v, err := tmpl.Restore(ctx)
 					if err != nil {
 						failed.Add(1)
 						t.Errorf("restore %d: %v", i, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -25,12 +26,12 @@ import (
 // while it waited is closed and replaced, never used.
 type Pool struct {
 	tmpl   *Template
-	opts   Options
+	log    *slog.Logger
 	size   int
 	aheadN int
 
 	ready     chan *VM
-	ahead     chan *VM
+	ahead     chan *Launched
 	wake      chan struct{} // refill ready
 	wakeAhead chan struct{} // refill ahead
 	stop      chan struct{}
@@ -67,17 +68,13 @@ type PoolStats struct {
 }
 
 // NewPool starts a pool of size VMs restored from tmpl, and ahead clones
-// launched ahead, with opts' Log, Seccomp and Cgroups.
-func NewPool(tmpl *Template, opts Options, size, ahead int) *Pool {
+// launched ahead; its VMs have the template's configuration.
+func NewPool(tmpl *Template, size, ahead int) *Pool {
 	size, ahead = max(size, 0), max(ahead, 0)
-	if opts.Log == nil {
-		opts.Log = tmpl.opts.Log
-	}
-	opts.Background = true
 	p := &Pool{
-		tmpl: tmpl, opts: opts, size: size, aheadN: ahead,
+		tmpl: tmpl, log: tmpl.clone.Log, size: size, aheadN: ahead,
 		ready:     make(chan *VM, max(size, 1)),
-		ahead:     make(chan *VM, max(ahead, 1)),
+		ahead:     make(chan *Launched, max(ahead, 1)),
 		wake:      make(chan struct{}, 1),
 		wakeAhead: make(chan struct{}, 1),
 		stop:      make(chan struct{}),
@@ -136,16 +133,16 @@ func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
 		time.AfterFunc(refillDelay, p.kick)
 		select {
 		case <-v.Exited():
-			p.opts.Log.Warn("pooled VM died while idle", "vm", v.ID, "err", v.died("while pooled"))
+			p.log.Warn("pooled VM died while idle", "vm", v.ID, "err", Details(v.died("while pooled")))
 			_ = v.Close()
 			continue
 		default:
 		}
 		if err := v.Foreground(); err != nil {
-			p.opts.Log.Warn("pooled VM: CPU weight", "vm", v.ID, "err", err)
+			p.log.Warn("pooled VM: CPU weight", "vm", v.ID, "err", err)
 		}
 		if err := v.refresh(ctx, true); err != nil {
-			p.opts.Log.Warn("pooled VM did not answer", "vm", v.ID, "err", err)
+			p.log.Warn("pooled VM did not answer", "vm", v.ID, "err", err)
 			_ = v.Close()
 			continue
 		}
@@ -154,25 +151,24 @@ func (p *Pool) Get(ctx context.Context) (v *VM, fromPool bool, err error) {
 	}
 	p.kick()
 	p.count(func(s *PoolStats) { s.Misses++ })
-	o := p.opts
-	o.Background = false
-	v, err = p.restore(ctx, o)
+	v, err = p.restore(ctx, false)
 	return v, false, err
 }
 
 // restore completes a clone launched ahead, if one waits, or restores a
-// new one. A clone launched ahead that fails is replaced by the new one
-// (and counted); the stock is refilled by the filler.
-func (p *Pool) restore(ctx context.Context, o Options) (*VM, error) {
+// new one (at the lowest CPU weight when background: the filler's). A
+// clone launched ahead that fails is replaced by the new one (and
+// counted); the stock is refilled by the filler.
+func (p *Pool) restore(ctx context.Context, background bool) (*VM, error) {
 	select {
-	case v := <-p.ahead:
+	case a := <-p.ahead:
 		kick(p.wakeAhead)
-		if !o.Background {
-			if err := v.Foreground(); err != nil {
-				p.opts.Log.Warn("VM launched ahead: CPU weight", "vm", v.ID, "err", err)
+		if !background {
+			if err := a.Foreground(); err != nil {
+				p.log.Warn("VM launched ahead: CPU weight", "vm", a.ID(), "err", err)
 			}
 		}
-		err := p.tmpl.Complete(ctx, v)
+		v, err := a.Complete(ctx)
 		p.count(func(s *PoolStats) {
 			s.AheadUsed++
 			if err != nil && ctx.Err() == nil {
@@ -185,10 +181,10 @@ func (p *Pool) restore(ctx context.Context, o Options) (*VM, error) {
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		p.opts.Log.Warn("VM launched ahead failed; restoring a new one", "vm", v.ID, "err", err)
+		p.log.Warn("VM launched ahead failed; restoring a new one", "vm", a.ID(), "err", Details(err))
 	default:
 	}
-	return p.tmpl.Restore(ctx, o)
+	return p.tmpl.restore(ctx, background)
 }
 
 // fill keeps the pool at size and the clones launched ahead at aheadN,
@@ -201,8 +197,8 @@ func (p *Pool) fill() {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		p.keep(p.wake, p.ready, p.size, "restore", func(ctx context.Context) (*VM, error) {
-			v, err := p.restore(ctx, p.opts)
+		keep(p, p.wake, p.ready, p.size, "restore", func(ctx context.Context) (*VM, error) {
+			v, err := p.restore(ctx, true)
 			if err == nil {
 				err = warmUp(ctx, v)
 			}
@@ -214,17 +210,29 @@ func (p *Pool) fill() {
 	}()
 	go func() {
 		defer wg.Done()
-		p.keep(p.wakeAhead, p.ahead, p.aheadN, "launch ahead", func(ctx context.Context) (*VM, error) {
-			return p.tmpl.Prestart(ctx, p.opts)
-		})
+		keep(p, p.wakeAhead, p.ahead, p.aheadN, "launch ahead", p.tmpl.Prestart)
 	}()
 	wg.Wait()
 }
 
+// stocked is what a pool keeps: ready VMs and clones launched ahead.
+type stocked interface {
+	Gone() bool
+	Close() error
+	// stockID and death name one that died while it waited, and why.
+	stockID() string
+	death() error
+}
+
+func (v *VM) stockID() string       { return v.ID }
+func (v *VM) death() error          { return v.died("while waiting") }
+func (a *Launched) stockID() string { return a.id }
+func (a *Launched) death() error    { return a.Died() }
+
 // keep fills stock up to n with next's VMs whenever woken (and every few
 // seconds), backing off after failures and stopping under memory
 // pressure.
-func (p *Pool) keep(wake <-chan struct{}, stock chan *VM, n int, what string, next func(context.Context) (*VM, error)) {
+func keep[T stocked](p *Pool, wake <-chan struct{}, stock chan T, n int, what string, next func(context.Context) (T, error)) {
 	backoff := time.Second
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
@@ -235,7 +243,7 @@ func (p *Pool) keep(wake <-chan struct{}, stock chan *VM, n int, what string, ne
 		case <-wake:
 		case <-tick.C:
 		}
-		p.prune(stock, what)
+		prune(p, stock, what)
 		// pressure first: it gives back a VM of a full pool too.
 		for !p.pressure() && len(stock) < n {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -255,7 +263,7 @@ func (p *Pool) keep(wake <-chan struct{}, stock chan *VM, n int, what string, ne
 					return
 				default:
 				}
-				p.opts.Log.Warn("pool: "+what+" failed", "err", err, "retry_in", backoff)
+				p.log.Warn("pool: "+what+" failed", "err", Details(err), "retry_in", backoff)
 				select {
 				case <-p.stop:
 					return
@@ -279,9 +287,9 @@ func (p *Pool) keep(wake <-chan struct{}, stock chan *VM, n int, what string, ne
 // OOM killer, a crash), so that the filler replaces them now and not when
 // a request finds them. Live ones go back; a Get meanwhile may find the
 // stock short and restore instead.
-func (p *Pool) prune(stock chan *VM, what string) {
+func prune[T stocked](p *Pool, stock chan T, what string) {
 	for range len(stock) {
-		var v *VM
+		var v T
 		select {
 		case v = <-stock:
 		default:
@@ -291,10 +299,11 @@ func (p *Pool) prune(stock chan *VM, what string) {
 			stock <- v // room: only this filler adds to stock
 			continue
 		}
-		p.opts.Log.Warn("pool: a waiting VM died; replacing it", "stock", what, "vm", v.ID, "err", v.died("while waiting"))
+		p.log.Warn("pool: a waiting VM died; replacing it", "stock", what, "vm", v.stockID(), "err", Details(v.death()))
 		_ = v.Close()
+		_, ahead := any(v).(*Launched)
 		p.count(func(s *PoolStats) {
-			if stock == p.ahead {
+			if ahead {
 				s.AheadFailed++
 			} else {
 				s.Failures++
@@ -340,11 +349,11 @@ func (p *Pool) pressure() bool {
 	}
 	select {
 	case v := <-p.ready:
-		p.opts.Log.Warn("pool: host memory low, giving back an idle VM", "mem_available_mib", avail>>20, "vm", v.ID)
+		p.log.Warn("pool: host memory low, giving back an idle VM", "mem_available_mib", avail>>20, "vm", v.ID)
 		_ = v.Close()
 		p.count(func(s *PoolStats) { s.Shrunk++ })
 	case v := <-p.ahead:
-		p.opts.Log.Warn("pool: host memory low, giving back a VM launched ahead", "mem_available_mib", avail>>20, "vm", v.ID)
+		p.log.Warn("pool: host memory low, giving back a VM launched ahead", "mem_available_mib", avail>>20, "vm", v.ID())
 		_ = v.Close()
 		p.count(func(s *PoolStats) { s.Shrunk++ })
 	default:

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,9 +86,10 @@ func templateKey(m TemplateMeta) string {
 
 // Template is a loaded template, ready to restore clones from.
 type Template struct {
-	Meta  TemplateMeta
-	Dir   string
-	opts  Options
+	Meta TemplateMeta
+	Dir  string
+	// clone is the configuration of the template's clones.
+	clone Options
 	img   *imageFiles
 	accel Accel
 	ram   *os.File // sealed memfd with the template's RAM
@@ -140,6 +142,13 @@ func LoadTemplate(ctx context.Context, opts Options) (*Template, error) {
 }
 
 func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, error) {
+	// A clone is bounded by RestoreTimeout, not a cold boot's limit,
+	// unless the caller says otherwise.
+	clone := opts
+	if clone.BootTimeout == 0 {
+		clone.BootTimeout = RestoreTimeout
+	}
+	clone.setDefaults()
 	opts.setDefaults()
 	img, accel, err := prepare(ctx, opts)
 	if err != nil {
@@ -169,7 +178,7 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 	}
 	defer lock.Close()
 	dir := filepath.Join(root, want.Key)
-	t := &Template{Dir: dir, opts: opts, img: img, accel: accel}
+	t := &Template{Dir: dir, clone: clone, img: img, accel: accel}
 	// The frozen files are hashed only here, where the template is used;
 	// looking at other templates (stale ones, Discard) needs the metadata.
 	meta, err := readTemplateMeta(dir)
@@ -271,23 +280,6 @@ func verifyTemplateFiles(dir string, m *TemplateMeta) error {
 	return nil
 }
 
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	return readerSHA256(f)
-}
-
-func readerSHA256(r io.Reader) (string, error) {
-	h := sha256.New()
-	if _, err := io.CopyBuffer(h, r, make([]byte, 1<<20)); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
 func readTemplateMeta(dir string) (*TemplateMeta, error) {
 	b, err := os.ReadFile(filepath.Join(dir, TemplateMetaFile))
 	if err != nil {
@@ -377,7 +369,7 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 		// nothing else: no name resolves, no connection is made.
 		opts.Network = &netstack.Config{Log: opts.Log}
 	}
-	v, err := start(ctx, opts, img, accel, launchMode{backing: img.base, readOnly: img.qemuFiles(), ram: ramSharedFile})
+	v, err := newLaunch(opts, img, accel, launchMode{backing: img.base, readOnly: img.qemuFiles(), ram: ramSharedFile}).finish(ctx, bootSteps)
 	if err != nil {
 		return nil, fmt.Errorf("template boot: %w", err)
 	}
@@ -444,235 +436,6 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 	return &meta, nil
 }
 
-// moveFile renames src to dst or, when they are on two filesystems (a
-// template directory on another disk than the state directory), copies
-// src with its holes (a template's RAM file is mostly holes) and removes
-// it.
-func moveFile(src, dst string) error {
-	err := os.Rename(src, dst)
-	if !errors.Is(err, unix.EXDEV) {
-		return err
-	}
-	if err := copySparse(src, dst); err != nil {
-		_ = os.Remove(dst)
-		return fmt.Errorf("move %s to another filesystem: %w", filepath.Base(src), err)
-	}
-	return os.Remove(src)
-}
-
-// copySparse copies src to the new file dst, writing only src's data
-// extents (SEEK_DATA/SEEK_HOLE), so that holes stay holes.
-func copySparse(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	st, err := in.Stat()
-	if err != nil {
-		return err
-	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	if err := out.Truncate(st.Size()); err != nil {
-		return err
-	}
-	fd := int(in.Fd())
-	for off := int64(0); off < st.Size(); {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole from off to the end
-		}
-		if err != nil {
-			return fmt.Errorf("seek data: %w", err)
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole: %w", err)
-		}
-		if _, err := in.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := out.Seek(data, io.SeekStart); err != nil {
-			return err
-		}
-		if _, err := io.CopyN(out, in, hole-data); err != nil {
-			return err
-		}
-		off = hole
-	}
-	if err := out.Sync(); err != nil {
-		return err
-	}
-	return out.Close()
-}
-
-// save detaches from the agent, stops the guest and writes its device
-// state to TemplateStateFile; QEMU then quits.
-func (v *VM) save(ctx context.Context) error {
-	q, err := dialQMP(ctx, filepath.Join(v.Dir, QMPSocket), v.exited)
-	if err != nil {
-		return fmt.Errorf("template save: %w", err)
-	}
-	defer q.Close()
-	// Each clone makes a new agent connection, so this one ends here, and
-	// the state is saved only once the agent has finished with it: the
-	// agent closes its port and opens it again before it waits for the
-	// next host (agent.devicePort), and QEMU reports both as
-	// VSERPORT_CHANGE. Saved any earlier, a clone would wake with the old
-	// connection's bytes or goroutines still in the guest.
-	v.detach()
-	if err := waitPortReopened(ctx, q); err != nil {
-		return fmt.Errorf("template save: the guest agent did not reopen its port after the host hung up: %w; %s", err, v.consoleTail())
-	}
-	sf, err := os.OpenFile(filepath.Join(v.Dir, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("template save: %w", err)
-	}
-	defer sf.Close()
-	steps := []struct {
-		cmd  string
-		args any
-		fds  []int
-	}{
-		{"stop", nil, nil},
-		{"migrate-set-capabilities", ignoreShared, nil},
-		{"getfd", map[string]any{"fdname": "state"}, []int{int(sf.Fd())}},
-		{"migrate", map[string]any{"uri": "fd:state"}, nil},
-	}
-	for _, s := range steps {
-		if _, err := q.run(ctx, s.cmd, s.args, s.fds...); err != nil {
-			return fmt.Errorf("template save: %w", err)
-		}
-	}
-	if err := q.waitMigration(ctx); err != nil {
-		return fmt.Errorf("template save: %w", err)
-	}
-	if err := sf.Sync(); err != nil {
-		return fmt.Errorf("template save: %w", err)
-	}
-	_, _ = q.run(ctx, "quit", nil)
-	select {
-	case <-v.exited:
-	case <-time.After(10 * time.Second):
-		_ = v.Kill()
-		<-v.exited
-	}
-	// The RAM file must be complete on disk before it is reused.
-	if f, err := os.Open(filepath.Join(v.Dir, RAMFile)); err == nil {
-		err = f.Sync()
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("template save: %w", err)
-		}
-	}
-	return nil
-}
-
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// waitPortReopened waits for the guest to close the agent port and open it
-// again.
-func waitPortReopened(ctx context.Context, q *qmp) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for _, open := range []bool{false, true} {
-		err := q.waitEvent(ctx, "VSERPORT_CHANGE", func(data json.RawMessage) bool {
-			var ev struct {
-				ID   string `json:"id"`
-				Open bool   `json:"open"`
-			}
-			return json.Unmarshal(data, &ev) == nil && ev.ID == AgentPortID && ev.Open == open
-		})
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// allocatedBytes is the space a (sparse) file takes.
-func allocatedBytes(path string) int64 {
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil {
-		return 0
-	}
-	return st.Blocks * 512
-}
-
-// sealedCopy copies the file at path (size bytes, holes skipped) into a new
-// memfd and seals it against any write, resize or further sealing.
-func sealedCopy(path string, size int64) (*os.File, error) {
-	src, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("template ram: %w", err)
-	}
-	defer src.Close()
-	if st, err := src.Stat(); err != nil || st.Size() != size {
-		return nil, fmt.Errorf("template ram: %s is not %d bytes (%v)", path, size, err)
-	}
-	fd, err := unix.MemfdCreate("vmgate-template-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("template ram: memfd: %w", err)
-	}
-	dst := os.NewFile(uintptr(fd), "vmgate-template-ram")
-	fail := func(err error) (*os.File, error) {
-		dst.Close()
-		return nil, fmt.Errorf("template ram: %w", err)
-	}
-	if err := dst.Truncate(size); err != nil {
-		return fail(err)
-	}
-	buf := make([]byte, 1<<20)
-	sfd := int(src.Fd())
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
-		}
-		if err != nil {
-			return fail(err)
-		}
-		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fail(err)
-		}
-		for p := data; p < hole; {
-			n := min(int64(len(buf)), hole-p)
-			if _, err := src.ReadAt(buf[:n], p); err != nil && !errors.Is(err, io.EOF) {
-				return fail(err)
-			}
-			if _, err := dst.WriteAt(buf[:n], p); err != nil {
-				return fail(err)
-			}
-			p += n
-		}
-		off = hole
-	}
-	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
-	if _, err := unix.FcntlInt(dst.Fd(), unix.F_ADD_SEALS, seals); err != nil {
-		return fail(fmt.Errorf("seal: %w", err))
-	}
-	return dst, nil
-}
-
 // Close releases the template's RAM copy; running clones keep their own
 // reference.
 func (t *Template) Close() error {
@@ -709,16 +472,23 @@ func (t *Template) Shape() (memMiB, cpus int) { return t.Meta.MemoryMiB, t.Meta.
 // Restore starts a fresh VM from the template: a new overlay on the frozen
 // template disk, QEMU started waiting for the saved state, RAM mapped
 // private copy-on-write from the sealed copy, the agent reconnected, the
-// guest clock set and its entropy reseeded from the host. Log, Seccomp and
-// Cgroups come from opts; the shape is the template's.
+// guest clock set and its entropy reseeded from the host. The clone has
+// the template's configuration (its shape, log, jail, cgroups and, with a
+// NIC, a network that allows nothing until SetPolicy).
 //
 // Postcondition: on error nothing of the VM is left.
-func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
-	o, err := t.restoreOptions(opts)
+func (t *Template) Restore(ctx context.Context) (*VM, error) {
+	return t.restore(ctx, false)
+}
+
+// restore is Restore, at the lowest CPU weight when background (a pool's
+// filler).
+func (t *Template) restore(ctx context.Context, background bool) (*VM, error) {
+	l, err := t.launch(background)
 	if err != nil {
 		return nil, err
 	}
-	v, err := t.restoreOnce(ctx, o)
+	v, err := l.finish(ctx, append(slices.Clip(aheadSteps), completeSteps...))
 	// A failed first contact is a failed restore, counted
 	// (HandshakeFailures, /v1/status, bench exec), never retried with
 	// another clone: retries once hid the garbled handshakes of
@@ -729,81 +499,43 @@ func (t *Template) Restore(ctx context.Context, opts Options) (*VM, error) {
 	return v, err
 }
 
-// restoreOptions are the options of a clone: Log, Seccomp, Cgroups,
-// Background and the network from opts, the shape from the template.
-func (t *Template) restoreOptions(opts Options) (Options, error) {
+// launch is a new clone's launch. The state file is opened for each
+// clone (QEMU reads it sequentially through an fd that shares its offset
+// with ours); the launch closes it once QEMU holds its copy.
+func (t *Template) launch(background bool) (*launch, error) {
 	if t.ram == nil {
-		return Options{}, errors.New("restore: template closed")
-	}
-	o := t.opts
-	if opts.Log != nil {
-		o.Log = opts.Log
-	}
-	o.Seccomp, o.Cgroups, o.Background = opts.Seccomp, opts.Cgroups, opts.Background
-	if (opts.Network != nil) != t.Meta.Network {
-		return Options{}, fmt.Errorf("restore: the template was built %s a network, the VM wants it %s", with(t.Meta.Network), with(opts.Network != nil))
-	}
-	o.Network = opts.Network
-	o.BootTimeout = RestoreTimeout
-	if opts.BootTimeout > 0 {
-		o.BootTimeout = opts.BootTimeout
-	}
-	if opts.NetworkTimeout > 0 {
-		o.NetworkTimeout = opts.NetworkTimeout
-	}
-	return o, nil
-}
-
-// Prestart launches a clone ahead of its request: a new overlay, and QEMU
-// started in its jail with the template's RAM and state, up and waiting
-// for the state (-incoming defer). QEMU's start-up (~50 ms under load)
-// then leaves the request's critical path. No guest code runs until
-// Complete: the clone's clock and entropy are set there, as in Restore.
-//
-// Postcondition: on error nothing of the VM is left.
-func (t *Template) Prestart(ctx context.Context, opts Options) (*VM, error) {
-	o, err := t.restoreOptions(opts)
-	if err != nil {
-		return nil, err
+		return nil, errors.New("restore: template closed")
 	}
 	state, err := os.Open(filepath.Join(t.Dir, TemplateStateFile))
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
-	defer state.Close() // QEMU holds its own copy
-	v, err := launchVM(ctx, o, t.img, t.accel, t.cloneMode(state))
+	o := t.clone
+	o.Background = background
+	m := t.cloneMode(state)
+	l := newLaunch(o, t.img, t.accel, m)
+	l.owned = append(l.owned, state)
+	return l, nil
+}
+
+// Prestart launches a clone ahead of its request: a new overlay, and QEMU
+// started in its jail with the template's RAM and state, up and waiting
+// for the state (-incoming defer), at the lowest CPU weight. QEMU's
+// start-up (~50 ms under load) then leaves the request's critical path.
+// No guest code runs until Launched.Complete: the clone's clock and
+// entropy are set there, as in Restore.
+//
+// Postcondition: on error nothing of the VM is left.
+func (t *Template) Prestart(ctx context.Context) (*Launched, error) {
+	l, err := t.launch(true)
 	if err != nil {
 		return nil, err
 	}
-	v.ahead, v.aheadOpts = t, o
-	return v, nil
-}
-
-// Complete finishes the restore of a VM from Prestart of this template:
-// its state loaded, the agent connected, clock and entropy refreshed. A VM
-// whose QEMU exited while it waited is never used: when the completion
-// fails the VM is closed. A VM is completed once.
-func (t *Template) Complete(ctx context.Context, v *VM) error {
-	if v.ahead != t {
-		_ = v.Close() // of no use here
-		return errors.New("restore: not a VM launched ahead from this template")
+	if err := l.run(ctx, aheadSteps); err != nil {
+		l.abort()
+		return nil, err
 	}
-	if v.completed.Swap(true) {
-		return errors.New("restore: a VM launched ahead is completed once")
-	}
-	var err error
-	if v.Gone() {
-		err = v.died("while launched ahead")
-	} else {
-		err = v.complete(ctx, v.aheadOpts, t.img, launchMode{restore: true})
-	}
-	if errors.Is(err, ErrHandshake) {
-		t.handshakeFailures.Add(1)
-	}
-	if err != nil {
-		_ = v.Close()
-	}
-	return err
+	return &Launched{tmpl: t, id: l.vm.ID, l: l}, nil
 }
 
 // RestoreTimeout bounds a restore, from QEMU's start to an agent that
@@ -816,17 +548,6 @@ const RestoreTimeout = time.Minute
 // HandshakeFailures counts clones whose first agent contact failed.
 func (t *Template) HandshakeFailures() int64 { return t.handshakeFailures.Load() }
 
-// restoreOnce starts one clone. The state file is opened for each: QEMU
-// reads it sequentially through an fd that shares its offset with ours.
-func (t *Template) restoreOnce(ctx context.Context, o Options) (*VM, error) {
-	state, err := os.Open(filepath.Join(t.Dir, TemplateStateFile))
-	if err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
-	}
-	defer state.Close()
-	return start(ctx, o, t.img, t.accel, t.cloneMode(state))
-}
-
 // cloneMode is how a clone of the template is launched: a new overlay on
 // the frozen disk, the sealed RAM copy and the state file as fds.
 func (t *Template) cloneMode(state *os.File) launchMode {
@@ -837,13 +558,6 @@ func (t *Template) cloneMode(state *os.File) launchMode {
 		files:    []*os.File{t.ram, state},
 		restore:  true,
 	}
-}
-
-func with(b bool) string {
-	if b {
-		return "with"
-	}
-	return "without"
 }
 
 // String describes the template for logs.

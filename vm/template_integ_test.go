@@ -27,7 +27,7 @@ import (
 func TestTemplate_RestoreClones(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	state := t.TempDir()
-	opts := Options{ImageDir: img, StateDir: state, Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}
+	opts := Options{Runtime: Runtime{StateDir: state, Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}, ImageDir: img}
 	if os.Geteuid() == 0 {
 		opts.Cgroups = cgrouptest.RequiresCgroups(t)
 	}
@@ -51,18 +51,18 @@ func TestTemplate_RestoreClones(t *testing.T) {
 
 	// Clone b is launched ahead and waits while clone a is restored: the
 	// checks below hold across both ways of making a clone.
-	ahead, err := tmpl.Prestart(ctx, opts)
+	ahead, err := tmpl.Prestart(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ahead.Close()
 	clones := make([]*VM, 2)
 	for i := range clones {
-		v := ahead
+		var v *VM
 		if i == 0 {
-			v, err = tmpl.Restore(ctx, opts)
+			v, err = tmpl.Restore(ctx)
 		} else {
-			err = tmpl.Complete(ctx, v)
+			v, err = ahead.Complete(ctx)
 		}
 		if err != nil {
 			t.Fatalf("restore %d: %v", i, err)
@@ -71,7 +71,7 @@ func TestTemplate_RestoreClones(t *testing.T) {
 		t.Logf("clone %d: %s restored in %v", i, v.ID, v.BootDuration())
 		clones[i] = v
 	}
-	if err := tmpl.Complete(ctx, ahead); err == nil {
+	if _, err := ahead.Complete(ctx); err == nil {
 		t.Error("a clone launched ahead was completed twice")
 	}
 	a, b := clones[0], clones[1]
@@ -151,7 +151,7 @@ func TestTemplate_RestoreClones(t *testing.T) {
 }
 
 func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
-	p := NewPool(tmpl, opts, 2, 1)
+	p := NewPool(tmpl, 2, 1)
 	defer p.Close()
 	waitFull := func() {
 		for st := p.Stats(); st.Ready < 2 || st.Ahead < 1; st = p.Stats() {
@@ -211,7 +211,7 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	t.Logf("pool stats: %+v", p.Stats())
 
 	// Size 0 keeps nothing ready.
-	p0 := NewPool(tmpl, opts, 0, 0)
+	p0 := NewPool(tmpl, 0, 0)
 	time.Sleep(200 * time.Millisecond)
 	if st := p0.Stats(); st.Ready != 0 || st.Restored != 0 || st.Ahead != 0 {
 		t.Errorf("size-0 pool restored VMs: %+v", st)
@@ -221,7 +221,7 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	}
 
 	// Size 0 with one clone launched ahead: a Get completes it.
-	pa := NewPool(tmpl, opts, 0, 1)
+	pa := NewPool(tmpl, 0, 1)
 	for st := pa.Stats(); st.Ahead < 1; st = pa.Stats() {
 		select {
 		case <-ctx.Done():
@@ -248,34 +248,32 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 	// used: a restore replaces it, and the filler's prune closes one it
 	// finds. (A pool without its fillers, so that nothing else takes or
 	// adds clones.)
-	bo := opts
-	if bo.Log == nil {
-		bo.Log = tmpl.opts.Log
-	}
-	bare := &Pool{tmpl: tmpl, opts: bo, aheadN: 1, ready: make(chan *VM, 1), ahead: make(chan *VM, 1), wake: make(chan struct{}, 1), wakeAhead: make(chan struct{}, 1)}
-	deadClone := func() *VM {
-		d, err := tmpl.Prestart(ctx, opts)
+	bare := &Pool{tmpl: tmpl, log: tmpl.clone.Log, aheadN: 1, ready: make(chan *VM, 1), ahead: make(chan *Launched, 1), wake: make(chan struct{}, 1), wakeAhead: make(chan struct{}, 1)}
+	deadClone := func() *Launched {
+		d, err := tmpl.Prestart(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := d.Kill(); err != nil {
+		v := d.l.vm
+		if err := v.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		<-d.Exited()
+		<-v.Exited()
 		return d
 	}
 	dead := deadClone()
+	deadID := dead.ID()
 	bare.ahead <- dead
-	got, err = bare.restore(ctx, opts)
-	if err != nil || got == dead {
-		t.Fatalf("restore with a dead clone launched ahead: %v (the dead one: %v)", err, got == dead)
+	got, err = bare.restore(ctx, false)
+	if err != nil || got.ID == deadID {
+		t.Fatalf("restore with a dead clone launched ahead: %v (the dead one: %v)", err, got != nil && got.ID == deadID)
 	}
 	if o := run(t, got, ExecRequest{Argv: []string{"true"}}); o.res.ExitCode != 0 {
 		t.Errorf("the replacement: %+v", o.res)
 	}
 	_ = got.Close()
 	bare.ahead <- deadClone()
-	bare.prune(bare.ahead, "launch ahead")
+	prune(bare, bare.ahead, "launch ahead")
 	if st := bare.Stats(); st.Ahead != 0 || st.AheadUsed != 1 || st.AheadFailed != 2 {
 		t.Errorf("stats: %+v, want none waiting, 1 used, 2 failed", st)
 	}
@@ -288,7 +286,7 @@ func testPool(t *testing.T, ctx context.Context, tmpl *Template, opts Options) {
 func TestTemplate_ImageChangeAndCorruption(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	tdir := t.TempDir() // this test damages templates: never the shared ones
-	opts := Options{ImageDir: img, StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: tdir}
+	opts := Options{Runtime: Runtime{StateDir: t.TempDir(), Accel: AccelAuto, TemplateDir: tdir}, ImageDir: img}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	t1, err := EnsureTemplate(ctx, opts)
@@ -368,7 +366,7 @@ func TestTemplate_ImageChangeAndCorruption(t *testing.T) {
 	if _, err := os.Stat(t1.Dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the old image's template of the same shape was kept: %v", err)
 	}
-	v, err := t2.Restore(ctx, opts)
+	v, err := t2.Restore(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +385,7 @@ func TestTemplate_BuildOnFullDisk(t *testing.T) {
 	root := filepath.Join(mnt, "templates")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	tm, err := EnsureTemplate(ctx, Options{ImageDir: img, StateDir: mnt, Accel: AccelAuto, TemplateDir: root})
+	tm, err := EnsureTemplate(ctx, Options{Runtime: Runtime{StateDir: mnt, Accel: AccelAuto, TemplateDir: root}, ImageDir: img})
 	if err == nil {
 		tm.Close()
 		t.Fatal("a template was built on a 32 MiB disk")

@@ -28,7 +28,7 @@ func startTestVM(t *testing.T, state string) *VM {
 	img := testutil.RequiresImage(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	opts := Options{ImageDir: img, StateDir: state, Accel: AccelAuto}
+	opts := Options{Runtime: Runtime{StateDir: state, Accel: AccelAuto}, ImageDir: img}
 	// As root a cgroup is always at hand (under CI its absence fails);
 	// as a plain user the VM runs with rlimits only, as vmgated would.
 	if os.Geteuid() == 0 {
@@ -451,7 +451,7 @@ func TestStartRejectsBadImage(t *testing.T) {
 	state := t.TempDir()
 	ctx := context.Background()
 
-	if _, err := Start(ctx, Options{ImageDir: filepath.Join(state, "none"), StateDir: state, Accel: AccelTCG}); err == nil || !strings.Contains(err.Error(), "image build") {
+	if _, err := Start(ctx, Options{Runtime: Runtime{StateDir: state, Accel: AccelTCG}, ImageDir: filepath.Join(state, "none")}); err == nil || !strings.Contains(err.Error(), "image build") {
 		t.Fatalf("missing image: %v", err)
 	}
 	// A copy of the image with a corrupt base and one without a kernel.
@@ -464,12 +464,12 @@ func TestStartRejectsBadImage(t *testing.T) {
 	if err := os.Truncate(filepath.Join(corrupt, "base.qcow2"), size); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Start(ctx, Options{ImageDir: corrupt, StateDir: state, Accel: AccelTCG}); err == nil || !strings.Contains(err.Error(), "not a qcow2") {
+	if _, err := Start(ctx, Options{Runtime: Runtime{StateDir: state, Accel: AccelTCG}, ImageDir: corrupt}); err == nil || !strings.Contains(err.Error(), "not a qcow2") {
 		t.Fatalf("corrupt base: %v", err)
 	}
 	nokernel := filepath.Join(state, "nokernel")
 	copyImage(t, img, nokernel, "vmlinuz")
-	if _, err := Start(ctx, Options{ImageDir: nokernel, StateDir: state, Accel: AccelTCG}); err == nil || !strings.Contains(err.Error(), "vmlinuz") {
+	if _, err := Start(ctx, Options{Runtime: Runtime{StateDir: state, Accel: AccelTCG}, ImageDir: nokernel}); err == nil || !strings.Contains(err.Error(), "vmlinuz") {
 		t.Fatalf("missing kernel: %v", err)
 	}
 	assertNoVMs(t, state)

@@ -53,9 +53,11 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if err := os.WriteFile(pol, o.Policy, 0o600); err != nil {
 		return nil, err
 	}
-	return Serve(ctx, gateway.Config{Socket: filepath.Join(o.Dir, "s.sock"), SocketMode: 0o600, StateDir: filepath.Join(o.Dir, "state"),
-		ImageDir: o.ImageDir, AuditPath: filepath.Join(o.Dir, "audit.jsonl"), MaxVMs: o.MaxVMs, QueueLen: 64, PolicyPath: pol,
-		PolicyExplicit: true, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, AllowRoot: os.Geteuid() == 0, Log: o.Log, PoolSize: o.PoolSize, Ahead: o.Ahead, TemplateDir: o.TemplateDir})
+	return Serve(ctx, gateway.Config{Socket: filepath.Join(o.Dir, "s.sock"), SocketMode: 0o600,
+		VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(o.Dir, "state"), TemplateDir: o.TemplateDir, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB},
+			ImageDir: o.ImageDir, PoolSize: o.PoolSize, Ahead: o.Ahead},
+		AuditPath: filepath.Join(o.Dir, "audit.jsonl"), MaxVMs: o.MaxVMs, QueueLen: 64, PolicyPath: pol,
+		PolicyExplicit: true, AllowRoot: os.Geteuid() == 0, Log: o.Log})
 }
 
 // Serve builds the daemon from cfg (it listens on cfg.Socket, which Stop

@@ -21,6 +21,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // Start starts a daemon for t: its socket, state, audit log and (when
@@ -32,9 +33,9 @@ func Start(t testing.TB, policy string, mutate func(*gateway.Config)) *Daemon {
 	t.Helper()
 	img := testutil.RequiresImage(t)
 	dir := t.TempDir()
-	cfg := gateway.Config{Socket: filepath.Join(dir, "gw.sock"), SocketMode: 0o666, StateDir: filepath.Join(dir, "state"),
-		ImageDir: img, AuditPath: filepath.Join(dir, "audit.jsonl"), MaxVMs: 2, Accel: "auto", AllowRoot: true,
-		Grace: 2 * time.Second, NoTemplate: true,
+	cfg := gateway.Config{Socket: filepath.Join(dir, "gw.sock"), SocketMode: 0o666,
+		VM:        vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(dir, "state"), Accel: vm.AccelAuto}, ImageDir: img, NoTemplate: true},
+		AuditPath: filepath.Join(dir, "audit.jsonl"), MaxVMs: 2, AllowRoot: true, Grace: 2 * time.Second,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	if policy != "" {
 		cfg.PolicyPath, cfg.PolicyExplicit = filepath.Join(dir, "policy.toml"), true
@@ -68,7 +69,7 @@ func (d *Daemon) StopAndCheck(t testing.TB) {
 		t.Error("daemon did not stop")
 		return
 	}
-	if ents, _ := os.ReadDir(filepath.Join(d.Config.StateDir, "vms")); len(ents) != 0 {
+	if ents, _ := os.ReadDir(filepath.Join(d.Config.VM.StateDir, "vms")); len(ents) != 0 {
 		t.Errorf("VM directories left after shutdown: %v", ents)
 	}
 	if _, err := os.Stat(d.Socket); !errors.Is(err, os.ErrNotExist) {

@@ -56,7 +56,7 @@ args_any = ["*forbidden-word*"]
 func startDaemon(t *testing.T) (sock string, c *client.Client) {
 	t.Helper()
 	d := gatewaytest.Start(t, integPolicy, func(c *gateway.Config) {
-		c.NoTemplate, c.PoolSize, c.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 4
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 4
 	})
 	wctx, wcancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer wcancel()

@@ -205,7 +205,8 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	} else {
 		r.rep.Machine.Cgroups = "none (rlimits only)"
 	}
-	r.base = vm.Options{ImageDir: o.ImageDir, StateDir: work, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, Log: o.Log, Cgroups: cgm, TemplateDir: o.TemplateDir}
+	r.base = vm.Options{Runtime: vm.Runtime{StateDir: work, TemplateDir: o.TemplateDir, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, Log: o.Log},
+		ImageDir: o.ImageDir, Cgroups: cgm}
 	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB, "ahead": o.Ahead,
 		"agent_protocol": agentproto.Protocol}
 	if err := r.cold(ctx); err != nil {
@@ -268,7 +269,7 @@ func (r *execRun) cold(ctx context.Context) error {
 			coldPhases[p.Name] = append(coldPhases[p.Name], p.Dur)
 		}
 		if i == r.o.ColdRuns-1 {
-			r.rep.IdleCold = idleMemory(ctx, []*vm.VM{v})
+			r.rep.IdleCold = idleMemory(ctx, []int{v.Pid()})
 		}
 		if err := v.Close(); err != nil {
 			return err
@@ -286,7 +287,7 @@ func (r *execRun) cold(ctx context.Context) error {
 func (r *execRun) restores(ctx context.Context, tmpl *vm.Template) error {
 	var err error
 	r.rep.RestoreMS, r.rep.RestoreFirstMS, r.rep.RestorePhasesMS, err = r.sampleRestores(ctx, "restore", func(int) (*vm.VM, error) {
-		return tmpl.Restore(ctx, r.base)
+		return tmpl.Restore(ctx)
 	})
 	return err
 }
@@ -297,15 +298,15 @@ func (r *execRun) restores(ctx context.Context, tmpl *vm.Template) error {
 func (r *execRun) restoresAhead(ctx context.Context, tmpl *vm.Template) error {
 	var err error
 	r.rep.RestoreAheadMS, r.rep.RestoreAheadFirstMS, r.rep.RestoreAheadPhasesMS, err = r.sampleRestores(ctx, "restore launched ahead", func(i int) (*vm.VM, error) {
-		v, err := tmpl.Prestart(ctx, r.base)
+		a, err := tmpl.Prestart(ctx)
 		if err != nil {
 			return nil, err
 		}
 		time.Sleep(200 * time.Millisecond) // QEMU settles, as it would while it waits in a pool
 		if i == 0 {
-			r.rep.IdleAhead = idleMemory(ctx, []*vm.VM{v})
+			r.rep.IdleAhead = idleMemory(ctx, []int{a.Pid()})
 		}
-		return v, tmpl.Complete(ctx, v)
+		return a.Complete(ctx)
 	})
 	return err
 }
@@ -352,7 +353,7 @@ func (r *execRun) idleAndSession(ctx context.Context, tmpl *vm.Template) error {
 	}()
 	for _, n := range []int{1, 2, 4, 8} {
 		for len(idle) < n {
-			v, err := tmpl.Restore(ctx, r.base)
+			v, err := tmpl.Restore(ctx)
 			if err != nil {
 				return err
 			}
@@ -361,7 +362,7 @@ func (r *execRun) idleAndSession(ctx context.Context, tmpl *vm.Template) error {
 				return err
 			}
 		}
-		m := idleMemory(ctx, idle)
+		m := idleMemory(ctx, pids(idle))
 		if n == 2 {
 			r.rep.IdleRestored = m
 		} else {
@@ -604,19 +605,28 @@ func benchPolicy(maxVMs int, network bool) []byte {
 func maxVMs(o ExecOptions) int { return max(slices.Max(o.Concurrency), 1) }
 
 // idleMemory lets the VMs settle and reads their QEMUs' RSS and PSS.
-func idleMemory(ctx context.Context, vms []*vm.VM) Memory {
+func idleMemory(ctx context.Context, qemus []int) Memory {
 	select {
 	case <-ctx.Done():
 	case <-time.After(3 * time.Second):
 	}
 	var rss, pss float64
-	for _, v := range vms {
-		r, p := smapsRollup(v.Pid())
+	for _, pid := range qemus {
+		r, p := smapsRollup(pid)
 		rss += r
 		pss += p
 	}
-	n := float64(len(vms))
-	return Memory{VMs: len(vms), RSSMiB: math.Round(rss/n*10) / 10, PSSMiB: math.Round(pss/n*10) / 10}
+	n := float64(len(qemus))
+	return Memory{VMs: len(qemus), RSSMiB: math.Round(rss/n*10) / 10, PSSMiB: math.Round(pss/n*10) / 10}
+}
+
+// pids are the QEMU processes of vms.
+func pids(vms []*vm.VM) []int {
+	out := make([]int, len(vms))
+	for i, v := range vms {
+		out[i] = v.Pid()
+	}
+	return out
 }
 
 // smapsRollup returns Rss and Pss of pid in MiB.

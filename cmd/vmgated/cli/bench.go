@@ -149,8 +149,8 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 			defer cgm.Close()
 		}
 		for _, sh := range shapes {
-			opts := vm.Options{ImageDir: *imgDir, StateDir: *state, TemplateDir: *templateDir,
-				MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Accel: a, Log: log, Cgroups: cgm}
+			opts := vm.Options{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir, Accel: a, Log: log},
+				ImageDir: *imgDir, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Cgroups: cgm}
 			if sh.Network {
 				// The template's network allows nothing: it only gives the
 				// guest its lease.

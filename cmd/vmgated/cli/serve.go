@@ -3,10 +3,11 @@ package cli
 import (
 	"context"
 	"fmt"
-	"github.com/spf13/pflag"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/sshfront"
@@ -66,10 +67,11 @@ func serve(fs *pflag.FlagSet) runFunc {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
 		cfg := gateway.Config{
-			Socket: *socket, SocketGroup: *group, StateDir: *state, ImageDir: *imgDir, AuditPath: *auditPath,
-			MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, Accel: a, TCGTBSizeMiB: *tbSize, MetricsListen: *metricsListen, AllowRoot: *allowRoot,
+			Socket: *socket, SocketGroup: *group, AuditPath: *auditPath,
+			VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir, Accel: a, TCGTBSizeMiB: *tbSize},
+				ImageDir: *imgDir, NoTemplate: *noTemplate, PoolSize: *pool, Ahead: *ahead},
+			MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, MetricsListen: *metricsListen, AllowRoot: *allowRoot,
 			Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
-			NoTemplate: *noTemplate, PoolSize: *pool, Ahead: *ahead, TemplateDir: *templateDir,
 		}
 		if len(sshListen) > 0 {
 			if *sshSessions < 1 || *sshIdle <= 0 {
@@ -78,7 +80,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 			cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
 				AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
 		}
-		cfg.NetstackSocket = *netstackSocket
+		cfg.VM.NetstackSocket = *netstackSocket
 		if *netHosts != "" {
 			h, err := gateway.LoadHosts(*netHosts)
 			if err != nil {

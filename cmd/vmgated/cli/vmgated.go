@@ -3,13 +3,15 @@ package cli
 import (
 	"context"
 	"fmt"
-	"github.com/spf13/pflag"
-	"github.com/vmgate/vmgate/gateway/wire"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/vmgate/vmgate/gateway/wire"
 
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/vm"
@@ -108,7 +110,8 @@ func debugRun(fs *pflag.FlagSet) runFunc {
 		if cgm != nil {
 			defer cgm.Close()
 		}
-		v, err := vm.Start(ctx, vm.Options{ImageDir: *imgDir, StateDir: *state, MemoryMiB: *mem, CPUs: *cpus, Accel: a, Log: log, Seccomp: *seccomp, Cgroups: cgm})
+		v, err := vm.Start(ctx, vm.Options{Runtime: vm.Runtime{StateDir: *state, Accel: a, Log: log},
+			ImageDir: *imgDir, MemoryMiB: *mem, CPUs: *cpus, Seccomp: *seccomp, Cgroups: cgm})
 		if err != nil {
 			return exitWith(wire.ExitVMFailed, err)
 		}

@@ -14,7 +14,10 @@
 // connection (the VM is then unusable and its owner destroys it), and
 // frames for channels the host has closed are dropped. Nothing a guest
 // sends can make the host allocate beyond those bounds, spin, or block
-// anything but that connection. The guest trusts the host (vmgated, which
+// anything but that connection. A guest that stops reading cannot block
+// the host either: every frame the host writes has a deadline
+// (WriteTimeout), and a write that misses it ends the connection (and
+// with it the VM). The guest trusts the host (vmgated, which
 // also owns the VM), so the guest side checks frames for well-formedness
 // only.
 //
@@ -33,9 +36,19 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
+
+// WriteTimeout bounds the write of one frame by the host. A healthy
+// agent drains its port within milliseconds; a guest that stops reading
+// it for this long has given up its connection.
+const WriteTimeout = 30 * time.Second
+
+// deadliner is a stream whose writes can be given a deadline (a
+// net.Conn).
+type deadliner interface{ SetWriteDeadline(time.Time) error }
 
 // ErrClosed reports use of a connection after it ended: closed by this
 // side, hung up by the peer, or broken.
@@ -57,6 +70,8 @@ type Conn struct {
 	host       bool // this end is the host
 	maxPayload int  // bound of the frames this end reads
 	log        *slog.Logger
+	// writeTimeout bounds each of the host's frame writes (WriteTimeout).
+	writeTimeout time.Duration
 
 	wmu  sync.Mutex // one frame at a time on rw
 	wbuf []byte     // under wmu
@@ -84,7 +99,7 @@ func newConn(rw io.ReadWriteCloser, host bool, log *slog.Logger) *Conn {
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Conn{rw: rw, host: host, log: log, chans: map[uint32]*Channel{}, done: make(chan struct{})}
+	c := &Conn{rw: rw, host: host, log: log, writeTimeout: WriteTimeout, chans: map[uint32]*Channel{}, done: make(chan struct{})}
 	if host {
 		c.maxPayload = agentproto.MaxGuestPayload
 		c.calls = map[uint32]chan callResult{}
@@ -156,6 +171,9 @@ func (c *Conn) writeFrame(t agentproto.FrameType, id uint32, payload []byte) err
 	default:
 	}
 	c.wbuf = agentproto.AppendFrame(c.wbuf[:0], t, id, payload)
+	if d, ok := c.rw.(deadliner); ok && c.host {
+		_ = d.SetWriteDeadline(time.Now().Add(c.writeTimeout))
+	}
 	_, err := c.rw.Write(c.wbuf)
 	if cap(c.wbuf) > 2*agentproto.MaxData+agentproto.HeaderSize {
 		c.wbuf = nil // an Open's command line: do not keep it

@@ -1,0 +1,108 @@
+package vm
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/vm/netstack"
+)
+
+// Runtime is how every VM of a host runs, whatever its shape: where the
+// VMs' and templates' files go, which QEMU and accelerator run them, who
+// starts their netstacks, where they log. A Host's VMs and templates, and
+// a VM started by hand (Start), share one; the layers above embed it in
+// theirs.
+type Runtime struct {
+	// StateDir is where VM directories are created (StateDir/vms/ID).
+	// Required.
+	StateDir string
+	// TemplateDir holds VM templates (default StateDir/templates).
+	TemplateDir string
+	// QEMU binary; default qemu-system-x86_64 from PATH.
+	QEMU string
+	// Accel: auto (default), kvm or tcg.
+	Accel Accel
+	// TCGTBSizeMiB sizes TCG's translation buffer; 0 is QEMU's default
+	// (docs/benchmarks.md has what it costs and saves).
+	TCGTBSizeMiB int
+	// NetstackSocket, when set, is where systemd starts the guest
+	// networks' netstacks (vm/netproc Config.Socket); empty: each VM's
+	// netstack is jailed from here.
+	NetstackSocket string
+	// Log defaults to slog.Default().
+	Log *slog.Logger
+}
+
+func (r *Runtime) setDefaults() {
+	if r.Accel == "" {
+		r.Accel = AccelAuto
+	}
+	if r.QEMU == "" {
+		r.QEMU = "qemu-system-x86_64"
+	}
+	if r.Log == nil {
+		r.Log = slog.Default()
+	}
+}
+
+// Options configure one VM (Start), or the VMs of one template
+// (EnsureTemplate, LoadTemplate): the runtime, the image, the shape and
+// the confinement.
+type Options struct {
+	Runtime
+	// ImageDir holds a built image (see package image). Required.
+	ImageDir string
+	// MemoryMiB defaults to 512, CPUs to 1.
+	MemoryMiB int
+	CPUs      int
+	// Seccomp is the jail's filter mode: "required" (default) or "off"
+	// (a logged relaxation). QEMU always runs in the jail (package isolate).
+	Seccomp string
+	// Cgroups, when set, puts each VM's jail in its own cgroup with
+	// JailLimits; nil leaves QEMU bounded by rlimits only (the daemon logs
+	// that as a relaxation).
+	Cgroups *cgroup.Manager
+	// Network, when set, gives the VM a NIC on its own user-space network
+	// (package netstack) with this configuration; nil: no NIC at all. Its
+	// policy can be replaced later (VM.Network().SetPolicy), as the host
+	// does when it hands a VM out.
+	Network *netstack.Config
+	// BootTimeout bounds a start until the agent answers; default 180s
+	// for a cold boot, RestoreTimeout for a clone of a template.
+	BootTimeout time.Duration
+	// NetworkTimeout bounds the wait, once the agent answers, for a VM
+	// with a NIC to have a usable network (default
+	// DefaultNetworkTimeout); the VM fails with ErrNetworkNotReady
+	// otherwise.
+	NetworkTimeout time.Duration
+	// Background starts the VM at the lowest CPU weight (with cgroups),
+	// so that a pool refilling itself takes only CPU time the VMs running
+	// commands leave; Foreground restores the normal weight.
+	Background bool
+}
+
+// Default VM shape.
+const (
+	DefaultMemoryMiB = 512
+	DefaultCPUs      = 1
+)
+
+// DefaultBootTimeout bounds a cold boot until the agent answers.
+const DefaultBootTimeout = 180 * time.Second
+
+func (o *Options) setDefaults() {
+	o.Runtime.setDefaults()
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = DefaultMemoryMiB
+	}
+	if o.CPUs == 0 {
+		o.CPUs = DefaultCPUs
+	}
+	if o.BootTimeout == 0 {
+		o.BootTimeout = DefaultBootTimeout
+	}
+	if o.NetworkTimeout == 0 {
+		o.NetworkTimeout = DefaultNetworkTimeout
+	}
+}
