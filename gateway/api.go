@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -27,25 +26,14 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/audit/rotate", s.handleAuditRotate)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
+		refuse(w, wire.KindNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	return mux
 }
 
-// httpStatus is the local API's status for a refusal of the exec core
-// (docs/protocol.md lists them).
-func httpStatus(kind error) int {
-	switch kind {
-	case ErrBadRequest:
-		return http.StatusBadRequest
-	case ErrDenied:
-		return http.StatusForbidden
-	case ErrSessionBusy:
-		return http.StatusConflict
-	case ErrBusy, ErrAuditUnavailable, ErrShutdown:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
+// refuse answers a plain API request with a refusal of kind.
+func refuse(w http.ResponseWriter, kind *wire.Kind, msg string) {
+	writeError(w, kind.Status, wire.Error{Code: kind.Code, Error: msg})
 }
 
 func writeError(w http.ResponseWriter, status int, e wire.Error) {
@@ -62,7 +50,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
 	id, err := identityFrom(r.Context())
 	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		refuse(w, wire.KindUnidentified, err.Error())
 		return
 	}
 	out := s.listSessions(id)
@@ -77,7 +65,7 @@ func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
 func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session {
 	id, err := identityFrom(r.Context())
 	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		refuse(w, wire.KindUnidentified, err.Error())
 		return nil
 	}
 	name := r.PathValue("name")
@@ -85,7 +73,7 @@ func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session 
 	ss := s.sessions[sessionKey{callerKey(id), name}]
 	s.mu.Unlock()
 	if ss == nil {
-		writeError(w, http.StatusNotFound, wire.Error{Code: wire.CodeNotFound, Error: fmt.Sprintf("no session %q of this caller", name)})
+		refuse(w, wire.KindNotFound, fmt.Sprintf("no session %q of this caller", name))
 	}
 	return ss
 }
@@ -125,11 +113,11 @@ func (s *Server) handleHoldSession(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	id, err := identityFrom(r.Context())
 	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "cannot identify the caller: " + err.Error()})
+		refuse(w, wire.KindUnidentified, "cannot identify the caller: "+err.Error())
 		return
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), wire.Upgrade) {
-		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: "exec needs the header Upgrade: " + wire.Upgrade})
+		refuse(w, wire.KindBadRequest, "exec needs the header Upgrade: "+wire.Upgrade)
 		return
 	}
 	// The body is read before the request counts as in flight, and in
@@ -139,40 +127,31 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	_ = rc.SetReadDeadline(time.Now().Add(requestReadTimeout))
 	req, err := wire.DecodeExecRequest(r.Body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, wire.Error{Code: wire.CodeBadRequest, Error: err.Error()})
+		refuse(w, wire.KindBadRequest, err.Error())
 		return
 	}
 	_ = rc.SetReadDeadline(time.Time{})
-	if !s.begin() {
-		writeError(w, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeShutdown, Error: "vmgated is shutting down"})
-		return
-	}
-	defer s.end()
-	// Booting and running end when the client goes away or when the
-	// shutdown grace period is over, whichever comes first.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	defer context.AfterFunc(s.execCtx, cancel)()
 	st := newExecState(id, req, false)
 	log := s.log.With("req", st.reqID, "uid", id.UID, "pid", id.PID)
-	target, rerr := s.admit(ctx, log, st)
+	// Queueing and booting end when the client goes away.
+	a, rerr := s.admit(r.Context(), log, st)
 	if rerr != nil {
-		writeError(w, httpStatus(rerr.Kind), rerr.Wire())
+		writeError(w, rerr.Kind.Status, rerr.Wire())
 		return
 	}
 	conn, brw, err := rc.Hijack()
 	if err != nil {
-		target.done(false)
+		a.Abort()
 		log.Error("hijack", "err", err)
 		return
 	}
 	defer conn.Close()
 	_, _ = fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nVmgate-Request-Id: %s\r\n\r\n", wire.Upgrade, st.reqID)
 	if err := brw.Flush(); err != nil {
-		target.done(false)
+		a.Abort()
 		return
 	}
-	s.serveExec(log, conn, brw.Reader, st, target)
+	s.serveExec(conn, brw.Reader, a)
 }
 
 // frameWriter turns writes into frames of one type on a shared connection.
@@ -219,17 +198,19 @@ func (f *frameWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// serveExec relays an accepted HTTP exec as frames on the upgraded
+// serveExec relays an admitted HTTP exec as frames on the upgraded
 // connection.
-func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st *execState, target *vmTarget) {
-	ctx, cancel := context.WithCancel(s.execCtx)
+func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
+	st := a.st
+	// A client that stalls its output frames ends the command (stalled).
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// When the grace period after shutdown ends, blocked reads and writes
 	// of a client that stopped reading end too.
 	defer context.AfterFunc(s.execCtx, func() { _ = conn.SetDeadline(time.Now()) })()
 
 	// Client → daemon frames. A read error means the client is gone:
-	// cancel the command.
+	// clientGone ends the command.
 	var stdinR *io.PipeReader
 	var stdinW *io.PipeWriter
 	if st.req.Stdin {
@@ -247,7 +228,6 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 					stdinW.CloseWithError(errors.New("client disconnected"))
 				}
 				puts.abort(errors.New("client disconnected"))
-				cancel()
 				return
 			}
 			switch typ {
@@ -292,29 +272,19 @@ func (s *Server) serveExec(log *slog.Logger, conn net.Conn, br *bufio.Reader, st
 		sio.stdin = stdinR
 		defer stdinR.Close()
 	}
-	res, err := s.runExec(ctx, log, st, target, sio)
+	res, err := a.Run(ctx, sio)
 	mu.Lock()
 	defer mu.Unlock()
 	_ = conn.SetWriteDeadline(writeDeadline(s.execCtx))
 	if err != nil {
-		code := wire.CodeVM
+		kind := wire.KindVM
 		if te := (*TransferError)(nil); errors.As(err, &te) {
-			code = wire.CodeTransfer
+			kind = wire.KindTransfer
 		}
-		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: code, Error: clientMessage(err), RequestID: st.reqID, Profile: st.verdict.Profile})
+		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: kind.Code, Error: clientMessage(err), RequestID: st.reqID, Profile: st.verdict.Profile})
 		return
 	}
 	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res)
-}
-
-// clientMessage is err as a client reads it: a dead VM's QEMU log and
-// console tail stay in the daemon's log (and audit record).
-func clientMessage(err error) string {
-	s := err.Error()
-	if i := strings.Index(s, "; qemu.log:"); i >= 0 {
-		s = s[:i] + " (QEMU's and the guest console's last lines are in vmgated's log)"
-	}
-	return s
 }
 
 // putPipes feeds the client's put frames to the request's puts, one

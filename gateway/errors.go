@@ -4,26 +4,28 @@ import (
 	"errors"
 
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // What the exec core turns a request away for. Every error it returns
-// before a command's outcome is a *RequestError wrapping one of these
-// (errors.Is); each front door maps them: the local API to an HTTP status
-// (httpStatus), the SSH front door to an exit status (wire.Error.ExitCode).
+// before a command's outcome is a *RequestError of one of these kinds
+// (errors.Is); each front door reports a kind as the table wire.Kinds
+// says: the local API with its HTTP status, the SSH front door with its
+// exit status.
 var (
-	ErrBadRequest       = errors.New("bad request")
-	ErrDenied           = errors.New("denied by policy")
-	ErrBusy             = errors.New("busy")
-	ErrSessionBusy      = errors.New("session busy")
-	ErrAuditUnavailable = errors.New("audit log unavailable")
-	ErrVMFailed         = errors.New("vm failed")
-	ErrShutdown         = errors.New("vmgated is shutting down")
+	ErrBadRequest       = wire.KindBadRequest
+	ErrDenied           = wire.KindDenied
+	ErrBusy             = wire.KindBusy
+	ErrSessionBusy      = wire.KindSessionBusy
+	ErrAuditUnavailable = wire.KindAudit
+	ErrVMFailed         = wire.KindVM
+	ErrShutdown         = wire.KindShutdown
 )
 
 // RequestError is one request turned away: why (Kind), what the caller is
 // told, and the request's ids.
 type RequestError struct {
-	Kind      error
+	Kind      *wire.Kind
 	Msg       string
 	RequestID string
 	Profile   string
@@ -33,22 +35,13 @@ type RequestError struct {
 func (e *RequestError) Error() string { return e.Msg }
 func (e *RequestError) Unwrap() error { return e.Kind }
 
-// codes are the protocol's error codes of the kinds.
-var codes = map[error]string{
-	ErrBadRequest: wire.CodeBadRequest, ErrDenied: wire.CodeDenied, ErrBusy: wire.CodeBusy, ErrSessionBusy: wire.CodeBusy,
-	ErrAuditUnavailable: wire.CodeAudit, ErrVMFailed: wire.CodeVM, ErrShutdown: wire.CodeShutdown,
-}
-
 // Wire is the error as the protocol carries it.
 func (e *RequestError) Wire() wire.Error {
-	code, ok := codes[e.Kind]
-	if !ok {
-		code = wire.CodeInternal
-	}
-	return wire.Error{Code: code, Error: e.Msg, RequestID: e.RequestID, Profile: e.Profile, Rule: e.Rule}
+	return wire.Error{Code: e.Kind.Code, Error: e.Msg, RequestID: e.RequestID, Profile: e.Profile, Rule: e.Rule}
 }
 
-// requestError is err as a *RequestError: itself, or of kind ErrVMFailed.
+// requestError is err as a *RequestError: itself, or of kind ErrVMFailed
+// with the message a client may read (clientMessage).
 func requestError(err error, st *execState) *RequestError {
 	var re *RequestError
 	if errors.As(err, &re) {
@@ -57,9 +50,19 @@ func requestError(err error, st *execState) *RequestError {
 		}
 		return re
 	}
-	re = &RequestError{Kind: ErrVMFailed, Msg: err.Error()}
+	re = &RequestError{Kind: ErrVMFailed, Msg: clientMessage(err)}
 	if st != nil {
 		re.RequestID, re.Profile = st.reqID, st.verdict.Profile
 	}
 	return re
+}
+
+// clientMessage is err as a client reads it: a failed VM's QEMU log and
+// console tail (written by the guest) stay in the daemon's log and the
+// audit record (vm.Details); the client is told where they are.
+func clientMessage(err error) string {
+	if vm.Diagnostics(err) != "" {
+		return err.Error() + " (QEMU's and the guest console's last lines are in vmgated's log)"
+	}
+	return err.Error()
 }

@@ -45,8 +45,12 @@ type execState struct {
 	// interactive marks a login shell on a terminal (SSH without a
 	// command); argv is then the shell.
 	interactive bool
-	verdict     policy.Verdict
-	start       time.Time
+	// refused is a front door's own refusal of the request (an SSH login
+	// it cannot serve): the core audits it as a denial, without a policy
+	// decision.
+	refused error
+	verdict policy.Verdict
+	start   time.Time
 }
 
 // newExecState starts the record of a request from id. The argv decided
@@ -104,17 +108,37 @@ func envNames(env []string) []string {
 	return out
 }
 
-// admit takes a request that every front door (the HTTP API, SSH) has
-// parsed into st from the audit check through the policy decision (audited)
-// to its VM: a fresh one, or the caller's session's. A refusal is returned
-// as such, audited when a decision was made; busy and session errors come
+// admit is the one entry into the exec core: every front door (the HTTP
+// API, SSH) hands it a request parsed into st, and it takes it through
+// the core's steps up to a command ready to run: registered in flight
+// (shutdown waits for it; once shutdown began it is refused with
+// ErrShutdown), the audit check, the policy decision (audited), and its
+// VM: a fresh one, or the caller's session's. A refusal is returned as
+// such, audited when a decision was made; busy and session errors come
 // back before any output, so that a front door can still answer plainly.
-// ctx bounds queueing and booting: it must end when the client goes away
-// or the shutdown grace period is over.
+// ctx bounds queueing and booting: it ends when the client goes away, and
+// admit ends it when the shutdown grace period is over.
 //
-// Precondition: s.begin() succeeded. Postcondition: on success the caller
-// runs the command with runExec, or calls target.done(false).
-func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*vmTarget, *RequestError) {
+// Postcondition: on success the caller calls Run or Abort of the
+// admitted request, once.
+func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*admitted, *RequestError) {
+	if !s.begin() {
+		return nil, &RequestError{Kind: ErrShutdown, Msg: ErrShutdown.Error(), RequestID: st.reqID}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.execCtx, cancel)()
+	target, rerr := s.decide(ctx, log, st)
+	if rerr != nil {
+		s.end()
+		return nil, rerr
+	}
+	return &admitted{s: s, log: log, st: st, target: target}, nil
+}
+
+// decide takes an admitted request from the audit check through the
+// policy decision (audited) to its VM.
+func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*vmTarget, *RequestError) {
 	unaudited := func(err error) *RequestError {
 		return &RequestError{Kind: ErrAuditUnavailable, Msg: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}
 	}
@@ -122,11 +146,18 @@ func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*v
 		log.Error("refusing request: audit log unavailable", "err", err)
 		return nil, unaudited(err)
 	}
-	st.verdict = s.policy.Load().Decide(st.id, policy.Request{
-		Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
-		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
-		Puts: uploads(st.req.Put), Gets: len(st.req.Get),
-	})
+	if st.refused != nil {
+		st.verdict = policy.Verdict{Rule: "front door", Reason: st.refused.Error()}
+		if k := st.id.SSH; k != nil {
+			st.verdict.Profile = k.Profile
+		}
+	} else {
+		st.verdict = s.policy.Load().Decide(st.id, policy.Request{
+			Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
+			Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
+			Puts: uploads(st.req.Put), Gets: len(st.req.Get),
+		})
+	}
 	if err := s.auditDecision(st); err != nil {
 		return nil, unaudited(err)
 	}
@@ -142,6 +173,51 @@ func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*v
 	return target, nil
 }
 
+// admitted is a request the exec core took in (admit): decided, audited,
+// its VM acquired, counted in flight. Its front door runs it (Run) or
+// gives it up (Abort), once.
+type admitted struct {
+	s      *Server
+	log    *slog.Logger
+	st     *execState
+	target *vmTarget
+}
+
+// RequestID is the request's id.
+func (a *admitted) RequestID() string { return a.st.reqID }
+
+// Limits are the limits the policy gave the request.
+func (a *admitted) Limits() policy.Limits { return a.st.verdict.Limits }
+
+// Run runs the command with the front door's streams, releases its VM (a
+// fresh one is destroyed, a session's kept unless it died), audits the
+// outcome and returns the result. The command ends when ctx ends, when
+// the client goes away (sio.gone) or when the shutdown grace period is
+// over; a non-nil error means its outcome is unknown.
+func (a *admitted) Run(ctx context.Context, sio execIO) (wire.Result, error) {
+	defer a.s.end()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(a.s.execCtx, cancel)()
+	if sio.gone != nil {
+		go func() {
+			select {
+			case <-sio.gone:
+				cancel() // the client closed its stream or the connection dropped
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return a.s.runExec(ctx, a.log, a.st, a.target, sio)
+}
+
+// Abort gives the request up before its command ran: its VM is released
+// as one not fit for use.
+func (a *admitted) Abort() {
+	defer a.s.end()
+	a.s.release(a.target, false)
+}
+
 // vmTarget is the VM an exec runs in: fresh (destroyed afterwards) or a
 // session's (kept).
 type vmTarget struct {
@@ -150,56 +226,64 @@ type vmTarget struct {
 	boot    time.Duration
 	start   string // boot, restore or pool
 	queue   time.Duration
-	session *session
-	done    func(ok bool)
+	session *session // nil: a fresh VM
+	slot    func()   // a fresh VM's slot, freed with it
 }
 
 func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	if st.req.Session != "" {
 		return s.sessionVM(ctx, st)
 	}
-	t, release, err := s.bootVM(ctx, st)
-	if err != nil {
-		return nil, err
+	return s.bootVM(ctx, st)
+}
+
+// release ends a request's use of its VM. A session's is kept, unless it
+// is not fit for use (ok false: it failed, or its request's stream
+// broke): the session then ends. A fresh VM is destroyed after the result
+// is sent, not before: the caller need not wait for QEMU to exit and its
+// files to go. Its slot stays taken until then, and shutdown waits for it
+// (begin/end). A fresh VM not fit for use is destroyed first, so that an
+// error reaches a caller with the VM's disk space (what a full disk needs
+// back) and slot already freed; a failed VM's QEMU is gone, so that costs
+// only its files.
+func (s *Server) release(t *vmTarget, ok bool) {
+	if ss := t.session; ss != nil {
+		ss.mu.Lock()
+		ss.busy = false
+		ss.lastUsed = time.Now()
+		ss.mu.Unlock()
+		if !ok {
+			s.destroySession(ss, "vm failed")
+		}
+		return
 	}
-	m := t.vm
 	destroy := func() {
-		if err := m.Close(); err != nil {
-			s.log.Error("destroy vm", "vm", m.ID, "err", err)
+		if err := t.vm.Close(); err != nil {
+			s.log.Error("destroy vm", "vm", t.vm.ID, "err", err)
 		}
-		release()
+		t.slot()
 	}
-	// The VM is destroyed after the result is sent, not before: the
-	// caller need not wait for QEMU to exit and its files to go. Its slot
-	// stays taken until then, and shutdown waits for it (begin/end). A VM
-	// not fit for use (ok false: it failed, or its request's stream
-	// broke) is destroyed first, so that an error reaches a caller with
-	// the VM's disk space (what a full disk needs back) and slot already
-	// freed; a failed VM's QEMU is gone, so that costs only its files.
-	t.done = func(ok bool) {
-		if !ok || !s.begin() {
-			destroy()
-			return
-		}
-		go func() {
-			defer s.end()
-			destroy()
-		}()
+	if !ok || !s.begin() {
+		destroy()
+		return
 	}
-	return t, nil
+	go func() {
+		defer s.end()
+		destroy()
+	}()
 }
 
 // bootVM takes a VM slot (waiting in the bounded queue) and boots a fresh
-// VM shaped by the verdict. The caller owns release. If the client goes
+// VM shaped by the verdict; the target holds the slot. If the client goes
 // away while queued or booting, ctx ends and vm.Start cleans up.
-func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), error) {
+func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	v := st.verdict
 	t0 := time.Now()
 	release, err := s.slots.acquire(ctx, slotClaim{profile: v.Profile, profileMax: v.Limits.MaxVMs,
 		caller: callerKey(st.id), callerMax: v.Limits.CallerVMs, callerQueue: v.Limits.CallerQueue})
 	if err != nil {
 		s.metrics.refusedBusy()
-		return nil, nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("%v (max %d VMs, profile %q max %d, %d per caller)", err, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs, v.Limits.CallerVMs)}
+		return nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("%v (max %d VMs, profile %q max %d, %d per caller)", err, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs, v.Limits.CallerVMs)}
 	}
 	queue := time.Since(t0)
 	t1 := time.Now()
@@ -213,16 +297,17 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, func(), 
 	m, how, err := s.host.Get(ctx, vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, Seccomp: s.seccompMode(), Network: v.Network != nil})
 	if err != nil {
 		release()
-		return nil, nil, &RequestError{Kind: ErrVMFailed, Msg: "start vm: " + err.Error()}
+		s.log.Warn("start vm failed", "req", st.reqID, "err", vm.Details(err))
+		return nil, &RequestError{Kind: ErrVMFailed, Msg: "start vm: " + clientMessage(err)}
 	}
-	t := &vmTarget{vm: m, start: how, jail: jailOf(m), boot: time.Since(t1), queue: queue}
+	t := &vmTarget{vm: m, start: how, jail: jailOf(m), boot: time.Since(t1), queue: queue, slot: release}
 	// Every VM with a NIC starts with a network that allows nothing; it
 	// gets the profile's allowlist, audited as this request's, only now
 	// that it is this request's VM.
 	if n := v.Network; n != nil {
 		t.vm.Network().SetPolicy(netstack.Policy{Egress: *n, Audit: s.netAudit(st, t.vm.ID)})
 	}
-	return t, release, nil
+	return t, nil
 }
 
 // limitToLifetime ends a session's command, at the latest, when the
@@ -279,9 +364,9 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 		ss.mu.Unlock()
 		s.mu.Unlock()
 		limitToLifetime(st, ss)
-		t := &vmTarget{vm: ss.vm, session: ss, done: s.sessionDone(ss), jail: jailOf(ss.vm)}
+		t := &vmTarget{vm: ss.vm, session: ss, jail: jailOf(ss.vm)}
 		if err := s.sessionNetwork(st, t); err != nil {
-			t.done(true)
+			s.release(t, true)
 			return nil, err
 		}
 		return t, nil
@@ -289,11 +374,11 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	s.mu.Unlock()
 
 	v := st.verdict
-	t, release, err := s.bootVM(ctx, st)
+	t, err := s.bootVM(ctx, st)
 	if err != nil {
 		return nil, err
 	}
-	m := t.vm
+	m, release := t.vm, t.slot
 	now := time.Now()
 	ss = &session{key: key, id: st.id, profile: v.Profile, vm: m, release: release, created: now, lastUsed: now,
 		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, busy: true, ended: make(chan struct{})}
@@ -311,7 +396,7 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"}
 	setCaller(&rec, st.id)
 	_ = s.audit.Write(rec)
-	t.session, t.done = ss, s.sessionDone(ss)
+	t.session, t.slot = ss, nil
 	return t, nil
 }
 
@@ -324,31 +409,43 @@ func jailOf(m *vm.VM) string {
 	return rep.String()
 }
 
-func (s *Server) sessionDone(ss *session) func(bool) {
-	return func(ok bool) {
-		ss.mu.Lock()
-		ss.busy = false
-		ss.lastUsed = time.Now()
-		ss.mu.Unlock()
-		if !ok {
-			s.destroySession(ss, "vm failed")
-		}
-	}
-}
-
 // execIO is a front door's side of a running command.
 type execIO struct {
 	stdin          io.Reader // nil: empty stdin
 	stdout, stderr io.Writer
 	// signals carries RFC 4254 signal names to the command.
 	signals <-chan string
-	// resize carries new terminal sizes of a TTY command.
-	resize <-chan vm.PTY
+	// resize carries new terminal sizes of a TTY command (Cols, Rows).
+	resize <-chan wire.TTY
 	// gone is closed when the client went away.
 	gone <-chan struct{}
 	// files carries the request's file transfers; nil for a front door
 	// without them (SSH).
 	files *transferIO
+}
+
+// ptySizes passes a front door's terminal sizes on as the VM's, until ctx
+// ends; nil when there are none.
+func ptySizes(ctx context.Context, in <-chan wire.TTY) <-chan vm.PTY {
+	if in == nil {
+		return nil
+	}
+	out := make(chan vm.PTY, 1)
+	go func() {
+		for {
+			select {
+			case t := <-in:
+				select {
+				case out <- vm.PTY{Columns: t.Cols, Rows: t.Rows}:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // uploads is what a request's puts declare, for the policy.
@@ -392,7 +489,7 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 			Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
 			Stdin: stdin, Stdout: stdout, Stderr: stderr,
 			Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: sio.signals,
-			Resize: sio.resize,
+			Resize: ptySizes(ctx, sio.resize),
 		})
 	}
 	execDur := time.Since(t0)
@@ -416,7 +513,7 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 		}
 	default:
 	}
-	target.done(vmOK) // a session whose VM died is ended; a fresh VM always goes
+	s.release(target, vmOK) // a session whose VM died is ended; a fresh VM always goes
 	if target.session == nil {
 		s.flushGated(s.netGate, target.vm.ID)
 	}
@@ -425,7 +522,7 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	s.auditExec(st, o)
 	out := result(st, o)
 	if err != nil {
-		log.Warn("exec failed", "err", err)
+		log.Warn("exec failed", "err", vm.Details(err))
 		return out, err
 	}
 	log.Info("exec done", "vm", target.vm.ID, "exit", out.ExitCode, "signal", out.Signal, "timed_out", out.TimedOut, "transfers", len(transfers), "ms", out.TotalMS)
@@ -498,7 +595,7 @@ func (s *Server) auditExec(st *execState, o execOutcome) {
 		rec.Truncated = res.StdoutTruncated || res.StderrTruncated
 	}
 	if o.err != nil {
-		rec.Error = o.err.Error()
+		rec.Error = vm.Details(o.err)
 	}
 	if len(o.transfers) > 0 {
 		rec.Transfers = auditTransfers(st.req, o.transfers)

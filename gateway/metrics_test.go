@@ -3,9 +3,12 @@ package gateway
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/vm"
 )
 
 func TestMetricsText(t *testing.T) {
@@ -61,12 +64,28 @@ func TestListenMetricsLoopbackOnly(t *testing.T) {
 	ln.Close()
 }
 
+// TestClientMessage: what a guest wrote to its console never reaches a
+// client, with or without a QEMU log, however the error was wrapped; the
+// daemon's log and audit get it (vm.Details).
 func TestClientMessage(t *testing.T) {
-	err := errors.New("vm died during exec: qemu exited (signal: killed); qemu.log: noise | more; console.log: boot lines")
-	if got := clientMessage(err); got != "vm died during exec: qemu exited (signal: killed) (QEMU's and the guest console's last lines are in vmgated's log)" {
-		t.Errorf("clientMessage: %q", got)
-	}
-	if got := clientMessage(errors.New("plain")); got != "plain" {
-		t.Errorf("clientMessage: %q", got)
+	const note = " (QEMU's and the guest console's last lines are in vmgated's log)"
+	for _, c := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"both", &vm.Error{Phase: "vm died during exec", Kind: vm.ErrVMDied, Err: errors.New("qemu exited (signal: killed)"), QEMULog: "noise | more", Console: "EVIL guest text"},
+			"vm died during exec: qemu exited (signal: killed)" + note},
+		{"console only", &vm.Error{Phase: "restore", Err: errors.New("unexpected state"), Console: "EVIL guest text"}, "restore: unexpected state" + note},
+		{"wrapped", fmt.Errorf("start vm: %w", &vm.Error{Phase: "boot", Err: errors.New("timeout"), Console: "EVIL guest text"}), "start vm: boot: timeout" + note},
+		{"plain", errors.New("plain"), "plain"},
+	} {
+		got := clientMessage(c.err)
+		if got != c.want || strings.Contains(got, "EVIL") {
+			t.Errorf("%s: clientMessage %q, want %q", c.name, got, c.want)
+		}
+		if d := vm.Details(c.err); c.name != "plain" && !strings.Contains(d, "EVIL guest text") {
+			t.Errorf("%s: details lack the console: %q", c.name, d)
+		}
 	}
 }

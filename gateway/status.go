@@ -96,16 +96,16 @@ func (s *Server) status(id policy.Identity) wire.Status {
 func (s *Server) handleAuditRotate(w http.ResponseWriter, r *http.Request) {
 	id, err := identityFrom(r.Context())
 	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		refuse(w, wire.KindUnidentified, err.Error())
 		return
 	}
 	if !(id.Local() && (id.UID == 0 || int(id.UID) == os.Getuid())) && !s.policy.Load().IsAdmin(id) {
-		writeError(w, http.StatusForbidden, wire.Error{Code: wire.CodeDenied, Error: "only root, vmgated's user and admin profiles may rotate the audit log"})
+		refuse(w, wire.KindDenied, "only root, vmgated's user and admin profiles may rotate the audit log")
 		return
 	}
 	to := s.cfg.AuditPath + "." + time.Now().UTC().Format("20060102T150405Z")
 	if _, err := s.audit.Reopen(to); err != nil {
-		writeError(w, http.StatusInternalServerError, wire.Error{Code: wire.CodeInternal, Error: err.Error()})
+		refuse(w, wire.KindInternal, err.Error())
 		return
 	}
 	seq, head := s.audit.Head()
@@ -116,7 +116,7 @@ func (s *Server) handleAuditRotate(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	id, err := identityFrom(r.Context())
 	if err != nil {
-		writeError(w, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: err.Error()})
+		refuse(w, wire.KindUnidentified, err.Error())
 		return
 	}
 	writeJSON(w, s.status(id))

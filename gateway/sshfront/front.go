@@ -53,6 +53,10 @@ type Request struct {
 	Resize <-chan wire.TTY
 	// Gone is closed when the client went away.
 	Gone <-chan struct{}
+	// Refused, when set, is the front door's own refusal of the request
+	// (a login it cannot serve): the core audits it as a denial, through
+	// its flood gate, and refuses it.
+	Refused error
 	// Admitted, when set, is called once the request is admitted, before
 	// the command starts, with the limits it runs under.
 	Admitted func(policy.Limits)

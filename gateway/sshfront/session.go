@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/tty"
 	"github.com/vmgate/vmgate/policy"
@@ -216,19 +215,12 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 		_ = ch.CloseWrite()
 		_, _ = ch.SendRequest(reqExitStatus, false, ssh.Marshal(exitStatusMsg{Status: uint32(code)}))
 	}
-	if lg.err != nil {
-		k := id.SSH
-		_ = f.core.Audit(audit.Record{Kind: audit.KindDecision, Verdict: audit.VerdictDeny, Profile: k.Profile, Reason: lg.err.Error(),
-			SSH: &audit.SSHClient{Fingerprint: k.Fingerprint, Comment: k.Comment, User: k.User, Remote: k.RemoteAddr}})
-		fail(wire.ExitDenied, lg.err.Error())
-		return
-	}
 	if strings.ContainsRune(job.command, 0) {
 		fail(wire.ExitInternal, "the command contains a NUL byte")
 		return
 	}
 	r := Request{ID: id, Exec: req, Interactive: job.interactive, Stdin: ch, Stdout: ch, Stderr: ch.Stderr(),
-		Signals: signals, Resize: resize, Gone: gone}
+		Signals: signals, Resize: resize, Gone: gone, Refused: lg.err}
 	// An interactive shell ends after the profile's idle time without
 	// traffic, counted from admission.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -265,12 +257,12 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 		default:
 		}
 		if o.Stopping {
-			fail(wire.ExitVMFailed, fmt.Sprintf("vmgated is shutting down and killed the command (request %s)", o.RequestID))
+			fail(wire.ExitVMFailed, fmt.Sprintf("the command was killed: vmgated stopped and its grace period ended (request %s)", o.RequestID))
 			return
 		}
 		fail(wire.ExitVMFailed, fmt.Sprintf("the command's outcome is unknown: %v (request %s)", o.Err, o.RequestID))
 	case o.Result.TimedOut:
-		fail(wire.ExitTimedOut, fmt.Sprintf("timed out after %v; the command was killed (request %s)", o.Limits.Timeout, o.RequestID))
+		fail(o.Result.ExitStatus(), fmt.Sprintf("timed out after %v; the command was killed (request %s)", o.Limits.Timeout, o.RequestID))
 	default:
 		res := o.Result
 		if res.StdoutTruncated || res.StderrTruncated {

@@ -207,42 +207,105 @@ func (r *Result) ShellExitCode() int {
 // Exit codes of vm-exec (and of the SSH front door, vmgated debug run) for
 // vmgate's own failures, above the guest command's range (0–128+signal),
 // so that a caller can tell "the command failed" from "vmgate could not
-// run it".
+// run it". ExitCodes says what each means (docs/protocol.md renders it).
 const (
-	// ExitInternal: vmgate itself failed (bad flags, I/O error).
-	ExitInternal = 200
-	// ExitDenied: the policy refused the request.
-	ExitDenied = 201
-	// ExitBusy: no VM slot became free in time.
-	ExitBusy = 202
-	// ExitTimedOut: the command ran past its time limit and was killed.
-	ExitTimedOut = 203
-	// ExitUnreachable: the gateway socket could not be reached.
+	ExitInternal    = 200
+	ExitDenied      = 201
+	ExitBusy        = 202
+	ExitTimedOut    = 203
 	ExitUnreachable = 204
-	// ExitVMFailed: the VM could not be started or died while running.
-	ExitVMFailed = 205
-	// ExitTransfer: a file transfer (--put, --get, cp) failed.
-	ExitTransfer = 206
-	// ExitUsage: the command line was invalid (a flag, an argument, a
-	// value); above the guest's range like the others, where the
-	// customary 2 would be mistaken for the command's own.
+	ExitVMFailed    = 205
+	ExitTransfer    = 206
+	// ExitUsage: an invalid command line; above the guest's range like
+	// the others, where the customary 2 would be mistaken for the
+	// command's own.
 	ExitUsage = 207
 )
+
+// ExitCodes says what each of vmgate's own exit codes means, in order.
+var ExitCodes = []struct {
+	Code    int
+	Meaning string
+}{
+	{ExitInternal, "vmgate itself failed (I/O error, bad answer)"},
+	{ExitDenied, "denied by policy (the message names the profile and rule)"},
+	{ExitBusy, "busy: no VM slot in time, or the caller's share is in use"},
+	{ExitTimedOut, "the command ran past its time limit and was killed"},
+	{ExitUnreachable, "the gateway socket could not be reached"},
+	{ExitVMFailed, "the VM could not start or died"},
+	{ExitTransfer, "a file transfer failed (after a command that succeeded; docs/files.md)"},
+	{ExitUsage, "invalid command line: an unknown flag, a missing argument, a bad value"},
+}
+
+// ExitStatus is the exit code a client reports for a command that ran:
+// ExitTimedOut when its time limit killed it, else the command's own as a
+// shell reports it (shellCode).
+func ExitStatus(timedOut bool, shellCode int) int {
+	if timedOut {
+		return ExitTimedOut
+	}
+	return shellCode
+}
+
+// ExitStatus is ExitStatus of the result.
+func (r *Result) ExitStatus() int { return ExitStatus(r.TimedOut, r.ShellExitCode()) }
+
+// Error codes in Error.Code.
+const (
+	CodeBadRequest = "bad_request"
+	CodeDenied     = "denied"
+	CodeBusy       = "busy"
+	CodeAudit      = "audit_unavailable"
+	CodeVM         = "vm_failed"
+	CodeInternal   = "internal"
+	CodeNotFound   = "not_found"
+	CodeShutdown   = "shutting_down"
+	CodeTransfer   = "transfer_failed"
+)
+
+// Kind is one way a request is refused or fails, with everything each
+// front door reports of it: its code in Error.Code, the local API's HTTP
+// status, and the exit code of vm-exec and the SSH front door. Kinds is
+// the one table of them; the daemon's refusals are Kinds (an error, for
+// errors.Is), and docs/protocol.md renders the table.
+type Kind struct {
+	Name string
+	Code string
+	// Status is the local API's HTTP status; 0 for a kind only an exec
+	// stream's error frame carries.
+	Status  int
+	Exit    int
+	Meaning string
+}
+
+func (k *Kind) Error() string { return k.Name }
+
+// The kinds, in the order docs/protocol.md lists them.
+var (
+	KindBadRequest = &Kind{"bad request", CodeBadRequest, 400, ExitInternal,
+		"malformed JSON, unknown field, empty argv, NUL bytes, body > 1 MiB, no `Upgrade` header"}
+	KindUnidentified = &Kind{"caller not identified", CodeDenied, 401, ExitDenied, "the peer could not be identified"}
+	KindDenied       = &Kind{"denied by policy", CodeDenied, 403, ExitDenied, "the policy refused the request (`profile`, `rule` say why)"}
+	KindNotFound     = &Kind{"not found", CodeNotFound, 404, ExitInternal, "no such endpoint, or no session of that name of this caller"}
+	KindSessionBusy  = &Kind{"session busy", CodeBusy, 409, ExitBusy, "the named session is running another command"}
+	KindBusy         = &Kind{"busy", CodeBusy, 503, ExitBusy, "no VM slot free: the wait queue was full or the wait timed out"}
+	KindAudit        = &Kind{"audit log unavailable", CodeAudit, 503, ExitInternal, "the audit log cannot be written; the daemon fails closed"}
+	KindShutdown     = &Kind{"vmgated is shutting down", CodeShutdown, 503, ExitInternal, "the daemon is stopping"}
+	KindVM           = &Kind{"vm failed", CodeVM, 500, ExitVMFailed, "the VM could not be started; in an exec stream: it died, or the command's outcome is unknown"}
+	KindInternal     = &Kind{"internal error", CodeInternal, 500, ExitInternal, "the daemon failed otherwise (an I/O error)"}
+	KindTransfer     = &Kind{"transfer failed", CodeTransfer, 0, ExitTransfer, "a put failed, so the command did not run (exec stream only)"}
+)
+
+// Kinds lists every kind.
+var Kinds = []*Kind{KindBadRequest, KindUnidentified, KindDenied, KindNotFound, KindSessionBusy, KindBusy, KindAudit, KindShutdown, KindVM, KindInternal, KindTransfer}
 
 // ExitCode is the exit code a client reports for a refusal or failure
 // with this error's code.
 func (e Error) ExitCode() int {
-	switch e.Code {
-	case CodeDenied:
-		return ExitDenied
-	case CodeBusy:
-		return ExitBusy
-	case CodeVM:
-		return ExitVMFailed
-	case CodeTimeout:
-		return ExitTimedOut
-	case CodeTransfer:
-		return ExitTransfer
+	for _, k := range Kinds {
+		if k.Code == e.Code {
+			return k.Exit
+		}
 	}
 	return ExitInternal
 }
@@ -265,20 +328,6 @@ func (e Error) Message() string {
 	}
 	return e.Error
 }
-
-// Error codes in Error.Code.
-const (
-	CodeBadRequest = "bad_request"
-	CodeDenied     = "denied"
-	CodeBusy       = "busy"
-	CodeAudit      = "audit_unavailable"
-	CodeVM         = "vm_failed"
-	CodeTimeout    = "timed_out"
-	CodeInternal   = "internal"
-	CodeNotFound   = "not_found"
-	CodeShutdown   = "shutting_down"
-	CodeTransfer   = "transfer_failed"
-)
 
 // Error is the JSON body of a refusal and the payload of an error frame.
 type Error struct {

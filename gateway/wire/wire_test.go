@@ -112,7 +112,7 @@ func TestExitCodes(t *testing.T) {
 		}
 	}
 	for code, want := range map[string]int{
-		CodeDenied: ExitDenied, CodeBusy: ExitBusy, CodeVM: ExitVMFailed, CodeTimeout: ExitTimedOut,
+		CodeDenied: ExitDenied, CodeBusy: ExitBusy, CodeVM: ExitVMFailed, CodeTransfer: ExitTransfer,
 		CodeAudit: ExitInternal, CodeBadRequest: ExitInternal, "": ExitInternal,
 	} {
 		if got := (Error{Code: code}).ExitCode(); got != want {

@@ -345,11 +345,7 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	if err != nil {
 		return reportErr(err)
 	}
-	code := res.ShellExitCode()
-	if res.TimedOut {
-		code = wire.ExitTimedOut
-	}
-	code = reportTransfers(res, code)
+	code := reportTransfers(res, res.ExitStatus())
 	if o.jsonOut {
 		out := struct {
 			*wire.Result

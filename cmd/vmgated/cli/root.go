@@ -15,6 +15,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/version"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // runFunc runs a command with its positional arguments, once its flags
@@ -162,7 +163,9 @@ func Vmgated(args []string) int {
 	return exitCode(err)
 }
 
-// exitCode reports err and maps it to vmgated's exit status.
+// exitCode reports err and maps it to vmgated's exit status. vmgated's
+// commands are the operator's, who is shown a failed VM's diagnostics
+// (the ends of QEMU's log and of the guest's console) with its error.
 func exitCode(err error) int {
 	if err == nil {
 		return 0
@@ -170,11 +173,11 @@ func exitCode(err error) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintf(os.Stderr, "vmgated: %v\n", ee.err)
+			fmt.Fprintf(os.Stderr, "vmgated: %s\n", vm.Details(ee.err))
 		}
 		return ee.code
 	}
-	fmt.Fprintf(os.Stderr, "vmgated: %v\n", err)
+	fmt.Fprintf(os.Stderr, "vmgated: %s\n", vm.Details(err))
 	if errors.Is(err, errUsage) || strings.HasPrefix(err.Error(), "unknown command") {
 		fmt.Fprintln(os.Stderr, "Run 'vmgated --help' for usage.")
 		return wire.ExitUsage

@@ -139,8 +139,7 @@ func debugRun(fs *pflag.FlagSet) runFunc {
 		log.Info("command finished", "exit", res.ExitCode, "signal", res.Signal, "ms", time.Since(t0).Milliseconds(), "boot_ms", v.BootDuration().Milliseconds())
 		if res.TimedOut {
 			fmt.Fprintf(os.Stderr, "vmgated: command timed out after %v and was killed\n", *timeout)
-			return exitWith(wire.ExitTimedOut, nil)
 		}
-		return exitWith(res.ShellExitCode(), nil)
+		return exitWith(wire.ExitStatus(res.TimedOut, res.ShellExitCode()), nil)
 	}
 }
