@@ -30,16 +30,38 @@ type Config struct {
 	// MaxSessions bounds the session channels one connection may have
 	// open at once (default 4); each running command holds one.
 	MaxSessions int
-	// MaxConns bounds connections, authenticated or not (default 64).
+	// MaxConns bounds authenticated connections (default 64). A
+	// connection authenticated over it has its sessions refused with the
+	// reason, and is closed at HandshakeTimeout.
 	MaxConns int
+	// MaxUnauthConns bounds connections not yet admitted (handshake or
+	// authentication under way), apart from MaxConns (default 16). When
+	// all are taken, a new connection displaces the oldest pending one
+	// of the peer that has the most (see limits.go), so that holding
+	// connections open keeps no client out.
+	MaxUnauthConns int
+	// MaxConnsPerKey bounds one key's authenticated connections (default
+	// a quarter of MaxConns, at least 1); over it, as over MaxConns.
+	MaxConnsPerKey int
+	// MaxConnsPerUID bounds one peer uid's connections on unix:
+	// listeners, admitted or not (default half of MaxConns, at least 1);
+	// a connection over it is closed at once.
+	MaxConnsPerUID int
 	// IdleTimeout closes a connection that has had no session for this
 	// long (default 10m).
 	IdleTimeout time.Duration
-	// HandshakeTimeout bounds the SSH handshake and authentication, and
-	// the time from opening a session to asking for a command or shell
-	// (default 20s).
+	// HandshakeTimeout bounds the time from accepting a connection to
+	// admitting it (SSH handshake and authentication), and the time from
+	// opening a session to asking for a command or shell (default 10s:
+	// enough for a FIDO key's touch).
 	HandshakeTimeout time.Duration
 }
+
+// DefaultHandshakeTimeout is Config.HandshakeTimeout's default.
+const DefaultHandshakeTimeout = 10 * time.Second
+
+// DefaultMaxUnauthConns is Config.MaxUnauthConns's default.
+const DefaultMaxUnauthConns = 16
 
 // DefaultHostKey is the host key's file name under the state directory.
 const DefaultHostKey = "ssh_host_ed25519_key"
@@ -59,12 +81,39 @@ func (c *Config) setDefaults(stateDir string) {
 	if c.MaxConns == 0 {
 		c.MaxConns = 64
 	}
+	if c.MaxUnauthConns == 0 {
+		c.MaxUnauthConns = DefaultMaxUnauthConns
+	}
+	if c.MaxConnsPerKey == 0 {
+		c.MaxConnsPerKey = max(1, c.MaxConns/4)
+	}
+	if c.MaxConnsPerUID == 0 {
+		c.MaxConnsPerUID = max(1, c.MaxConns/2)
+	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 10 * time.Minute
 	}
 	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = 20 * time.Second
+		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
+}
+
+// checkLimits refuses negative limits (setDefaults has replaced zeros).
+func (c *Config) checkLimits() error {
+	type count struct {
+		name string
+		n    int
+	}
+	for _, l := range []count{{"MaxSessions", c.MaxSessions}, {"MaxConns", c.MaxConns}, {"MaxUnauthConns", c.MaxUnauthConns},
+		{"MaxConnsPerKey", c.MaxConnsPerKey}, {"MaxConnsPerUID", c.MaxConnsPerUID}} {
+		if l.n < 1 {
+			return fmt.Errorf("ssh: %s is %d: want 1 or more (0 for the default)", l.name, l.n)
+		}
+	}
+	if c.IdleTimeout <= 0 || c.HandshakeTimeout <= 0 {
+		return fmt.Errorf("ssh: IdleTimeout %v, HandshakeTimeout %v: want positive durations (0 for the default)", c.IdleTimeout, c.HandshakeTimeout)
+	}
+	return nil
 }
 
 // listenAddr is a parsed --ssh-listen address.

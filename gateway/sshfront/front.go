@@ -86,8 +86,9 @@ type Front struct {
 	config *ssh.ServerConfig
 	keys   atomic.Pointer[sshkeys.Set]
 	lns    []listener
-	sem    chan struct{} // one token per connection
-	hostFP string        // the host key's fingerprint
+	budget *budget   // connections against their limits (limits.go)
+	warn   *burstLog // refusals, logged once per burst
+	hostFP string    // the host key's fingerprint
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -109,7 +110,8 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 	cfg.setDefaults(stateDir)
 	log = log.With("front", "ssh")
 	pol := core.Policy()
-	f := &Front{core: core, cfg: cfg, log: log, sem: make(chan struct{}, cfg.MaxConns), conns: map[net.Conn]struct{}{}}
+	f := &Front{core: core, cfg: cfg, log: log, conns: map[net.Conn]struct{}{},
+		budget: newBudget(cfg.MaxUnauthConns, cfg.MaxConns, cfg.MaxConnsPerKey, cfg.MaxConnsPerUID), warn: newBurstLog(log, refusalLogEvery)}
 	for _, ln := range cfg.Listeners {
 		f.lns = append(f.lns, listener{ln: ln})
 	}
@@ -118,6 +120,9 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 			f.CloseListeners()
 		}
 	}()
+	if err := cfg.checkLimits(); err != nil {
+		return nil, err
+	}
 	if cfg.AuthorizedKeys == "" {
 		return nil, errors.New("ssh: no authorized-keys file (--ssh-authorized-keys)")
 	}
@@ -280,6 +285,10 @@ func (f *Front) Serve() {
 	}
 }
 
+// refusalLogEvery is how often one kind of refusal is logged at most
+// (burstLog).
+const refusalLogEvery = time.Minute
+
 func (f *Front) acceptLoop(l listener) {
 	for {
 		c, err := l.ln.Accept()
@@ -291,31 +300,60 @@ func (f *Front) acceptLoop(l listener) {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		select {
-		case f.sem <- struct{}{}:
-		default:
-			f.log.Warn("too many SSH connections, refusing one", "max", f.cfg.MaxConns, "remote", c.RemoteAddr().String())
+		remote := c.RemoteAddr().String()
+		if l.unix != "" {
+			remote = "unix:" + l.unix
+		} else if _, ok := c.(*net.UnixConn); ok {
+			remote = "unix:" + l.ln.Addr().String()
+		}
+		p, err := peerOf(c)
+		if err != nil {
+			// Fail closed: a uid that cannot be read cannot be bounded.
+			f.warn.warn("peercred", "cannot read an SSH client's peer credentials, closing its connection", "remote", remote, "err", err)
 			c.Close()
 			continue
 		}
 		if !f.track(c) {
-			<-f.sem
 			c.Close()
 			return
+		}
+		t, displaced, lim := f.budget.open(p, c)
+		if lim == limitUID {
+			f.warn.warn(p.group, "too many SSH connections from one uid, closing new ones", "uid", p.uid, "max", f.cfg.MaxConnsPerUID, "remote", remote)
+			f.untrack(c)
+			c.Close()
+			continue
+		}
+		if displaced != nil {
+			f.warn.warn("pending", "too many SSH connections not yet authenticated, closing the oldest of the peer with the most",
+				"max", f.cfg.MaxUnauthConns, "closed_peer", displaced.peer.group, "new_peer", p.group)
+			_ = displaced.closer.Close()
 		}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			defer func() { <-f.sem }()
+			defer f.budget.done(t)
 			defer f.untrack(c)
 			defer c.Close()
-			remote := c.RemoteAddr().String()
-			if l.unix != "" {
-				remote = "unix:" + l.unix
-			}
-			f.serveConn(c, remote)
+			f.serveConn(c, t, remote)
 		}()
 	}
+}
+
+// peerOf is who c comes from: its uid (SO_PEERCRED) on a unix: listener,
+// its IP over TCP.
+func peerOf(c net.Conn) (peer, error) {
+	if uc, ok := c.(*net.UnixConn); ok {
+		uid, err := peerUID(uc)
+		if err != nil {
+			return peer{}, err
+		}
+		return peer{group: fmt.Sprintf("uid %d", uid), uid: uid, hasUID: true}, nil
+	}
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return peer{group: ta.IP.String()}, nil
+	}
+	return peer{group: c.RemoteAddr().String()}, nil
 }
 
 func (f *Front) track(c net.Conn) bool {
@@ -388,22 +426,34 @@ func (sc *connState) release(idle time.Duration) {
 	}
 }
 
-func (f *Front) serveConn(c net.Conn, remote string) {
+// serveConn serves a connection t counts: the handshake and
+// authentication within HandshakeTimeout of accept, then admission
+// (refused over MaxConns or MaxConnsPerKey), then its sessions.
+func (f *Front) serveConn(c net.Conn, t *tracked, remote string) {
 	_ = c.SetDeadline(time.Now().Add(f.cfg.HandshakeTimeout))
 	conn, chans, reqs, err := ssh.NewServerConn(c, f.config)
 	if err != nil {
-		f.log.Info("ssh handshake failed", "remote", remote, "err", err)
+		// Unauthenticated peers choose how often this happens.
+		f.log.Debug("ssh handshake failed", "remote", remote, "err", err)
+		f.warn.log(slog.LevelInfo, "handshake", "ssh handshake failed", "remote", remote, "err", err)
 		return
 	}
 	defer conn.Close()
-	_ = c.SetDeadline(time.Time{})
 	ext := conn.Permissions.Extensions
+	if lim := f.budget.admit(t, ext[extFingerprint]); lim != limitNone {
+		f.refuseConn(lim, ext[extFingerprint], remote, chans, reqs)
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
 	id := policy.Identity{SSH: &policy.SSHKey{Profile: ext[extProfile], Fingerprint: ext[extFingerprint], Comment: ext[extComment],
 		User: truncate(conn.User(), 64), RemoteAddr: remote}}
 	noPTY := ext[extNoPTY] != ""
 	var lg login
 	lg.session, lg.err = SessionFromLogin(conn.User())
 	log := f.log.With("remote", remote, "key", id.SSH.Fingerprint)
+	if t.peer.hasUID {
+		log = log.With("peer_uid", t.peer.uid)
+	}
 	log.Info("ssh connection", "user", id.SSH.User, "comment", id.SSH.Comment, "profile", id.SSH.Profile)
 	go ssh.DiscardRequests(reqs)
 
@@ -431,6 +481,26 @@ func (f *Front) serveConn(c net.Conn, remote string) {
 		}()
 	}
 	log.Debug("ssh connection closed")
+}
+
+// refuseConn serves an authenticated connection that was not admitted:
+// it rejects its session channels with the reason until the client goes
+// or HandshakeTimeout (still counted from accept) ends it. It stays in
+// the pending budget meanwhile.
+func (f *Front) refuseConn(lim limit, key, remote string, chans <-chan ssh.NewChannel, reqs <-chan *ssh.Request) {
+	switch lim {
+	case limitPending:
+		return // displaced or closed after its handshake
+	case limitKey:
+		f.warn.warn("key "+key, "too many SSH connections with one key, refusing the sessions of new ones", "key", key, "max", f.cfg.MaxConnsPerKey, "remote", remote)
+	default:
+		f.warn.warn("conns", "too many authenticated SSH connections, refusing the sessions of new ones", "max", f.cfg.MaxConns, "key", key, "remote", remote)
+	}
+	reason := f.budget.refusalMessage(lim, key)
+	go ssh.DiscardRequests(reqs)
+	for nc := range chans {
+		_ = nc.Reject(ssh.ResourceShortage, reason)
+	}
 }
 
 func truncate(s string, n int) string {
