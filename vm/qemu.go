@@ -1,23 +1,3 @@
-// Package vm runs commands in disposable QEMU virtual machines.
-//
-// A daemon builds one [Host] and takes every VM from [Host.Get]: the Host
-// owns the checked image, the jails' cgroup, and a template and a pool per
-// VM shape (memory, CPUs, seccomp mode, NIC). [Start] boots one VM cold;
-// [Template] and [Pool] are the fast path (docs/fast-path.md).
-//
-// Each VM gets a private 0700 directory under the state directory holding a
-// qcow2 overlay on the image's read-only base, the QMP and agent Unix
-// sockets, the serial console log and a pid file. The guest agent (package
-// agent) answers the framed agent protocol (package agentproto) over a
-// virtio-serial port wired to the agent socket; [VM.Exec] runs one command
-// per channel on one kept connection (package agentconn). [VM.Close] kills
-// QEMU and removes every file of the VM; [CleanupStale] removes what a
-// crashed daemon left behind.
-//
-// Threat model: the guest is hostile. Everything it sends (frames, output,
-// exit records) is treated as data with bounded size, and a guest that
-// breaks the protocol loses its VM; the VM never gets a host TCP port. Under TCG QEMU itself is not a
-// security boundary, which is why package isolate jails the QEMU process.
 package vm
 
 import (

@@ -22,7 +22,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "mangen: %v\n", err)
 		os.Exit(1)
 	}
-	for _, c := range []*cobra.Command{cli.Command(), vmexec.Command()} {
+	for _, c := range []*cobra.Command{cli.Command(), command(vmexec.Describe())} {
 		c.DisableAutoGenTag = true
 		hdr := &doc.GenManHeader{Title: c.Name(), Section: "1", Source: "vmgate", Manual: "vmgate manual"}
 		if err := doc.GenManTree(c, hdr, *out); err != nil {
@@ -30,4 +30,17 @@ func main() {
 			os.Exit(1)
 		}
 	}
+}
+
+// command is a command tree, for the man pages only, of a command that
+// parses its own command line (vm-exec: vmexec.Doc).
+func command(d vmexec.Doc) *cobra.Command {
+	c := &cobra.Command{Use: d.Use, Short: d.Short, Long: d.Long, DisableFlagsInUseLine: true, Run: func(*cobra.Command, []string) {}}
+	if d.Flags != nil {
+		c.Flags().AddFlagSet(d.Flags)
+	}
+	for _, sub := range d.Subcommands {
+		c.AddCommand(command(sub))
+	}
+	return c
 }

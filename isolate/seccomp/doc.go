@@ -1,6 +1,7 @@
 // Package seccomp builds and installs the seccomp allowlist under which the
-// jail runs QEMU (DESIGN "Jail order": … drop caps → no_new_privs →
-// seccomp Load() as the last call → exec QEMU with -sandbox on,…).
+// jail runs QEMU (package isolate's jail order: … drop caps →
+// no_new_privs → seccomp Load() as the last call → exec QEMU with
+// -sandbox on,…).
 //
 // The package is split as gVisor's filter packages are: [Rules] is pure
 // (options in, a [RuleSet] out, table- and golden-tested on every GOOS),

@@ -229,8 +229,8 @@ func baseArgvMachine(img, dir, append, machineExtra string) []string {
 	}
 }
 
-// hostTSCkHz mirrors vm.HostTSCkHz (DESIGN: TCG boots hang under load
-// without tsc_early_khz); it is copied to keep this package's tests free
+// hostTSCkHz mirrors vm.HostTSCkHz (TCG boots hang under load without
+// tsc_early_khz: see vm.HostTSCkHz); it is copied to keep this package's tests free
 // of the vm package.
 func hostTSCkHz() int {
 	if v, err := strconv.Atoi(os.Getenv("VMGATE_TSC_KHZ")); err == nil && v > 0 {

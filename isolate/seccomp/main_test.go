@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// childEnv selects a child role of the test binary (STYLE §19: the
+// childEnv selects a child role of the test binary (the
 // irreversible Load runs in a re-exec'd test binary, never in the test
 // process itself).
 const childEnv = "VMGATE_SECCOMP_TEST_CHILD"

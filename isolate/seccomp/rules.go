@@ -11,7 +11,8 @@ import (
 // Options selects the QEMU configuration the filter must let through.
 type Options struct {
 	// Accel is the accelerator QEMU runs with: "kvm" or "tcg". There is
-	// no "auto": the caller has already chosen (STYLE §7).
+	// no "auto": the caller has already chosen (vm.ResolveAccel: an
+	// accelerator is never a silent guess).
 	Accel string
 	// Network is true when the guest NIC is connected with -netdev stream
 	// over a Unix socket.

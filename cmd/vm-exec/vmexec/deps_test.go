@@ -38,7 +38,7 @@ func TestClientDependencies(t *testing.T) {
 		if strings.HasPrefix(d, "github.com/vmgate/vmgate/") && !slices.Contains(clientPackages, d) {
 			t.Errorf("vm-exec links %s, which is not client code", d)
 		}
-		for _, bad := range []string{"gvisor.dev/", "libseccomp", "golang.org/x/crypto/ssh", "runtime/cgo"} {
+		for _, bad := range []string{"gvisor.dev/", "libseccomp", "golang.org/x/crypto/ssh", "runtime/cgo", "spf13/cobra"} {
 			if strings.Contains(d, bad) {
 				t.Errorf("vm-exec links %s", d)
 			}

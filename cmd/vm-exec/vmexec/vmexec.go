@@ -15,10 +15,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
-	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
@@ -134,12 +134,20 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	return o, nil
 }
 
-// vmexecCommand describes vm-exec for its help, man page and completion.
-// vm-exec parses its own command line (parseVMExec): the command is never
-// executed.
-func vmexecCommand() *cobra.Command {
+// Doc describes a command for its help text and its man page. vm-exec
+// parses its own command line (parseVMExec) and prints its help from its
+// Doc; cmd/mangen renders the man pages from the same Doc, so vm-exec links
+// no command framework.
+type Doc struct {
+	Use, Short, Long string
+	Flags            *pflag.FlagSet
+	Subcommands      []Doc
+}
+
+// Describe is vm-exec's Doc.
+func Describe() Doc {
 	var puts, gets []string
-	cmd := &cobra.Command{
+	return Doc{
 		Use:   "vm-exec [flags] [--] PROG [ARGS…]",
 		Short: "Run a command in a disposable VM, as if it ran here",
 		Long: `vm-exec runs PROG ARGS… in a fresh disposable VM (or in the session NAME) through vmgated,
@@ -157,22 +165,30 @@ Exit status: the command's, or 128+N when signal N killed it; vmgate's own outco
 above that range: 200 vmgate failed, 201 denied by policy, 202 busy, 203 timed out,
 204 gateway unreachable, 205 VM failure, 206 file transfer failed (after a command that
 succeeded), 207 invalid command line.`,
-		Version:               version.Get().String(),
-		DisableFlagsInUseLine: true,
-		SilenceUsage:          true,
-		SilenceErrors:         true,
-		RunE:                  func(*cobra.Command, []string) error { return nil },
+		Flags:       (&vmexecOpts{}).flagSet(&puts, &gets),
+		Subcommands: []Doc{mcpDoc(new(string)), psDoc(new(bool), new(string))},
 	}
-	cmd.Flags().AddFlagSet((&vmexecOpts{}).flagSet(&puts, &gets))
-	for _, sub := range []*cobra.Command{mcpCommand(new(string)), psCommand(new(bool), new(string))} {
-		sub.Run = func(*cobra.Command, []string) {} // described here, run by Run
-		cmd.AddCommand(sub)
-	}
-	return cmd
 }
 
-// Command is vm-exec's command tree, for man pages.
-func Command() *cobra.Command { return vmexecCommand() }
+// WriteHelp writes d as the command's help text.
+func (d Doc) WriteHelp(w io.Writer) {
+	if d.Long != "" {
+		fmt.Fprintf(w, "%s\n\n", d.Long)
+	} else {
+		fmt.Fprintf(w, "%s\n\n", d.Short)
+	}
+	fmt.Fprintf(w, "Usage:\n  %s\n", d.Use)
+	if len(d.Subcommands) > 0 {
+		fmt.Fprintf(w, "\nCommands:\n")
+		for _, c := range d.Subcommands {
+			name, _, _ := strings.Cut(c.Use, " ")
+			fmt.Fprintf(w, "  %-6s %s\n", name, c.Short)
+		}
+	}
+	if d.Flags != nil && d.Flags.HasFlags() {
+		fmt.Fprintf(w, "\nFlags:\n%s", d.Flags.FlagUsages())
+	}
+}
 
 // Run runs the vm-exec command line and returns the process exit code.
 // A first argument "mcp" or "ps" runs that (`vm-exec -- ps` runs a
@@ -193,9 +209,7 @@ func Run(args []string) int {
 	}
 	switch {
 	case o.help:
-		cmd := vmexecCommand()
-		cmd.SetOut(os.Stdout)
-		_ = cmd.Help()
+		Describe().WriteHelp(os.Stdout)
 		return 0
 	case o.version:
 		fmt.Println("vm-exec " + version.Get().String())
@@ -237,53 +251,60 @@ func listSessions(ctx context.Context, c *client.Client, jsonOut bool) int {
 	return 0
 }
 
-func mcpCommand(socket *string) *cobra.Command {
-	cmd := &cobra.Command{
+func mcpDoc(socket *string) Doc {
+	fs := subFlags("mcp")
+	fs.StringVar(socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
+	return Doc{
 		Use:   "mcp [--socket PATH]",
 		Short: "Serve the Model Context Protocol on stdin/stdout",
 		Long: `Serves the Model Context Protocol on stdin/stdout: tools exec_shell_command,
 session_start, session_exec, session_write_file, session_read_file and session_end run
 commands in disposable VMs through vmgated. Sessions it started end when it exits, even by
 SIGKILL. See docs/agents.md.`,
-		Args:                  cobra.NoArgs,
-		DisableFlagsInUseLine: true,
-		SilenceUsage:          true,
-		SilenceErrors:         true,
+		Flags: fs,
 	}
-	cmd.Flags().StringVar(socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
-	return cmd
+}
+
+// subFlags is the flag set of subcommand name, with its -h/--help.
+func subFlags(name string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("vm-exec "+name, pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	fs.BoolP("help", "h", false, "show this help")
+	return fs
+}
+
+// parseSub parses a subcommand's arguments (it takes no positional
+// ones): done is true when the caller is to exit with code (help shown,
+// or a usage error reported).
+func parseSub(d Doc, args []string) (done bool, code int) {
+	name := "vm-exec " + strings.Fields(d.Use)[0]
+	err := d.Flags.Parse(args)
+	if err == nil && d.Flags.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", d.Flags.Arg(0))
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\nRun '%s --help' for usage.\n", name, err, name)
+		return true, wire.ExitUsage
+	}
+	if help, _ := d.Flags.GetBool("help"); help {
+		d.WriteHelp(os.Stdout)
+		return true, 0
+	}
+	return false, 0
 }
 
 // vmexecMCP runs `vm-exec mcp`: stdout carries the protocol, logs go to stderr.
 func vmexecMCP(args []string) int {
 	var socket string
-	cmd := mcpCommand(&socket)
-	cmd.SetArgs(args)
-	cmd.SetOut(os.Stdout)
-	cmd.RunE = func(*cobra.Command, []string) error {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		srv := mcpserver.New(mcpserver.Options{Client: client.New(socket), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
-		if err := srv.ServeStdio(ctx); err != nil {
-			return fmt.Errorf("%w", err)
-		}
-		return nil
+	if done, code := parseSub(mcpDoc(&socket), args); done {
+		return code
 	}
-	return execute(cmd, "vm-exec mcp")
-}
-
-// execute runs a cobra command and maps its outcome to an exit code:
-// usage errors (flags, arguments) to ExitUsage.
-func execute(cmd *cobra.Command, name string) int {
-	var ran bool
-	run := cmd.RunE
-	cmd.RunE = func(c *cobra.Command, a []string) error { ran = true; return run(c, a) }
-	if err := cmd.Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		if !ran {
-			fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", name)
-			return wire.ExitUsage
-		}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv := mcpserver.New(mcpserver.Options{Client: client.New(socket), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	if err := srv.ServeStdio(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec mcp: %v\n", err)
 		return wire.ExitInternal
 	}
 	return 0

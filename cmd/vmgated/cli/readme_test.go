@@ -32,7 +32,7 @@ func TestReadmeFollowsHelp(t *testing.T) {
 		}
 	}
 	walk(Command())
-	vmexec.Command().Flags().VisitAll(func(f *pflag.Flag) {
+	vmexec.Describe().Flags.VisitAll(func(f *pflag.Flag) {
 		if !strings.Contains(readme, "--"+f.Name) {
 			t.Errorf("README lacks vm-exec --%s", f.Name)
 		}

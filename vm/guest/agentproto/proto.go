@@ -229,4 +229,3 @@ const (
 	RootInitMarker = "/etc/vmgate/agent-is-init"
 	RootInitName   = "vmgate-init"
 )
-

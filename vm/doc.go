@@ -1,0 +1,30 @@
+// Package vm runs commands in disposable QEMU virtual machines.
+//
+// A daemon builds one [Host] and takes every VM from [Host.Get]: the Host
+// owns the checked image, the jails' cgroup, and a template and a pool per
+// VM shape (memory, CPUs, seccomp mode, NIC). [Start] boots one VM cold;
+// [Template] and [Pool] are the fast path (docs/fast-path.md).
+//
+// Each VM gets a private 0700 directory under the state directory holding a
+// qcow2 overlay on the image's read-only base, the QMP and agent Unix
+// sockets, the serial console log and a pid file. The guest agent
+// (package vm/guest/agent) answers the framed agent protocol (package
+// vm/guest/agentproto) over a virtio-serial port wired to the agent
+// socket; [VM.Exec] runs one command per channel on one kept connection
+// (package vm/guest/agentconn).
+//
+// A VM comes up as a list of named steps over one launch value
+// (launch.go): a cold boot, a restore, and a clone launched ahead
+// ([Launched]) whose last steps run when a request takes it. Each step's
+// duration is the VM's phase of the same name. [VM.Close] kills
+// QEMU and removes every file of the VM; [CleanupStale] removes what a
+// crashed daemon left behind.
+//
+// Threat model: the guest is hostile. Everything it sends (frames, output,
+// exit records) is treated as data with bounded size, and a guest that
+// breaks the protocol loses its VM, as does one that stops reading what
+// the host sends; the VM never gets a host TCP port. What the guest
+// writes to its console reaches the host's log only ([Error]: its
+// diagnostics are apart from its message). Under TCG QEMU itself is not a
+// security boundary, which is why package isolate jails the QEMU process.
+package vm
