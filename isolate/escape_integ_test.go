@@ -79,13 +79,7 @@ func TestMain(m *testing.M) {
 // buildProbe compiles the static escape probe.
 func buildProbe(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "escapeprobe")
-	cmd := exec.Command("go", "build", "-o", out, "./escapeprobe")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build probe: %v\n%s", err, b)
-	}
-	return out
+	return testutil.BuildStatic(t, "github.com/vmgate/vmgate/isolate/escapeprobe", "")
 }
 
 // TestEscape_Isolated runs the escape probe in place of QEMU in exactly the

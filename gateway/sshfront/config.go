@@ -55,6 +55,10 @@ type Config struct {
 	// opening a session to asking for a command or shell (default 10s:
 	// enough for a FIDO key's touch).
 	HandshakeTimeout time.Duration
+	// InteractiveShell is what a session without a command runs, decided
+	// on and audited as this argv with policy.Request.Interactive set
+	// (default DefaultInteractiveShell).
+	InteractiveShell []string
 }
 
 // DefaultHandshakeTimeout is Config.HandshakeTimeout's default.
@@ -66,12 +70,14 @@ const DefaultMaxUnauthConns = 16
 // DefaultHostKey is the host key's file name under the state directory.
 const DefaultHostKey = "ssh_host_ed25519_key"
 
-// InteractiveShell is what an SSH session without a command runs: the
-// guest's login shell (Debian's bash), decided on and audited as this argv
-// with policy.Request.Interactive set.
-var InteractiveShell = []string{"bash", "-l"}
+// DefaultInteractiveShell is Config.InteractiveShell's default: the
+// guest's login shell (Debian's bash).
+var DefaultInteractiveShell = []string{"bash", "-l"}
 
 func (c *Config) setDefaults(stateDir string) {
+	if len(c.InteractiveShell) == 0 {
+		c.InteractiveShell = DefaultInteractiveShell
+	}
 	if c.HostKey == "" {
 		c.HostKey = filepath.Join(stateDir, DefaultHostKey)
 	}

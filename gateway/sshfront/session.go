@@ -202,7 +202,7 @@ func (ss *session) signal(payload []byte) bool {
 func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Channel, job jobSpec, signals chan string, resize chan wire.TTY, gone <-chan struct{}) {
 	req := &wire.ExecRequest{Env: job.env, Stdin: true, TTY: job.tty, Session: lg.session}
 	if job.interactive {
-		req.Argv = append([]string(nil), InteractiveShell...)
+		req.Argv = append([]string(nil), f.cfg.InteractiveShell...)
 	} else {
 		req.Argv, req.Shell = []string{job.command}, true
 	}

@@ -5,7 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"debug/elf"
 	"errors"
 	"io"
 	"net"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/testutil"
 
 	"github.com/vmgate/vmgate/isolate/escapeprobe/attempts"
 )
@@ -109,31 +110,10 @@ func TestRunOneRecoversPanic(t *testing.T) {
 	}
 }
 
-// buildProbe builds the probe statically into dir and checks it has no
-// program interpreter.
+// buildProbe builds the probe statically into dir.
 func buildProbe(t *testing.T, dir string) string {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = "/usr/local/go/bin/go"
-	}
-	bin := filepath.Join(dir, "escapeprobe")
-	cmd := exec.Command(goTool, "build", "-o", bin, ".")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	f, err := elf.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			t.Fatal("probe binary has a PT_INTERP: not static")
-		}
-	}
-	return bin
+	return testutil.BuildStatic(t, "github.com/vmgate/vmgate/isolate/escapeprobe", dir)
 }
 
 // mkdir makes dir with mode (exactly, despite the umask) and owner.

@@ -1,9 +1,6 @@
 package vmexec
 
 import (
-	"debug/elf"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -45,20 +42,5 @@ func TestClientDependencies(t *testing.T) {
 		}
 	}
 	// It builds without cgo, into a static binary.
-	bin := filepath.Join(t.TempDir(), "vm-exec")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/vmgate/vmgate/cmd/vm-exec")
-	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
-	}
-	f, err := elf.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			t.Error("vm-exec is dynamically linked")
-		}
-	}
+	testutil.BuildStatic(t, "github.com/vmgate/vmgate/cmd/vm-exec", "")
 }

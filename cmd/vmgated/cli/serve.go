@@ -13,6 +13,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // DefaultConfig is the policy file vmgated serve reads when --config is not
@@ -82,7 +83,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 		}
 		cfg.VM.NetstackSocket = *netstackSocket
 		if *netHosts != "" {
-			h, err := gateway.LoadHosts(*netHosts)
+			h, err := netstack.LoadHosts(*netHosts)
 			if err != nil {
 				return err
 			}

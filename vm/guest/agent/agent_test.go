@@ -69,7 +69,7 @@ func TestServeRejectsUnknownCalls(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	for _, name := range []string{"tcpip-forward", "exec", "no-such-request"} {
-		err := c.Call(ctxT(t), name, nil, nil)
+		err := c.Call(t.Context(), name, nil, nil)
 		var ce *agentconn.CallError
 		if !errors.As(err, &ce) || !strings.Contains(ce.Msg, "unknown call") {
 			t.Errorf("%s: %v, want a refusal", name, err)
@@ -80,7 +80,7 @@ func TestServeRejectsUnknownCalls(t *testing.T) {
 // setTime sends a CallSetTime with the argument st.
 func setTime(t *testing.T, c *agentconn.Conn, st agentproto.SetTime) error {
 	t.Helper()
-	return c.Call(ctxT(t), agentproto.CallSetTime, st, nil)
+	return c.Call(t.Context(), agentproto.CallSetTime, st, nil)
 }
 
 func TestSetTime(t *testing.T) {
@@ -109,7 +109,7 @@ func TestSetTime(t *testing.T) {
 		encode(agentproto.SetTime{UnixNano: -5}),
 	} {
 		var ce *agentconn.CallError
-		if err := c.Call(ctxT(t), agentproto.CallSetTime, bad, nil); !errors.As(err, &ce) {
+		if err := c.Call(t.Context(), agentproto.CallSetTime, bad, nil); !errors.As(err, &ce) {
 			t.Errorf("set time with %q: %v, want refusal", bad, err)
 		}
 	}
@@ -197,7 +197,7 @@ func TestInfo(t *testing.T) {
 	t.Parallel()
 	c := client(t)
 	var info agentproto.Info
-	if err := c.Call(ctxT(t), agentproto.CallInfo, nil, &info); err != nil {
+	if err := c.Call(t.Context(), agentproto.CallInfo, nil, &info); err != nil {
 		t.Fatalf("info: %v", err)
 	}
 	if info.AgentVersion != "test-version" {

@@ -87,7 +87,7 @@ func (a *agent) dial(t *testing.T) *agentconn.Conn {
 	t.Helper()
 	c := agentconn.Client(a.conn, testLogger(t))
 	t.Cleanup(func() { c.Close() })
-	r, err := c.Hello(ctxT(t))
+	r, err := c.Hello(t.Context())
 	if err != nil {
 		t.Fatalf("hello: %v", err)
 	}
@@ -95,13 +95,6 @@ func (a *agent) dial(t *testing.T) *agentconn.Conn {
 		t.Fatalf("hello %+v", r)
 	}
 	return c
-}
-
-// ctxT is a context that ends with the test, or after testTimeout.
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // client starts an agent and returns a connected host.
@@ -180,7 +173,7 @@ type remote struct {
 // open opens a channel for o, or returns the agent's refusal.
 func open(t *testing.T, c *agentconn.Conn, o agentproto.Open) (*remote, error) {
 	t.Helper()
-	ch, err := c.Open(ctxT(t), o)
+	ch, err := c.Open(t.Context(), o)
 	if err != nil {
 		return nil, err
 	}

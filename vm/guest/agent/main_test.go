@@ -156,7 +156,7 @@ func TestServePortServesConnectionsInTurn(t *testing.T) {
 		server, peer := testutil.SocketPair(t)
 		port.conns <- server
 		c := agentconn.Client(peer, testLogger(t))
-		if _, err := c.Hello(ctxT(t)); err != nil {
+		if _, err := c.Hello(t.Context()); err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
 		if res := run(t, c, argv("echo", "hi"), nil); res.stdout != "hi\n" {

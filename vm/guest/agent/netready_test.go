@@ -200,7 +200,7 @@ func TestNetReadyRequest(t *testing.T) {
 	a := startAgent(t, func(c *Config) { c.netChecker = f.checker(t) })
 	c := a.dial(t)
 	var st agentproto.NetReadyStatus
-	if err := c.Call(ctxT(t), agentproto.CallNetReady, agentproto.NetReady{TimeoutMS: 5000}, &st); err != nil {
+	if err := c.Call(t.Context(), agentproto.CallNetReady, agentproto.NetReady{TimeoutMS: 5000}, &st); err != nil {
 		t.Fatalf("net ready: %v", err)
 	}
 	if !st.Ready || st.Address != "10.0.2.15/24" {
@@ -213,7 +213,7 @@ func TestNetReadyRequest(t *testing.T) {
 		append(encode(agentproto.NetReady{TimeoutMS: 5}), 1),
 	} {
 		var ce *agentconn.CallError
-		if err := c.Call(ctxT(t), agentproto.CallNetReady, bad, nil); !errors.As(err, &ce) {
+		if err := c.Call(t.Context(), agentproto.CallNetReady, bad, nil); !errors.As(err, &ce) {
 			t.Errorf("argument %q: %v, want refusal", bad, err)
 		}
 	}

@@ -141,7 +141,7 @@ func TestDevicePortReconnects(t *testing.T) {
 	for i := range 3 {
 		h := connectHost(t, slave)
 		c := agentconn.Client(h, testLogger(t))
-		if _, err := c.Hello(ctxT(t)); err != nil {
+		if _, err := c.Hello(t.Context()); err != nil {
 			t.Fatalf("connection %d: hello: %v", i, err)
 		}
 		if res := run(t, c, argv("sh", "-c", "echo hi; echo there >&2"), nil); res.stdout != "hi\n" || res.stderr != "there\n" {

@@ -1,4 +1,4 @@
-package gateway
+package netstack
 
 import (
 	"net/netip"
