@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"net"
@@ -95,6 +96,26 @@ func TestSniffName(t *testing.T) {
 		{"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "", ProtoHTTP, true},
 		{"GET / HTTP/1.1\r\nHost: 198.51.100.1\r\n\r\n", "", ProtoHTTP, false},
 		{"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", "", ProtoTLS, true},
+		// A bare LF ends a line for lenient servers: refused, not read as
+		// part of a header value.
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\n\nGET / HTTP/1.1\nHost: b.test\n\nZ: w\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\rGET\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\r\n b.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET http://a.test:80@b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET http://a.test@b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: b.test@a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET * HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"OPTIONS * HTTP/1.1\r\nHost: a.test\r\n\r\n", "a.test", ProtoHTTP, false},
+		{"CONNECT b.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n", "a.test", ProtoHTTP, false},
+		{"GET ftp://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nContent-Length: +1\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.2\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET  / HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nBad Name: x\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: \xe2\x84\xaaey.test\r\n\r\n", "", ProtoHTTP, true}, // KELVIN SIGN lowers to k
+		{"GET /\\x HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET http://[2001:db8::1]:80/ HTTP/1.1\r\nHost: [2001:DB8::1]\r\n\r\n", "", ProtoHTTP, false},
 	} {
 		n, p, err := SniffName([]byte(c.in))
 		if n != c.name || p != c.proto || (err != nil) != c.err {
@@ -104,16 +125,44 @@ func TestSniffName(t *testing.T) {
 	if _, _, err := SniffName([]byte("GET / HTTP/1.1\r\nHost: a.test\r\n")); !errors.Is(err, ErrNeedMore) {
 		t.Errorf("incomplete head: %v", err)
 	}
+	// A bare LF is refused at once, without waiting for a blank line.
+	if _, _, err := SniffName([]byte("GET / HTTP/1.1\r\nHost: a.test\n")); err == nil || errors.Is(err, ErrNeedMore) {
+		t.Errorf("bare LF in an incomplete head: %v", err)
+	}
 }
 
 func FuzzSniffName(f *testing.F) {
 	f.Add(clientHello(f, "a.example.com"))
 	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
 	f.Add([]byte{0x16, 3, 1, 0, 4, 1, 0, 0, 0})
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\n\nGET / HTTP/1.1\nHost: b.test\n\nZ: w\r\n\r\n",
+		"GET http://a.test:80@b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"GET HTTP://A.test./x?y=%41 HTTP/1.1\r\nHost: a.test:080\r\nX:\tv \r\n\r\n",
+		"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n",
+		"OPTIONS * HTTP/1.0\r\nHost: [::1]\r\nContent-Length: 0\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, _, err := SniffName(b)
-		if err == nil && n != "" && netrule.NormalizeName(n) != n {
-			t.Fatalf("returned an unnormalised name %q", n)
+		name, proto, err := SniffName(b)
+		if err == nil && name != "" && netrule.NormalizeName(name) != name {
+			t.Fatalf("returned an unnormalised name %q", name)
+		}
+		if err != nil || proto != ProtoHTTP {
+			return
+		}
+		// The head the guard would forward parses to itself, and a
+		// lenient server reads the same Host out of it.
+		h, _, _ := parseRequestHead(b)
+		out := h.appendTo(nil)
+		h2, n, err := parseRequestHead(out)
+		if err != nil || n != len(out) || !bytes.Equal(h2.appendTo(nil), out) {
+			t.Fatalf("%q forwarded as %q, which parses as %q, %v", b, out, h2.appendTo(nil), err)
+		}
+		if name != "" {
+			serverSeesOnly(t, out, name)
 		}
 	})
 }

@@ -213,7 +213,9 @@ func TestNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, audit := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules}}, Resolve: resolve, Dial: dial})
+	// A connect rate well above the default burst: every case below is a
+	// connection of its own.
+	g, audit := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules, ConnectRate: 6000}}, Resolve: resolve, Dial: dial})
 
 	t.Run("allowed name and port", func(t *testing.T) {
 		rc, addrs := g.resolve(t, "allowed.test")
@@ -245,6 +247,10 @@ func TestNetwork(t *testing.T) {
 			"smuggled in a body":  {"POST / HTTP/1.1\r\n" + a + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\n" + o + "\r\n", "", "hello"},
 			"upgrade":             {"GET / HTTP/1.1\r\n" + a + "Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n", "", "hello"},
 			"address as the Host": {"GET / HTTP/1.1\r\nHost: 198.51.100.10\r\nConnection: close\r\n\r\n", "", "hello"},
+			// Go's net/http, the server here, reads a bare LF as a line end.
+			"bare LF hides a request":    {"GET / HTTP/1.1\r\n" + a + "X: y\n\nGET / HTTP/1.1\n" + o + "Connection: close\n\nZ: w\r\n\r\n", "", "hello"},
+			"bare LF in a later request": {"GET / HTTP/1.1\r\n" + a + "\r\nGET / HTTP/1.1\nHost: other.test\nConnection: close\n\n", "hello allowed.test", "hello other.test"},
+			"userinfo in the target":     {"GET http://allowed.test:80@other.test/ HTTP/1.1\r\n" + a + "Connection: close\r\n\r\n", "", "hello"},
 		} {
 			body, _ := g.send(sp, c.raw)
 			if (c.want != "" && !strings.Contains(body, c.want)) || (c.not != "" && strings.Contains(body, c.not)) {
