@@ -25,5 +25,7 @@
 // request target naming another site than Host, a second Host, a folded
 // or malformed header line, a signed length or chunk size. What is
 // forwarded is the head rebuilt from what was parsed, not the guest's
-// bytes.
+// bytes, and a request with a body is the connection's last (its head
+// asks the server to close), so that a server that skips a body does not
+// read it as a request.
 package netstack

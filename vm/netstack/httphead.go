@@ -209,6 +209,21 @@ func framing(name string) bool {
 	return name == "host" || name == "content-length" || name == "transfer-encoding"
 }
 
+// closeAfter makes the head ask the server to close the connection after
+// its answer. A server that answers a request without reading its body
+// (a "CL.0" desync; an HTTP/1.0 server and a chunked body) would
+// otherwise read the body, which the guard passed on as data, as the next
+// request: with the connection closed, it reads nothing more.
+func (h *requestHead) closeAfter() {
+	var fields []field
+	for _, f := range h.fields {
+		if !strings.EqualFold(f.name, "connection") {
+			fields = append(fields, f)
+		}
+	}
+	h.fields = append(fields, field{name: "Connection", value: "close"})
+}
+
 // parseRequestLine parses "method SP request-target SP HTTP-version".
 func parseRequestLine(l string) (requestHead, error) {
 	h := requestHead{contentLength: -1}
@@ -375,9 +390,11 @@ func parseDecimal(s string) (int64, error) {
 // checking each head and forwarding it rebuilt, so that every request on
 // a kept-alive or pipelined connection names host, and none switches the
 // connection to something that is not HTTP (Upgrade, CONNECT). Bodies are
-// copied by their Content-Length or chunk by chunk. It returns why it
-// stopped: "" at a clean end (the guest closed between requests), else
-// the refusal or the error; the caller then closes the connection.
+// copied by their Content-Length or chunk by chunk, and a request with a
+// body is the connection's last (closeAfter). It returns why it stopped:
+// "" at a clean end (the guest closed between requests, or after a
+// body), else the refusal or the error; the caller then closes the
+// connection.
 func copyRequests(out io.Writer, in *bufio.Reader, host string) string {
 	for {
 		head, err := readHead(in)
@@ -398,6 +415,10 @@ func copyRequests(out io.Writer, in *bufio.Reader, host string) string {
 		case h.upgrade || h.method == "CONNECT":
 			return "http: switching protocols (Upgrade, CONNECT) is not allowed on a port allowed by name"
 		}
+		body := h.chunked || h.contentLength > 0
+		if body {
+			h.closeAfter()
+		}
 		if _, err := out.Write(h.appendTo(nil)); err != nil {
 			return "write: " + err.Error()
 		}
@@ -409,6 +430,9 @@ func copyRequests(out io.Writer, in *bufio.Reader, host string) string {
 		}
 		if err != nil {
 			return "http body: " + err.Error()
+		}
+		if body {
+			return "" // the server closes the connection: see closeAfter
 		}
 	}
 }
