@@ -27,5 +27,8 @@
 // forwarded is the head rebuilt from what was parsed, not the guest's
 // bytes, and a request with a body is the connection's last (its head
 // asks the server to close), so that a server that skips a body does not
-// read it as a request.
+// read it as a request. A TLS ClientHello with encrypted_client_hello
+// (ECH) or the legacy encrypted_server_name (ESNI) is refused there: its
+// server_name is only the public front, and the server decrypts the name
+// it reaches.
 package netstack

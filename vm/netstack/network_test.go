@@ -265,6 +265,23 @@ func TestNetwork(t *testing.T) {
 			}
 		}
 	})
+	t.Run("encrypted ClientHello refused on a port allowed by name", func(t *testing.T) {
+		g.resolve(t, "allowed.test")
+		for _, c := range []struct {
+			typ  uint16
+			name string
+		}{{0xfe0d, "encrypted_client_hello"}, {0xffce, "encrypted_server_name"}} {
+			hello := withExtension(t, clientHello(t, "allowed.test"), c.typ, echOuter)
+			if _, err := g.send(sp, string(hello)); err != nil {
+				t.Logf("send: %v", err)
+			}
+			if _, ok := audit.find(func(r Record) bool {
+				return r.Proto == "tcp" && !r.Allowed && strings.Contains(r.Reason, c.name)
+			}); !ok {
+				t.Errorf("no refusal naming %s", c.name)
+			}
+		}
+	})
 	t.Run("host header must be the resolved, allowed name", func(t *testing.T) {
 		g.resolve(t, "other.test") // resolves (allowed on port 1) to the same address
 		body, _ := g.fetch(sp, "other.test")

@@ -20,24 +20,35 @@ const (
 	ProtoOther = "other"
 )
 
-// SniffName returns the name the first bytes of a guest connection claim:
-// the SNI of a TLS ClientHello or the Host of an HTTP/1 request (port
-// removed, lower case). proto says which; for other protocols name is "".
+// Start is what the first bytes of a guest connection claim.
+type Start struct {
+	Proto string // ProtoTLS, ProtoHTTP or ProtoOther
+	// Name is the SNI of a TLS ClientHello or the Host of an HTTP/1
+	// request (port removed, normalised); "" when there is none, or when
+	// it is an address.
+	Name string
+	// Hidden names the ClientHello extension that carries a server name
+	// the guard cannot read ("encrypted_client_hello" or the legacy
+	// "encrypted_server_name"); Name is then only the outer, public name.
+	Hidden string
+}
+
+// SniffName returns what the first bytes of a guest connection claim.
 // ErrNeedMore asks for more bytes (up to MaxSniff); other errors mean the
-// start is malformed for the protocol it looks like.
-func SniffName(b []byte) (name, proto string, err error) {
+// start is malformed for the protocol it looks like (Proto is set).
+func SniffName(b []byte) (Start, error) {
 	if len(b) == 0 {
-		return "", "", ErrNeedMore
+		return Start{}, ErrNeedMore
 	}
 	if b[0] == 0x16 { // TLS handshake record
-		n, err := clientHelloSNI(b)
-		return n, ProtoTLS, err
+		n, hidden, err := clientHelloSNI(b)
+		return Start{Proto: ProtoTLS, Name: n, Hidden: hidden}, err
 	}
 	if looksHTTP(b) {
 		h, _, err := parseRequestHead(b)
-		return h.host, ProtoHTTP, err
+		return Start{Proto: ProtoHTTP, Name: h.host}, err
 	}
-	return "", ProtoOther, nil
+	return Start{Proto: ProtoOther}, nil
 }
 
 // httpMethods are the methods the guard knows; a request with another is
@@ -57,33 +68,44 @@ func looksHTTP(b []byte) bool {
 	return false
 }
 
+// TLS extensions that carry the server name encrypted: the name in the
+// server_name extension beside them is only the public, outer one, and a
+// server that has the key reaches the inner one (any site behind the same
+// front, on a CDN that enables ECH).
+const (
+	extServerName           = 0x0000
+	extEncryptedClientHello = 0xfe0d // draft-ietf-tls-esni, ECH
+	extEncryptedServerName  = 0xffce // legacy ESNI, drafts 01 to 05
+)
+
 // clientHelloSNI returns the host_name of the server_name extension of the
-// TLS ClientHello at the start of b ("" when it has none).
-func clientHelloSNI(b []byte) (string, error) {
+// TLS ClientHello at the start of b ("" when it has none), and the name
+// of an extension that hides the server name (ECH, ESNI) if it has one.
+func clientHelloSNI(b []byte) (name, hidden string, err error) {
 	// The handshake message may span several records, each of which may
 	// span several segments: reassemble it from the records' payloads.
 	var msg []byte
 	for rest := b; ; {
 		if len(rest) < 5 {
-			return "", ErrNeedMore
+			return "", "", ErrNeedMore
 		}
 		recLen := int(rest[3])<<8 | int(rest[4])
 		if rest[0] != 0x16 || rest[1] != 3 || recLen == 0 || recLen > 1<<14 {
-			return "", errors.New("tls: bad record header")
+			return "", "", errors.New("tls: bad record header")
 		}
 		if len(rest) < 5+recLen {
-			return "", ErrNeedMore
+			return "", "", ErrNeedMore
 		}
 		msg = append(msg, rest[5:5+recLen]...)
 		rest = rest[5+recLen:]
 		if len(msg) >= 4 {
 			if msg[0] != 1 {
-				return "", errors.New("tls: not a ClientHello")
+				return "", "", errors.New("tls: not a ClientHello")
 			}
 			if hl := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3]); len(msg) >= 4+hl {
 				break
 			} else if 4+hl > MaxSniff {
-				return "", errors.New("tls: ClientHello too long")
+				return "", "", errors.New("tls: ClientHello too long")
 			}
 		}
 	}
@@ -96,23 +118,32 @@ func clientHelloSNI(b []byte) (string, error) {
 	r.skip(r.u16())
 	r.skip(r.u8()) // cipher suites, compression methods
 	if r.err != nil {
-		return "", errors.New("tls: truncated ClientHello")
+		return "", "", errors.New("tls: truncated ClientHello")
 	}
 	if r.left() == 0 {
-		return "", nil // no extensions
+		return "", "", nil // no extensions
 	}
 	ext := reader{b: r.bytes(r.u16())}
 	if r.err != nil {
-		return "", errors.New("tls: truncated extensions")
+		return "", "", errors.New("tls: truncated extensions")
 	}
-	name, seen := "", false
+	seen := false
 	for ext.left() > 0 && ext.err == nil {
 		typ, data := ext.u16(), ext.bytes(ext.u16())
-		if ext.err != nil || typ != 0 {
+		if ext.err != nil {
+			break
+		}
+		switch typ {
+		case extEncryptedClientHello:
+			hidden = "encrypted_client_hello"
+		case extEncryptedServerName:
+			hidden = "encrypted_server_name"
+		}
+		if typ != extServerName {
 			continue
 		}
 		if seen {
-			return "", errors.New("tls: two server_name extensions")
+			return "", "", errors.New("tls: two server_name extensions")
 		}
 		seen = true
 		sn := reader{b: data}
@@ -121,21 +152,21 @@ func clientHelloSNI(b []byte) (string, error) {
 			kind, host := list.u8(), list.bytes(list.u16())
 			if list.err == nil && kind == 0 {
 				if name != "" {
-					return "", errors.New("tls: two host names")
+					return "", "", errors.New("tls: two host names")
 				}
 				if name = netrule.NormalizeName(string(host)); name == "" {
-					return "", errors.New("tls: server name is not a DNS name")
+					return "", "", errors.New("tls: server name is not a DNS name")
 				}
 			}
 		}
 		if sn.err != nil || list.err != nil {
-			return "", errors.New("tls: malformed server_name")
+			return "", "", errors.New("tls: malformed server_name")
 		}
 	}
 	if ext.err != nil {
-		return "", errors.New("tls: malformed extensions")
+		return "", "", errors.New("tls: malformed extensions")
 	}
-	return name, nil
+	return name, hidden, nil
 }
 
 // reader reads big-endian fields, remembering the first overrun.
