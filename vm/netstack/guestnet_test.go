@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"net"
@@ -49,13 +50,45 @@ func clientHello(t testing.TB, serverName string) []byte {
 	return buf[:n]
 }
 
+// echOuter is the body of an outer encrypted_client_hello extension
+// (draft-ietf-tls-esni: type outer, HPKE suite, config id, enc, payload),
+// as a client that has an ECH config, or that sends GREASE, puts it.
+var echOuter = []byte{0, 0, 1, 0, 1, 7, 0, 2, 0xaa, 0xbb, 0, 3, 1, 2, 3}
+
+// withExtension returns the single-record ClientHello hello with one more
+// extension, its lengths fixed up.
+func withExtension(t testing.TB, hello []byte, typ uint16, data []byte) []byte {
+	t.Helper()
+	r := reader{b: hello}
+	r.skip(5 + 4 + 2 + 32)
+	r.skip(r.u8())
+	r.skip(r.u16())
+	r.skip(r.u8())
+	extAt := r.off
+	r.skip(r.u16())
+	if r.err != nil || r.left() != 0 {
+		t.Fatalf("not a single-record ClientHello: %x", hello)
+	}
+	ext := []byte{byte(typ >> 8), byte(typ), byte(len(data) >> 8), byte(len(data))}
+	ext = append(ext, data...)
+	out := append(append([]byte(nil), hello...), ext...)
+	put16 := func(at, add int) {
+		v := int(out[at])<<8 | int(out[at+1]) + add
+		out[at], out[at+1] = byte(v>>8), byte(v)
+	}
+	put16(3, len(ext))     // record length
+	put16(7, len(ext))     // handshake length (low 16 of 24 bits: fine below 64 KiB)
+	put16(extAt, len(ext)) // extensions length
+	return out
+}
+
 func TestSniffName(t *testing.T) {
 	hello := clientHello(t, "Www.Example.COM")
-	if n, p, err := SniffName(hello); err != nil || p != ProtoTLS || n != "www.example.com" {
-		t.Fatalf("tls: %q %q %v", n, p, err)
+	if st, err := SniffName(hello); err != nil || st != (Start{Proto: ProtoTLS, Name: "www.example.com"}) {
+		t.Fatalf("tls: %+v %v", st, err)
 	}
 	for i := 0; i < len(hello); i += 7 {
-		if _, _, err := SniffName(hello[:i]); !errors.Is(err, ErrNeedMore) {
+		if _, err := SniffName(hello[:i]); !errors.Is(err, ErrNeedMore) {
 			t.Fatalf("tls prefix %d: %v", i, err)
 		}
 	}
@@ -65,17 +98,28 @@ func TestSniffName(t *testing.T) {
 	cut := len(payload) / 2
 	split := append(append([]byte{0x16, 3, 1, byte(cut >> 8), byte(cut)}, payload[:cut]...),
 		append([]byte{0x16, 3, 1, byte((len(payload) - cut) >> 8), byte(len(payload) - cut)}, payload[cut:]...)...)
-	if n, p, err := SniffName(split); err != nil || p != ProtoTLS || n != "www.example.com" {
-		t.Fatalf("split ClientHello: %q %q %v", n, p, err)
+	if st, err := SniffName(split); err != nil || st != (Start{Proto: ProtoTLS, Name: "www.example.com"}) {
+		t.Fatalf("split ClientHello: %+v %v", st, err)
 	}
 	for i := 0; i < len(split); i += 11 {
-		if _, _, err := SniffName(split[:i]); !errors.Is(err, ErrNeedMore) {
+		if _, err := SniffName(split[:i]); !errors.Is(err, ErrNeedMore) {
 			t.Fatalf("split ClientHello, prefix %d: %v", i, err)
 		}
 	}
 	ipHello := clientHello(t, "198.51.100.10") // an IP: no SNI is sent
-	if n, p, err := SniffName(ipHello); err != nil || p != ProtoTLS || n != "" {
-		t.Fatalf("tls without SNI: %q %q %v", n, p, err)
+	if st, err := SniffName(ipHello); err != nil || st != (Start{Proto: ProtoTLS}) {
+		t.Fatalf("tls without SNI: %+v %v", st, err)
+	}
+	// ECH and ESNI hide the name the connection reaches behind the one
+	// the guard reads: they are reported, wherever in the extensions.
+	for typ, hidden := range map[uint16]string{0xfe0d: "encrypted_client_hello", 0xffce: "encrypted_server_name"} {
+		want := Start{Proto: ProtoTLS, Name: "www.example.com", Hidden: hidden}
+		if st, err := SniffName(withExtension(t, hello, typ, echOuter)); err != nil || st != want {
+			t.Errorf("%s: %+v %v", hidden, st, err)
+		}
+		if st, err := SniffName(withExtension(t, ipHello, typ, nil)); err != nil || st != (Start{Proto: ProtoTLS, Hidden: hidden}) {
+			t.Errorf("%s without SNI: %+v %v", hidden, st, err)
+		}
 	}
 	for _, c := range []struct {
 		in, name, proto string
@@ -95,14 +139,38 @@ func TestSniffName(t *testing.T) {
 		{"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", "", ProtoHTTP, true},
 		{"GET / HTTP/1.1\r\nHost: 198.51.100.1\r\n\r\n", "", ProtoHTTP, false},
 		{"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", "", ProtoTLS, true},
+		// A bare LF ends a line for lenient servers: refused, not read as
+		// part of a header value.
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\n\nGET / HTTP/1.1\nHost: b.test\n\nZ: w\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\rGET\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\r\n b.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET http://a.test:80@b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET http://a.test@b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: b.test@a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET * HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"OPTIONS * HTTP/1.1\r\nHost: a.test\r\n\r\n", "a.test", ProtoHTTP, false},
+		{"CONNECT b.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n", "a.test", ProtoHTTP, false},
+		{"GET ftp://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nContent-Length: +1\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.2\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET  / HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: a.test\r\nBad Name: x\r\n\r\n", "", ProtoHTTP, true},
+		{"GET / HTTP/1.1\r\nHost: \xe2\x84\xaaey.test\r\n\r\n", "", ProtoHTTP, true}, // KELVIN SIGN lowers to k
+		{"GET /\\x HTTP/1.1\r\nHost: a.test\r\n\r\n", "", ProtoHTTP, true},
+		{"GET http://[2001:db8::1]:80/ HTTP/1.1\r\nHost: [2001:DB8::1]\r\n\r\n", "", ProtoHTTP, false},
 	} {
-		n, p, err := SniffName([]byte(c.in))
-		if n != c.name || p != c.proto || (err != nil) != c.err {
-			t.Errorf("%q: %q %q %v", c.in, n, p, err)
+		st, err := SniffName([]byte(c.in))
+		if st.Name != c.name || st.Proto != c.proto || st.Hidden != "" || (err != nil) != c.err {
+			t.Errorf("%q: %+v %v", c.in, st, err)
 		}
 	}
-	if _, _, err := SniffName([]byte("GET / HTTP/1.1\r\nHost: a.test\r\n")); !errors.Is(err, ErrNeedMore) {
+	if _, err := SniffName([]byte("GET / HTTP/1.1\r\nHost: a.test\r\n")); !errors.Is(err, ErrNeedMore) {
 		t.Errorf("incomplete head: %v", err)
+	}
+	// A bare LF is refused at once, without waiting for a blank line.
+	if _, err := SniffName([]byte("GET / HTTP/1.1\r\nHost: a.test\n")); err == nil || errors.Is(err, ErrNeedMore) {
+		t.Errorf("bare LF in an incomplete head: %v", err)
 	}
 }
 
@@ -110,10 +178,36 @@ func FuzzSniffName(f *testing.F) {
 	f.Add(clientHello(f, "a.example.com"))
 	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
 	f.Add([]byte{0x16, 3, 1, 0, 4, 1, 0, 0, 0})
+	f.Add(withExtension(f, clientHello(f, "a.example.com"), 0xfe0d, echOuter))
+	f.Add(withExtension(f, clientHello(f, "a.example.com"), 0xffce, nil))
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: a.test\r\nX: y\n\nGET / HTTP/1.1\nHost: b.test\n\nZ: w\r\n\r\n",
+		"GET http://a.test:80@b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+		"GET HTTP://A.test./x?y=%41 HTTP/1.1\r\nHost: a.test:080\r\nX:\tv \r\n\r\n",
+		"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n",
+		"OPTIONS * HTTP/1.0\r\nHost: [::1]\r\nContent-Length: 0\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, _, err := SniffName(b)
-		if err == nil && n != "" && netrule.NormalizeName(n) != n {
-			t.Fatalf("returned an unnormalised name %q", n)
+		st, err := SniffName(b)
+		if err == nil && st.Name != "" && netrule.NormalizeName(st.Name) != st.Name {
+			t.Fatalf("returned an unnormalised name %q", st.Name)
+		}
+		if err != nil || st.Proto != ProtoHTTP {
+			return
+		}
+		// The head the guard would forward parses to itself, and a
+		// lenient server reads the same Host out of it.
+		h, _, _ := parseRequestHead(b)
+		out := h.appendTo(nil)
+		h2, n, err := parseRequestHead(out)
+		if err != nil || n != len(out) || !bytes.Equal(h2.appendTo(nil), out) {
+			t.Fatalf("%q forwarded as %q, which parses as %q, %v", b, out, h2.appendTo(nil), err)
+		}
+		if st.Name != "" {
+			serverSeesOnly(t, out, st.Name)
 		}
 	})
 }

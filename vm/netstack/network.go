@@ -452,7 +452,8 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 // proxy checks the name the connection claims, dials out and copies both
 // ways; it returns whether the connection was made and why not (or why it
 // was cut). On a port allowed by a name rule (byName) the connection must
-// be TLS whose SNI, or HTTP whose every request's Host, is that name.
+// be TLS whose SNI is that name (and no encrypted ClientHello), or HTTP
+// whose every request's Host is.
 func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16, byName bool) (bool, string) {
 	head, claimed, proto, reason := n.claim(guest, rec, dst, port, byName)
 	if reason != "" {
@@ -536,11 +537,13 @@ func (n *Network) claim(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	head = make([]byte, 0, 4096)
 	buf := make([]byte, 4096)
 	_ = guest.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var st Start
 	for {
 		k, err := guest.Read(buf)
 		head = append(head, buf[:k]...)
 		var serr error
-		claimed, proto, serr = SniffName(head)
+		st, serr = SniffName(head)
+		claimed, proto = st.Name, st.Proto
 		if serr == nil {
 			break
 		}
@@ -557,6 +560,11 @@ func (n *Network) claim(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	_ = guest.SetReadDeadline(time.Time{})
 	if _, err := netip.ParseAddr(claimed); err == nil {
 		claimed = "" // "Host: 203.0.113.7": an address, not a name
+	}
+	if byName && st.Hidden != "" {
+		// The outer SNI names an allowed front; the server decrypts the
+		// inner ClientHello and reaches whatever site it names.
+		return nil, "", proto, fmt.Sprintf("port %d of %s is allowed by name: TLS with %s is refused, it hides the name the connection reaches (outer name %q)", port, dst, st.Hidden, claimed)
 	}
 	if byName && claimed == "" {
 		return nil, "", proto, fmt.Sprintf("port %d of %s is allowed by name: the connection must be HTTP or TLS that names it (got %s)", port, dst, describeStart(proto, head))

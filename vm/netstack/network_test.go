@@ -213,7 +213,9 @@ func TestNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, audit := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules}}, Resolve: resolve, Dial: dial})
+	// A connect rate well above the default burst: every case below is a
+	// connection of its own.
+	g, audit := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules, ConnectRate: 6000}}, Resolve: resolve, Dial: dial})
 
 	t.Run("allowed name and port", func(t *testing.T) {
 		rc, addrs := g.resolve(t, "allowed.test")
@@ -236,22 +238,47 @@ func TestNetwork(t *testing.T) {
 			raw       string
 			want, not string
 		}{
-			"leading CRLF":        {"\r\nGET / HTTP/1.1\r\n" + a + "\r\n", "", "hello"},
-			"lowercase method":    {"get / HTTP/1.1\r\n" + a + "\r\n", "", "hello"},
-			"not HTTP":            {"HELO other.test\r\n", "", "hello"},
-			"absolute form":       {"GET http://other.test/ HTTP/1.1\r\n" + a + "Connection: close\r\n\r\n", "", "hello"},
-			"pipelined Host":      {"GET / HTTP/1.1\r\n" + a + "\r\nGET / HTTP/1.1\r\n" + o + "Connection: close\r\n\r\n", "hello allowed.test", "hello other.test"},
-			"kept alive, same":    {"GET / HTTP/1.1\r\n" + a + "\r\nPOST / HTTP/1.1\r\n" + a + "Content-Length: 5\r\n\r\nhello" + "GET / HTTP/1.1\r\n" + a + "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n", "hello allowed.test", ""},
-			"smuggled in a body":  {"POST / HTTP/1.1\r\n" + a + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\n" + o + "\r\n", "", "hello"},
-			"upgrade":             {"GET / HTTP/1.1\r\n" + a + "Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n", "", "hello"},
-			"address as the Host": {"GET / HTTP/1.1\r\nHost: 198.51.100.10\r\nConnection: close\r\n\r\n", "", "hello"},
+			"leading CRLF":     {"\r\nGET / HTTP/1.1\r\n" + a + "\r\n", "", "hello"},
+			"lowercase method": {"get / HTTP/1.1\r\n" + a + "\r\n", "", "hello"},
+			"not HTTP":         {"HELO other.test\r\n", "", "hello"},
+			"absolute form":    {"GET http://other.test/ HTTP/1.1\r\n" + a + "Connection: close\r\n\r\n", "", "hello"},
+			"pipelined Host":   {"GET / HTTP/1.1\r\n" + a + "\r\nGET / HTTP/1.1\r\n" + o + "Connection: close\r\n\r\n", "hello allowed.test", "hello other.test"},
+			"kept alive, same": {"GET / HTTP/1.1\r\n" + a + "\r\nGET / HTTP/1.1\r\n" + a + "\r\n" + "POST / HTTP/1.1\r\n" + a + "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", "hello allowed.test", ""},
+			// The forwarded head of a request with a body asks the server
+			// to close (a server that skipped the body would read it as
+			// the next request): the GET after it is not sent.
+			"a body ends the connection": {"POST / HTTP/1.1\r\n" + a + "Content-Length: 5\r\n\r\nhello" + "GET / HTTP/1.1\r\n" + a + "\r\n", "hello allowed.test", ""},
+			"smuggled in a body":         {"POST / HTTP/1.1\r\n" + a + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET / HTTP/1.1\r\n" + o + "\r\n", "", "hello"},
+			"upgrade":                    {"GET / HTTP/1.1\r\n" + a + "Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n", "", "hello"},
+			"address as the Host":        {"GET / HTTP/1.1\r\nHost: 198.51.100.10\r\nConnection: close\r\n\r\n", "", "hello"},
+			// Go's net/http, the server here, reads a bare LF as a line end.
+			"bare LF hides a request":    {"GET / HTTP/1.1\r\n" + a + "X: y\n\nGET / HTTP/1.1\n" + o + "Connection: close\n\nZ: w\r\n\r\n", "", "hello"},
+			"bare LF in a later request": {"GET / HTTP/1.1\r\n" + a + "\r\nGET / HTTP/1.1\nHost: other.test\nConnection: close\n\n", "hello allowed.test", "hello other.test"},
+			"userinfo in the target":     {"GET http://allowed.test:80@other.test/ HTTP/1.1\r\n" + a + "Connection: close\r\n\r\n", "", "hello"},
 		} {
 			body, _ := g.send(sp, c.raw)
 			if (c.want != "" && !strings.Contains(body, c.want)) || (c.not != "" && strings.Contains(body, c.not)) {
 				t.Errorf("%s: %q", name, body)
 			}
-			if name == "kept alive, same" && strings.Count(body, "hello allowed.test") != 3 {
-				t.Errorf("%s: %d responses, want 3: %q", name, strings.Count(body, "hello allowed.test"), body)
+			if want := map[string]int{"kept alive, same": 3, "a body ends the connection": 1}[name]; want != 0 && strings.Count(body, "hello allowed.test") != want {
+				t.Errorf("%s: %d responses, want %d: %q", name, strings.Count(body, "hello allowed.test"), want, body)
+			}
+		}
+	})
+	t.Run("encrypted ClientHello refused on a port allowed by name", func(t *testing.T) {
+		g.resolve(t, "allowed.test")
+		for _, c := range []struct {
+			typ  uint16
+			name string
+		}{{0xfe0d, "encrypted_client_hello"}, {0xffce, "encrypted_server_name"}} {
+			hello := withExtension(t, clientHello(t, "allowed.test"), c.typ, echOuter)
+			if _, err := g.send(sp, string(hello)); err != nil {
+				t.Logf("send: %v", err)
+			}
+			if _, ok := audit.find(func(r Record) bool {
+				return r.Proto == "tcp" && !r.Allowed && strings.Contains(r.Reason, c.name)
+			}); !ok {
+				t.Errorf("no refusal naming %s", c.name)
 			}
 		}
 	})
