@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/vmgate/vmgate/vm/guest/netconf"
@@ -47,7 +44,9 @@ const ImportSuite = "import"
 // and initramfs as a built image (the kernel package comes through the
 // host's apt), the agent added to the root, and the agent as
 // the root's init (agentproto.RootInitMarker), since such a root has no
-// init system. The root gets a user "agent", a resolver and a host name;
+// init system. The root gets a fresh unprivileged user "agent" (an entry
+// of that name the tarball brings, perhaps uid 0, is replaced: see
+// withGuestUser), a resolver and a host name;
 // nothing else of it changes, and nothing is written outside it (every
 // write goes through an os.Root). Kernel modules beyond the initramfs's
 // are not installed: no netfilter or extra file systems in the guest.
@@ -153,7 +152,7 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 
 // prepareImported adds to the root r what vmgate needs: the agent, the
 // marker that makes it the init, the network's resolver, a host name and
-// the guest user.
+// the guest user (addGuestUser).
 func prepareImported(r *os.Root, agentBin []byte) error {
 	rel := func(p string) string { return strings.TrimPrefix(p, "/") }
 	files := []struct {
@@ -181,84 +180,4 @@ func prepareImported(r *os.Root, agentBin []byte) error {
 		}
 	}
 	return addGuestUser(r)
-}
-
-// addGuestUser adds the unprivileged guest user (agentproto.UnprivilegedUser)
-// to /etc/passwd and /etc/group, with the first id from 1000 that neither
-// uses, and its home, unless the user exists.
-func addGuestUser(r *os.Root) error {
-	passwd, err := r.ReadFile("etc/passwd")
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	group, err := r.ReadFile("etc/group")
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	name := agentproto.UnprivilegedUser
-	if hasEntry(string(passwd), name) {
-		return nil
-	}
-	id := freeID(string(passwd), string(group))
-	shell := "/bin/sh"
-	if _, err := r.Stat("bin/bash"); err == nil {
-		shell = "/bin/bash"
-	}
-	home := "home/" + name
-	passwd = append(terminated(passwd), fmt.Sprintf("%s:x:%d:%d::/%s:%s\n", name, id, id, home, shell)...)
-	if !hasEntry(string(group), name) {
-		group = append(terminated(group), fmt.Sprintf("%s:x:%d:\n", name, id)...)
-	}
-	if err := r.MkdirAll("etc", 0o755); err != nil {
-		return err
-	}
-	if err := r.WriteFile("etc/passwd", passwd, 0o644); err != nil {
-		return err
-	}
-	if err := r.WriteFile("etc/group", group, 0o644); err != nil {
-		return err
-	}
-	if err := r.MkdirAll(home, 0o755); err != nil {
-		return err
-	}
-	return r.Lchown(home, id, id)
-}
-
-func terminated(b []byte) []byte {
-	if len(b) > 0 && b[len(b)-1] != '\n' {
-		return append(b, '\n')
-	}
-	return b
-}
-
-// hasEntry reports whether a passwd or group file has an entry for name.
-func hasEntry(file, name string) bool {
-	for _, line := range strings.Split(file, "\n") {
-		if n, _, ok := strings.Cut(line, ":"); ok && n == name {
-			return true
-		}
-	}
-	return false
-}
-
-// freeID is the first id from 1000 used as neither a uid nor a gid.
-func freeID(passwd, group string) int {
-	var used []int
-	for _, file := range []string{passwd, group} {
-		for _, line := range strings.Split(file, "\n") {
-			f := strings.Split(line, ":")
-			for _, i := range []int{2, 3} {
-				if len(f) > i {
-					if n, err := strconv.Atoi(f[i]); err == nil {
-						used = append(used, n)
-					}
-				}
-			}
-		}
-	}
-	id := 1000
-	for slices.Contains(used, id) {
-		id++
-	}
-	return id
 }
