@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -129,13 +128,9 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 	if err := prepareImported(r, agentBin); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
-	pkgs := ""
-	if _, err := r.Stat("var/lib/dpkg/status"); err == nil {
-		out, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"), "-W", "-f", "${Package}\t${Version}\n").Output()
-		if err != nil {
-			return nil, fmt.Errorf("image import: package list: %w", err)
-		}
-		pkgs = string(out)
+	pkgs, err := readPackages(r, maxDpkgStatus)
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
 	}
 	if err := makeFS(root, filepath.Join(b.work, "rootfs.ext4"), b.in.DiskSizeMiB); err != nil {
 		return nil, err

@@ -246,22 +246,3 @@ func artifact(path string) (Artifact, error) {
 	}
 	return Artifact{Size: st.Size(), SHA256: sum}, nil
 }
-
-// ParsePackageList parses `dpkg-query -W -f '${Package}\t${Version}\n'`
-// output, sorted by name.
-func ParsePackageList(s string) ([]Package, error) {
-	var out []Package
-	for i, line := range strings.Split(s, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		name, ver, ok := strings.Cut(line, "\t")
-		if !ok || name == "" || ver == "" {
-			return nil, fmt.Errorf("package list line %d: %q is not NAME<TAB>VERSION", i+1, line)
-		}
-		out = append(out, Package{Name: name, Version: ver})
-	}
-	slices.SortFunc(out, func(a, b Package) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
-}
