@@ -28,7 +28,13 @@ type ImportOptions struct {
 	DiskSizeMiB int
 	// Force rebuilds even when an intact image of the same inputs exists.
 	Force bool
-	Log   *slog.Logger
+	// MaxBytes bounds the tarball's uncompressed size, and the size of
+	// its files (default DefaultImportMaxBytes); MaxEntries its entries
+	// (default DefaultImportMaxEntries). An import over either fails
+	// and leaves nothing behind.
+	MaxBytes   int64
+	MaxEntries int
+	Log        *slog.Logger
 	// Progress, when non-nil, receives a human progress display (a TTY).
 	Progress io.Writer
 }
@@ -49,6 +55,10 @@ const ImportSuite = "import"
 // nothing else of it changes, and nothing is written outside it (every
 // write goes through an os.Root). Kernel modules beyond the initramfs's
 // are not installed: no netfilter or extra file systems in the guest.
+//
+// The tarball is unpacked within bounds (ImportOptions.MaxBytes and
+// MaxEntries): one over them fails the import, which leaves nothing
+// behind.
 //
 // Postcondition: as for Build.
 func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
@@ -79,9 +89,16 @@ func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
+	lim := unpackLimits{bytes: opts.MaxBytes, entries: opts.MaxEntries}
+	if lim.bytes <= 0 {
+		lim.bytes = DefaultImportMaxBytes
+	}
+	if lim.entries <= 0 {
+		lim.entries = DefaultImportMaxEntries
+	}
 	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
 		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*Manifest, error) {
-			return b.importRoot(ctx, tarball)
+			return b.importRoot(ctx, tarball, lim)
 		}})
 }
 
@@ -93,7 +110,7 @@ func cmpInt(v, def int) int {
 }
 
 // importRoot runs the steps of an import up to a complete image in b.tmp.
-func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, error) {
+func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimits) (*Manifest, error) {
 	if err := b.begin(); err != nil {
 		return nil, err
 	}
@@ -102,7 +119,7 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	b.p.step("unpacking " + filepath.Base(tarball))
-	if err := run(ctx, "tar", "--numeric-owner", "--same-permissions", "-xf", tarball, "-C", root); err != nil {
+	if err := unpack(ctx, tarball, root, lim); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	r, err := os.OpenRoot(root)
