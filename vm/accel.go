@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,7 +44,16 @@ type probeResult struct {
 // rest of the host's boot (see readProbeCache): on a host whose /dev/kvm
 // hangs, the probe costs its full timeout, which a daemon start should not
 // pay again and again.
+//
+// A host whose KVM is the nested PVM hypervisor (pvmKVM) is not probed:
+// a stock guest kernel cannot run under it (QEMU fails at once, with an
+// assertion dump), so auto is TCG there, said in one line.
 func ResolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd, cacheDir string, log *slog.Logger) (Accel, error) {
+	return resolveAccel(ctx, want, qemu, kernel, initrd, cacheDir, os.DirFS("/sys"), log)
+}
+
+// resolveAccel is ResolveAccel, with sys as the host's /sys.
+func resolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd, cacheDir string, sys fs.FS, log *slog.Logger) (Accel, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -63,6 +74,11 @@ func ResolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd, cacheDi
 	defer probeMu.Unlock()
 	if r, ok := probeCache[key]; ok {
 		return r.accel, nil
+	}
+	if pvmKVM(sys) {
+		log.Warn("KVM here is the nested PVM hypervisor (" + pvmModule + "): the image's stock kernel cannot run under it, a PVM guest kernel would be needed; using TCG (slower; QEMU's TCG is not a security boundary, the jail is)")
+		probeCache[key] = probeResult{AccelTCG, "KVM is the PVM hypervisor"}
+		return AccelTCG, nil
 	}
 	host := currentProbeHost(qemu, kernel)
 	if rec, ok := readProbeCache(cacheDir, host); ok {
@@ -86,6 +102,29 @@ func ResolveAccel(ctx context.Context, want Accel, qemu, kernel, initrd, cacheDi
 		log.Warn("keep the KVM probe result", "err", err)
 	}
 	return r.accel, nil
+}
+
+// pvmModule is the kernel module of the PVM hypervisor ("Pagetable-based
+// Virtual Machine": KVM for guests in a VM without nested
+// virtualisation), as /sys shows it when loaded.
+const pvmModule = "/sys/module/kvm_pvm"
+
+// hardwareKVMModules are KVM's modules for hardware virtualisation.
+var hardwareKVMModules = []string{"module/kvm_intel", "module/kvm_amd"}
+
+// pvmKVM reports whether the KVM of the host whose /sys is sys is the PVM
+// hypervisor: its module is loaded and no hardware KVM module is (with
+// one of those too, which one /dev/kvm is is left to the probe). PVM runs
+// only guest kernels built for it.
+func pvmKVM(sys fs.FS) bool {
+	loaded := func(m string) bool {
+		fi, err := fs.Stat(sys, m)
+		return err == nil && fi.IsDir()
+	}
+	if !loaded(strings.TrimPrefix(pvmModule, "/sys/")) {
+		return false
+	}
+	return !slices.ContainsFunc(hardwareKVMModules, loaded)
 }
 
 // probeCacheFile holds the last KVM probe result in a cache directory.

@@ -47,6 +47,39 @@ type Host struct {
 	shapes map[Shape]*shapeEntry
 	// pastFailures counts the handshake failures of discarded templates.
 	pastFailures int64
+
+	// digestMu guards digests, ImageDigestOf's cache: the base digest
+	// of each named image, with the identity of the manifest it came
+	// from.
+	digestMu sync.Mutex
+	digests  map[string]cachedDigest
+	// readManifest reads an image's manifest; nil means
+	// image.ReadManifest. Tests count the reads.
+	readManifest func(dir string) (*image.Manifest, error)
+}
+
+// cachedDigest is an image's base digest as read from its manifest.
+type cachedDigest struct {
+	manifest fileIdentity
+	digest   string
+}
+
+// fileIdentity tells a file's versions apart without reading it: a
+// manifest is replaced by a rename (a new inode) or, by hand, rewritten
+// in place (a new size or time stamps).
+type fileIdentity struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+// identityOf is the identity of the file at path.
+func identityOf(path string) (fileIdentity, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return fileIdentity{}, err
+	}
+	return fileIdentity{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, nil
 }
 
 // HostConfig is what a Host is built from: the runtime of its VMs, its
@@ -168,7 +201,9 @@ func NewHost(cfg HostConfig) (*Host, error) {
 func (h *Host) ImageDigest() string { return h.digest }
 
 // ImageDigestOf is the SHA-256 of image name's base, or "" when it cannot
-// be read.
+// be read. The gateway asks for it on every exec's audit record, so the
+// manifest is read once per version of it: each call costs a stat, and
+// a manifest replaced or rewritten since the last call is read again.
 func (h *Host) ImageDigestOf(name string) string {
 	dir, err := h.ImageDir(name)
 	if err != nil {
@@ -177,11 +212,43 @@ func (h *Host) ImageDigestOf(name string) string {
 	if dir == h.cfg.ImageDir {
 		return h.digest
 	}
-	m, err := image.ReadManifest(dir)
+	id, err := identityOf(filepath.Join(dir, image.ManifestFile))
 	if err != nil {
+		h.forgetDigest(name)
 		return ""
 	}
-	return m.Artifacts[image.BaseFile].SHA256
+	h.digestMu.Lock()
+	c, ok := h.digests[name]
+	h.digestMu.Unlock()
+	if ok && c.manifest == id {
+		return c.digest
+	}
+	// A manifest replaced between the stat and the read is stored under
+	// its old identity, and read again on the next call.
+	read := h.readManifest
+	if read == nil {
+		read = image.ReadManifest
+	}
+	m, err := read(dir)
+	if err != nil {
+		h.forgetDigest(name)
+		return ""
+	}
+	digest := m.Artifacts[image.BaseFile].SHA256
+	h.digestMu.Lock()
+	if h.digests == nil {
+		h.digests = map[string]cachedDigest{}
+	}
+	h.digests[name] = cachedDigest{manifest: id, digest: digest}
+	h.digestMu.Unlock()
+	return digest
+}
+
+// forgetDigest drops ImageDigestOf's cached digest of image name.
+func (h *Host) forgetDigest(name string) {
+	h.digestMu.Lock()
+	delete(h.digests, name)
+	h.digestMu.Unlock()
 }
 
 // Get returns a fresh VM of the shape and how it was made (FromPool,
@@ -246,6 +313,7 @@ func (h *Host) CheckImage(name string) error {
 	if err != nil {
 		return err
 	}
+	h.forgetDigest(name) // a check (a reload) reads the image afresh
 	m, err := image.ReadManifest(dir)
 	if err != nil {
 		return fmt.Errorf("image %q: %w", name, err)

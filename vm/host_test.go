@@ -75,3 +75,74 @@ func TestNewHostRefusesStaleImage(t *testing.T) {
 		t.Fatalf("CheckImage: %v, want ErrStale", err)
 	}
 }
+
+// TestHost_ImageDigestOfReadsEachManifestOnce: the digest of a named image
+// (asked for by every exec's audit record) is read from its manifest
+// once, and again only when the manifest has changed: replaced, as an
+// image build or import does, or rewritten in place; a manifest that is
+// gone gives "". The daemon's own image needs no read at all.
+func TestHost_ImageDigestOfReadsEachManifestOnce(t *testing.T) {
+	images := t.TempDir()
+	dir := filepath.Join(images, "ml")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(digest string) {
+		t.Helper()
+		m := &image.Manifest{Artifacts: map[string]image.Artifact{image.BaseFile: {SHA256: digest}, image.KernelFile: {}, image.InitrdFile: {}}}
+		if err := image.WriteManifest(dir, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads := 0
+	h := &Host{cfg: HostConfig{ImageDir: t.TempDir(), ImagesDir: images}, digest: "default-digest",
+		readManifest: func(dir string) (*image.Manifest, error) {
+			reads++
+			return image.ReadManifest(dir)
+		}}
+	check := func(step, want string, wantReads int) {
+		t.Helper()
+		if got := h.ImageDigestOf("ml"); got != want || reads != wantReads {
+			t.Errorf("%s: digest %q after %d manifest reads, want %q after %d", step, got, reads, want, wantReads)
+		}
+	}
+	write("aaaa")
+	check("first", "aaaa", 1)
+	for range 100 {
+		check("unchanged", "aaaa", 1)
+	}
+	write("bbbb") // a new file renamed over the old one
+	check("replaced", "bbbb", 2)
+	check("replaced, again", "bbbb", 2)
+
+	// Rewritten in place with the same size (an editor's save): its
+	// time stamps tell.
+	p := filepath.Join(dir, image.ManifestFile)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(strings.Replace(string(b), "bbbb", "cccc", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(p, later, later); err != nil {
+		t.Fatal(err)
+	}
+	check("rewritten in place", "cccc", 3)
+
+	// A check (the daemon's reload) reads the image afresh.
+	_ = h.CheckImage("ml")
+	check("after CheckImage", "cccc", 4)
+
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	check("gone", "", 4)
+	write("dddd")
+	check("back", "dddd", 5)
+
+	if got := h.ImageDigestOf(DefaultImage); got != "default-digest" || reads != 5 {
+		t.Errorf("the default image: %q after %d reads", got, reads)
+	}
+}

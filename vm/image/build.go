@@ -305,17 +305,13 @@ func (b *builder) artifacts(ctx context.Context) error {
 
 // manifest hashes the artefacts and describes the image.
 func (b *builder) manifest(res *customizeResult) (*Manifest, error) {
-	pkgs, err := ParsePackageList(res.Packages)
-	if err != nil {
-		return nil, fmt.Errorf("image build: %w", err)
-	}
 	m := &Manifest{
 		Inputs:        b.in,
 		InputsDigest:  b.digest,
 		KernelVersion: res.KernelVersion,
 		KernelPackage: res.KernelPackage,
 		Modules:       res.Modules,
-		Packages:      pkgs,
+		Packages:      res.Packages,
 		Artifacts:     map[string]Artifact{},
 		BuiltAt:       time.Now().UTC().Truncate(time.Second),
 	}

@@ -115,10 +115,10 @@ type customizeSpec struct {
 
 // customizeResult is written by the customize role into WorkDir/result.json.
 type customizeResult struct {
-	KernelVersion string   `json:"kernel_version"`
-	KernelPackage string   `json:"kernel_package"`
-	Modules       []string `json:"modules"`
-	Packages      string   `json:"packages"`
+	KernelVersion string    `json:"kernel_version"`
+	KernelPackage string    `json:"kernel_package"`
+	Modules       []string  `json:"modules"`
+	Packages      []Package `json:"packages"`
 }
 
 func runCustomize(args []string) error {
@@ -174,10 +174,14 @@ func customize(root string, s customizeSpec) error {
 	}
 
 	step("recording the package list")
-	pkgs, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"),
-		"-W", "-f", "${Package}\t${Version}\n").Output()
+	r, err := os.OpenRoot(root)
 	if err != nil {
 		return fmt.Errorf("package list: %w", err)
+	}
+	pkgs, err := readPackages(r, maxDpkgStatus)
+	r.Close()
+	if err != nil {
+		return err
 	}
 	for _, g := range []string{"var/cache/apt/archives/*.deb", "var/lib/apt/lists/*_*"} {
 		m, _ := filepath.Glob(filepath.Join(root, g))
@@ -194,7 +198,7 @@ func customize(root string, s customizeSpec) error {
 	for i, m := range mods {
 		names[i] = m.Name
 	}
-	res, _ := json.Marshal(customizeResult{KernelVersion: kver, KernelPackage: kpkg, Modules: names, Packages: string(pkgs)})
+	res, _ := json.Marshal(customizeResult{KernelVersion: kver, KernelPackage: kpkg, Modules: names, Packages: pkgs})
 	return os.WriteFile(filepath.Join(s.WorkDir, "result.json"), res, 0o644)
 }
 

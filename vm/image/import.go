@@ -5,13 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/vmgate/vmgate/vm/guest/netconf"
@@ -32,7 +28,13 @@ type ImportOptions struct {
 	DiskSizeMiB int
 	// Force rebuilds even when an intact image of the same inputs exists.
 	Force bool
-	Log   *slog.Logger
+	// MaxBytes bounds the tarball's uncompressed size, and the size of
+	// its files (default DefaultImportMaxBytes); MaxEntries its entries
+	// (default DefaultImportMaxEntries). An import over either fails
+	// and leaves nothing behind.
+	MaxBytes   int64
+	MaxEntries int
+	Log        *slog.Logger
 	// Progress, when non-nil, receives a human progress display (a TTY).
 	Progress io.Writer
 }
@@ -47,10 +49,16 @@ const ImportSuite = "import"
 // and initramfs as a built image (the kernel package comes through the
 // host's apt), the agent added to the root, and the agent as
 // the root's init (agentproto.RootInitMarker), since such a root has no
-// init system. The root gets a user "agent", a resolver and a host name;
+// init system. The root gets a fresh unprivileged user "agent" (an entry
+// of that name the tarball brings, perhaps uid 0, is replaced: see
+// withGuestUser), a resolver and a host name;
 // nothing else of it changes, and nothing is written outside it (every
 // write goes through an os.Root). Kernel modules beyond the initramfs's
 // are not installed: no netfilter or extra file systems in the guest.
+//
+// The tarball is unpacked within bounds (ImportOptions.MaxBytes and
+// MaxEntries): one over them fails the import, which leaves nothing
+// behind.
 //
 // Postcondition: as for Build.
 func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
@@ -81,9 +89,16 @@ func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
+	lim := unpackLimits{bytes: opts.MaxBytes, entries: opts.MaxEntries}
+	if lim.bytes <= 0 {
+		lim.bytes = DefaultImportMaxBytes
+	}
+	if lim.entries <= 0 {
+		lim.entries = DefaultImportMaxEntries
+	}
 	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
 		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*Manifest, error) {
-			return b.importRoot(ctx, tarball)
+			return b.importRoot(ctx, tarball, lim)
 		}})
 }
 
@@ -95,7 +110,7 @@ func cmpInt(v, def int) int {
 }
 
 // importRoot runs the steps of an import up to a complete image in b.tmp.
-func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, error) {
+func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimits) (*Manifest, error) {
 	if err := b.begin(); err != nil {
 		return nil, err
 	}
@@ -104,7 +119,7 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	b.p.step("unpacking " + filepath.Base(tarball))
-	if err := run(ctx, "tar", "--numeric-owner", "--same-permissions", "-xf", tarball, "-C", root); err != nil {
+	if err := unpack(ctx, tarball, root, lim); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	r, err := os.OpenRoot(root)
@@ -130,13 +145,9 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 	if err := prepareImported(r, agentBin); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
-	pkgs := ""
-	if _, err := r.Stat("var/lib/dpkg/status"); err == nil {
-		out, err := exec.Command("dpkg-query", "--admindir="+filepath.Join(root, "var/lib/dpkg"), "-W", "-f", "${Package}\t${Version}\n").Output()
-		if err != nil {
-			return nil, fmt.Errorf("image import: package list: %w", err)
-		}
-		pkgs = string(out)
+	pkgs, err := readPackages(r, maxDpkgStatus)
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
 	}
 	if err := makeFS(root, filepath.Join(b.work, "rootfs.ext4"), b.in.DiskSizeMiB); err != nil {
 		return nil, err
@@ -153,7 +164,7 @@ func (b *builder) importRoot(ctx context.Context, tarball string) (*Manifest, er
 
 // prepareImported adds to the root r what vmgate needs: the agent, the
 // marker that makes it the init, the network's resolver, a host name and
-// the guest user.
+// the guest user (addGuestUser).
 func prepareImported(r *os.Root, agentBin []byte) error {
 	rel := func(p string) string { return strings.TrimPrefix(p, "/") }
 	files := []struct {
@@ -181,84 +192,4 @@ func prepareImported(r *os.Root, agentBin []byte) error {
 		}
 	}
 	return addGuestUser(r)
-}
-
-// addGuestUser adds the unprivileged guest user (agentproto.UnprivilegedUser)
-// to /etc/passwd and /etc/group, with the first id from 1000 that neither
-// uses, and its home, unless the user exists.
-func addGuestUser(r *os.Root) error {
-	passwd, err := r.ReadFile("etc/passwd")
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	group, err := r.ReadFile("etc/group")
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	name := agentproto.UnprivilegedUser
-	if hasEntry(string(passwd), name) {
-		return nil
-	}
-	id := freeID(string(passwd), string(group))
-	shell := "/bin/sh"
-	if _, err := r.Stat("bin/bash"); err == nil {
-		shell = "/bin/bash"
-	}
-	home := "home/" + name
-	passwd = append(terminated(passwd), fmt.Sprintf("%s:x:%d:%d::/%s:%s\n", name, id, id, home, shell)...)
-	if !hasEntry(string(group), name) {
-		group = append(terminated(group), fmt.Sprintf("%s:x:%d:\n", name, id)...)
-	}
-	if err := r.MkdirAll("etc", 0o755); err != nil {
-		return err
-	}
-	if err := r.WriteFile("etc/passwd", passwd, 0o644); err != nil {
-		return err
-	}
-	if err := r.WriteFile("etc/group", group, 0o644); err != nil {
-		return err
-	}
-	if err := r.MkdirAll(home, 0o755); err != nil {
-		return err
-	}
-	return r.Lchown(home, id, id)
-}
-
-func terminated(b []byte) []byte {
-	if len(b) > 0 && b[len(b)-1] != '\n' {
-		return append(b, '\n')
-	}
-	return b
-}
-
-// hasEntry reports whether a passwd or group file has an entry for name.
-func hasEntry(file, name string) bool {
-	for _, line := range strings.Split(file, "\n") {
-		if n, _, ok := strings.Cut(line, ":"); ok && n == name {
-			return true
-		}
-	}
-	return false
-}
-
-// freeID is the first id from 1000 used as neither a uid nor a gid.
-func freeID(passwd, group string) int {
-	var used []int
-	for _, file := range []string{passwd, group} {
-		for _, line := range strings.Split(file, "\n") {
-			f := strings.Split(line, ":")
-			for _, i := range []int{2, 3} {
-				if len(f) > i {
-					if n, err := strconv.Atoi(f[i]); err == nil {
-						used = append(used, n)
-					}
-				}
-			}
-		}
-	}
-	id := 1000
-	for slices.Contains(used, id) {
-		id++
-	}
-	return id
 }

@@ -11,6 +11,20 @@
 // into place only when complete, so a failed or interrupted build never
 // leaves a half-written image under the final name. A build whose inputs
 // match the manifest of an existing, intact image is skipped.
+//
+// # Imported roots
+//
+// Import takes a root file system tarball that the operator may not have
+// made (a `docker export` of someone's image). What it holds is the
+// guest's business; it must not reach the host, nor make the guest's
+// unprivileged user root. So: it is unpacked within bounds on its bytes
+// and entries (DefaultImportMaxBytes, DefaultImportMaxEntries; a
+// compressed tarball is a few KiB that could expand to any size); every
+// later read and write goes through an os.Root, which no link leads out
+// of; the package list is parsed in Go from dpkg's status file, with a
+// size cap, rather than by dpkg-query run as root; and the guest user
+// "agent" is made fresh, replacing any entry of that name the tarball
+// has (the guest agent refuses an "agent" of uid 0 as well).
 package image
 
 import (
@@ -245,23 +259,4 @@ func artifact(path string) (Artifact, error) {
 		return Artifact{}, err
 	}
 	return Artifact{Size: st.Size(), SHA256: sum}, nil
-}
-
-// ParsePackageList parses `dpkg-query -W -f '${Package}\t${Version}\n'`
-// output, sorted by name.
-func ParsePackageList(s string) ([]Package, error) {
-	var out []Package
-	for i, line := range strings.Split(s, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" {
-			continue
-		}
-		name, ver, ok := strings.Cut(line, "\t")
-		if !ok || name == "" || ver == "" {
-			return nil, fmt.Errorf("package list line %d: %q is not NAME<TAB>VERSION", i+1, line)
-		}
-		out = append(out, Package{Name: name, Version: ver})
-	}
-	slices.SortFunc(out, func(a, b Package) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
 }

@@ -105,20 +105,6 @@ func TestReadManifestMissing(t *testing.T) {
 	}
 }
 
-func TestParsePackageList(t *testing.T) {
-	got, err := ParsePackageList("wget\t1.21.3-1+b2\ncurl\t7.88.1-10\n\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []Package{{"curl", "7.88.1-10"}, {"wget", "1.21.3-1+b2"}}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("got %v want %v", got, want)
-	}
-	if _, err := ParsePackageList("nonsense line\n"); err == nil {
-		t.Fatal("malformed line accepted")
-	}
-}
-
 func TestParseKernelDepends(t *testing.T) {
 	out := "linux-image-amd64\n  Depends: linux-image-6.1.0-57-amd64\n"
 	got, err := ParseKernelDepends(out)

@@ -35,6 +35,9 @@ type Config struct {
 	// netChecker answers CallNetReady; nil means the guest's own
 	// network state. Tests replace it.
 	netChecker *netChecker
+	// lookupUser finds the unprivileged user's account; nil means
+	// user.Lookup. Tests replace it with a fake account database.
+	lookupUser lookupUserFunc
 }
 
 // Serve serves one host connection on conn (package agentconn) until the
@@ -78,7 +81,7 @@ type server struct {
 
 // Open runs one command.
 func (s *server) Open(_ context.Context, ch *agentconn.Channel, o agentproto.Open) {
-	serveSession(s.log.With("session", s.sessions.Add(1)), ch, o)
+	serveSession(s.log.With("session", s.sessions.Add(1)), ch, o, s.cfg.lookupUser)
 }
 
 // Call answers the host's calls.

@@ -42,17 +42,29 @@ type identity struct {
 	switchCred bool
 }
 
+// lookupUserFunc finds an account by name (user.Lookup; tests pass a fake
+// account database).
+type lookupUserFunc func(name string) (*user.User, error)
+
 // lookupIdentity resolves an ExecSpec user ("" meaning root). Root commands
 // keep the agent's own credentials (root in the guest); the unprivileged
-// user's uid, gid and supplementary groups come from the account database.
-func lookupIdentity(name string) (identity, error) {
+// user's uid, gid and supplementary groups come from the account database
+// through lookup (nil: user.Lookup).
+//
+// The unprivileged user must be unprivileged: an account database that
+// gives it uid 0 or gid 0 (an imported root file system may have its own
+// "agent" entry) is an error, never a root command under another name.
+func lookupIdentity(name string, lookup lookupUserFunc) (identity, error) {
 	if name == "" || name == "root" {
 		return rootIdentity(), nil
 	}
 	if name != agentproto.UnprivilegedUser {
 		return identity{}, fmt.Errorf("user %q is not allowed", name)
 	}
-	u, err := user.Lookup(name)
+	if lookup == nil {
+		lookup = user.Lookup
+	}
+	u, err := lookup(name)
 	if err != nil {
 		return identity{}, fmt.Errorf("look up user: %w", err)
 	}
@@ -62,6 +74,9 @@ func lookupIdentity(name string) (identity, error) {
 	}
 	if id.gid, err = parseID(u.Gid); err != nil {
 		return identity{}, fmt.Errorf("user %s: gid: %w", name, err)
+	}
+	if id.uid == 0 || id.gid == 0 {
+		return identity{}, fmt.Errorf("user %s has uid %d, gid %d in this guest: %w", name, id.uid, id.gid, errPrivilegedUser)
 	}
 	gids, err := u.GroupIds()
 	if err != nil {
@@ -76,6 +91,10 @@ func lookupIdentity(name string) (identity, error) {
 	}
 	return id, nil
 }
+
+// errPrivilegedUser reports an unprivileged user that is root's in
+// disguise.
+var errPrivilegedUser = errors.New("it is root's, not an unprivileged user: refusing to run the command as it")
 
 // rootIdentity describes root commands, which run with the agent's own
 // credentials; HOME and SHELL come from root's account when it exists.
@@ -296,6 +315,12 @@ func startFailure(name string, err error) (code uint32, msg string) {
 // that cannot be used.
 func dirFailure(dir string, err error) (code uint32, msg string) {
 	return agentproto.ExitNotExecutable, fmt.Sprintf("vmgate-agent: cd %s: %s\n", dir, errReason(err))
+}
+
+// userFailure returns the exit code and stderr line for a command whose
+// user cannot be used.
+func userFailure(err error) (code uint32, msg string) {
+	return agentproto.ExitNotExecutable, fmt.Sprintf("vmgate-agent: %s\n", err)
 }
 
 // errReason returns the errno text of err when it wraps one ("permission

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -186,21 +187,47 @@ func TestLoginShell(t *testing.T) {
 
 func TestLookupIdentity(t *testing.T) {
 	for _, name := range []string{"", "root"} {
-		id, err := lookupIdentity(name)
+		id, err := lookupIdentity(name, nil)
 		if err != nil || id.name != "root" || id.switchCred || id.uid != uint32(os.Geteuid()) {
 			t.Errorf("lookupIdentity(%q) = %+v, %v", name, id, err)
 		}
 	}
-	if _, err := lookupIdentity("nobody"); err == nil {
+	if _, err := lookupIdentity("nobody", nil); err == nil {
 		t.Error("lookupIdentity(nobody) succeeded")
 	}
-	id, err := lookupIdentity(agentproto.UnprivilegedUser)
+	id, err := lookupIdentity(agentproto.UnprivilegedUser, nil)
 	if err != nil {
 		t.Logf("no %s user here: %v", agentproto.UnprivilegedUser, err)
 		return
 	}
 	if !id.switchCred || id.name != agentproto.UnprivilegedUser {
 		t.Errorf("lookupIdentity(agent) = %+v", id)
+	}
+}
+
+// fakeAccounts is an account database holding only the unprivileged user,
+// with uid and gid as given.
+func fakeAccounts(uid, gid string) lookupUserFunc {
+	return func(name string) (*user.User, error) {
+		if name != agentproto.UnprivilegedUser {
+			return nil, user.UnknownUserError(name)
+		}
+		return &user.User{Uid: uid, Gid: gid, Username: name, HomeDir: "/home/" + name}, nil
+	}
+}
+
+// TestLookupIdentityRefusesRoot: an "agent" account that is root's (uid
+// 0 or gid 0, as an imported root file system may have it) is refused,
+// never a root command under the unprivileged user's name.
+func TestLookupIdentityRefusesRoot(t *testing.T) {
+	for _, tc := range []struct{ uid, gid string }{{"0", "0"}, {"0", "1000"}, {"1000", "0"}} {
+		id, err := lookupIdentity(agentproto.UnprivilegedUser, fakeAccounts(tc.uid, tc.gid))
+		if !errors.Is(err, errPrivilegedUser) {
+			t.Errorf("uid %s gid %s: %+v, %v; want errPrivilegedUser", tc.uid, tc.gid, id, err)
+		}
+	}
+	if _, err := lookupIdentity(agentproto.UnprivilegedUser, fakeAccounts("x", "1000")); err == nil || errors.Is(err, errPrivilegedUser) {
+		t.Errorf("a bad uid: %v", err)
 	}
 }
 

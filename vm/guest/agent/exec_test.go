@@ -435,6 +435,27 @@ func TestUnprivilegedUser(t *testing.T) {
 	}
 }
 
+// TestExecRefusesRootAgent: when the guest's account database gives the
+// unprivileged user uid 0, a command for that user does not run: it ends
+// with 126 and a message that says why, as other start failures do.
+func TestExecRefusesRootAgent(t *testing.T) {
+	t.Parallel()
+	c := startAgent(t, func(cfg *Config) { cfg.lookupUser = fakeAccounts("0", "0") }).dial(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	res := run(t, c, agentproto.ExecSpec{Argv: []string{"touch", marker}, User: agentproto.UnprivilegedUser}, nil)
+	want := "vmgate-agent: user agent has uid 0, gid 0 in this guest: it is root's, not an unprivileged user: refusing to run the command as it\n"
+	if res.status != agentproto.ExitNotExecutable || res.stderr != want {
+		t.Errorf("got %+v, want 126 and %q", res, want)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the command ran")
+	}
+	// Root's commands still run on that connection.
+	if res := run(t, c, agentproto.ExecSpec{Argv: []string{"true"}}, nil); res.status != 0 {
+		t.Errorf("root's command: %+v", res)
+	}
+}
+
 // TestCredentialSwitch checks the credential handling of newCommand with an
 // account that exists on every test host, independently of the "agent" user.
 func TestCredentialSwitch(t *testing.T) {

@@ -24,8 +24,9 @@ const waitDelay = time.Second
 // session is one channel: it runs exactly one command, takes the host's
 // signals and terminal sizes while it runs, and reports how it ended.
 type session struct {
-	ch  *agentconn.Channel
-	log *slog.Logger
+	ch     *agentconn.Channel
+	log    *slog.Logger
+	lookup lookupUserFunc // the account database (nil: user.Lookup)
 
 	pty  *ptyState
 	proc *process // the started command, nil if none was started
@@ -54,8 +55,8 @@ type process struct {
 // the command still runs then, its process group is killed. It returns
 // once the command has been reaped and every goroutine of the session has
 // finished.
-func serveSession(log *slog.Logger, ch *agentconn.Channel, o agentproto.Open) {
-	s := &session{ch: ch, log: log}
+func serveSession(log *slog.Logger, ch *agentconn.Channel, o agentproto.Open, lookup lookupUserFunc) {
+	s := &session{ch: ch, log: log, lookup: lookup}
 	if !s.begin(o) {
 		return
 	}
@@ -130,9 +131,10 @@ func (s *session) signal(name string) {
 
 // begin validates the command, allocates its terminal and starts it,
 // reporting whether the channel was accepted. Failures to start the
-// command are reported as exit codes 126 and 127 with a message.
+// command, its user's included, are reported as exit codes 126 and 127
+// with a message.
 func (s *session) begin(o agentproto.Open) bool {
-	id, err := s.check(o)
+	err := validateOpen(o)
 	if err == nil && o.PTY != nil {
 		err = s.allocatePty(*o.PTY)
 	}
@@ -148,6 +150,11 @@ func (s *session) begin(o agentproto.Open) bool {
 		return false
 	}
 	spec := o.Spec
+	id, err := lookupIdentity(spec.User, s.lookup)
+	if err != nil {
+		s.exitEarly(userFailure(err))
+		return true
+	}
 	term := ""
 	if s.pty != nil {
 		term = s.pty.term
@@ -170,14 +177,6 @@ func (s *session) begin(o agentproto.Open) bool {
 	}
 	s.log.Debug("command started", "argv", spec.Argv, "user", id.name, "dir", dir, "pid", cmd.Process.Pid)
 	return true
-}
-
-// check validates the host's command and finds its user.
-func (s *session) check(o agentproto.Open) (identity, error) {
-	if err := validateOpen(o); err != nil {
-		return identity{}, err
-	}
-	return lookupIdentity(o.Spec.User)
 }
 
 // allocatePty opens the terminal the host asked for.
