@@ -1,15 +1,11 @@
 package gateway
 
 import (
-	"os"
 	"testing"
 
-	"github.com/vmgate/vmgate/internal/reexec"
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // TestMain lets the test binary serve as the jail's re-exec child, as
 // vmgated does.
-func TestMain(m *testing.M) {
-	reexec.MaybeRunChild()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testutil.Main(m) }

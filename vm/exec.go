@@ -206,7 +206,7 @@ type execSession struct {
 func (s *execSession) bounded(ctx context.Context, step string, fn func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- fn() }()
-	limit := controlTimeout
+	limit := s.v.controlLimit()
 	if !s.deadline.IsZero() {
 		limit = max(min(limit, time.Until(s.deadline)), 0)
 	}

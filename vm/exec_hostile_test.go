@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -178,5 +179,128 @@ func TestExecHostileAgent(t *testing.T) {
 			}
 			t.Logf("%v after %v", err, took.Round(time.Millisecond))
 		})
+	}
+}
+
+// wedge is a guest agent that takes a command, stops reading its port
+// and reports the command's exit: the host's stdin pump is then stuck in
+// a write that holds the connection's write lock (security round 3,
+// finding 1).
+func wedge(g *fakeGuest) {
+	id, ok := openOf(g)
+	if !ok {
+		return
+	}
+	g.stall()
+	g.send(agentproto.FrameOpenOK, id, nil)
+	g.send(agentproto.FrameExit, id, agentproto.EncodeExit(agentproto.Exit{Status: 0}))
+	<-g.gone
+}
+
+// wedged runs a command with a large stdin on a VM whose agent is wedge,
+// and returns once the command's exit arrived (the stdin pump still
+// writing). writeTimeout is the host's bound on a frame write.
+func wedged(t *testing.T, control, writeTimeout time.Duration) *VM {
+	t.Helper()
+	v := fakeVM(t, wedge)
+	v.control = control
+	v.agent.SetWriteTimeout(writeTimeout)
+	res, err := v.Exec(context.Background(), ExecRequest{Argv: []string{"cat"}, Stdin: strings.NewReader(strings.Repeat("x", 8<<20)), KillGrace: 200 * time.Millisecond})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("the wedged command: %+v %v", res, err)
+	}
+	return v
+}
+
+// TestWedgedAgentCall: after a wedging command, the next call (what
+// --get, --put and cp ask first) ends within its own limit, or as soon as
+// the request's context ends, whatever the stuck write does; the VM is
+// killed.
+func TestWedgedAgentCall(t *testing.T) {
+	const control = 500 * time.Millisecond
+	for name, tc := range map[string]struct {
+		ctx     func() (context.Context, context.CancelFunc)
+		control time.Duration
+		within  time.Duration
+		want    error
+	}{
+		"its own limit": {func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+			control, control + time.Second, ErrAgentUnresponsive},
+		"the request's context": {func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), control)
+		},
+			time.Hour, control + time.Second, context.DeadlineExceeded},
+	} {
+		t.Run(name, func(t *testing.T) {
+			// The write deadline is out of reach: only the call's own
+			// bounds can end it.
+			v := wedged(t, tc.control, time.Hour)
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			t0 := time.Now()
+			ok, err := v.CanTransfer(ctx)
+			took := time.Since(t0)
+			if ok || !errors.Is(err, tc.want) {
+				t.Errorf("CanTransfer: %v, %v; want %v", ok, err, tc.want)
+			}
+			if took > tc.within {
+				t.Errorf("CanTransfer took %v, want at most %v", took, tc.within)
+			}
+			select {
+			case <-v.exited:
+			case <-time.After(2 * time.Second):
+				t.Error("the VM of a wedged agent was not killed")
+			}
+		})
+	}
+}
+
+// TestWedgedAgentWriteDeadline: a frame write that a guest does not drain
+// ends at the host's write deadline, with the connection and the VM.
+func TestWedgedAgentWriteDeadline(t *testing.T) {
+	v := wedged(t, time.Hour, 300*time.Millisecond)
+	select {
+	case <-v.exited:
+	case <-time.After(3 * time.Second):
+		t.Fatal("a write the guest never drained did not end the VM")
+	}
+	if err := v.died("after the write deadline"); !errors.Is(err, ErrAgentLost) {
+		t.Errorf("the VM's end: %v, want ErrAgentLost", err)
+	}
+}
+
+// TestWedgedAgentSignalFlood: signals sent to a command whose agent has
+// stopped reading queue for one sender, and are dropped beyond its queue:
+// 200,000 of them make no more than a handful of goroutines.
+func TestWedgedAgentSignalFlood(t *testing.T) {
+	v := fakeVM(t, func(g *fakeGuest) {
+		if id, ok := openOf(g); ok {
+			g.stall()
+			g.send(agentproto.FrameOpenOK, id, nil)
+			<-g.gone
+		}
+	})
+	v.agent.SetWriteTimeout(time.Hour)
+	signals := make(chan string)
+	before := runtime.NumGoroutine()
+	peak := make(chan int, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for range 200_000 {
+			signals <- "INT"
+		}
+		peak <- runtime.NumGoroutine()
+		cancel()
+	}()
+	_, err := v.Exec(ctx, ExecRequest{Argv: []string{"cat"}, Stdin: strings.NewReader(strings.Repeat("x", 8<<20)),
+		Signals: signals, Timeout: time.Minute, KillGrace: 200 * time.Millisecond})
+	select {
+	case n := <-peak:
+		if n-before > 50 {
+			t.Errorf("%d goroutines after 200,000 signals (%d before)", n, before)
+		}
+	default:
+		t.Fatalf("Exec returned (%v) before the signals were sent", err)
 	}
 }

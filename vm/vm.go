@@ -42,6 +42,9 @@ type VM struct {
 	cgroup   *cgroup.Group // nil without cgroups
 	net      GuestNetwork
 	console  *console
+	// control bounds a control step or call the agent answers at once
+	// (0: controlTimeout).
+	control time.Duration
 
 	mu       sync.Mutex
 	cause    error // why the daemon killed QEMU, if it did
@@ -181,6 +184,14 @@ func (v *VM) lost(during string) error {
 	return v.died(during)
 }
 
+// controlLimit bounds a control step or call of the agent.
+func (v *VM) controlLimit() time.Duration {
+	if v.control > 0 {
+		return v.control
+	}
+	return controlTimeout
+}
+
 // killWait bounds the wait for a QEMU that was sent SIGKILL.
 const killWait = 10 * time.Second
 
@@ -195,7 +206,7 @@ func (v *VM) refresh(ctx context.Context, reseed bool) error {
 			return fmt.Errorf("refresh: %w", err)
 		}
 	}
-	if err := v.call(ctx, agentproto.CallSetTime, st, nil, controlTimeout); err != nil {
+	if err := v.call(ctx, agentproto.CallSetTime, st, nil, v.controlLimit()); err != nil {
 		return fmt.Errorf("set time: %w", err)
 	}
 	return nil
@@ -204,7 +215,7 @@ func (v *VM) refresh(ctx context.Context, reseed bool) error {
 // Info asks the agent about the guest.
 func (v *VM) Info(ctx context.Context) (*agentproto.Info, error) {
 	var info agentproto.Info
-	if err := v.call(ctx, agentproto.CallInfo, nil, &info, controlTimeout); err != nil {
+	if err := v.call(ctx, agentproto.CallInfo, nil, &info, v.controlLimit()); err != nil {
 		return nil, fmt.Errorf("info: %w", err)
 	}
 	return &info, nil

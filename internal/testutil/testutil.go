@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/vmgate/vmgate/internal/reexec"
 )
 
 // inCI reports whether the tests run under CI, where every gate must pass.
@@ -133,4 +135,13 @@ func Tmpfs(t testing.TB, size string) string {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
 	return dir
+}
+
+// Main runs a package's tests in a test binary that also serves as the
+// re-exec child of the jail and the netstack, as vmgated does (package
+// reexec): a test that starts a VM or a netstack runs it through the
+// test binary. Call it from TestMain.
+func Main(m *testing.M) {
+	reexec.MaybeRunChild()
+	os.Exit(m.Run())
 }

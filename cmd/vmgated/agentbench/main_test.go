@@ -1,16 +1,12 @@
 package agentbench
 
 import (
-	"os"
 	"testing"
 
-	"github.com/vmgate/vmgate/internal/reexec"
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // TestMain lets the test binary serve as the jail's re-exec child, as
 // vmgated does: the in-process daemon of the integration tests starts
 // its VMs' QEMU through it.
-func TestMain(m *testing.M) {
-	reexec.MaybeRunChild()
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testutil.Main(m) }

@@ -70,7 +70,8 @@ type Conn struct {
 	host       bool // this end is the host
 	maxPayload int  // bound of the frames this end reads
 	log        *slog.Logger
-	// writeTimeout bounds each of the host's frame writes (WriteTimeout).
+	// writeTimeout bounds each of the host's frame writes (WriteTimeout;
+	// under wmu).
 	writeTimeout time.Duration
 
 	wmu  sync.Mutex // one frame at a time on rw
@@ -109,6 +110,14 @@ func newConn(rw io.ReadWriteCloser, host bool, log *slog.Logger) *Conn {
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
+}
+
+// SetWriteTimeout replaces the host's bound on each frame write
+// (WriteTimeout); a write that misses it ends the connection.
+func (c *Conn) SetWriteTimeout(d time.Duration) {
+	c.wmu.Lock()
+	c.writeTimeout = d
+	c.wmu.Unlock()
 }
 
 // Done is closed when the connection has ended; Err then says why.
