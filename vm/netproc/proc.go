@@ -173,7 +173,11 @@ func (p *Proc) send(m *toChild, pol netstack.Policy, fd *os.File) error {
 	}
 	p.audits[p.gen] = audit
 	delete(p.audits, p.gen-keptGens)
-	p.limit = newAllowLimit(pol.Egress)
+	if p.limit == nil {
+		p.limit = newAllowLimit(pol.Egress)
+	} else {
+		p.limit.retune(pol.Egress)
+	}
 	p.mu.Unlock()
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -221,7 +225,7 @@ func (p *Proc) attribute(gen uint64, rec netstack.Record) error {
 		return fmt.Errorf("record of policy %d, which it was not given or is long gone", gen)
 	}
 	if rec.Allowed && rec.Proto == "tcp" && !lim.take(time.Now()) {
-		return fmt.Errorf("more allowed connections than its policy's connect rate (%d a minute) permits", lim.perMinute)
+		return fmt.Errorf("more allowed connections than its policy's connect rate permits (%d a minute, twice the policy's)", lim.b.PerMinute())
 	}
 	audit(rec)
 	return nil
@@ -291,16 +295,18 @@ func (p *Proc) Close() {
 
 // allowLimit bounds the allowed connections the daemon believes a
 // netstack made: twice its policy's connect rate, with a burst of a
-// fifth of that plus its connection limit.
-type allowLimit struct {
-	perMinute int
-	mu        sync.Mutex
-	tokens    float64
-	burst     float64
-	last      time.Time
-}
+// fifth of that plus its connection limit. One bound lives as long as the
+// netstack: a new policy retunes it and keeps what was used of it
+// (netstack.Bucket), so a policy sent again renews nothing.
+type allowLimit struct{ b *netstack.Bucket }
 
 func newAllowLimit(e netrule.Egress) *allowLimit {
+	rate, burst := allowRate(e)
+	return &allowLimit{netstack.NewBucket(rate, burst, time.Now())}
+}
+
+// allowRate is the bound's rate per minute and burst for a policy.
+func allowRate(e netrule.Egress) (int, float64) {
 	rate, conns := e.ConnectRate, e.MaxConns
 	if rate == 0 {
 		rate = netstack.DefaultConnectRate
@@ -308,18 +314,12 @@ func newAllowLimit(e netrule.Egress) *allowLimit {
 	if conns == 0 {
 		conns = netstack.DefaultMaxConns
 	}
-	burst := float64(2*rate)/5 + float64(conns)
-	return &allowLimit{perMinute: 2 * rate, tokens: burst, burst: burst, last: time.Now()}
+	return 2 * rate, float64(2*rate)/5 + float64(conns)
 }
 
-func (l *allowLimit) take(now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*float64(l.perMinute)/60)
-	l.last = now
-	if l.tokens < 1 {
-		return false
-	}
-	l.tokens--
-	return true
+func (l *allowLimit) retune(e netrule.Egress) {
+	rate, burst := allowRate(e)
+	l.b.Retune(rate, burst, time.Now())
 }
+
+func (l *allowLimit) take(now time.Time) bool { return l.b.Take(now) }
