@@ -60,6 +60,7 @@ type Proc struct {
 	done        chan struct{} // closed when the netstack has exited
 	recordsDone chan struct{} // closed when readRecords returns
 	closing     atomic.Bool
+	qemuGone    atomic.Bool // the netstack said it ends because QEMU's connection did
 	once        sync.Once
 }
 
@@ -104,9 +105,7 @@ func (p *Proc) connect(socket string) error {
 		// The instance is not this process's child: its end is the
 		// channel's, which readRecords sees.
 		<-p.recordsDone
-		if !p.closing.Load() {
-			p.log.Error("netstack ended its channel: the VM has no network any more")
-		}
+		p.logEnd(nil)
 		close(p.done)
 	}()
 	return nil
@@ -145,10 +144,24 @@ func (p *Proc) spawn(spec isolate.Spec) error {
 func (p *Proc) waitChild(stderr io.Reader) {
 	p.relayLog(stderr)
 	err := p.jail.Cmd.Wait()
-	if !p.closing.Load() {
-		p.log.Error("netstack exited: the VM has no network any more", "err", err)
-	}
+	// Its last message is read before its end is judged: the channel
+	// ends with the process (nothing else holds its side).
+	<-p.recordsDone
+	p.logEnd(err)
 	close(p.done)
+}
+
+// logEnd logs the netstack's end (err: its exit status, when it is this
+// process's child): a failure unless the daemon closed it or it said it
+// ends with QEMU's connection.
+func (p *Proc) logEnd(err error) {
+	switch {
+	case p.closing.Load():
+	case p.qemuGone.Load() && err == nil:
+		p.log.Debug("netstack ended with QEMU's connection")
+	default:
+		p.log.Error("netstack ended: the VM has no network any more", "err", err)
+	}
 }
 
 // SetPolicy gives the network a new policy (see netstack.Network.SetPolicy);
@@ -204,9 +217,16 @@ func (p *Proc) readRecords() {
 		if err != nil || k == 0 {
 			return
 		}
-		gen, rec, err := parseRecord(buf[:k])
+		m, err := parseMessage(buf[:k])
+		if err == nil && m.end != "" {
+			// Its last message: the channel's end or its exit follows.
+			// A netstack that says so and stays merely keeps its VM's
+			// network, which it could anyway.
+			p.qemuGone.Store(true)
+			continue
+		}
 		if err == nil {
-			err = p.attribute(gen, rec)
+			err = p.attribute(m.gen, m.record)
 		}
 		if err != nil {
 			p.log.Error("netstack misbehaves: killed (the VM keeps running without a network)", "err", err)
@@ -263,6 +283,11 @@ func (p *Proc) Pid() int {
 	}
 	return p.jail.Cmd.Process.Pid
 }
+
+// Done is closed when the netstack has ended: the jailed child has
+// exited, or the systemd instance has closed its channel. A netstack
+// ends by itself when QEMU's connection to it ends.
+func (p *Proc) Done() <-chan struct{} { return p.done }
 
 // kill ends a netstack that misbehaves or does not stop: a child is
 // killed; a systemd instance loses its channel, and systemd stops it
