@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -27,6 +28,20 @@ import (
 var maxExposure = map[string]float64{
 	"vmgated.service":              2.0,
 	"vmgate-netstack@test.service": 1.1,
+}
+
+// maxExposureTCP is vmgated.service's highest exposure with the drop-in
+// for TCP listeners (docs/operator.md, "TCP listeners").
+const maxExposureTCP = 2.8
+
+// tcpDropIn is the drop-in that relaxes vmgated.service for TCP
+// listeners on loopback, and what it must set: exactly these directives.
+const tcpDropIn = "vmgated.service.d/tcp-listen.conf.example"
+
+var tcpDropInSets = map[string]string{
+	"PrivateNetwork":          "no",
+	"RestrictAddressFamilies": "AF_INET AF_INET6",
+	"IPAddressAllow":          "localhost",
 }
 
 // netstackRoot is the netstack unit's RootDirectory=, an empty directory
@@ -91,7 +106,9 @@ func run(t *testing.T, name string, args ...string) (string, error) {
 
 func TestUnits_Verify(t *testing.T) {
 	sa := requireTool(t, "systemd-analyze")
-	dir := stageUnits(t)
+	// With the drop-in for TCP listeners beside vmgated.service, where
+	// systemd-analyze reads it as systemd would.
+	dir := stageUnits(t, tcpDropIn)
 	// A template is verified as an instance of it.
 	paths := []string{filepath.Join(dir, "vmgated.service"), filepath.Join(dir, "vmgated.socket"),
 		filepath.Join(dir, "vmgate-netstack.socket"), filepath.Join(dir, "vmgate-netstack@test.service")}
@@ -148,6 +165,74 @@ func TestUnits_SecurityExposure(t *testing.T) {
 		if score > max {
 			t.Errorf("%s: exposure %.1f > %.1f: a hardening directive was removed or weakened\n%s", unit, score, max, out)
 		}
+	}
+}
+
+// exposure runs systemd-analyze security on a staged unit.
+func exposure(t *testing.T, sa, path string) (float64, string) {
+	t.Helper()
+	out, err := run(t, sa, "security", "--offline=true", "--no-pager", path)
+	if err != nil {
+		t.Fatalf("systemd-analyze security --offline=true: %v\n%s", err, out)
+	}
+	m := exposureRE.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no overall exposure level in:\n%s", out)
+	}
+	score, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return score, out
+}
+
+// TestUnits_TCPListenDropIn: the drop-in for TCP listeners relaxes
+// exactly what a loopback listener needs (PrivateNetwork=, AF_INET,
+// loopback in IPAddressAllow=), each relaxation with its reason, and
+// systemd reads it: the relaxed unit scores above the shipped one and
+// below the documented bound.
+func TestUnits_TCPListenDropIn(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("systemd", tcpDropIn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	lines := strings.Split(string(b), "\n")
+	for i, line := range lines {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") || line == "[Service]" {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("line %d: %q", i+1, line)
+		}
+		if _, dup := got[k]; dup {
+			t.Errorf("%s set twice", k)
+		}
+		got[k] = v
+		// Its reason: the comment block just above, opened by RELAXED.
+		j := i - 1
+		for j >= 0 && strings.HasPrefix(strings.TrimSpace(lines[j]), "#") && !strings.HasPrefix(strings.TrimSpace(lines[j]), "# RELAXED:") {
+			j--
+		}
+		if j < 0 || !strings.HasPrefix(strings.TrimSpace(lines[j]), "# RELAXED:") {
+			t.Errorf("%s= has no \"# RELAXED:\" comment above it", k)
+		}
+	}
+	if !reflect.DeepEqual(got, tcpDropInSets) {
+		t.Errorf("the drop-in sets %q, want exactly %q", got, tcpDropInSets)
+	}
+
+	sa := requireTool(t, "systemd-analyze")
+	base, _ := exposure(t, sa, filepath.Join(stageUnits(t), "vmgated.service"))
+	relaxed, out := exposure(t, sa, filepath.Join(stageUnits(t, tcpDropIn), "vmgated.service"))
+	t.Logf("vmgated.service: exposure %.1f, with %s %.1f (max %.1f)", base, tcpDropIn, relaxed, maxExposureTCP)
+	if relaxed <= base {
+		t.Errorf("with the drop-in the exposure is %.1f, not above %.1f: systemd did not read it", relaxed, base)
+	}
+	if relaxed > maxExposureTCP {
+		t.Errorf("with the drop-in the exposure is %.1f > %.1f\n%s", relaxed, maxExposureTCP, out)
 	}
 }
 
