@@ -147,20 +147,7 @@ func TestUnits_SecurityExposure(t *testing.T) {
 		t.Fatal(err)
 	}
 	for unit, max := range maxExposure {
-		// --offline=true (systemd >= 250) reads the unit file instead of
-		// asking a running manager.
-		out, err := run(t, sa, "security", "--offline=true", "--no-pager", filepath.Join(dir, unit))
-		if err != nil {
-			t.Fatalf("systemd-analyze security --offline=true: %v\n%s", err, out)
-		}
-		m := exposureRE.FindStringSubmatch(out)
-		if m == nil {
-			t.Fatalf("no overall exposure level in:\n%s", out)
-		}
-		score, err := strconv.ParseFloat(m[1], 64)
-		if err != nil {
-			t.Fatal(err)
-		}
+		score, out := exposure(t, sa, filepath.Join(dir, unit))
 		t.Logf("systemd-analyze security --offline=true %s: exposure %.1f (max %.1f)", unit, score, max)
 		if score > max {
 			t.Errorf("%s: exposure %.1f > %.1f: a hardening directive was removed or weakened\n%s", unit, score, max, out)
@@ -168,7 +155,9 @@ func TestUnits_SecurityExposure(t *testing.T) {
 	}
 }
 
-// exposure runs systemd-analyze security on a staged unit.
+// exposure runs systemd-analyze security on a staged unit and returns its
+// overall exposure and the report. --offline=true (systemd >= 250) reads
+// the unit file instead of asking a running manager.
 func exposure(t *testing.T, sa, path string) (float64, string) {
 	t.Helper()
 	out, err := run(t, sa, "security", "--offline=true", "--no-pager", path)
