@@ -70,6 +70,8 @@ cat >"$S/pid1.sh" <<EOF
 set -e
 mount --make-rprivate /
 mount -t tmpfs -o mode=0755 tmpfs /run
+# What tmpfiles.d would make at boot: the netstacks' empty root.
+mkdir -m 0555 /run/vmgate-netstack-root
 mount --bind $S/units /usr/lib/systemd/system
 mount --bind $S/etc-units /etc/systemd/system
 mount --bind $S/state /var/lib/vmgate

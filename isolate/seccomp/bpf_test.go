@@ -151,3 +151,81 @@ func TestBPF_Decisions(t *testing.T) {
 		})
 	}
 }
+
+// TestBPF_Netstack: the compiled filters of the netstack role answer as
+// their rule tables say (TestRules_Netstack, TestRules_NetstackServing).
+func TestBPF_Netstack(t *testing.T) {
+	const x86 = unix.AUDIT_ARCH_X86_64
+	threadFlags := uint64(unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
+		unix.CLONE_THREAD | unix.CLONE_SYSVSEM | unix.CLONE_SETTLS | unix.CLONE_PARENT_SETTID | unix.CLONE_CHILD_CLEARTID)
+	forkFlags := uint64(unix.CLONE_CHILD_SETTID | unix.CLONE_CHILD_CLEARTID | uint64(unix.SIGCHLD))
+	vforkFlags := uint64(unix.CLONE_VFORK | unix.CLONE_VM | uint64(unix.SIGCHLD))
+	allow, eperm, enosys, kill := uint32(retAllow), uint32(retErrno|uint32(unix.EPERM)), uint32(retErrno|uint32(unix.ENOSYS)), uint32(retKillProcess)
+	type call struct {
+		name string
+		nr   int
+		args []uint64
+		want uint32
+	}
+	// A foreign ABI is killed by every filter, the default-allow one too.
+	i386 := call{"i386 ABI", 1, nil, kill}
+	for _, tc := range []struct {
+		opts  Options
+		calls []call
+	}{
+		{Options{Program: "netstack"}, []call{
+			{"execve", unix.SYS_EXECVE, nil, allow},
+			{"execveat", unix.SYS_EXECVEAT, nil, eperm},
+			{"fork", unix.SYS_FORK, nil, eperm},
+			{"clone thread", unix.SYS_CLONE, []uint64{threadFlags}, allow},
+			{"clone fork", unix.SYS_CLONE, []uint64{forkFlags}, eperm},
+			{"clone vfork", unix.SYS_CLONE, []uint64{vforkFlags}, eperm},
+			{"clone thread CLONE_NEWNET", unix.SYS_CLONE, []uint64{threadFlags | unix.CLONE_NEWNET}, eperm},
+			{"clone3", unix.SYS_CLONE3, nil, enosys},
+			{"socket AF_INET", unix.SYS_SOCKET, []uint64{unix.AF_INET}, allow},
+			{"socket AF_UNIX", unix.SYS_SOCKET, []uint64{unix.AF_UNIX}, eperm},
+			{"seccomp", unix.SYS_SECCOMP, []uint64{1}, allow},
+			{"prctl PR_SET_NO_NEW_PRIVS", unix.SYS_PRCTL, []uint64{unix.PR_SET_NO_NEW_PRIVS, 1}, allow},
+			{"prctl PR_SET_DUMPABLE", unix.SYS_PRCTL, []uint64{unix.PR_SET_DUMPABLE, 1}, eperm},
+			{"bind", unix.SYS_BIND, nil, eperm},
+			i386,
+		}},
+		{Options{Program: "netstack-serving"}, []call{
+			{"execve", unix.SYS_EXECVE, nil, eperm},
+			{"execveat", unix.SYS_EXECVEAT, nil, eperm},
+			{"fork", unix.SYS_FORK, nil, eperm},
+			{"vfork", unix.SYS_VFORK, nil, eperm},
+			{"clone fork", unix.SYS_CLONE, []uint64{forkFlags}, eperm},
+			{"clone vfork", unix.SYS_CLONE, []uint64{vforkFlags}, eperm},
+			{"clone thread", unix.SYS_CLONE, []uint64{threadFlags}, allow},
+			{"clone3", unix.SYS_CLONE3, nil, enosys},
+			{"read", unix.SYS_READ, nil, allow},
+			{"socket AF_UNIX", unix.SYS_SOCKET, []uint64{unix.AF_UNIX}, allow}, // the first filter's to refuse
+			i386,
+		}},
+		{Options{Program: "netstack-serving", DefaultAction: "kill"}, []call{
+			{"execve", unix.SYS_EXECVE, nil, kill},
+			{"clone fork", unix.SYS_CLONE, []uint64{forkFlags}, kill},
+			{"clone thread", unix.SYS_CLONE, []uint64{threadFlags}, allow},
+			{"clone3", unix.SYS_CLONE3, nil, enosys},
+		}},
+	} {
+		t.Run(tc.opts.Program+"-"+tc.opts.DefaultAction, func(t *testing.T) {
+			vm := loadVM(t, tc.opts)
+			for _, c := range tc.calls {
+				arch := uint32(x86)
+				if c.name == i386.name {
+					arch = unix.AUDIT_ARCH_I386
+				}
+				got, err := vm.Run(seccompData(arch, c.nr, c.args...))
+				if err != nil {
+					t.Errorf("%s: %v", c.name, err)
+					continue
+				}
+				if uint32(got) != c.want {
+					t.Errorf("%s: filter returns %#x, want %#x", c.name, uint32(got), c.want)
+				}
+			}
+		})
+	}
+}

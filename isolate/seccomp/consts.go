@@ -14,6 +14,7 @@ const (
 	afINET  = 2  // AF_INET
 	afINET6 = 10 // AF_INET6
 
+	cloneThread    = 0x00010000
 	cloneNewNS     = 0x00020000
 	cloneNewCgroup = 0x02000000
 	cloneNewUTS    = 0x04000000

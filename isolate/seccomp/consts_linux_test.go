@@ -11,6 +11,9 @@ import (
 func TestConsts_MatchUnix(t *testing.T) {
 	for name, c := range map[string][2]uint64{
 		"AF_UNIX":             {afUNIX, unix.AF_UNIX},
+		"AF_INET":             {afINET, unix.AF_INET},
+		"AF_INET6":            {afINET6, unix.AF_INET6},
+		"CLONE_THREAD":        {cloneThread, unix.CLONE_THREAD},
 		"CLONE_NEWNS":         {cloneNewNS, unix.CLONE_NEWNS},
 		"CLONE_NEWCGROUP":     {cloneNewCgroup, unix.CLONE_NEWCGROUP},
 		"CLONE_NEWUTS":        {cloneNewUTS, unix.CLONE_NEWUTS},

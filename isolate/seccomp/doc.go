@@ -33,6 +33,19 @@
 // relaxation is listed in RuleSet.Warnings and logged by Install as a
 // "SECCOMP WARNING".
 //
+// # The netstack's filters
+//
+// vmgated's netstack role (vm/netproc), which parses the guest's frames,
+// gets two filters. The jail loads the first, Program "netstack", before
+// it execs vmgated: Internet sockets only, threads but no new processes,
+// no bind, ioctl or mount, and execve for that one exec. The netstack
+// loads the second itself, Program "netstack-serving", once its start-up
+// is done and before it reads anything from the guest: stacked on the
+// first (or, when systemd starts the netstack, on the unit's
+// SystemCallFilter=), it denies execve, execveat and every new process
+// (fork, vfork, clone without CLONE_THREAD; clone3 gets ENOSYS), and
+// allows the rest, which the filter below it decides.
+//
 // # Derivation
 //
 // The allowlist is what QEMU 7.2 actually calls with vmgate's command line,

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +31,7 @@ func init() {
 	children["syscalls"] = childSyscalls
 	children["kill"] = childKill
 	children["exec"] = childExec
+	children["serving"] = childServing
 }
 
 // childSyscalls installs the TCG filter, checks denied and allowed calls,
@@ -174,6 +176,95 @@ func TestInstall_Subprocess(t *testing.T) {
 			t.Fatalf("child ended with %v, want SIGSYS after install\n%s", ws, out)
 		}
 	})
+}
+
+// childServing loads the netstack's second filter as the netstack does
+// after its start-up, then checks that exec and every way to make a
+// process fail while new threads still start.
+func childServing() int {
+	if err := Install(Options{Program: "netstack-serving"}, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+		fmt.Printf("FAIL install: %v\n", err)
+		return 1
+	}
+	check := func(name string, err, want error) {
+		if errors.Is(err, want) {
+			fmt.Printf("PASS %s: %v\n", name, err)
+		} else {
+			fmt.Printf("FAIL %s: got %v, want %v\n", name, err, want)
+		}
+	}
+	check("execve", unix.Exec("/bin/true", []string{"true"}, nil), unix.EPERM)
+	// A null path: without the filter the kernel answers EFAULT.
+	cwd := unix.AT_FDCWD
+	_, _, e := unix.Syscall6(unix.SYS_EXECVEAT, uintptr(cwd), 0, 0, 0, 0, 0)
+	check("execveat", errnoErr(e), unix.EPERM)
+	_, _, e = unix.RawSyscall(unix.SYS_FORK, 0, 0, 0)
+	check("fork", errnoErr(e), unix.EPERM)
+	_, _, e = unix.RawSyscall(unix.SYS_CLONE, uintptr(unix.SIGCHLD), 0, 0)
+	check("clone without CLONE_THREAD", errnoErr(e), unix.EPERM)
+	_, _, e = unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
+	check("clone3", errnoErr(e), unix.ENOSYS)
+	// os/exec: Go's clone(CLONE_VFORK|CLONE_VM), then exec.
+	check("os/exec", exec.Command("/bin/true").Run(), unix.EPERM)
+
+	// Threads: goroutines locked to their threads while they wait make
+	// the runtime start a thread for each (glibc's pthread_create under
+	// cgo: clone3, ENOSYS, then clone with CLONE_THREAD). A thread the
+	// runtime cannot make is fatal, so getting here is half the check.
+	threads := func() int {
+		b, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			return -1
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+				n, _ := strconv.Atoi(strings.TrimSpace(v))
+				return n
+			}
+		}
+		return -1
+	}
+	// Each locked goroutine holds a thread of its own, the main goroutine
+	// runs on another and sysmon on a third: with more goroutines than
+	// there were threads, at least k+2 threads exist, all but "before"
+	// of them started under the filter.
+	before := threads()
+	k := before + 4
+	started, release := make(chan struct{}), make(chan struct{})
+	for range k {
+		go func() {
+			runtime.LockOSThread()
+			started <- struct{}{}
+			<-release
+		}()
+	}
+	for range k {
+		<-started
+	}
+	if after := threads(); after >= k+2 && before > 0 {
+		fmt.Printf("PASS threads: %d before, %d with %d goroutines locked to theirs\n", before, after, k)
+	} else {
+		fmt.Printf("FAIL threads: %d before, %d with %d goroutines locked to theirs\n", before, after, k)
+	}
+	close(release)
+	return 0
+}
+
+// TestInstall_NetstackServing loads the netstack's second filter in a
+// child: exec and fork fail, threads still start.
+func TestInstall_NetstackServing(t *testing.T) {
+	cmd, out := runChild(t, t.Context(), "serving")
+	err := cmd.Run()
+	t.Logf("child output:\n%s", out)
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if strings.Contains(out.String(), "FAIL") {
+		t.Error("a check failed in the filtered child")
+	}
+	if n := strings.Count(out.String(), "PASS"); n != 7 {
+		t.Errorf("%d checks passed, want 7", n)
+	}
 }
 
 // childExec installs the filter described by VMGATE_SECCOMP_TEST_OPTS and

@@ -35,11 +35,15 @@ var fallbackNr = map[string]int{
 // via TSYNC), after setting no_new_privs. Every relaxation in the rule set
 // is logged first as a "SECCOMP WARNING". A nil log means slog.Default().
 //
-// Precondition: this is the jail's last step before unix.Exec of QEMU;
-// the rest of the jail (namespaces, mounts, credentials, capabilities) is
-// already in place.
+// Precondition: this is the jail's last step before unix.Exec of QEMU or
+// of vmgated's netstack; the rest of the jail (namespaces, mounts,
+// credentials, capabilities) is already in place. Or, with Program
+// "netstack-serving", the netstack is done with its start-up and has
+// not yet read a byte from the guest.
 // Postcondition: on success the filter cannot be removed; the process may
-// only run what Rules(opts) allows, including one execve.
+// only run what Rules(opts) allows (and what every filter loaded before
+// allows), including one execve unless the program is
+// "netstack-serving".
 func Install(opts Options, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()

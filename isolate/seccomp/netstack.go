@@ -6,11 +6,13 @@ package seccomp
 // answers its DNS queries through the host's resolver and makes the
 // outbound TCP connections its policy allows. It opens no files but the
 // resolver's configuration, creates no Unix sockets (the ones it uses are
-// inherited), never execs or forks, and needs no ioctl.
+// inherited), never forks, and needs no ioctl. It execs once: the jail's
+// exec of vmgated itself; once its start-up is done it loads the second
+// filter, netstackServingRules, which forbids exec from then on.
 var netstackTable = append(glibcStart[:len(glibcStart):len(glibcStart)], []entry{
 	// Process start: the jail's execve of vmgated, ld.so, glibc, the Go
 	// runtime.
-	{name: "execve", why: traced + ": the jail's final exec of vmgated in its netstack role"},
+	{name: "execve", why: traced + ": the jail's final exec of vmgated in its netstack role; the second filter (netstack-serving) forbids it once the netstack has started"},
 	{name: "prlimit64", why: traced + ": glibc reads RLIMIT_STACK; the Go runtime raises RLIMIT_NOFILE's soft limit"},
 	{name: "mmap", why: traced + ": libraries, the Go heap"},
 	{name: "mprotect", why: traced + ": ld.so relocations, thread stack guards"},
@@ -26,10 +28,17 @@ var netstackTable = append(glibcStart[:len(glibcStart):len(glibcStart)], []entry
 	{name: "getpid", why: traced},
 	{name: "gettid", why: traced},
 
+	// The second filter, which the netstack loads itself after its
+	// start-up (libseccomp: PR_SET_NO_NEW_PRIVS, then seccomp() with
+	// TSYNC). A filter can only narrow what this one allows.
+	{name: "seccomp", why: assumed + ": the netstack's own second filter (netstack-serving), loaded after start-up; adding a filter can only restrict"},
+	{name: "prctl", alts: [][]Cond{{eq(0, prSetNoNewPrivs, "PR_SET_NO_NEW_PRIVS")}},
+		why: assumed + ": libseccomp sets no_new_privs (already set by the jail) before it loads the second filter"},
+
 	// Threads, signals, time.
 	{name: "clone", alts: [][]Cond{
-		{{Arg: 0, Op: MaskedEqual, Value: 0, Mask: nsFlags, Name: "0 (no CLONE_NEW* flag)"}},
-	}, why: traced + ": the Go runtime's threads (clone3 returns ENOSYS)"},
+		{{Arg: 0, Op: MaskedEqual, Value: cloneThread, Mask: nsFlags | cloneThread, Name: "CLONE_THREAD, no CLONE_NEW* flag"}},
+	}, why: traced + ": the Go runtime's threads, through glibc's pthread_create (clone3 returns ENOSYS); never a new process"},
 	{name: "futex", why: traced},
 	{name: "nanosleep", why: traced},
 	{name: "clock_nanosleep", why: assumed},
@@ -78,11 +87,43 @@ func netstackRules(opts Options) (RuleSet, error) {
 		Rule{Syscall: "bind", Action: rs.Default, Why: "the netstack listens on nothing of its own"},
 		Rule{Syscall: "ioctl", Action: rs.Default, Why: "no devices, no terminal"},
 		Rule{Syscall: "mount", Action: rs.Default, Why: "the jail's root is final"},
+		Rule{Syscall: "clone", Action: rs.Default, Conds: []Cond{{Arg: 0, Op: MaskedEqual, Value: 0, Mask: cloneThread, Name: "0 (no CLONE_THREAD)"}},
+			Why: "a new process (fork, vfork, posix_spawn): the netstack never makes one"},
 	)
 	sortRules(rs.Denied)
 	rs.Warnings = append(rs.Warnings,
 		"connect unrestricted: seccomp cannot see addresses; the netstack enforces the egress policy, and the unit's IPAddressDeny= (systemd) the rest",
 		"openat unrestricted: confinement of paths is the jail's mount namespace, not seccomp",
+		"execve allowed: the jail's exec of vmgated needs it; the netstack's second filter (netstack-serving) forbids it once it has started",
 	)
+	return rs, nil
+}
+
+// netstackServingRules is the netstack's second filter, which it loads
+// itself (package vm/netproc) once its start-up is done: the channel to
+// the daemon open, QEMU's listening socket received, the network built;
+// and before it accepts QEMU's connection and parses the first frame of
+// the guest. It is stacked on the first filter (the jail's netstack
+// allowlist, or the unit's SystemCallFilter= when systemd starts the
+// netstack) and only narrows it, so its default is to allow: the kernel
+// applies every filter and the strictest answer wins. It forbids what
+// the first filter cannot, since the start needs it or systemd's groups
+// hold it: exec of anything, and any new process. Threads still start.
+func netstackServingRules(opts Options) (RuleSet, error) {
+	deny, err := defaultAction(opts)
+	if err != nil {
+		return RuleSet{}, err
+	}
+	why := func(s string) string { return denyWhy + ": " + s }
+	rs := RuleSet{Default: actAllow, BadArch: actKill, Rules: []Rule{
+		{Syscall: "execve", Action: deny, Why: why("the netstack has started; a compromised one must not run another program")},
+		{Syscall: "execveat", Action: deny, Why: why("as execve")},
+		{Syscall: "fork", Action: deny, Why: why("no new process")},
+		{Syscall: "vfork", Action: deny, Why: why("no new process")},
+		{Syscall: "clone", Action: deny, Conds: []Cond{{Arg: 0, Op: MaskedEqual, Value: 0, Mask: cloneThread, Name: "0 (no CLONE_THREAD)"}},
+			Why: why("a new process (fork, vfork, posix_spawn); a thread carries CLONE_THREAD, which the kernel accepts only with CLONE_SIGHAND and CLONE_VM")},
+		{Syscall: "clone3", Action: actENOSYS, Why: enosysWhy + ": its flags are in memory, out of a filter's reach; glibc's pthread_create falls back to clone"},
+	}}
+	sortRules(rs.Rules)
 	return rs, nil
 }

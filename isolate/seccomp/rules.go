@@ -22,7 +22,10 @@ type Options struct {
 	Incoming bool
 	// Program is the jailed program: "qemu" (the default; Accel,
 	// Network and Incoming shape its filter) or "netstack", vmgated's
-	// guest network role (a Go program; Accel is ignored).
+	// guest network role (a Go program; Accel is ignored). The
+	// netstack's second filter, which it loads itself after its start-up,
+	// is "netstack-serving": stacked on the first, it denies exec and new
+	// processes and allows the rest.
 	Program string
 	// DefaultAction is what happens to a syscall no rule matches:
 	// "errno" (EPERM; the default when empty) or "kill" (the whole process).

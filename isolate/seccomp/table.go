@@ -237,8 +237,10 @@ func Rules(opts Options) (RuleSet, error) {
 	case "", "qemu":
 	case "netstack":
 		return netstackRules(opts)
+	case "netstack-serving":
+		return netstackServingRules(opts)
 	default:
-		return rs, fmt.Errorf("seccomp rules: program %q (want qemu or netstack): %w", opts.Program, ErrInvalidOptions)
+		return rs, fmt.Errorf("seccomp rules: program %q (want qemu, netstack or netstack-serving): %w", opts.Program, ErrInvalidOptions)
 	}
 	switch opts.Accel {
 	case "kvm", "tcg":

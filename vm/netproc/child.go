@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/reexec"
+	"github.com/vmgate/vmgate/isolate/seccomp"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
@@ -28,7 +29,11 @@ const jailChannelFD = 4
 func init() { reexec.Register(Role, child) }
 
 // child is the netstack: it serves one VM's network until the daemon
-// closes the channel.
+// closes the channel or QEMU's connection ends, whichever comes first.
+//
+// Its start-up (the channel, QEMU's listening socket, the network) is done
+// before it reads a byte from the guest; it then loads its second seccomp
+// filter, which forbids exec and new processes for the rest of its life.
 func child(args []string) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	fs := flag.NewFlagSet(Role, flag.ContinueOnError)
@@ -51,16 +56,21 @@ func child(args []string) error {
 	if err != nil {
 		return err
 	}
+	defer ln.Close()
 	cfg := netstack.Config{Hosts: first.Hosts, Log: log}
 	var gen atomic.Uint64
-	audit := func(r netstack.Record) {
-		b, err := json.Marshal(fromChild{Gen: gen.Load(), Record: recordToWire(r)})
+	send := func(m fromChild) {
+		b, err := json.Marshal(m)
 		if err == nil {
 			_, err = ctl.Write(b)
 		}
 		if err != nil {
-			log.Debug("send record", "err", err)
+			log.Debug("send to the daemon", "err", err)
 		}
+	}
+	audit := func(r netstack.Record) {
+		w := recordToWire(r)
+		send(fromChild{Gen: gen.Load(), Record: &w})
 	}
 	policy := func(m toChild) (netstack.Policy, error) {
 		p := netstack.Policy{Audit: audit}
@@ -82,23 +92,52 @@ func child(args []string) error {
 		return err
 	}
 	defer n.Close()
-	go func() {
-		conn, err := ln.Accept()
-		ln.Close()
-		if err != nil {
-			return
+
+	// Start-up is over. From here on the guest's bytes are parsed: no
+	// exec, no new process (isolate/seccomp, "netstack-serving").
+	if err := seccomp.Install(seccomp.Options{Program: "netstack-serving"}, log); err != nil {
+		return fmt.Errorf("second seccomp filter: %w", err)
+	}
+
+	qemu := make(chan error, 1)
+	go func() { qemu <- serveQEMU(ln, n) }()
+	daemon := make(chan error, 1)
+	go func() { daemon <- followPolicies(ctl, buf, n, policy) }()
+	select {
+	case err := <-daemon:
+		if err == nil {
+			log.Info("the daemon closed the channel: the network ends")
 		}
-		if err := n.Serve(conn); err != nil {
-			log.Debug("network ended", "err", err)
-		}
-	}()
+		return err
+	case err := <-qemu:
+		// QEMU has gone (its VM ends, or it died), and it never comes
+		// back to this socket: there is no guest left to serve.
+		log.Info("QEMU's connection ended: the network ends", "err", err)
+		send(fromChild{Gen: gen.Load(), End: endQEMU})
+		return nil
+	}
+}
+
+// serveQEMU serves the network to QEMU's one connection on ln until it
+// ends.
+func serveQEMU(ln net.Listener, n *netstack.Network) error {
+	conn, err := ln.Accept()
+	ln.Close()
+	if err != nil {
+		return fmt.Errorf("accept: %w", err)
+	}
+	return n.Serve(conn)
+}
+
+// followPolicies gives the network each policy the daemon sends, until
+// the daemon closes the channel (nil) or sends what does not parse.
+func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, policy func(toChild) (netstack.Policy, error)) error {
 	for {
 		m, err := readToChild(ctl, buf)
+		if errors.Is(err, errChannelClosed) {
+			return nil
+		}
 		if err != nil {
-			if errors.Is(err, errChannelClosed) {
-				log.Info("the daemon closed the channel: the network ends")
-				return nil
-			}
 			return err
 		}
 		p, err := policy(m)

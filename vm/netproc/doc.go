@@ -1,35 +1,85 @@
 // Package netproc runs one VM's guest network (package vm/netstack) in a
-// process of its own: vmgated's re-exec role "netstack", jailed like QEMU
-// (package isolate), and the daemon's side of the narrow channel to it.
+// process of its own: vmgated's re-exec role "netstack", and the daemon's
+// side of the narrow channel to it. The daemon either jails the netstack
+// itself (package isolate; vmgated serve without --netstack-socket), or
+// asks systemd for one (vmgate-netstack.socket starts a
+// vmgate-netstack@.service instance per connection).
 //
-// Threat model: the guest is hostile, and its frames, DNS queries and
-// connection starts are parsed by the netstack (gVisor's TCP/IP stack and
-// the name checks of netstack). A bug there, exploited by a guest, gives
-// the attacker the netstack process and nothing more:
+// # Threat model
 //
-//   - its own user, mount, pid, ipc, uts and cgroup namespaces, no
-//     capabilities, no_new_privs, rlimits;
-//   - a root of its own with only vmgated's binary and libraries and the
-//     resolver's configuration (/etc/resolv.conf, /etc/hosts), read-only:
-//     no state directory, no audit log, no image, no other VM's sockets;
-//   - a seccomp allowlist (isolate/seccomp, program "netstack") that lets
-//     it create only AF_INET and AF_INET6 sockets: it cannot reach the
-//     daemon's API socket, other VMs' sockets or abstract Unix sockets,
-//     and cannot exec, fork, mount, ptrace or bind;
-//   - one VM's network: it shares the host's network namespace, since it
-//     makes the guest's outbound connections. That is the one authority a
-//     compromised netstack keeps: it can connect where an unprivileged
-//     process of the host can (systemd's IPAddressDeny= and a host
-//     firewall still apply), and it can misreport its own VM's traffic.
+// The guest is hostile, and its frames, DNS queries and connection starts
+// are parsed by the netstack (gVisor's TCP/IP stack and the name checks of
+// vm/netstack). A guest that exploits a bug there runs code in the
+// netstack process. What that process is, by the time it reads the
+// guest's first frame:
 //
-// The channel is a SOCK_SEQPACKET socket pair: one JSON message per
-// packet, at most [MaxMessage] bytes. The daemon sends the VM's pinned
-// hosts once and then each policy (egress allowlist and limits); the
-// netstack sends one record per DNS query and connection. The daemon
-// treats every record as untrusted input: it parses it strictly, bounds
-// it (the audit log truncates long fields), attributes it to the policy
-// it sent, rate-limits what it writes of it, and kills a netstack whose
-// allowed connections exceed what its policy's connect rate permits.
-// Closing the channel ends the netstack; the daemon kills it if it has
-// not gone within a second.
+//   - Jailed by vmgated: new user, mount, pid, ipc, uts and cgroup
+//     namespaces; on the host it runs as the daemon's uid, with no
+//     capabilities, no_new_privs and rlimits (no file it could write, 4 GiB
+//     of address space). Its root is a tmpfs holding only vmgated's binary
+//     and libraries, /etc/resolv.conf and /etc/hosts, read-only, plus
+//     /dev/null, /dev/urandom and a /proc of its own pid namespace: no
+//     state directory, audit log, image or other VM's sockets.
+//   - Started by systemd: a transient user of its own (DynamicUser=), no
+//     capabilities, no_new_privs, private /dev, /proc of its own processes,
+//     and an empty root (RootDirectory=) with only vmgated's binary, its
+//     libraries, resolv.conf, hosts and nsswitch.conf bound read-only, and
+//     /sys read-only; /tmp, /var/tmp, /dev/shm and /run are empty
+//     read-only tmpfs, so it can write no file anywhere.
+//   - Seccomp, first filter: the jail's allowlist (isolate/seccomp,
+//     program "netstack"), or under systemd the unit's SystemCallFilter=
+//     (@system-service, minus @privileged, @mount, memfd_create and the
+//     rest of its deny list). Both let it create only AF_INET and AF_INET6
+//     sockets (the unit through RestrictAddressFamilies=): it cannot reach
+//     the daemon's API socket, other VMs' sockets or abstract Unix sockets.
+//     The jail's also refuses bind, ioctl, mount, ptrace and any new
+//     process; it must allow execve, for the jail's exec of vmgated.
+//   - Seccomp, second filter: once its start-up is done (the channel open,
+//     QEMU's listening socket received, the network built) and before it
+//     accepts QEMU's connection, the netstack loads "netstack-serving"
+//     itself: execve and execveat fail, and so does every new process
+//     (fork, vfork, clone without CLONE_THREAD; clone3 gets ENOSYS so
+//     that glibc falls back to clone). Threads still start. It cannot run
+//     another program, and a filter cannot be removed.
+//
+// What the attacker keeps is what the netstack exists for, one VM's
+// network, in the host's network namespace (it makes the guest's outbound
+// connections):
+//
+//   - It can connect where an unprivileged process of the host can, past
+//     its VM's policy. Jailed by vmgated that includes loopback services
+//     (databases, the SSH front door, --metrics-listen), link-local
+//     addresses (cloud metadata) and the host's own addresses; only a host
+//     firewall stands in the way. Under systemd, IPAddressDeny= drops
+//     loopback, link-local and multicast traffic in the kernel, but the
+//     host's other addresses, private ranges and the Internet stay
+//     reachable, and so does a host service listening on all addresses.
+//   - It can read what its root holds: vmgated's binary and libraries and
+//     the resolver's files (host names in /etc/hosts, the name servers);
+//     under systemd also the kernel's view in /sys.
+//   - It can lie about its own VM's traffic: misreport or omit records,
+//     answer its guest as it likes (the guest is hostile anyway). The
+//     daemon treats every record as untrusted input: it parses it
+//     strictly, bounds it (the audit log truncates long fields),
+//     attributes it to the policy it sent, rate-limits what it writes of
+//     it, and kills a netstack whose allowed connections exceed what its
+//     policy's connect rate permits, a bound that a policy sent again does
+//     not renew.
+//   - It can use the kernel's interfaces its filters allow (the network
+//     stack above all) and the memory, threads and descriptors its limits
+//     allow.
+//
+// # Channel and life
+//
+// The channel is a SOCK_SEQPACKET socket pair (or, under systemd, the
+// accepted connection): one JSON message per packet, at most [MaxMessage]
+// bytes. The daemon sends the VM's pinned hosts and QEMU's listening
+// socket once and then each policy (egress allowlist and limits); the
+// netstack sends one record per DNS query and connection. The netstack
+// ends when the daemon closes the channel, or when QEMU's connection ends
+// (the VM is being destroyed, or QEMU died; QEMU never connects again): it
+// then says so in a last message, so that the daemon does not log its end
+// as a failure. The daemon kills a jailed netstack that has not gone
+// within a second of its Close; a systemd instance whose daemon went away
+// ends with QEMU's connection, at the latest after RuntimeMaxSec=.
 package netproc

@@ -60,6 +60,7 @@ type Proc struct {
 	done        chan struct{} // closed when the netstack has exited
 	recordsDone chan struct{} // closed when readRecords returns
 	closing     atomic.Bool
+	qemuGone    atomic.Bool // the netstack said it ends because QEMU's connection did
 	once        sync.Once
 }
 
@@ -104,9 +105,7 @@ func (p *Proc) connect(socket string) error {
 		// The instance is not this process's child: its end is the
 		// channel's, which readRecords sees.
 		<-p.recordsDone
-		if !p.closing.Load() {
-			p.log.Error("netstack ended its channel: the VM has no network any more")
-		}
+		p.logEnd(nil)
 		close(p.done)
 	}()
 	return nil
@@ -145,10 +144,24 @@ func (p *Proc) spawn(spec isolate.Spec) error {
 func (p *Proc) waitChild(stderr io.Reader) {
 	p.relayLog(stderr)
 	err := p.jail.Cmd.Wait()
-	if !p.closing.Load() {
-		p.log.Error("netstack exited: the VM has no network any more", "err", err)
-	}
+	// Its last message is read before its end is judged: the channel
+	// ends with the process (nothing else holds its side).
+	<-p.recordsDone
+	p.logEnd(err)
 	close(p.done)
+}
+
+// logEnd logs the netstack's end (err: its exit status, when it is this
+// process's child): a failure unless the daemon closed it or it said it
+// ends with QEMU's connection.
+func (p *Proc) logEnd(err error) {
+	switch {
+	case p.closing.Load():
+	case p.qemuGone.Load() && err == nil:
+		p.log.Debug("netstack ended with QEMU's connection")
+	default:
+		p.log.Error("netstack ended: the VM has no network any more", "err", err)
+	}
 }
 
 // SetPolicy gives the network a new policy (see netstack.Network.SetPolicy);
@@ -173,7 +186,11 @@ func (p *Proc) send(m *toChild, pol netstack.Policy, fd *os.File) error {
 	}
 	p.audits[p.gen] = audit
 	delete(p.audits, p.gen-keptGens)
-	p.limit = newAllowLimit(pol.Egress)
+	if p.limit == nil {
+		p.limit = newAllowLimit(pol.Egress)
+	} else {
+		p.limit.retune(pol.Egress)
+	}
 	p.mu.Unlock()
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -200,9 +217,16 @@ func (p *Proc) readRecords() {
 		if err != nil || k == 0 {
 			return
 		}
-		gen, rec, err := parseRecord(buf[:k])
+		m, err := parseMessage(buf[:k])
+		if err == nil && m.end != "" {
+			// Its last message: the channel's end or its exit follows.
+			// A netstack that says so and stays merely keeps its VM's
+			// network, which it could anyway.
+			p.qemuGone.Store(true)
+			continue
+		}
 		if err == nil {
-			err = p.attribute(gen, rec)
+			err = p.attribute(m.gen, m.record)
 		}
 		if err != nil {
 			p.log.Error("netstack misbehaves: killed (the VM keeps running without a network)", "err", err)
@@ -221,7 +245,7 @@ func (p *Proc) attribute(gen uint64, rec netstack.Record) error {
 		return fmt.Errorf("record of policy %d, which it was not given or is long gone", gen)
 	}
 	if rec.Allowed && rec.Proto == "tcp" && !lim.take(time.Now()) {
-		return fmt.Errorf("more allowed connections than its policy's connect rate (%d a minute) permits", lim.perMinute)
+		return fmt.Errorf("more allowed connections than its policy's connect rate permits (%d a minute, twice the policy's)", lim.b.PerMinute())
 	}
 	audit(rec)
 	return nil
@@ -260,6 +284,11 @@ func (p *Proc) Pid() int {
 	return p.jail.Cmd.Process.Pid
 }
 
+// Done is closed when the netstack has ended: the jailed child has
+// exited, or the systemd instance has closed its channel. A netstack
+// ends by itself when QEMU's connection to it ends.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
 // kill ends a netstack that misbehaves or does not stop: a child is
 // killed; a systemd instance loses its channel, and systemd stops it
 // (vmgate-netstack@.service: the instance exits when the channel ends,
@@ -291,16 +320,18 @@ func (p *Proc) Close() {
 
 // allowLimit bounds the allowed connections the daemon believes a
 // netstack made: twice its policy's connect rate, with a burst of a
-// fifth of that plus its connection limit.
-type allowLimit struct {
-	perMinute int
-	mu        sync.Mutex
-	tokens    float64
-	burst     float64
-	last      time.Time
-}
+// fifth of that plus its connection limit. One bound lives as long as the
+// netstack: a new policy retunes it and keeps what was used of it
+// (netstack.Bucket), so a policy sent again renews nothing.
+type allowLimit struct{ b *netstack.Bucket }
 
 func newAllowLimit(e netrule.Egress) *allowLimit {
+	rate, burst := allowRate(e)
+	return &allowLimit{netstack.NewBucket(rate, burst, time.Now())}
+}
+
+// allowRate is the bound's rate per minute and burst for a policy.
+func allowRate(e netrule.Egress) (int, float64) {
 	rate, conns := e.ConnectRate, e.MaxConns
 	if rate == 0 {
 		rate = netstack.DefaultConnectRate
@@ -308,18 +339,12 @@ func newAllowLimit(e netrule.Egress) *allowLimit {
 	if conns == 0 {
 		conns = netstack.DefaultMaxConns
 	}
-	burst := float64(2*rate)/5 + float64(conns)
-	return &allowLimit{perMinute: 2 * rate, tokens: burst, burst: burst, last: time.Now()}
+	return 2 * rate, float64(2*rate)/5 + float64(conns)
 }
 
-func (l *allowLimit) take(now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.tokens = min(l.burst, l.tokens+now.Sub(l.last).Seconds()*float64(l.perMinute)/60)
-	l.last = now
-	if l.tokens < 1 {
-		return false
-	}
-	l.tokens--
-	return true
+func (l *allowLimit) retune(e netrule.Egress) {
+	rate, burst := allowRate(e)
+	l.b.Retune(rate, burst, time.Now())
 }
+
+func (l *allowLimit) take(now time.Time) bool { return l.b.Take(now) }

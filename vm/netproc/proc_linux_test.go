@@ -1,14 +1,19 @@
 package netproc_test
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +28,13 @@ import (
 // connect, with an audit that collects its records: jailed by this
 // process, or started for a connection to socket (as systemd does).
 func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan netstack.Record) {
+	t.Helper()
+	return startNetstackLog(t, socket, nil)
+}
+
+// startNetstackLog is startNetstack with the daemon side's log going to
+// log.
+func startNetstackLog(t *testing.T, socket string, log *slog.Logger) (*netproc.Proc, string, chan netstack.Record) {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	spec, err := vm.NetstackSpec("")
@@ -43,7 +55,7 @@ func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan net
 	}
 	defer lf.Close()
 	recs := make(chan netstack.Record, 16)
-	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: socket, Policy: netstack.Policy{Audit: func(r netstack.Record) { recs <- r }}}, lf)
+	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: socket, Log: log, Policy: netstack.Policy{Audit: func(r netstack.Record) { recs <- r }}}, lf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +104,13 @@ func TestNetstack_ChannelAndJail(t *testing.T) {
 			t.Errorf("netstack %d lacks %q:\n%s", pid, want, status)
 		}
 	}
+	// Two filters: the jail's, and the one the netstack loads itself
+	// after its start-up, which forbids exec and new processes.
+	if mine, ok := seccompFilters(testutil.ReadFile(t, "/proc/self/status")); ok {
+		if its, _ := seccompFilters(status); its != mine+2 {
+			t.Errorf("netstack %d has %d seccomp filters, want %d (the jail's and its own)", pid, its, mine+2)
+		}
+	}
 	for ns, same := range map[string]bool{"user": false, "mnt": false, "pid": false, "ipc": false, "uts": false, "net": true} {
 		mine, _ := os.Readlink("/proc/self/ns/" + ns)
 		its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
@@ -117,7 +136,7 @@ func TestNetstack_ChannelAndJail(t *testing.T) {
 
 // guestSends sends a datagram as the guest would, through QEMU's socket,
 // and checks that the netstack's record of it reaches the audit.
-func guestSends(t *testing.T, sock string, recs chan netstack.Record) {
+func guestSends(t *testing.T, sock string, recs chan netstack.Record) net.Conn {
 	t.Helper()
 	qemu, err := net.Dial("unix", sock)
 	if err != nil {
@@ -135,6 +154,7 @@ func guestSends(t *testing.T, sock string, recs chan netstack.Record) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no record of the refused datagram")
 	}
+	return qemu
 }
 
 // TestNetstack_SocketActivated: a netstack that systemd starts per
@@ -142,33 +162,7 @@ func guestSends(t *testing.T, sock string, recs chan netstack.Record) {
 // listening socket over the channel and reports as a jailed one does;
 // it ends when the daemon closes the channel.
 func TestNetstack_SocketActivated(t *testing.T) {
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	socket := filepath.Join(t.TempDir(), "netstack.sock")
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	started := make(chan *exec.Cmd, 1)
-	go func() {
-		c, err := ln.AcceptUnix()
-		if err != nil {
-			return
-		}
-		f, _ := c.File()
-		c.Close()
-		cmd := exec.Command(self, "--channel-fd", "0")
-		cmd.Env = []string{reexec.ChildEnv + "=" + netproc.Role}
-		cmd.Stdin, cmd.Stderr = f, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Error(err)
-		}
-		f.Close()
-		started <- cmd
-	}()
+	socket, started := socketActivation(t)
 	p, sock, recs := startNetstack(t, socket)
 	guestSends(t, sock, recs)
 	cmd := <-started
@@ -214,4 +208,97 @@ func TestNetstack_FailedStartEnds(t *testing.T) {
 			t.Fatalf("%s: a failed start still waits after 30 s", name)
 		}
 	}
+}
+
+// socketActivation serves socket as systemd's vmgate-netstack.socket does
+// (Accept=yes, StandardInput=socket, --channel-fd 0): the one instance it
+// starts arrives on the channel.
+func socketActivation(t *testing.T) (string, chan *exec.Cmd) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(t.TempDir(), "netstack.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	started := make(chan *exec.Cmd, 1)
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		f, _ := c.File()
+		c.Close()
+		cmd := exec.Command(self, "--channel-fd", "0")
+		cmd.Env = []string{reexec.ChildEnv + "=" + netproc.Role}
+		cmd.Stdin, cmd.Stderr = f, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Error(err)
+		}
+		f.Close()
+		started <- cmd
+	}()
+	return socket, started
+}
+
+// TestNetstack_EndsWithQEMU: when QEMU's connection ends (its VM is
+// destroyed, or QEMU died), the netstack has no one left to serve and
+// exits by itself, without waiting for the daemon to close the channel,
+// and the daemon does not take that for a failure.
+func TestNetstack_EndsWithQEMU(t *testing.T) {
+	for _, mode := range []string{"jail", "socket"} {
+		t.Run(mode, func(t *testing.T) {
+			var log bytes.Buffer
+			var mu sync.Mutex
+			logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &log}, nil))
+			socket, started := "", chan *exec.Cmd(nil)
+			if mode == "socket" {
+				socket, started = socketActivation(t)
+			}
+			p, sock, recs := startNetstackLog(t, socket, logger)
+			guestSends(t, sock, recs).Close()
+			select {
+			case <-p.Done():
+			case <-time.After(30 * time.Second):
+				t.Fatal("the netstack still runs 30 s after QEMU's connection ended")
+			}
+			if started != nil {
+				if err := (<-started).Wait(); err != nil {
+					t.Errorf("the instance: %v", err)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if strings.Contains(log.String(), "level=ERROR") {
+				t.Errorf("the daemon logged the netstack's end as a failure:\n%s", log.String())
+			}
+		})
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// seccompFilters reads Seccomp_filters from a /proc/PID/status (Linux
+// 5.9 and later).
+func seccompFilters(status string) (int, bool) {
+	for _, l := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(l, "Seccomp_filters:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			return n, err == nil
+		}
+	}
+	return 0, false
 }

@@ -51,10 +51,23 @@ func (w *wireEgress) egress() (netrule.Egress, error) {
 }
 
 // fromChild is a message from the netstack: one record, made under the
-// policy numbered Gen.
+// policy numbered Gen; or, as its last message, why it ends (End).
 type fromChild struct {
-	Gen    uint64     `json:"gen"`
-	Record wireRecord `json:"record"`
+	Gen    uint64      `json:"gen"`
+	Record *wireRecord `json:"record,omitempty"`
+	End    string      `json:"end,omitempty"`
+}
+
+// endQEMU is the netstack's last message when QEMU's connection ended: it
+// exits, as there is no guest left to serve.
+const endQEMU = "qemu"
+
+// message is a message from the netstack as the daemon read it: a record,
+// or the end.
+type message struct {
+	gen    uint64
+	record netstack.Record
+	end    string // endQEMU, or empty for a record
 }
 
 // wireRecord is netstack.Record as sent.
@@ -93,22 +106,32 @@ func decodeStrict(b []byte, v any) error {
 	return nil
 }
 
-// parseRecord is the daemon's reading of a message from the netstack:
-// strict, and only the record kinds a netstack makes.
-func parseRecord(b []byte) (uint64, netstack.Record, error) {
+// parseMessage is the daemon's reading of a message from the netstack:
+// strict, and only the record kinds a netstack makes, or its end.
+func parseMessage(b []byte) (message, error) {
 	var m fromChild
 	if err := decodeStrict(b, &m); err != nil {
-		return 0, netstack.Record{}, err
+		return message{}, err
 	}
-	w := m.Record
+	switch {
+	case m.End != "" && m.Record != nil:
+		return message{}, fmt.Errorf("netstack message: a record and an end")
+	case m.End == endQEMU:
+		return message{gen: m.Gen, end: m.End}, nil
+	case m.End != "":
+		return message{}, fmt.Errorf("netstack message: end %q", m.End)
+	case m.Record == nil:
+		return message{}, fmt.Errorf("netstack message: neither a record nor an end")
+	}
+	w := *m.Record
 	switch w.Proto {
 	case "tcp", "udp", "dns":
 	default:
-		return 0, netstack.Record{}, fmt.Errorf("netstack record: protocol %q", w.Proto)
+		return message{}, fmt.Errorf("netstack record: protocol %q", w.Proto)
 	}
 	if w.BytesOut < 0 || w.BytesIn < 0 || w.DurationNS < 0 {
-		return 0, netstack.Record{}, fmt.Errorf("netstack record: negative count")
+		return message{}, fmt.Errorf("netstack record: negative count")
 	}
-	return m.Gen, netstack.Record{Proto: w.Proto, Name: w.Name, Addr: w.Addr, Port: w.Port, Allowed: w.Allowed, Rule: w.Rule,
-		Reason: w.Reason, BytesOut: w.BytesOut, BytesIn: w.BytesIn, Duration: time.Duration(w.DurationNS)}, nil
+	return message{gen: m.Gen, record: netstack.Record{Proto: w.Proto, Name: w.Name, Addr: w.Addr, Port: w.Port, Allowed: w.Allowed, Rule: w.Rule,
+		Reason: w.Reason, BytesOut: w.BytesOut, BytesIn: w.BytesIn, Duration: time.Duration(w.DurationNS)}}, nil
 }

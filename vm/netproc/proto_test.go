@@ -13,11 +13,14 @@ import (
 
 func TestParseRecord(t *testing.T) {
 	good := `{"gen":3,"record":{"proto":"tcp","name":"example.com","addr":"93.184.215.14","port":443,"allowed":true,"rule":"example.com:443","bytes_out":10,"bytes_in":20,"duration_ns":1000000}}`
-	gen, r, err := parseRecord([]byte(good))
+	m, err := parseMessage([]byte(good))
 	want := netstack.Record{Proto: "tcp", Name: "example.com", Addr: netip.MustParseAddr("93.184.215.14"), Port: 443, Allowed: true,
 		Rule: "example.com:443", BytesOut: 10, BytesIn: 20, Duration: time.Millisecond}
-	if err != nil || gen != 3 || r != want {
-		t.Fatalf("parseRecord(good) = %d, %+v, %v", gen, r, err)
+	if err != nil || m.gen != 3 || m.record != want || m.end != "" {
+		t.Fatalf("parseMessage(good) = %+v, %v", m, err)
+	}
+	if m, err := parseMessage([]byte(`{"gen":4,"end":"qemu"}`)); err != nil || m.end != endQEMU || m.gen != 4 {
+		t.Fatalf("parseMessage(end) = %+v, %v", m, err)
 	}
 	for name, bad := range map[string]string{
 		"unknown field":  `{"gen":1,"record":{"proto":"tcp"},"extra":1}`,
@@ -27,8 +30,12 @@ func TestParseRecord(t *testing.T) {
 		"bad address":    `{"gen":1,"record":{"proto":"tcp","addr":"nowhere"}}`,
 		"not JSON":       "\x00\x01",
 		"too long":       `{"gen":1,"record":{"proto":"tcp","name":"` + strings.Repeat("a", MaxMessage) + `"}}`,
+		"no record":      `{"gen":1}`,
+		"null record":    `{"gen":1,"record":null}`,
+		"unknown end":    `{"gen":1,"end":"later"}`,
+		"record and end": `{"gen":1,"record":{"proto":"tcp"},"end":"qemu"}`,
 	} {
-		if _, _, err := parseRecord([]byte(bad)); err == nil {
+		if _, err := parseMessage([]byte(bad)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -99,15 +106,23 @@ func TestAttribute(t *testing.T) {
 	}
 }
 
-func FuzzParseRecord(f *testing.F) {
+func FuzzParseMessage(f *testing.F) {
 	f.Add([]byte(`{"gen":3,"record":{"proto":"tcp","name":"example.com","addr":"93.184.215.14","port":443,"allowed":true}}`))
 	f.Add([]byte(`{"gen":1,"record":{"proto":"dns","addr":"::1"}}`))
 	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"gen":2,"end":"qemu"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, r, err := parseRecord(b)
+		m, err := parseMessage(b)
 		if err != nil {
 			return
 		}
+		if m.end != "" {
+			if m.end != endQEMU || m.record != (netstack.Record{}) {
+				t.Fatalf("accepted end %+v", m)
+			}
+			return
+		}
+		r := m.record
 		if r.BytesIn < 0 || r.BytesOut < 0 || r.Duration < 0 || (r.Proto != "tcp" && r.Proto != "udp" && r.Proto != "dns") {
 			t.Fatalf("accepted %+v", r)
 		}

@@ -81,6 +81,8 @@ type Network struct {
 	link  *channel.Endpoint
 	conns atomic.Int64
 	bytes atomic.Int64
+	// bucket is the connect rate limit; it outlives policies (SetPolicy).
+	bucket *Bucket
 
 	mu    sync.Mutex
 	names map[netip.Addr]map[string]bool // answered by DNS
@@ -111,40 +113,19 @@ type Policy struct {
 
 type policyState struct {
 	Policy
-	dns    *DNS
-	bucket *tokenBucket
+	dns *DNS
 }
 
-// tokenBucket allows rate events per minute with bursts of burst.
-type tokenBucket struct {
-	mu     sync.Mutex
-	tokens float64
-	burst  float64
-	perSec float64
-	last   time.Time
-}
-
-func newBucket(perMinute int) *tokenBucket {
-	burst := max(float64(perMinute)/10, 1)
-	return &tokenBucket{tokens: burst, burst: burst, perSec: float64(perMinute) / 60, last: time.Now()}
-}
-
-func (b *tokenBucket) take(now time.Time) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.perSec)
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
-}
+// connectBurst is the burst of a connect rate: a tenth of it, at least 1.
+func connectBurst(perMinute int) float64 { return max(float64(perMinute)/10, 1) }
 
 // SetPolicy replaces the network's policy for new DNS queries and
 // connections; connections already made keep running. The names earlier
 // answers resolved are forgotten, so that no address a former policy let
-// the guest resolve counts as resolved under the new one.
+// the guest resolve counts as resolved under the new one. The connect
+// rate limit takes the new rate but keeps what the guest has used of it:
+// a policy sent again (each command of a session sends its own) does not
+// refill it.
 func (n *Network) SetPolicy(p Policy) {
 	n.mu.Lock()
 	clear(n.names)
@@ -161,7 +142,8 @@ func (n *Network) SetPolicy(p Policy) {
 	if p.Audit == nil {
 		p.Audit = func(Record) {}
 	}
-	n.pol.Store(&policyState{Policy: p, dns: &DNS{Rules: p.Rules, Allowed: p.AllowedRanges, Resolve: n.cfg.Resolve}, bucket: newBucket(p.ConnectRate)})
+	n.bucket.Retune(p.ConnectRate, connectBurst(p.ConnectRate), time.Now())
+	n.pol.Store(&policyState{Policy: p, dns: &DNS{Rules: p.Rules, Allowed: p.AllowedRanges, Resolve: n.cfg.Resolve}})
 }
 
 func (n *Network) p() *policyState { return n.pol.Load() }
@@ -186,7 +168,8 @@ func New(cfg Config) (*Network, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}}
+	// SetPolicy sets the bucket's rate; until then it allows nothing.
+	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}, bucket: NewBucket(0, 0, time.Now())}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.SetPolicy(cfg.Policy)
 	n.st = stack.New(stack.Options{
@@ -416,7 +399,7 @@ func (n *Network) tcp(r *tcp.ForwarderRequest) {
 	if reason == "" && n.bytes.Load() >= n.p().MaxBytes {
 		reason = fmt.Sprintf("byte limit (%d) reached", n.p().MaxBytes)
 	}
-	if reason == "" && !n.p().bucket.take(time.Now()) {
+	if reason == "" && !n.bucket.Take(time.Now()) {
 		reason = fmt.Sprintf("connection rate limit (%d per minute) reached", n.p().ConnectRate)
 	}
 	if reason != "" {

@@ -169,6 +169,28 @@ func (a *auditLog) find(f func(Record) bool) (Record, bool) {
 	return Record{}, false
 }
 
+// wait returns the first n records that match f, or fewer when they do
+// not come within 10 s.
+func (a *auditLog) wait(n int, f func(Record) bool) []Record {
+	var out []Record
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		out = out[:0]
+		a.mu.Lock()
+		for _, r := range a.recs {
+			if f(r) && len(out) < n {
+				out = append(out, r)
+			}
+		}
+		a.mu.Unlock()
+		if len(out) == n {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return out
+}
+
 func startNetwork(t *testing.T, cfg Config) (*guest, *auditLog) {
 	t.Helper()
 	log := &auditLog{}
@@ -368,21 +390,47 @@ func TestNetwork(t *testing.T) {
 	})
 }
 
-func TestTokenBucket(t *testing.T) {
-	b := newBucket(60) // 1 per second, bursts of 6
-	now := b.last
-	n := 0
-	for b.take(now) {
-		n++
+func TestBucket(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	type step struct {
+		at     time.Duration
+		retune int // a new rate per minute (burst a tenth), instead of a take
+		want   bool
 	}
-	if n != 6 {
-		t.Fatalf("burst of %d, want 6", n)
-	}
-	if b.take(now.Add(500 * time.Millisecond)) {
-		t.Fatal("a token after half a second")
-	}
-	if !b.take(now.Add(1100 * time.Millisecond)) {
-		t.Fatal("no token after a second")
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"burst then refill", []step{{0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true},
+			{0, 0, false}, {500 * time.Millisecond, 0, false}, {1100 * time.Millisecond, 0, true}}},
+		{"the same rate again refills nothing", []step{{0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true},
+			{0, 60, false}, {0, 0, false}, {0, 60, false}, {0, 0, false}}},
+		{"a higher rate keeps the debt", []step{{0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true},
+			{0, 120, false}, // burst 12, debt 6: six more
+			{0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, false}}},
+		{"switching rates back and forth refills nothing", []step{{0, 120, false},
+			{0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true},
+			{0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, false},
+			{0, 60, false}, {0, 0, false}, {0, 120, false}, {0, 0, false}, {0, 60, false},
+			// 12 taken, a burst of 6: at 1 a second, the next after 7 s.
+			{6900 * time.Millisecond, 0, false}, {7100 * time.Millisecond, 0, true}}},
+		{"time before a retune is paid back at the old rate", []step{{0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true}, {0, 0, true},
+			{3 * time.Second, 6, false}, // 3 paid back at 1/s; now 1 in 10 s, burst 1, debt 3
+			{4 * time.Second, 0, false}, {32 * time.Second, 0, false}, {33100 * time.Millisecond, 0, true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NewBucket(60, 6, t0) // 1 a second, bursts of 6
+			for i, s := range tc.steps {
+				if s.retune != 0 {
+					b.Retune(s.retune, connectBurst(s.retune), at(s.at))
+					continue
+				}
+				if got := b.Take(at(s.at)); got != s.want {
+					t.Fatalf("step %d (take at %v): %v, want %v", i, s.at, got, s.want)
+				}
+			}
+		})
 	}
 }
 
@@ -422,5 +470,40 @@ func TestSetPolicyForgetsNames(t *testing.T) {
 	}
 	if _, _, reason := n.decide(a, 80); reason == "" {
 		t.Error("a connection to an address resolved under the old policy is allowed")
+	}
+}
+
+// TestSetPolicyKeepsConnectRate: each command of a session sends its
+// policy again; that must not refill the guest's connection rate limit,
+// or a guest whose caller runs many short commands makes as many bursts.
+func TestSetPolicyKeepsConnectRate(t *testing.T) {
+	rules := mustRules(t, "a.test:80")
+	audit := &auditLog{}
+	// 6 a minute: a burst of 1, then one every 10 s.
+	pol := Policy{Egress: netrule.Egress{Rules: rules, ConnectRate: 6}, Audit: audit.add}
+	n, err := New(Config{Policy: pol, Resolve: func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("198.51.100.10")}, nil
+	}, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return nil, fmt.Errorf("no dialing in this test")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := net.Pipe()
+	go func() { _ = n.Serve(a) }()
+	t.Cleanup(func() { b.Close(); n.Close() })
+	g := newGuest(t, b)
+	dst := netip.MustParseAddrPort("198.51.100.10:80")
+	g.resolve(t, "a.test")
+	_, _ = g.fetch(dst, "a.test") // the burst's one connection
+	n.SetPolicy(pol)              // the same policy, sent again
+	g.resolve(t, "a.test")        // SetPolicy forgot the names
+	_, _ = g.fetch(dst, "a.test")
+	tcp := audit.wait(2, func(r Record) bool { return r.Proto == "tcp" })
+	if len(tcp) != 2 {
+		t.Fatalf("records of the two connections: %+v", tcp)
+	}
+	if strings.Contains(tcp[0].Reason, "rate limit") || !strings.Contains(tcp[1].Reason, "rate limit") {
+		t.Errorf("after the policy was sent again, the second connection within 10 s: %q, want refused by the rate limit (first: %q)", tcp[1].Reason, tcp[0].Reason)
 	}
 }
