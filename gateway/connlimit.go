@@ -32,13 +32,17 @@ const (
 	writeStall = 60 * time.Second
 )
 
-// uidLimitListener accepts at most max open connections per peer uid; it
-// answers the ones over with a busy refusal and closes them (logging that
-// at most once a minute per uid).
+// uidLimitListener identifies each connection's caller (peercred_linux.go)
+// and accepts at most max open connections per caller uid: the login's,
+// for a subordinate uid, so that a login's 65,536 subordinate uids share
+// one bound. It answers the ones over with a busy refusal and closes them
+// (logging that at most once a minute per uid), and refuses a connection
+// whose caller cannot be identified the same way, with the cause.
 type uidLimitListener struct {
 	net.Listener
-	max int
-	log *slog.Logger
+	max   int
+	log   *slog.Logger
+	peers *peerResolver
 	// refusing bounds the connections being refused at once; beyond it a
 	// connection is closed without an answer.
 	refusing chan struct{}
@@ -46,6 +50,10 @@ type uidLimitListener struct {
 	mu     sync.Mutex
 	open   map[uint32]int
 	warned map[uint32]time.Time
+	// unidentified counts the connections refused since unknownWarned,
+	// when the last warning about them was logged (one a minute).
+	unidentified  int
+	unknownWarned time.Time
 }
 
 // maxRefusing bounds concurrent refusals, refuseTime each one: a burst of
@@ -59,15 +67,17 @@ const (
 )
 
 func newUIDLimitListener(ln net.Listener, max int, log *slog.Logger) *uidLimitListener {
-	return &uidLimitListener{Listener: ln, max: max, log: log, open: map[uint32]int{}, warned: map[uint32]time.Time{},
-		refusing: make(chan struct{}, maxRefusing)}
+	return &uidLimitListener{Listener: ln, max: max, log: log, peers: newPeerResolver(DefaultSubUIDFile, log),
+		open: map[uint32]int{}, warned: map[uint32]time.Time{}, refusing: make(chan struct{}, maxRefusing)}
 }
 
-// refuse answers a connection over the limit with 503 busy, as the exec
-// core's busy refusals are, so that the client says busy (exit 202)
-// instead of seeing its connection reset. It reads the request first:
-// closing a Unix socket with unread data resets the peer's end.
-func (l *uidLimitListener) refuse(c net.Conn, uid uint32) {
+// refuse answers a connection with the error e and closes it: 503 busy
+// for one over the limit, as the exec core's busy refusals are, so that
+// the client says busy (exit 202) instead of seeing its connection reset;
+// 401 for a caller that cannot be identified, as the handlers answer. It
+// reads the request first: closing a Unix socket with unread data resets
+// the peer's end.
+func (l *uidLimitListener) refuse(c net.Conn, status int, e wire.Error) {
 	defer func() { <-l.refusing }()
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(refuseTime))
@@ -75,8 +85,9 @@ func (l *uidLimitListener) refuse(c net.Conn, uid uint32) {
 	if req, err := http.ReadRequest(bufio.NewReader(in)); err == nil {
 		_, _ = io.Copy(io.Discard, req.Body)
 	}
-	body, _ := json.Marshal(wire.Error{Code: wire.CodeBusy, Error: fmt.Sprintf("uid %d has %d connections open to vmgated, the most it may; try again when one ends", uid, l.max)})
-	_, _ = fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	body, _ := json.Marshal(e)
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
 	if uc, ok := c.(*net.UnixConn); ok {
 		_ = uc.CloseWrite()
 	}
@@ -89,10 +100,13 @@ func (l *uidLimitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		id, err := peerIdentity(c)
+		id, cred, err := l.peers.identify(c)
 		if err != nil {
-			// connContext reports it to the handlers.
-			return c, nil
+			l.refuseUnidentified(c, cred, err)
+			continue
+		}
+		if id.SubUID != 0 {
+			l.log.Debug("caller counted as the login of its subordinate uid", "uid", id.UID, "user", id.User, "subuid", id.SubUID, "pid", id.PID)
 		}
 		l.mu.Lock()
 		if l.open[id.UID] >= l.max {
@@ -102,18 +116,40 @@ func (l *uidLimitListener) Accept() (net.Conn, error) {
 				l.log.Warn("too many connections from one uid, refusing more", "uid", id.UID, "max", l.max)
 			}
 			l.mu.Unlock()
-			select {
-			case l.refusing <- struct{}{}:
-				go l.refuse(c, id.UID)
-			default:
-				_ = c.Close()
-			}
+			l.refuseAsync(c, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeBusy,
+				Error: fmt.Sprintf("uid %d has %d connections open to vmgated, the most it may; try again when one ends", id.UID, l.max)})
 			continue
 		}
 		l.open[id.UID]++
 		l.mu.Unlock()
 		return &identConn{UnixConn: c.(*net.UnixConn), id: id, release: func() { l.release(id.UID) }}, nil
 	}
+}
+
+// refuseAsync refuses c in the bounded refusal pool, or closes it when
+// the pool is full.
+func (l *uidLimitListener) refuseAsync(c net.Conn, status int, e wire.Error) {
+	select {
+	case l.refusing <- struct{}{}:
+		go l.refuse(c, status, e)
+	default:
+		_ = c.Close()
+	}
+}
+
+// refuseUnidentified refuses a connection whose caller cannot be
+// identified, naming the cause to the client and, at most once a minute,
+// in the log. Such a connection takes no place in any uid's count: it is
+// answered and closed in the bounded refusal pool, never served.
+func (l *uidLimitListener) refuseUnidentified(c net.Conn, cred peerCred, err error) {
+	l.mu.Lock()
+	l.unidentified++
+	if now := time.Now(); now.Sub(l.unknownWarned) > time.Minute {
+		l.log.Warn("refusing connections whose caller cannot be identified", "err", err, "peer_uid", cred.UID, "pid", cred.PID, "refused", l.unidentified)
+		l.unknownWarned, l.unidentified = now, 0
+	}
+	l.mu.Unlock()
+	l.refuseAsync(c, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "vmgated cannot identify the caller: " + err.Error()})
 }
 
 func (l *uidLimitListener) release(uid uint32) {

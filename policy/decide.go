@@ -32,16 +32,32 @@ const (
 var ErrDenied = errors.New("denied by policy")
 
 // Identity is the caller of a request: a local process, as the daemon
-// learnt it from SO_PEERCRED and the user database, or (SSH set) the
-// holder of an SSH key listed in the front door's authorized-keys file.
+// learnt it from SO_PEERCRED, SO_PEERGROUPS and the user database, or (SSH
+// set) the holder of an SSH key listed in the front door's authorized-keys
+// file.
+//
+// A process that runs as a subordinate uid of a login (/etc/subuid: the
+// uids a user namespace of that login maps to) is that login: the daemon
+// fills in the login's UID, GID, User, Group and Groups, and SubUID holds
+// the uid the process ran as. One login is thus one caller however many
+// subordinate uids it uses.
 type Identity struct {
-	UID, GID uint32 // from SO_PEERCRED
+	UID, GID uint32 // from SO_PEERCRED, or the owning login's (SubUID set)
 	PID      int32  // from SO_PEERCRED; for the audit log, not for decisions
-	User     string // name of UID; empty if the lookup failed
-	Group    string // name of GID; empty if the lookup failed
-	// Groups holds the names of the user's groups as the user database
-	// lists them (supplementary groups); may be empty.
+	// User is the name of UID's account. Empty means UID has no account
+	// (or the lookup failed): such a caller matches no match.any profile,
+	// only profiles that name its uid, gid or groups.
+	User  string
+	Group string // name of GID; empty if the lookup failed
+	// Groups holds the names of the caller's supplementary groups: those
+	// the kernel reports for the connecting process (SO_PEERGROUPS), or
+	// those the owning login's account lists (SubUID set); may be empty.
 	Groups []string
+	// SubUID is the uid the connecting process ran as when that was a
+	// subordinate uid of the login UID; 0 otherwise (uid 0 is root's, a
+	// login, never a subordinate uid). For the audit log and messages,
+	// not for decisions.
+	SubUID uint32
 	// SSH is set for a caller of the SSH front door. Such a caller has no
 	// local uid: the fields above are zero and never consulted (uid 0 here
 	// is not root), and the profile is the one its key names.
@@ -75,8 +91,15 @@ func (id Identity) describe() string {
 	if id.SSH != nil {
 		return "SSH key " + quoteName(id.SSH.Fingerprint)
 	}
+	if id.SubUID != 0 {
+		return fmt.Sprintf("uid %d (%s, as its subordinate uid %d)", id.UID, userDesc(id.User), id.SubUID)
+	}
 	return fmt.Sprintf("uid %d (%s)", id.UID, userDesc(id.User))
 }
+
+// HasAccount reports whether id is a local caller whose uid has an
+// account (a user name): only those match.any takes.
+func (id Identity) HasAccount() bool { return id.SSH == nil && id.User != "" }
 
 // Request is one exec request, untrusted.
 type Request struct {
@@ -318,10 +341,15 @@ func (p *Policy) profileFor(id Identity) (*profile, string) {
 	if id.SSH != nil {
 		return p.keyProfile(id.SSH.Profile)
 	}
+	skippedAny := false
 	for _, prof := range p.profiles {
 		if prof.match.matches(id) {
 			return prof, ""
 		}
+		skippedAny = skippedAny || prof.match.any
+	}
+	if skippedAny {
+		return nil, "no policy profile matches " + id.describe() + ": match.any takes only callers whose uid has an account"
 	}
 	return nil, "no policy profile matches " + id.describe()
 }

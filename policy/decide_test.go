@@ -116,6 +116,9 @@ func TestDecide(t *testing.T) {
 		{"gid match without names", idGID, Request{Argv: argv("wget", "-U", "x", "https://example.com/")}, true, "fetch", "allow[0] wget-ua", ""},
 		{"no match", Identity{UID: 4242, GID: 4242, User: "mallory"}, Request{Argv: argv("ls")}, false, "", "", "no policy profile matches uid 4242 (user mallory)"},
 		{"no match unknown user", Identity{UID: 4243}, Request{Argv: argv("ls")}, false, "", "", "no policy profile matches uid 4243 (user name unknown)"},
+		{"no match names the subordinate uid", Identity{UID: 4242, User: "mallory", SubUID: 300000}, Request{Argv: argv("ls")}, false, "", "",
+			"no policy profile matches uid 4242 (user mallory, as its subordinate uid 300000)"},
+		{"subordinate uid matches as its login", Identity{UID: 1001, GID: 1001, User: "bob", Group: "bob", SubUID: 165536}, Request{Argv: argv("ls")}, true, "by-uid", "default", ""},
 		{"root is not special", Identity{UID: 0, GID: 0, User: "root", Group: "root"}, Request{Argv: argv("ls")}, false, "", "", "uid 0 (user root)"},
 		{"user name is not a group name", Identity{UID: 7, User: "wheel"}, Request{Argv: argv("ls")}, false, "", "", "no policy profile"},
 
@@ -445,7 +448,12 @@ func TestDecideSSH(t *testing.T) {
 		{"key is not uid 0", Identity{UID: 0, SSH: &SSHKey{Profile: "local"}}, shell("ls"), false, "", "does not accept SSH keys"},
 		{"local keys of an ssh profile still match", Identity{UID: 1001, Groups: []string{"ops"}}, shell("ls"), false, "narrow", "shell strings"},
 		{"ssh-only profile skipped for local callers", Identity{UID: 1000}, shell("ls"), true, "local", ""},
-		{"local caller falls through to catch-all", Identity{UID: 4242}, shell("ls"), true, "everyone", ""},
+		{"local caller falls through to catch-all", Identity{UID: 4242, User: "mallory"}, shell("ls"), true, "everyone", ""},
+		{"catch-all takes no uid without an account", Identity{UID: 100004, GID: 1000, Group: "alice", Groups: []string{"ops"}}, shell("ls"), false, "narrow", "shell strings"},
+		{"catch-all takes no uid without an account, whatever its groups", Identity{UID: 100004, GID: 1000, Group: "alice"}, shell("ls"), false, "",
+			"no policy profile matches uid 100004 (user name unknown): match.any takes only callers whose uid has an account"},
+		{"a subordinate uid is its login", Identity{UID: 1000, User: "alice", SubUID: 100004}, shell("ls"), true, "local", ""},
+		{"a subordinate uid's login takes the catch-all", Identity{UID: 1001, User: "bob", SubUID: 165540}, shell("ls"), true, "everyone", ""},
 
 		{"interactive", sshID("agent"), login, true, "agent", ""},
 		{"interactive needs sessions", sshID("one-shot"), login, false, "one-shot", "interactive shells are not allowed"},
@@ -473,7 +481,7 @@ func TestDecideSSH(t *testing.T) {
 		"ssh:      nothing: SSH commands are shell strings and need allow_shell = true",
 		"ssh:      commands (run as sh -c STRING); no interactive shells",
 		"! SSH keys that name this profile get it",
-		"including root (uid 0) and SSH keys that name it",
+		"including root (uid 0), and SSH keys that name it",
 	} {
 		if !strings.Contains(ex, want) {
 			t.Errorf("Explain lacks %q:\n%s", want, ex)
@@ -503,7 +511,7 @@ func TestPolicyKeyHelpers(t *testing.T) {
 		{sshID("agent"), "", false},
 		{sshID("local"), "GREETING", false},
 		{sshID("nosuch"), "GREETING", false},
-		{Identity{UID: 1000}, "GREETING", false},
+		{Identity{UID: 1000, User: "alice"}, "GREETING", false},
 	} {
 		if got := p.AllowsEnv(c.id, c.name); got != c.want {
 			t.Errorf("AllowsEnv(%s, %q) = %v, want %v", c.id.describe(), c.name, got, c.want)
@@ -533,7 +541,7 @@ func TestCallerLimits(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustParse(t, "x.toml", minimal+tt.settings)
-			v := p.Decide(Identity{UID: 1000}, Request{Argv: []string{"true"}})
+			v := p.Decide(Identity{UID: 1000, User: "alice"}, Request{Argv: []string{"true"}})
 			if !v.Allowed {
 				t.Fatalf("refused: %s", v.Reason)
 			}

@@ -93,7 +93,7 @@
 //	gids   = [1000]             # peer gid (SO_PEERCRED)
 //	groups = ["vmgate-admins"]  # name of the peer gid or of any of the user's groups
 //	ssh    = true               # SSH keys whose authorized-keys entry names this profile
-//	any    = true               # every local caller, including root, and SSH keys naming it
+//	any    = true               # every local caller with an account, root included, and SSH keys naming it
 //
 // ssh = true matches no local caller; it may stand alone (a profile only for
 // SSH keys) or sit beside local keys. A profile after an any = true profile

@@ -125,7 +125,7 @@ func TestDefaultPolicy(t *testing.T) {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []Identity{{UID: 0, User: "root"}, {UID: 1000}, {UID: 65534, GID: 65534}} {
+	for _, id := range []Identity{{UID: 0, User: "root"}, {UID: 1000, User: "alice"}, {UID: 65534, GID: 65534, User: "nobody"}} {
 		v := p.Decide(id, Request{Argv: argv("sh", "-c", "uname -a"), Shell: true, Session: "s1"})
 		want := Limits{
 			Timeout:     30 * time.Second,
@@ -142,17 +142,24 @@ func TestDefaultPolicy(t *testing.T) {
 			t.Fatalf("Default().Decide(%+v) = %+v", id, v)
 		}
 	}
-	if v := p.Decide(Identity{}, Request{Argv: argv("ls"), Timeout: 11 * time.Minute}); v.Allowed {
+	root := Identity{UID: 0, User: "root"}
+	if v := p.Decide(root, Request{Argv: argv("ls"), Timeout: 11 * time.Minute}); v.Allowed || v.Profile != "default" {
 		t.Fatalf("timeout above 10m allowed: %+v", v)
 	}
-	if v := p.Decide(Identity{}, Request{Argv: argv("ls"), Env: []string{"A=b"}}); v.Allowed {
+	if v := p.Decide(root, Request{Argv: argv("ls"), Env: []string{"A=b"}}); v.Allowed || v.Profile != "default" {
 		t.Fatalf("env allowed: %+v", v)
+	}
+	// A uid without an account (a user namespace's, a container's) is
+	// not "every caller": the built-in policy turns it away.
+	if v := p.Decide(Identity{UID: 100004, GID: 100004}, Request{Argv: argv("ls")}); v.Allowed || v.Profile != "" ||
+		v.Reason != "no policy profile matches uid 100004 (user name unknown): match.any takes only callers whose uid has an account" {
+		t.Fatalf("uid without an account: %+v", v)
 	}
 	if p.profiles[0].network != networkNone {
 		t.Fatal("default policy has a network")
 	}
 	ex := p.Explain()
-	for _, want := range []string{"matches ANY caller, including root", "network none", "any (no rules)"} {
+	for _, want := range []string{"matches ANY caller whose uid has an account, including root", "network none", "any (no rules)"} {
 		if !strings.Contains(ex, want) {
 			t.Errorf("Explain lacks %q:\n%s", want, ex)
 		}

@@ -99,7 +99,7 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 
 	var relax, notes []string
 	if prof.match.any {
-		relax = append(relax, "matches ANY caller, including root (uid 0) and SSH keys that name it: write explicit profiles for your users")
+		relax = append(relax, "matches ANY caller whose uid has an account, including root (uid 0), and SSH keys that name it: write explicit profiles for your users")
 	}
 	if prof.match.ssh {
 		relax = append(relax, "SSH keys that name this profile get it (vmgated serve --ssh-listen): callers need no local account")
@@ -141,7 +141,7 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 
 func (m *matcher) describe() string {
 	if m.any {
-		return "any caller (and SSH keys that name the profile)"
+		return "any caller whose uid has an account (and SSH keys that name the profile)"
 	}
 	var parts []string
 	if len(m.uids) > 0 {

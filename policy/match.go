@@ -38,12 +38,20 @@ func (m *matcher) acceptsKeys() bool { return m.any || m.ssh }
 // matches reports whether the local caller id fits m. Empty names (lookup
 // failed) never match a name. An SSH caller (id.SSH set) never matches
 // here: its key names its profile (see [Policy.Decide]).
+//
+// match.any takes only callers whose uid has an account: a uid without
+// one is not a login but, most often, a uid that some login's user
+// namespaces or set-user-ID files run as, and "any caller" would make
+// each of them one more caller with its own shares of VMs and queue
+// (issue 30, finding 6). The daemon folds the subordinate uids it knows
+// (/etc/subuid) into their login; any other uid without an account
+// needs a profile that names its uid, gid or groups.
 func (m *matcher) matches(id Identity) bool {
 	if id.SSH != nil {
 		return false
 	}
 	if m.any {
-		return true
+		return id.HasAccount()
 	}
 	if slices.Contains(m.uids, id.UID) || slices.Contains(m.gids, id.GID) {
 		return true

@@ -321,7 +321,7 @@ connect_rate = 30
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := p.Decide(Identity{UID: 1000}, Request{Argv: []string{"wget", "https://en.wikipedia.org/"}})
+	v := p.Decide(Identity{UID: 1000, User: "alice"}, Request{Argv: []string{"wget", "https://en.wikipedia.org/"}})
 	n := v.Network
 	if !v.Allowed || n == nil || len(n.Rules) != 2 || n.MaxConns != 8 || n.MaxBytes != 10<<20 || len(n.AllowedRanges) != 1 || n.ConnectRate != 30 {
 		t.Fatalf("verdict %+v network %+v", v, n)
@@ -335,7 +335,7 @@ connect_rate = 30
 			t.Errorf("explain lacks %q:\n%s", want, ex)
 		}
 	}
-	if v := Default().Decide(Identity{UID: 1000}, Request{Argv: []string{"true"}}); v.Network != nil {
+	if v := Default().Decide(Identity{UID: 1000, User: "alice"}, Request{Argv: []string{"true"}}); v.Network != nil {
 		t.Error("the default policy gives VMs a network")
 	}
 }

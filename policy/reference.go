@@ -401,12 +401,15 @@ var refDescriptions = map[string]string{
 	"profile.allow": "Allow rules, with the keys of deny rules, checked after them: if the profile has any, one of them must match, " +
 		"or the request is denied (`no allow rule matches`). A profile without allow rules allows any argv that no deny rule matches, a relaxation.",
 
-	"profile.match.any": "`true`: every local caller, root included, and SSH keys that name the profile; a relaxation. " +
+	"profile.match.any": "`true`: every local caller whose uid has an account (a user name), root included, and SSH keys that name the profile; a relaxation. " +
+		"A uid without an account is most often one that a login's user namespaces or set-user-ID files run as: vmgated counts the subordinate uids of `/etc/subuid` as their login, " +
+		"and any other uid without an account matches only a profile that names its uid, gid or groups. " +
 		"Only `true` is accepted, and not together with other match keys. Later profiles are reachable only through `ssh = true`.",
-	"profile.match.uids":  fmt.Sprintf("Peer uids (SO_PEERCRED), 0 to %d. An empty list is an error.", uint32(math.MaxUint32-1)),
+	"profile.match.uids":  fmt.Sprintf("Peer uids (SO_PEERCRED), 0 to %d; a subordinate uid of a login (`/etc/subuid`) is that login's uid. An empty list is an error.", uint32(math.MaxUint32-1)),
 	"profile.match.users": "User names of the peer uid; they never match when the name lookup failed. An empty list is an error.",
-	"profile.match.gids":  fmt.Sprintf("Peer gids (SO_PEERCRED), 0 to %d. An empty list is an error.", uint32(math.MaxUint32-1)),
-	"profile.match.groups": "Group names: of the peer gid, or of any group of the peer user; they never match when the name lookup failed. " +
+	"profile.match.gids":  fmt.Sprintf("Peer gids (SO_PEERCRED), 0 to %d; a subordinate uid's caller has its login's primary gid. An empty list is an error.", uint32(math.MaxUint32-1)),
+	"profile.match.groups": "Group names: of the peer gid, or of any supplementary group the peer process holds (SO_PEERGROUPS: what it was given at login, " +
+		"not what the group database lists now); they never match when the name lookup failed. A subordinate uid's caller has the groups of its login's account. " +
 		"An empty list is an error.",
 	"profile.match.ssh": "`true`: SSH keys whose authorized-keys entry names this profile (`profile=\"NAME\"`) get it, through `vmgated serve --ssh-listen`. " +
 		"Matches no local caller; it may stand alone or sit beside local keys. Only `true` is accepted.",
