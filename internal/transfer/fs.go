@@ -258,8 +258,8 @@ func packEntry(tw *tar.Writer, p, name string, d fs.DirEntry, c *checker, fh *fi
 		h.Typeflag = tar.TypeReg
 		if tw != nil {
 			var err error
-			if f, err = os.Open(p); err != nil {
-				return err
+			if f, err = openSame(p, d); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
 			}
 			defer f.Close()
 		}
@@ -291,6 +291,40 @@ func packEntry(tw *tar.Writer, p, name string, d fs.DirEntry, c *checker, fh *fi
 		return fmt.Errorf("%s: changed while it was copied: %w", name, err)
 	}
 	return nil
+}
+
+// errChanged is wrapped by the errors of openSame.
+var errChanged = errors.New("changed while it was copied")
+
+// openSame opens the regular file the walk found at p, and refuses one
+// replaced since: by a symlink (not followed), a FIFO or a device (the
+// open does not block on it, and its type is checked), or another file
+// (the open file's device and inode are not those of the walk's lstat).
+func openSame(p string, d fs.DirEntry) (*os.File, error) {
+	walked, err := d.Info() // an lstat, for an entry beneath the top
+	if err != nil {
+		return nil, err
+	}
+	if !walked.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: now %s", errChanged, walked.Mode().Type())
+	}
+	f, err := openNoFollow(p)
+	if err != nil {
+		return nil, err
+	}
+	opened, err := f.Stat()
+	switch {
+	case err != nil:
+	case !opened.Mode().IsRegular():
+		err = fmt.Errorf("%w: opened %s", errChanged, opened.Mode().Type())
+	case !os.SameFile(walked, opened):
+		err = fmt.Errorf("%w: replaced by another file", errChanged)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 func statOf(f *os.File, d fs.DirEntry) (fs.FileInfo, error) {

@@ -42,6 +42,12 @@
 // [Check] applies the rules to a stream and writes a normalised copy;
 // vmgated relays only that copy, and records its size, entry count and
 // SHA-256 (of each file, when the stream is one file).
+//
+// [Pack] reads a local tree that may change under it: it opens each file
+// without following a symlink or blocking on a FIFO, and sends it only if
+// the open file is the one the walk's lstat found (same device, inode,
+// and a regular file), so a file swapped for a link meanwhile is not read
+// through the link.
 
 package transfer
 
