@@ -18,6 +18,12 @@ const (
 	MaxArgvBytes = 16 << 10
 	// MaxArgs bounds the number of argv elements kept.
 	MaxArgs = 256
+	// MaxTransfers bounds the transfers one record lists, and
+	// MaxTransfersBytes the bytes of their strings together (each string
+	// abridged first); those after the first over either bound are left
+	// out and counted in Record.TransfersOmitted.
+	MaxTransfers      = 64
+	MaxTransfersBytes = 32 << 10
 )
 
 // abridge returns s, or its first MaxFieldBytes bytes (valid UTF-8)
@@ -90,9 +96,32 @@ func bound(r *Record) {
 		c.Fingerprint, c.Comment, c.User, c.Remote = abridge(c.Fingerprint), abridge(c.Comment), abridge(c.User), abridge(c.Remote)
 		r.SSH = &c
 	}
+	r.Transfers, r.TransfersOmitted = boundTransfers(r.Transfers, r.TransfersOmitted)
 	if n := r.Net; n != nil {
 		c := *n
 		c.Proto, c.Name, c.Addr = abridge(c.Proto), abridge(c.Name), abridge(c.Addr)
 		r.Net = &c
 	}
+}
+
+// boundTransfers returns the first of ts, each string field abridged,
+// while they number at most MaxTransfers and their strings take at most
+// MaxTransfersBytes, and omitted plus the number left out. ts is not
+// changed.
+func boundTransfers(ts []Transfer, omitted int) ([]Transfer, int) {
+	if len(ts) == 0 {
+		return ts, omitted
+	}
+	out := make([]Transfer, 0, min(len(ts), MaxTransfers))
+	used := 0
+	for i, t := range ts {
+		t.Direction, t.Guest, t.Local = abridge(t.Direction), abridge(t.Guest), abridge(t.Local)
+		t.SHA256, t.FileSHA256, t.Error = abridge(t.SHA256), abridge(t.FileSHA256), abridge(t.Error)
+		used += len(t.Direction) + len(t.Guest) + len(t.Local) + len(t.SHA256) + len(t.FileSHA256) + len(t.Error)
+		if i >= MaxTransfers || used > MaxTransfersBytes {
+			return out, omitted + len(ts) - i
+		}
+		out = append(out, t)
+	}
+	return out, omitted
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -70,8 +71,8 @@ func TestAbridgeArgv(t *testing.T) {
 	}
 }
 
-func slicesOf(n int, s string) []string {
-	out := make([]string, n)
+func slicesOf[T any](n int, s T) []T {
+	out := make([]T, n)
 	for i := range out {
 		out[i] = s
 	}
@@ -151,4 +152,79 @@ func FuzzWriteBounded(f *testing.F) {
 			t.Fatalf("the secret is in the reason: %q", r.Reason)
 		}
 	})
+}
+
+func TestBoundTransfers(t *testing.T) {
+	small := Transfer{Direction: "get", Guest: "/work/out", Local: "/home/u/out", Files: 3, Bytes: 10, SHA256: strings.Repeat("a", 64)}
+	long := small
+	long.Guest, long.Local, long.Error = strings.Repeat("g", 4096), strings.Repeat("l", 4096), "entry \""+strings.Repeat("e", 4096)+"\": refused"
+	perLong := len(long.Direction) + len(abridge(long.Guest)) + len(abridge(long.Local)) + len(long.SHA256) + len(abridge(long.Error))
+	tests := []struct {
+		name    string
+		in      []Transfer
+		kept    int
+		omitted int
+		cut     bool // the kept ones' long fields are abridged
+	}{
+		{"none", nil, 0, 0, false},
+		{"a few", slicesOf(3, small), 3, 0, false},
+		{"at the count", slicesOf(MaxTransfers, small), MaxTransfers, 0, false},
+		{"over the count", slicesOf(1000, small), MaxTransfers, 1000 - MaxTransfers, false},
+		{"long fields", slicesOf(2, long), 2, 0, true},
+		{"over the bytes", slicesOf(MaxTransfers, long), MaxTransfersBytes / perLong, MaxTransfers - MaxTransfersBytes/perLong, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := slices.Clone(tt.in)
+			r := Record{Kind: KindExec, Transfers: tt.in}
+			bound(&r)
+			if !slices.Equal(tt.in, before) {
+				t.Error("the caller's transfers were changed")
+			}
+			if len(r.Transfers) != tt.kept || r.TransfersOmitted != tt.omitted {
+				t.Errorf("kept %d, omitted %d; want %d, %d", len(r.Transfers), r.TransfersOmitted, tt.kept, tt.omitted)
+			}
+			size := 0
+			for i, got := range r.Transfers {
+				size += len(got.Direction) + len(got.Guest) + len(got.Local) + len(got.SHA256) + len(got.FileSHA256) + len(got.Error)
+				if !tt.cut && got != tt.in[i] {
+					t.Errorf("transfer %d changed: %+v", i, got)
+				}
+				if tt.cut && (len(got.Guest) > MaxFieldBytes+100 || !strings.Contains(got.Error, "…[abridged: ") || got.Files != 3 || got.SHA256 != small.SHA256) {
+					t.Errorf("transfer %d: guest %d bytes, error %.40q…, %+v", i, len(got.Guest), got.Error, got.Files)
+				}
+			}
+			if size > MaxTransfersBytes {
+				t.Errorf("the kept transfers hold %d bytes of strings", size)
+			}
+		})
+	}
+}
+
+// TestLog_BoundsTransfers: an exec record listing many transfers with
+// long paths stays small, says how many it left out, and verifies.
+func TestLog_BoundsTransfers(t *testing.T) {
+	m := newMemFile(nil)
+	l := openMem(t, m, Options{})
+	ts := slicesOf(1000, Transfer{Direction: "put", Guest: strings.Repeat("/g", 2048), Local: strings.Repeat("/l", 2048), Error: strings.Repeat("x", 64<<10)})
+	if err := l.Write(Record{Kind: KindExec, Transfers: ts}); err != nil {
+		t.Fatal(err)
+	}
+	line := m.bytes()
+	if len(line) > 64<<10 {
+		t.Fatalf("the record is %d bytes", len(line))
+	}
+	r, err := parseLine(bytes.TrimSpace(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Transfers)+r.TransfersOmitted != len(ts) || r.TransfersOmitted == 0 {
+		t.Errorf("%d transfers listed, %d counted as left out, of %d", len(r.Transfers), r.TransfersOmitted, len(ts))
+	}
+	if len(ts[0].Error) != 64<<10 {
+		t.Error("the caller's record was changed")
+	}
+	if _, err := Verify(bytes.NewReader(line)); err != nil {
+		t.Fatal(err)
+	}
 }

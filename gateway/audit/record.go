@@ -142,8 +142,11 @@ type Record struct {
 	Net *NetEvent `json:"net,omitempty"`
 
 	// Transfers are the request's file copies: as requested in its
-	// decision record, with their outcome in its exec record.
-	Transfers []Transfer `json:"transfers,omitempty"`
+	// decision record, with their outcome in its exec record; at most
+	// MaxTransfers of them and MaxTransfersBytes of their strings.
+	// TransfersOmitted counts those left out, the last ones.
+	Transfers        []Transfer `json:"transfers,omitempty"`
+	TransfersOmitted int        `json:"transfers_omitted,omitempty"`
 
 	// Error describes a failure; Message is free text (daemon events).
 	Error   string `json:"error,omitempty"`

@@ -89,10 +89,13 @@ func Extract(r io.Reader, parent, name string, rules Rules) (Summary, error) {
 }
 
 // extractTree creates the checked entries of tr beneath root and returns
-// the type of the top entry; c.sum gets FileSHA256.
+// the type of the top entry; c.sum gets FileSHA256. Symlinks are created
+// last, once the whole tree has passed: no file or directory is ever
+// created through one, and none exists before its resolution is checked.
 func extractTree(root *os.Root, tr *tar.Reader, c *checker) (byte, error) {
 	var topType byte
 	var fh fileHash
+	var links []*tar.Header
 	for {
 		h, typ, err := c.next(tr)
 		if errors.Is(err, io.EOF) {
@@ -111,7 +114,7 @@ func extractTree(root *os.Root, tr *tar.Reader, c *checker) (byte, error) {
 			err = root.Mkdir(name, fileMode(h)|0o700)
 		case tar.TypeSymlink:
 			fh.entry(typ)
-			err = root.Symlink(h.Linkname, name)
+			links = append(links, h)
 		case tar.TypeReg:
 			err = writeFile(root, name, h, io.TeeReader(tr, fh.entry(typ)))
 		}
@@ -121,6 +124,15 @@ func extractTree(root *os.Root, tr *tar.Reader, c *checker) (byte, error) {
 	}
 	if c.top == "" {
 		return 0, errors.New("empty tar stream: nothing to copy")
+	}
+	if err := c.checkLinks(); err != nil {
+		return 0, err
+	}
+	for _, h := range links {
+		name := strings.TrimSuffix(h.Name, "/")
+		if err := root.Symlink(h.Linkname, name); err != nil {
+			return 0, fmt.Errorf("extract %q: %w", name, err)
+		}
 	}
 	c.sum.FileSHA256 = fh.sum()
 	return topType, nil
@@ -211,6 +223,9 @@ func pack(w io.Writer, src string, rules Rules, contents bool) (Summary, error) 
 		}
 		return packEntry(tw, p, name, d, c, &fh)
 	})
+	if err == nil {
+		err = c.checkLinks()
+	}
 	if err != nil {
 		return c.sum, fmt.Errorf("pack %q: %w", src, err)
 	}
@@ -243,8 +258,8 @@ func packEntry(tw *tar.Writer, p, name string, d fs.DirEntry, c *checker, fh *fi
 		h.Typeflag = tar.TypeReg
 		if tw != nil {
 			var err error
-			if f, err = os.Open(p); err != nil {
-				return err
+			if f, err = openSame(p, d); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
 			}
 			defer f.Close()
 		}
@@ -276,6 +291,40 @@ func packEntry(tw *tar.Writer, p, name string, d fs.DirEntry, c *checker, fh *fi
 		return fmt.Errorf("%s: changed while it was copied: %w", name, err)
 	}
 	return nil
+}
+
+// errChanged is wrapped by the errors of openSame.
+var errChanged = errors.New("changed while it was copied")
+
+// openSame opens the regular file the walk found at p, and refuses one
+// replaced since: by a symlink (not followed), a FIFO or a device (the
+// open does not block on it, and its type is checked), or another file
+// (the open file's device and inode are not those of the walk's lstat).
+func openSame(p string, d fs.DirEntry) (*os.File, error) {
+	walked, err := d.Info() // an lstat, for an entry beneath the top
+	if err != nil {
+		return nil, err
+	}
+	if !walked.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: now %s", errChanged, walked.Mode().Type())
+	}
+	f, err := openNoFollow(p)
+	if err != nil {
+		return nil, err
+	}
+	opened, err := f.Stat()
+	switch {
+	case err != nil:
+	case !opened.Mode().IsRegular():
+		err = fmt.Errorf("%w: opened %s", errChanged, opened.Mode().Type())
+	case !os.SameFile(walked, opened):
+		err = fmt.Errorf("%w: replaced by another file", errChanged)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 func statOf(f *os.File, d fs.DirEntry) (fs.FileInfo, error) {

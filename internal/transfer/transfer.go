@@ -15,7 +15,22 @@
 //     hard links, devices, FIFOs or sockets.
 //   - A symlink from a guest ([FromGuest]) must be relative and stay inside
 //     the tree; into a guest ([IntoGuest]) any link target passes, since it
-//     resolves in the guest only.
+//     resolves in the guest only. "Inside" is decided as the kernel will
+//     resolve the link on the host, not by joining its target to its name:
+//     each name of the target is looked up in the tree, a symlink among
+//     them is resolved in its turn (so "up/../x", with up -> "../..",
+//     climbs from where up leads), and a ".." from the top is refused,
+//     even one that comes back down by the top's name (the tree may land
+//     under another name, beside other files). A name the tree does not
+//     hold counts as a directory, so that what the host creates there
+//     later opens no way out either. A resolution that follows more than
+//     maxHops (40) symlinks, or a loop, is refused. Entry order is the
+//     sender's choice, so a link may come before the links its target
+//     goes through: the rule is applied once the tree is whole, to every
+//     link, and symlinks reach the other side only then. [Check] writes
+//     them after every file and directory; [Extract] creates them last,
+//     so nothing is ever written through a symlink of the tree, and no
+//     symlink exists on the host before its resolution has passed.
 //   - Limits bound the entries and the bytes of a stream; an entry over a
 //     limit is refused from its header, before its content is read.
 //   - [Extract] writes beneath a fresh staging directory opened as an
@@ -27,6 +42,13 @@
 // [Check] applies the rules to a stream and writes a normalised copy;
 // vmgated relays only that copy, and records its size, entry count and
 // SHA-256 (of each file, when the stream is one file).
+//
+// [Pack] reads a local tree that may change under it: it opens each file
+// without following a symlink or blocking on a FIFO, and sends it only if
+// the open file is the one the walk's lstat found (same device, inode,
+// and a regular file), so a file swapped for a link meanwhile is not read
+// through the link.
+
 package transfer
 
 import (
@@ -90,16 +112,18 @@ var ErrRefused = errors.New("refused")
 // maxName bounds an entry's name and link target.
 const maxName = 4096
 
-// checker applies the rules to a stream's headers in order.
+// checker applies the rules to a stream's headers in order (check), then
+// to the whole tree (checkLinks).
 type checker struct {
 	rules Rules
 	top   string
-	kinds map[string]byte // name → tar.TypeDir, TypeReg or TypeSymlink
+	nodes map[string]*node // the entries so far, by name
+	links []*node          // the symlinks among them, in stream order
 	sum   Summary
 }
 
 func newChecker(r Rules) *checker {
-	return &checker{rules: r, kinds: map[string]byte{}}
+	return &checker{rules: r, nodes: map[string]*node{}}
 }
 
 func refused(name, format string, args ...any) error {
@@ -136,6 +160,7 @@ func (c *checker) check(h *tar.Header) (byte, error) {
 	default:
 		return 0, refused(name, "entry type %q is not copied", typ)
 	}
+	var parent *node
 	if c.top == "" {
 		if !ValidTop(name) {
 			return 0, refused(name, "the first entry must be one path element")
@@ -148,16 +173,16 @@ func (c *checker) check(h *tar.Header) (byte, error) {
 		}
 		c.top, c.sum.Top = name, name
 	} else {
-		parent := path.Dir(name)
-		if k, ok := c.kinds[parent]; !ok || k != tar.TypeDir {
+		parent = c.nodes[path.Dir(name)]
+		if parent == nil || parent.kind != tar.TypeDir {
 			return 0, refused(name, "not beneath a directory of the transfer")
 		}
-		if _, dup := c.kinds[name]; dup {
+		if _, dup := c.nodes[name]; dup {
 			return 0, refused(name, "given twice")
 		}
 	}
 	if typ == tar.TypeSymlink {
-		if err := c.checkLink(name, h.Linkname); err != nil {
+		if err := c.checkTarget(name, h.Linkname); err != nil {
 			return 0, err
 		}
 	}
@@ -174,12 +199,13 @@ func (c *checker) check(h *tar.Header) (byte, error) {
 			return 0, fmt.Errorf("entry %q: %w: more than %d bytes", name, ErrLimit, c.rules.MaxBytes)
 		}
 	}
-	c.kinds[name] = typ
+	c.add(name, typ, parent, h.Linkname)
 	return typ, nil
 }
 
-// checkLink applies the symlink rule of the stream's direction.
-func (c *checker) checkLink(name, target string) error {
+// checkTarget applies the part of the symlink rule that needs only the
+// link; checkLinks applies the rest once the tree is whole.
+func (c *checker) checkTarget(name, target string) error {
 	switch {
 	case target == "" || len(target) > maxName || strings.ContainsRune(target, 0):
 		return refused(name, "empty symlink target, or longer than %d bytes, or holding a NUL", maxName)
@@ -187,10 +213,6 @@ func (c *checker) checkLink(name, target string) error {
 		return nil
 	case strings.HasPrefix(target, "/"):
 		return refused(name, "absolute symlink (to %q) from the guest", target)
-	}
-	resolved := path.Join(path.Dir(name), target)
-	if resolved != c.top && !strings.HasPrefix(resolved, c.top+"/") {
-		return refused(name, "symlink (to %q) leads out of the transfer", target)
 	}
 	return nil
 }
@@ -246,15 +268,18 @@ func (f *fileHash) sum() string {
 	return hex.EncodeToString(f.h.Sum(nil))
 }
 
-// Check reads a tar stream from r, applies the rules to it and writes a normalised stream of the same tree to w. It stops at the
-// first refused entry, before writing any of it. An empty stream is an
-// error.
+// Check reads a tar stream from r, applies the rules to it and writes a
+// normalised stream of the same tree to w: its files and directories in
+// the order they came, then its symlinks, written only once the whole
+// tree has passed. It stops at the first refused entry, before writing
+// any of it. An empty stream is an error.
 func Check(r io.Reader, w io.Writer, rules Rules) (Summary, error) {
 	c := newChecker(rules)
 	out := sha256.New()
 	tw := tar.NewWriter(io.MultiWriter(w, out))
 	tr := tar.NewReader(r)
 	var fh fileHash
+	var links []*tar.Header // at most MaxFiles, of names and targets within maxName
 	for {
 		h, typ, err := c.next(tr)
 		if errors.Is(err, io.EOF) {
@@ -263,19 +288,30 @@ func Check(r io.Reader, w io.Writer, rules Rules) (Summary, error) {
 		if err != nil {
 			return c.sum, err
 		}
+		cw := fh.entry(typ)
+		if typ == tar.TypeSymlink {
+			links = append(links, header(h, typ))
+			continue
+		}
 		if err := tw.WriteHeader(header(h, typ)); err != nil {
 			return c.sum, fmt.Errorf("write tar stream: %w", err)
 		}
 		if typ == tar.TypeReg {
-			if _, err := io.Copy(io.MultiWriter(tw, fh.entry(typ)), tr); err != nil {
+			if _, err := io.Copy(io.MultiWriter(tw, cw), tr); err != nil {
 				return c.sum, fmt.Errorf("copy %q: %w", h.Name, err)
 			}
-		} else {
-			fh.entry(typ)
 		}
 	}
 	if c.top == "" {
 		return c.sum, errors.New("empty tar stream: nothing to copy")
+	}
+	if err := c.checkLinks(); err != nil {
+		return c.sum, err
+	}
+	for _, h := range links {
+		if err := tw.WriteHeader(h); err != nil {
+			return c.sum, fmt.Errorf("write tar stream: %w", err)
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return c.sum, fmt.Errorf("write tar stream: %w", err)

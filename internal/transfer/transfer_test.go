@@ -376,3 +376,70 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// TestPackRefusesAFileSwappedAfterTheWalk: the walk found a regular file;
+// what is at its name when Pack opens it is something else. Pack sends
+// nothing of it.
+func TestPackRefusesAFileSwappedAfterTheWalk(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		swap func(p, secret string) error
+		ok   bool
+	}{
+		{"unchanged", func(p, secret string) error { return nil }, true},
+		{"a symlink", func(p, secret string) error {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return os.Symlink(secret, p)
+		}, false},
+		{"another file", func(p, secret string) error {
+			tmp := p + ".new"
+			if err := os.WriteFile(tmp, []byte("SECRET"), 0o600); err != nil {
+				return err
+			}
+			return os.Rename(tmp, p)
+		}, false},
+		{"a FIFO", func(p, secret string) error {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return mkfifo(p)
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := t.TempDir()
+			p, secret := filepath.Join(d, "f"), filepath.Join(d, "secret")
+			if err := os.WriteFile(p, []byte("plain!"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(secret, []byte("SECRET"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Lstat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			walked := fs.FileInfoToDirEntry(fi) // the walk's lstat, before the swap
+			if err := tc.swap(p, secret); err != nil {
+				t.Fatal(err)
+			}
+			var b bytes.Buffer
+			tw := tar.NewWriter(&b)
+			err = packEntry(tw, p, "f", walked, newChecker(intoGuest), &fileHash{})
+			_ = tw.Flush()
+			if tc.ok {
+				if err != nil || !bytes.Contains(b.Bytes(), []byte("plain!")) {
+					t.Fatalf("packEntry: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, errChanged) {
+				t.Errorf("packEntry: %v, want an error wrapping %v", err, errChanged)
+			}
+			if bytes.Contains(b.Bytes(), []byte("SECRET")) {
+				t.Error("the swapped-in content was packed")
+			}
+		})
+	}
+}
