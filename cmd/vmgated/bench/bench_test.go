@@ -59,7 +59,7 @@ func TestBenchPolicy(t *testing.T) {
 		if sh := p.Shapes(); len(sh) != 1 || sh[0].Network != network {
 			t.Errorf("network %v: shapes %+v", network, sh)
 		}
-		v := p.Decide(policy.Identity{UID: 1000}, policy.Request{Argv: []string{"true"}})
+		v := p.Decide(policy.Identity{UID: 1000, User: "bench"}, policy.Request{Argv: []string{"true"}})
 		if !v.Allowed || v.Limits.MaxVMs != 6 || v.Limits.CallerVMs != 6 || (v.Network != nil) != network {
 			t.Errorf("network %v: verdict %+v", network, v)
 		}
