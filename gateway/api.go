@@ -70,7 +70,7 @@ func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session 
 	}
 	name := r.PathValue("name")
 	s.mu.Lock()
-	ss := s.sessions[sessionKey{callerKey(id), name}]
+	ss := s.sessions[sessionKey{id.Key(), name}]
 	s.mu.Unlock()
 	if ss == nil {
 		refuse(w, wire.KindNotFound, fmt.Sprintf("no session %q of this caller", name))

@@ -92,7 +92,7 @@ func (s *Server) auditDecision(st *execState) error {
 	}
 	s.metrics.request(st.verdict.Profile, string(v))
 	if !st.verdict.Allowed {
-		return s.auditGated(s.denyGate, callerKey(st.id), rec)
+		return s.auditGated(s.denyGate, st.id.Key(), rec)
 	}
 	return s.audit.Write(rec)
 }
@@ -280,7 +280,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	v := st.verdict
 	t0 := time.Now()
 	release, err := s.slots.acquire(ctx, slotClaim{profile: v.Profile, profileMax: v.Limits.MaxVMs,
-		caller: callerKey(st.id), callerMax: v.Limits.CallerVMs, callerQueue: v.Limits.CallerQueue})
+		caller: st.id.Key(), callerMax: v.Limits.CallerVMs, callerQueue: v.Limits.CallerQueue})
 	if err != nil {
 		s.metrics.refusedBusy()
 		return nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("%v (max %d VMs, profile %q max %d, %d per caller)", err, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs, v.Limits.CallerVMs)}
@@ -340,7 +340,7 @@ func (s *Server) sessionNetwork(st *execState, t *vmTarget) error {
 
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	// Sessions belong to their caller: a uid, or an SSH key.
-	key := sessionKey{callerKey(st.id), st.req.Session}
+	key := sessionKey{st.id.Key(), st.req.Session}
 	s.mu.Lock()
 	ss := s.sessions[key]
 	if ss != nil {

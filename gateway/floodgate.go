@@ -2,12 +2,10 @@ package gateway
 
 import (
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/audit"
-	"github.com/vmgate/vmgate/policy"
 )
 
 // floodQuiet is how long a source must be quiet before the summary of its
@@ -77,14 +75,6 @@ func (s *Server) flushGated(g *floodGate, key string) {
 			s.log.Error("audit summary record", "err", err)
 		}
 	}
-}
-
-// callerKey is the flood gate key of a caller: its uid, or its SSH key.
-func callerKey(id policy.Identity) string {
-	if id.SSH != nil {
-		return "ssh:" + id.SSH.Fingerprint
-	}
-	return "uid:" + strconv.FormatUint(uint64(id.UID), 10)
 }
 
 // floodGate bounds how many records of one kind a single source adds to

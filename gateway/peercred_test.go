@@ -152,7 +152,7 @@ func TestAttributeAndPolicy(t *testing.T) {
 		if v := p.Decide(id, policy.Request{Argv: []string{"true"}}); !v.Allowed {
 			t.Errorf("uid %d: %s", uid, v.Reason)
 		}
-		keys[callerKey(id)] = true
+		keys[id.Key()] = true
 	}
 	if len(keys) != 1 || !keys["uid:1000"] {
 		t.Errorf("caller keys %v, want only uid:1000", keys)

@@ -11,7 +11,7 @@ import (
 	"github.com/vmgate/vmgate/vm"
 )
 
-// sessionKey names a session: its owner (callerKey: a uid, or an SSH
+// sessionKey names a session: its owner (policy.Identity.Key: a uid, or an SSH
 // key) and the name the owner gave it. Two callers never share one.
 type sessionKey struct {
 	owner string
@@ -136,7 +136,7 @@ func (s *Server) startReaper() func() {
 }
 
 func (s *Server) listSessions(id policy.Identity) []wire.Session {
-	owner := callerKey(id)
+	owner := id.Key()
 	s.mu.Lock()
 	var out []wire.Session
 	for k, ss := range s.sessions {

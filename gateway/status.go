@@ -14,7 +14,7 @@ import (
 
 // liveExec is a running command, for status.
 type liveExec struct {
-	owner string // callerKey
+	owner string // policy.Identity.Key
 	info  wire.LiveExec
 }
 
@@ -34,7 +34,7 @@ func describeCaller(id policy.Identity) string {
 // track records st's command as running in target until the returned
 // func is called.
 func (s *Server) track(st *execState, target *vmTarget) func() {
-	e := liveExec{owner: callerKey(st.id), info: wire.LiveExec{RequestID: st.reqID, VMID: target.vm.ID, Profile: st.verdict.Profile,
+	e := liveExec{owner: st.id.Key(), info: wire.LiveExec{RequestID: st.reqID, VMID: target.vm.ID, Profile: st.verdict.Profile,
 		Caller: describeCaller(st.id), Argv: st.argv, Session: st.req.Session, VMStart: target.start, Started: time.Now().UTC()}}
 	if st.req.TransferOnly() {
 		e.info.Argv = []string{"(file transfer)"}
@@ -70,7 +70,7 @@ func (s *Server) status(id policy.Identity) wire.Status {
 			Ahead: p.Ahead, AheadSize: p.AheadSize, AheadUsed: p.AheadUsed, AheadFailed: p.AheadFailed,
 			RestoreHandshakeFailures: ss.HandshakeFailures})
 	}
-	owner := callerKey(id)
+	owner := id.Key()
 	s.mu.Lock()
 	for _, e := range s.live {
 		if st.All || e.owner == owner {

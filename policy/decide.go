@@ -85,6 +85,17 @@ type SSHKey struct {
 // rather than an SSH key.
 func (id Identity) Local() bool { return id.SSH == nil }
 
+// Key names the caller as one principal: its uid (a login's subordinate
+// uids are that login's, folded before the identity is made), or its SSH
+// key. Sessions belong to it, and the per-caller VM shares, queue places
+// and audit flood gate count by it.
+func (id Identity) Key() string {
+	if id.SSH != nil {
+		return "ssh:" + id.SSH.Fingerprint
+	}
+	return "uid:" + strconv.FormatUint(uint64(id.UID), 10)
+}
+
 // describe names the caller in reasons: "uid 1000 (user alice)" or
 // "SSH key SHA256:…".
 func (id Identity) describe() string {
