@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/netwire"
 	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm"
@@ -143,7 +144,7 @@ func guestSends(t *testing.T, sock string, recs chan netstack.Record) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { qemu.Close() })
-	if _, err := qemu.Write(netstack.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), 9999))); err != nil {
+	if _, err := qemu.Write(netwire.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), 9999))); err != nil {
 		t.Fatal(err)
 	}
 	select {

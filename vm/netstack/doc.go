@@ -1,10 +1,12 @@
-// Package netstack is the host-side guest network of one VM. Its pieces that
-// decide and parse: the operator's egress allowlist (package
-// policy/netrule, which it enforces), the classification of destination
-// addresses (Classify), the reading of the
-// name a connection claims (TLS SNI, HTTP Host) and the framing of QEMU's
-// stream netdev. They are pure and fuzzed; the network stack that uses them
-// is built on top.
+// Package netstack is the host's per-VM network stack: the Ethernet
+// segment a guest's NIC is on (gVisor's TCP/IP stack behind QEMU's stream
+// netdev), its gateway, DHCP and DNS server, and the dialer that makes the
+// connections the operator's allowlist allows. The pieces that decide and
+// parse live apart, pure and fuzzed: the allowlist's grammar and matching
+// (package policy/netrule), the reading of what a guest's bytes claim (the
+// TLS SNI, the HTTP Host, the heads forwarded rebuilt, QEMU's frames:
+// package internal/netwire); the classification of destination addresses
+// (Classify) is this package's.
 //
 // Threat model: the guest is hostile (a root shell in it is the normal
 // case). Everything it sends — frames, DNS queries, TLS ClientHellos, HTTP

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/netwire"
 	"github.com/vmgate/vmgate/vm/guest/netconf"
 
 	"github.com/vmgate/vmgate/policy/netrule"
@@ -247,9 +248,9 @@ func (n *Network) startDHCP() error {
 func (n *Network) Serve(conn net.Conn) error {
 	errc := make(chan error, 2)
 	go func() {
-		buf := make([]byte, MaxFrame)
+		buf := make([]byte, netwire.MaxFrame)
 		for {
-			frame, err := ReadFrame(conn, buf)
+			frame, err := netwire.ReadFrame(conn, buf)
 			if err != nil {
 				errc <- err
 				return
@@ -268,7 +269,7 @@ func (n *Network) Serve(conn net.Conn) error {
 				return
 			}
 			v := pkt.ToView()
-			out = AppendFrame(out[:0], v.AsSlice())
+			out = netwire.AppendFrame(out[:0], v.AsSlice())
 			v.Release()
 			pkt.DecRef()
 			if _, err := conn.Write(out); err != nil {
@@ -451,14 +452,14 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	defer out.Close()
 	done := make(chan struct{}, 2)
 	var cut atomic.Value // why the guard cut the connection
-	if byName && proto == ProtoHTTP {
+	if byName && proto == netwire.ProtoHTTP {
 		// Every request is checked, not only the first.
 		go func() {
 			in := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), guest), 32<<10)
 			w := &countWriter{w: out, n: n, total: &rec.BytesOut}
 			// On a refused request nothing more goes out; the answers to
 			// the requests before it still come back.
-			if why := copyRequests(w, in, claimed); why != "" {
+			if why := netwire.CopyRequests(w, in, claimed); why != "" {
 				cut.Store(why)
 			}
 			if c, ok := out.(interface{ CloseWrite() error }); ok {
@@ -495,7 +496,7 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		}
 		done <- struct{}{}
 	}
-	if !(byName && proto == ProtoHTTP) {
+	if !(byName && proto == netwire.ProtoHTTP) {
 		go count(out, guest, &rec.BytesOut)
 	}
 	go count(guest, out, &rec.BytesIn)
@@ -520,20 +521,20 @@ func (n *Network) claim(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	head = make([]byte, 0, 4096)
 	buf := make([]byte, 4096)
 	_ = guest.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var st Start
+	var st netwire.Claim
 	for {
 		k, err := guest.Read(buf)
 		head = append(head, buf[:k]...)
 		var serr error
-		st, serr = SniffName(head)
+		st, serr = netwire.SniffName(head)
 		claimed, proto = st.Name, st.Proto
 		if serr == nil {
 			break
 		}
-		if !errors.Is(serr, ErrNeedMore) {
+		if !errors.Is(serr, netwire.ErrNeedMore) {
 			return nil, "", proto, "malformed " + proto + " start: " + serr.Error()
 		}
-		if err != nil || len(head) >= MaxSniff {
+		if err != nil || len(head) >= netwire.MaxSniff {
 			if len(head) == 0 && err != nil {
 				return nil, "", proto, "the guest sent nothing"
 			}
@@ -585,9 +586,9 @@ func (c *countWriter) Write(p []byte) (int, error) {
 // describeStart says what a connection's first bytes were, for a refusal.
 func describeStart(proto string, head []byte) string {
 	switch proto {
-	case ProtoTLS:
+	case netwire.ProtoTLS:
 		return "TLS without a server name"
-	case ProtoHTTP:
+	case netwire.ProtoHTTP:
 		return "HTTP whose Host is an address"
 	}
 	return fmt.Sprintf("%d bytes of neither (%.16q)", len(head), head)

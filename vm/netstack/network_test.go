@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/netwire"
+	"github.com/vmgate/vmgate/internal/netwire/netwiretest"
 	"github.com/vmgate/vmgate/policy/netrule"
 
 	"github.com/miekg/dns"
@@ -59,9 +61,9 @@ func newGuest(t *testing.T, conn net.Conn) *guest {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		buf := make([]byte, MaxFrame)
+		buf := make([]byte, netwire.MaxFrame)
 		for {
-			f, err := ReadFrame(conn, buf)
+			f, err := netwire.ReadFrame(conn, buf)
 			if err != nil {
 				return
 			}
@@ -77,7 +79,7 @@ func newGuest(t *testing.T, conn net.Conn) *guest {
 				return
 			}
 			v := pkt.ToView()
-			_, err := conn.Write(AppendFrame(nil, v.AsSlice()))
+			_, err := conn.Write(netwire.AppendFrame(nil, v.AsSlice()))
 			v.Release()
 			pkt.DecRef()
 			if err != nil {
@@ -293,7 +295,7 @@ func TestNetwork(t *testing.T) {
 			typ  uint16
 			name string
 		}{{0xfe0d, "encrypted_client_hello"}, {0xffce, "encrypted_server_name"}} {
-			hello := withExtension(t, clientHello(t, "allowed.test"), c.typ, echOuter)
+			hello := netwiretest.WithExtension(t, netwiretest.ClientHello(t, "allowed.test"), c.typ, netwiretest.EchOuter)
 			if _, err := g.send(sp, string(hello)); err != nil {
 				t.Logf("send: %v", err)
 			}

@@ -1,4 +1,4 @@
-package netstack
+package netwire
 
 import (
 	"encoding/binary"

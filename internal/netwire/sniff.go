@@ -1,4 +1,17 @@
-package netstack
+// Package netwire parses what a guest sends on its network, the bytes a
+// hostile guest chooses: the name a connection claims (a TLS ClientHello's
+// SNI, an HTTP/1 request's Host and target, SniffName), the HTTP heads the
+// netstack forwards rebuilt from what it parsed (CopyRequests), and the
+// length-prefixed frames of QEMU's stream netdev (ReadFrame). It is pure:
+// no network stack, no I/O but the streams it is given. The host's
+// per-VM netstack (vm/netstack) enforces the operator's allowlist with it.
+//
+// Threat model: every byte is hostile. Parsers never panic, bound the
+// bytes they look at (MaxSniff, MaxFrame) before they allocate, refuse
+// what a lenient server could read differently (a bare LF, userinfo,
+// duplicated or folded fields, ECH and ESNI on names), and answer "no"
+// when unsure. Fuzzed: FuzzSniffName, FuzzCopyRequests, FuzzReadFrame.
+package netwire
 
 import (
 	"errors"
@@ -20,8 +33,8 @@ const (
 	ProtoOther = "other"
 )
 
-// Start is what the first bytes of a guest connection claim.
-type Start struct {
+// Claim is what the first bytes of a guest connection claim.
+type Claim struct {
 	Proto string // ProtoTLS, ProtoHTTP or ProtoOther
 	// Name is the SNI of a TLS ClientHello or the Host of an HTTP/1
 	// request (port removed, normalised); "" when there is none, or when
@@ -36,19 +49,19 @@ type Start struct {
 // SniffName returns what the first bytes of a guest connection claim.
 // ErrNeedMore asks for more bytes (up to MaxSniff); other errors mean the
 // start is malformed for the protocol it looks like (Proto is set).
-func SniffName(b []byte) (Start, error) {
+func SniffName(b []byte) (Claim, error) {
 	if len(b) == 0 {
-		return Start{}, ErrNeedMore
+		return Claim{}, ErrNeedMore
 	}
 	if b[0] == 0x16 { // TLS handshake record
 		n, hidden, err := clientHelloSNI(b)
-		return Start{Proto: ProtoTLS, Name: n, Hidden: hidden}, err
+		return Claim{Proto: ProtoTLS, Name: n, Hidden: hidden}, err
 	}
 	if looksHTTP(b) {
 		h, _, err := parseRequestHead(b)
-		return Start{Proto: ProtoHTTP, Name: h.host}, err
+		return Claim{Proto: ProtoHTTP, Name: h.host}, err
 	}
-	return Start{Proto: ProtoOther}, nil
+	return Claim{Proto: ProtoOther}, nil
 }
 
 // httpMethods are the methods the guard knows; a request with another is

@@ -1,4 +1,4 @@
-package netstack
+package netwire
 
 import (
 	"bufio"
@@ -386,7 +386,7 @@ func parseDecimal(s string) (int64, error) {
 	return strconv.ParseInt(s, 10, 64)
 }
 
-// copyRequests copies a guest's HTTP/1 requests to out one at a time,
+// CopyRequests copies a guest's HTTP/1 requests to out one at a time,
 // checking each head and forwarding it rebuilt, so that every request on
 // a kept-alive or pipelined connection names host, and none switches the
 // connection to something that is not HTTP (Upgrade, CONNECT). Bodies are
@@ -395,7 +395,7 @@ func parseDecimal(s string) (int64, error) {
 // "" at a clean end (the guest closed between requests, or after a
 // body), else the refusal or the error; the caller then closes the
 // connection.
-func copyRequests(out io.Writer, in *bufio.Reader, host string) string {
+func CopyRequests(out io.Writer, in *bufio.Reader, host string) string {
 	for {
 		head, err := readHead(in)
 		if err != nil {

@@ -1,4 +1,4 @@
-package netstack
+package netwire
 
 import (
 	"bufio"
@@ -76,7 +76,7 @@ func TestCopyRequests(t *testing.T) {
 	for _, c := range copyCases {
 		t.Run(c.name, func(t *testing.T) {
 			var out bytes.Buffer
-			why := copyRequests(&out, bufio.NewReader(strings.NewReader(c.in)), "allowed.test")
+			why := CopyRequests(&out, bufio.NewReader(strings.NewReader(c.in)), "allowed.test")
 			if out.String() != c.out || (c.why == "") != (why == "") || !strings.Contains(why, c.why) {
 				t.Errorf("sent %q, stopped with %q\nwant %q, %q", out.String(), why, c.out, c.why)
 			}
@@ -115,12 +115,12 @@ func FuzzCopyRequests(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var out bytes.Buffer
-		copyRequests(&out, bufio.NewReader(bytes.NewReader(in)), "allowed.test")
+		CopyRequests(&out, bufio.NewReader(bytes.NewReader(in)), "allowed.test")
 		serverSeesOnly(t, out.Bytes(), "allowed.test")
 		// What was forwarded is canonical: the guard forwards it again
 		// byte for byte.
 		var again bytes.Buffer
-		copyRequests(&again, bufio.NewReader(bytes.NewReader(out.Bytes())), "allowed.test")
+		CopyRequests(&again, bufio.NewReader(bytes.NewReader(out.Bytes())), "allowed.test")
 		if !bytes.Equal(again.Bytes(), out.Bytes()) {
 			t.Fatalf("forwarded %q, then %q", out.Bytes(), again.Bytes())
 		}
