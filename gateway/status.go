@@ -90,21 +90,29 @@ func (s *Server) status(id policy.Identity) wire.Status {
 	return st
 }
 
-// handleAuditRotate moves the audit log to PATH.TIMESTAMP and continues
-// the chain in a new file (vmgated audit rotate). Only root, the daemon's
-// own user and admin profiles may.
+// mayRotateAudit reports whether id may move the audit log aside: root
+// and the daemon's own user (daemonUID) as local callers, and the local
+// callers of a profile with audit_rotate = true. admin = true does not
+// grant it (issue 30, finding 5).
+func mayRotateAudit(p *policy.Policy, id policy.Identity, daemonUID int) bool {
+	return id.Local() && (id.UID == 0 || int(id.UID) == daemonUID) || p.MayRotateAudit(id)
+}
+
+// handleAuditRotate moves the audit log to PATH.TIMESTAMP (never onto an
+// existing file) and continues the chain in a new file (vmgated audit
+// rotate).
 func (s *Server) handleAuditRotate(w http.ResponseWriter, r *http.Request) {
 	id, err := identityFrom(r.Context())
 	if err != nil {
 		refuse(w, wire.KindUnidentified, err.Error())
 		return
 	}
-	if !(id.Local() && (id.UID == 0 || int(id.UID) == os.Getuid())) && !s.policy.Load().IsAdmin(id) {
-		refuse(w, wire.KindDenied, "only root, vmgated's user and admin profiles may rotate the audit log")
+	if !mayRotateAudit(s.policy.Load(), id, os.Getuid()) {
+		refuse(w, wire.KindDenied, "only root, vmgated's user and profiles with audit_rotate = true may rotate the audit log")
 		return
 	}
-	to := s.cfg.AuditPath + "." + time.Now().UTC().Format("20060102T150405Z")
-	if _, err := s.audit.Reopen(to); err != nil {
+	to, err := s.audit.Rotate()
+	if err != nil {
 		refuse(w, wire.KindInternal, err.Error())
 		return
 	}

@@ -331,6 +331,19 @@ func (p *Policy) IsAdmin(id Identity) bool {
 	return prof != nil && prof.admin
 }
 
+// MayRotateAudit reports whether id's profile has audit_rotate = true and
+// id is a local caller: it may move the audit log aside (vmgated audit
+// rotate) besides root and vmgated's own user, whom the daemon admits
+// without asking the policy. An SSH key never may, whatever its profile
+// says, and admin = true does not grant it (issue 30, finding 5).
+func (p *Policy) MayRotateAudit(id Identity) bool {
+	if p == nil || !id.Local() {
+		return false
+	}
+	prof, _ := p.profileFor(id)
+	return prof != nil && prof.rotate
+}
+
 // CheckKeyProfile returns nil if an SSH key may name the profile: it
 // exists and accepts SSH keys (match.ssh or match.any). Otherwise the
 // error says which.

@@ -600,3 +600,54 @@ files = { put_max_files = 0, get_max_files = 0 }
 		t.Errorf("transfer verdict %+v", v)
 	}
 }
+
+// TestMayRotateAudit: moving the audit log aside is its own right,
+// audit_rotate; admin = true (status of everyone) does not grant it, and
+// an SSH key never has it (issue 30, finding 5).
+func TestMayRotateAudit(t *testing.T) {
+	p := mustParse(t, "rotate.toml", `
+version = 1
+
+[[profile]]
+name = "auditors"
+match = { groups = ["audit"], ssh = true }
+audit_rotate = true
+
+[[profile]]
+name = "admins"
+match = { groups = ["wheel"] }
+admin = true
+
+[[profile]]
+name = "everyone"
+match = { any = true }
+`)
+	for _, c := range []struct {
+		name string
+		id   Identity
+		want bool
+	}{
+		{"audit_rotate profile", Identity{UID: 1002, Groups: []string{"audit"}}, true},
+		{"admin profile", Identity{UID: 1000, Groups: []string{"wheel"}}, false},
+		{"plain profile", Identity{UID: 1001}, false},
+		{"uid 0 is the daemon's to admit, not the policy's", Identity{UID: 0}, false},
+		{"SSH key of the audit_rotate profile", Identity{SSH: &SSHKey{Profile: "auditors"}}, false},
+	} {
+		if got := p.MayRotateAudit(c.id); got != c.want {
+			t.Errorf("%s: MayRotateAudit = %v, want %v", c.name, got, c.want)
+		}
+	}
+	if !p.IsAdmin(Identity{UID: 1000, Groups: []string{"wheel"}}) || p.IsAdmin(Identity{UID: 1002, Groups: []string{"audit"}}) {
+		t.Error("admin and audit_rotate are not independent")
+	}
+	if !strings.Contains(p.Explain(), "  audit:    its local callers may rotate the audit log (audit_rotate = true)\n") {
+		t.Errorf("Explain does not show audit_rotate:\n%s", p.Explain())
+	}
+	var nilp *Policy
+	if nilp.MayRotateAudit(Identity{UID: 1002, Groups: []string{"audit"}}) {
+		t.Error("nil policy grants audit_rotate")
+	}
+	if Default().MayRotateAudit(Identity{UID: 1000}) {
+		t.Error("the default policy grants audit_rotate")
+	}
+}

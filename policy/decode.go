@@ -77,6 +77,7 @@ type networkDoc struct {
 type profileDoc struct {
 	Name        *string   `toml:"name"`
 	Admin       *bool     `toml:"admin"`
+	AuditRotate *bool     `toml:"audit_rotate"`
 	Match       *matchDoc `toml:"match"`
 	settingsDoc           // flattened: the same keys as [defaults]
 	Deny        []ruleDoc `toml:"deny"`

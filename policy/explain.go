@@ -61,6 +61,9 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 		}
 	}
 	fmt.Fprintf(b, "  shell:    %s\n", yesNo(prof.allowShell, "allowed (vm-exec -c)", "not allowed"))
+	if prof.rotate {
+		b.WriteString("  audit:    its local callers may rotate the audit log (audit_rotate = true)\n")
+	}
 	if prof.match.acceptsKeys() {
 		ssh := "nothing: SSH commands are shell strings and need allow_shell = true"
 		switch {

@@ -57,6 +57,8 @@ func TestParseErrors(t *testing.T) {
 		{"bad group name", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { groups = [\"a b\"] }\n", []string{`match.groups: "a b": not a valid`}},
 		{"ssh false", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { ssh = false, uids = [1] }\n", []string{`profile "p": match.ssh false: remove it`}},
 		{"ssh with any", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { ssh = true, any = true }\n", []string{`profile "p": match: any = true already accepts SSH keys`}},
+		{"audit_rotate for everyone", minimal + "audit_rotate = true\n", []string{`profile "p": audit_rotate = true with match.any = true would let every caller rotate the audit log`}},
+		{"audit_rotate type", minimal + "audit_rotate = 1\n", []string{"x.toml:5:", "profile.audit_rotate: incompatible types"}},
 		{"ssh type", "version = 1\n[[profile]]\nname = \"p\"\nmatch = { ssh = \"yes\" }\n", []string{"x.toml:4:", "profile.match.ssh: incompatible types"}},
 		{"local keys after any", minimal + "[[profile]]\nname = \"q\"\nmatch = { ssh = true, uids = [1] }\n", []string{`profile "q": match: uids, users, gids and groups are unreachable`}},
 		{"unreachable profile", minimal + "[[profile]]\nname = \"q\"\nmatch = { uids = [1] }\n", []string{`profile "q": unreachable: profile "p" before it matches any caller`}},

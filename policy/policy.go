@@ -46,6 +46,7 @@ type profile struct {
 	name       string // "" only while compiling an invalid profile
 	match      matcher
 	admin      bool // sees everyone in status
+	rotate     bool // may rotate the audit log (audit_rotate)
 	image      string
 	user       string
 	network    string

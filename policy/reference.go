@@ -281,15 +281,16 @@ var refDurations = map[string]bool{
 // too. A test sets each key to its listed default and checks that the
 // compiled policy does not change.
 var refDefaults = map[string]string{
-	"version":         refRequired,
-	"profile":         refRequired,
-	"profile.name":    refRequired,
-	"profile.admin":   "false",
-	"profile.match":   refRequired,
-	"profile.image":   strconv.Quote(builtinImage),
-	"profile.user":    strconv.Quote(builtinUser),
-	"profile.cpus":    strconv.Itoa(builtinCPUs),
-	"profile.max_vms": strconv.Itoa(builtinMaxVMs),
+	"version":              refRequired,
+	"profile":              refRequired,
+	"profile.name":         refRequired,
+	"profile.admin":        "false",
+	"profile.audit_rotate": "false",
+	"profile.match":        refRequired,
+	"profile.image":        strconv.Quote(builtinImage),
+	"profile.user":         strconv.Quote(builtinUser),
+	"profile.cpus":         strconv.Itoa(builtinCPUs),
+	"profile.max_vms":      strconv.Itoa(builtinMaxVMs),
 	// Half of max_vms, rounded up: 1 with the built-in max_vms.
 	"profile.max_vms_per_caller":    strconv.Itoa((builtinMaxVMs + 1) / 2),
 	"profile.max_queued_per_caller": strconv.Itoa(builtinCallerQueue),
@@ -444,7 +445,9 @@ var refDescriptions = map[string]string{
 	"profile.files.get_max_files": fmt.Sprintf("Entries of one tree copied out of the VM, 0 to %d; 0 allows no copying out.", maxFileCount),
 
 	"profile.admin": "`true`: the profile's callers see every caller's running commands and sessions in `vmgated status` and `vm-exec ps`; " +
-		"others see their own. It grants nothing else.",
+		"others see their own. It grants nothing else: not `audit_rotate`.",
+	"profile.audit_rotate": "`true`: the profile's local callers may move the audit log aside with `vmgated audit rotate`, as root and vmgated's own user may. " +
+		"SSH keys never may. Not allowed with `match.any = true`: rotating starts a new file, so it is an operator's right, not every caller's.",
 
 	"profile.deny.name": fmt.Sprintf("Name of the rule, optional: 1 to %d of `[a-z0-9-]`, unique among the profile's deny and allow rules. ", maxNameLen) +
 		"Verdicts name the rule by it.",

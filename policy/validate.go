@@ -199,6 +199,10 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 	}
 	p.match = c.match(label, d.Match)
 	p.admin = d.Admin != nil && *d.Admin
+	p.rotate = d.AuditRotate != nil && *d.AuditRotate
+	if p.rotate && p.match.any {
+		c.errorf("%s: audit_rotate = true with match.any = true would let every caller rotate the audit log; match its operators by uids, users, gids or groups", label)
+	}
 
 	own := c.settings(label, &d.settingsDoc)
 	s := own.merge(defaults)

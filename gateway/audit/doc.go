@@ -61,6 +61,17 @@
 // append-only attribute (chattr +a) on the file so that even root must first
 // clear it, leaving a trace, before rewriting history.
 //
+// Rotation never replaces a file: [Log.Rotate] picks a name that is free
+// and moves the log there with rename(2)'s RENAME_NOREPLACE, so that two
+// rotations within one second (one name per second) cannot move the second
+// file onto the first and erase its history (issue 30, finding 5). Each
+// rotated file starts with a KindRotate record naming the file it
+// continues ([Predecessor]); [VerifyFiles] names a missing one. Rotating
+// is the right of root, vmgated's user and profiles with audit_rotate,
+// not of every caller. A missing oldest file is reported, not refused:
+// retention removes it as well, and only the operator knows how many
+// files should be kept.
+//
 // Redaction covers argv and what quotes it: in Reason, Error and Message
 // every redacted argument, and every quoted string that a pattern matches
 // or that starts a redacted argument, is replaced too (a denial's reason

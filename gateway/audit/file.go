@@ -48,3 +48,12 @@ func openOS(path string) (file, int64, error) {
 	}
 	return f, fi.Size(), nil
 }
+
+// linkThenRemove moves from to to without replacing an existing to: link(2)
+// fails with EEXIST where rename(2) would replace.
+func linkThenRemove(from, to string) error {
+	if err := os.Link(from, to); err != nil {
+		return err
+	}
+	return os.Remove(from)
+}

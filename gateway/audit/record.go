@@ -28,7 +28,7 @@ const (
 	KindDaemon Kind = "daemon"
 	// KindRotate is the first record of a file that continues the chain
 	// of the file before it (Log.Reopen): its Seq and Prev follow that
-	// file's last record.
+	// file's last record, and Predecessor names that file.
 	KindRotate Kind = "rotate"
 )
 
@@ -152,6 +152,10 @@ type Record struct {
 	Error   string `json:"error,omitempty"`
 	Message string `json:"message,omitempty"`
 
+	// Predecessor, in a KindRotate record, names the file whose chain
+	// this file continues. Logs written before it existed lack it.
+	Predecessor *Predecessor `json:"predecessor,omitempty"`
+
 	// Prev is the hex SHA-256 of the previous line without its newline,
 	// or GenesisPrev on the first line.
 	Prev string `json:"prev"`
@@ -202,6 +206,17 @@ func parseLine(line []byte) (Record, error) {
 func lineHash(line []byte) string {
 	sum := sha256.Sum256(line)
 	return hex.EncodeToString(sum[:])
+}
+
+// Predecessor is the file a rotated log continues: its name, and its last
+// record's Seq and hash, which the KindRotate record's Seq and Prev follow.
+type Predecessor struct {
+	// File is the file's base name when the log left it: the name that
+	// `vmgated audit rotate` gave it, or where logrotate had moved it
+	// ("" when unknown). logrotate's compress later adds ".gz".
+	File    string `json:"file,omitempty"`
+	LastSeq uint64 `json:"last_seq"`
+	Head    string `json:"head"`
 }
 
 // NetEvent is one DNS query or connection of a guest.

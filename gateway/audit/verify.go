@@ -35,6 +35,9 @@ type Report struct {
 	// the chain.
 	ContinuesSeq  uint64
 	ContinuesHead string
+	// Predecessor is what that first record says of the file it
+	// continues (nil in logs written before rotate records named it).
+	Predecessor *Predecessor
 }
 
 // Verify reads a log from r and checks that every line is a record
@@ -80,6 +83,14 @@ func Verify(r io.Reader) (Report, error) {
 			// VerifyFiles' to check.
 			rep.ContinuesSeq, rep.ContinuesHead = rec.Seq-1, rec.Prev
 			rep.LastSeq, rep.Head = rec.Seq-1, rec.Prev
+			if p := rec.Predecessor; p != nil {
+				if p.LastSeq != rec.Seq-1 || p.Head != rec.Prev {
+					rep.BrokenLine = n
+					return rep, fmt.Errorf("%w: line 1: the rotate record's predecessor ends at seq %d (head %s), but its own seq and prev say seq %d (head %s)",
+						ErrChainBroken, p.LastSeq, short(p.Head), rec.Seq-1, short(rec.Prev))
+				}
+				rep.Predecessor = p
+			}
 		}
 		if want := rep.LastSeq + 1; rec.Seq != want {
 			rep.BrokenLine = n

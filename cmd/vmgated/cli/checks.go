@@ -67,7 +67,11 @@ type auditReport struct {
 	Head          string    `json:"head"`
 	ContinuesSeq  uint64    `json:"continues_seq,omitempty"`
 	ContinuesHead string    `json:"continues_head,omitempty"`
-	BrokenLine    int       `json:"broken_line,omitempty"`
+	// Predecessor is the file the first record names as the one it
+	// continues; PredecessorMissing says it is not there.
+	Predecessor        string `json:"predecessor,omitempty"`
+	PredecessorMissing bool   `json:"predecessor_missing,omitempty"`
+	BrokenLine         int    `json:"broken_line,omitempty"`
 }
 
 func auditVerify(fs *pflag.FlagSet) runFunc {
@@ -78,7 +82,11 @@ func auditVerify(fs *pflag.FlagSet) runFunc {
 			out := []auditReport{}
 			for i, r := range reps {
 				a := auditReport{File: r.Path, Intact: err == nil || i < len(reps)-1, Records: r.Lines, FirstSeq: r.FirstSeq, LastSeq: r.LastSeq,
-					FirstTime: r.FirstTime, LastTime: r.LastTime, Head: r.Head, ContinuesSeq: r.ContinuesSeq, ContinuesHead: r.ContinuesHead, BrokenLine: r.BrokenLine}
+					FirstTime: r.FirstTime, LastTime: r.LastTime, Head: r.Head, ContinuesSeq: r.ContinuesSeq, ContinuesHead: r.ContinuesHead, BrokenLine: r.BrokenLine,
+					PredecessorMissing: r.PredecessorMissing}
+				if r.Predecessor != nil {
+					a.Predecessor = r.Predecessor.File
+				}
 				if err != nil && i == len(reps)-1 {
 					a.Error = err.Error()
 				}
@@ -100,6 +108,12 @@ func auditVerify(fs *pflag.FlagSet) runFunc {
 			from := "starts the chain"
 			if r.ContinuesSeq != 0 {
 				from = fmt.Sprintf("continues seq %d", r.ContinuesSeq)
+				if r.Predecessor != nil && r.Predecessor.File != "" {
+					from += " of " + r.Predecessor.File
+				}
+				if r.PredecessorMissing {
+					from += ", which is missing (removed by retention, or erased)"
+				}
 			}
 			fmt.Printf("%s: %d records, seq %d..%d, %s .. %s, %s, chain intact (head %s)\n", r.Path, r.Lines, r.FirstSeq, r.LastSeq,
 				r.FirstTime.Format(time.RFC3339), r.LastTime.Format(time.RFC3339), from, r.Head)

@@ -1,6 +1,7 @@
 package agentproto
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,6 +16,12 @@ import (
 // reflection cost 20-50 ms per message type there (docs/benchmarks.md).
 // Strings pass byte for byte (argv need not be UTF-8); text a guest sends
 // for people to read is made valid UTF-8 on the host.
+//
+// A decoded message owns its bytes: strings are copies, and so are byte
+// strings (rest), because the payload is the frame reader's buffer, which
+// the next ReadFrame overwrites while the message may still be in use on
+// another goroutine (a Reply goes from the reader to the caller waiting
+// for it).
 
 // errShort reports a payload that ends inside a field.
 var errShort = errors.New("agent protocol: payload too short")
@@ -127,12 +134,12 @@ func (d *decoder) strs() []string {
 	return ss
 }
 
-// rest reads the rest of the payload (nil when it is empty).
+// rest reads the rest of the payload as a copy (nil when it is empty).
 func (d *decoder) rest() []byte {
 	if d.err != nil || len(d.p) == 0 {
 		return nil
 	}
-	b := d.p
+	b := bytes.Clone(d.p)
 	d.p = nil
 	return b
 }

@@ -135,3 +135,36 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeDoesNotAlias: a decoded message owns its bytes. The host's
+// reader decodes a Reply from the frame buffer and hands it to the caller
+// waiting for it, then reads the guest's next frame into the same buffer;
+// a Result that aliased the buffer changed under the caller (a data race
+// under -race, issue 30 finding 11).
+func TestDecodeDoesNotAlias(t *testing.T) {
+	for _, m := range []message{
+		&Reply{Result: []byte("the first reply's result")},
+		&Call{Op: CallSetTime, Args: []byte("the first call's args")},
+		&SetTime{UnixNano: 1, Entropy: []byte("the first entropy")},
+	} {
+		b, _ := m.MarshalBinary()
+		var stream bytes.Buffer
+		stream.Write(AppendFrame(nil, FrameReply, 1, b))
+		stream.Write(AppendFrame(nil, FrameReply, 2, bytes.Repeat([]byte{0xee}, len(b))))
+		var buf []byte
+		f, err := ReadFrame(&stream, &buf, MaxGuestPayload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := fresh(m)
+		if err := got.UnmarshalBinary(f.Payload); err != nil {
+			t.Fatalf("%T: %v", m, err)
+		}
+		if _, err := ReadFrame(&stream, &buf, MaxGuestPayload); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Errorf("%T: after the next frame was read into the buffer, %+v became %+v", m, m, got)
+		}
+	}
+}
