@@ -22,6 +22,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/sessions", s.handleListSessions)
 	mux.HandleFunc("DELETE /v1/sessions/{name}", s.handleEndSession)
 	mux.HandleFunc("POST /v1/sessions/{name}/hold", s.handleHoldSession)
+	mux.HandleFunc("POST /v1/sessions/{name}/pause", s.handlePauseSession)
+	mux.HandleFunc("POST /v1/sessions/{name}/fork", s.handleForkSession)
 	mux.HandleFunc("GET /v1/status", s.handleStatus)
 	mux.HandleFunc("POST /v1/audit/rotate", s.handleAuditRotate)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
@@ -76,6 +78,89 @@ func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session 
 		refuse(w, wire.KindNotFound, fmt.Sprintf("no session %q of this caller", name))
 	}
 	return ss
+}
+
+// sessionOp runs op on the caller's session named in the path, as its
+// owner (waiting for a command that runs in it, as long as a VM slot
+// is), counted in flight for shutdown and ended with the grace period,
+// after a policy decision of the session request (audited). op's
+// *RequestError is the answer; otherwise op has written it.
+func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, newNames []string, op func(context.Context, *session, *execState) error) {
+	ss := s.callerSession(w, r)
+	if ss == nil {
+		return
+	}
+	if !s.begin() {
+		refuse(w, ErrShutdown, ErrShutdown.Error())
+		return
+	}
+	defer s.end()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(s.execCtx, cancel)()
+	id, _ := identityFrom(r.Context())
+	st := newExecState(id, &wire.ExecRequest{Session: ss.key.name}, false)
+	st.verdict = s.policy.Load().DecideSession(id, newNames...)
+	if err := s.auditDecision(st); err != nil {
+		refuse(w, ErrAuditUnavailable, "refusing to run unaudited: "+err.Error())
+		return
+	}
+	if !st.verdict.Allowed {
+		rerr := &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID}
+		writeError(w, rerr.Kind.Status, rerr.Wire())
+		return
+	}
+	if err := ss.take(ctx, s.cfg.QueueWait); err != nil {
+		rerr := requestError(err, st)
+		if errors.Is(err, errSessionEnded) {
+			rerr = &RequestError{Kind: wire.KindNotFound, Msg: fmt.Sprintf("session %q ended", ss.key.name), RequestID: st.reqID}
+		}
+		writeError(w, rerr.Kind.Status, rerr.Wire())
+		return
+	}
+	defer ss.give()
+	if err := op(ctx, ss, st); err != nil {
+		rerr := requestError(err, st)
+		writeError(w, rerr.Kind.Status, rerr.Wire())
+	}
+}
+
+// handlePauseSession pauses the caller's session to disk: its VM and
+// slot are freed, and its next command resumes it. A paused session's
+// answer is the same.
+func (s *Server) handlePauseSession(w http.ResponseWriter, r *http.Request) {
+	s.sessionOp(w, r, nil, func(ctx context.Context, ss *session, st *execState) error {
+		if !ss.paused() {
+			ss.mu.Lock()
+			ss.limits = st.verdict.Limits.Paused // today's policy
+			ss.mu.Unlock()
+			if err := s.pause(ctx, ss, "asked by its owner"); err != nil {
+				return err
+			}
+		}
+		writeJSON(w, ss.info())
+		return nil
+	})
+}
+
+// handleForkSession makes new sessions, each a copy of the caller's
+// session's state: wire.ForkRequest in, the new sessions out.
+func (s *Server) handleForkSession(w http.ResponseWriter, r *http.Request) {
+	var req wire.ForkRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, wire.MaxRequestBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		refuse(w, wire.KindBadRequest, "fork: "+err.Error())
+		return
+	}
+	s.sessionOp(w, r, req.Names, func(ctx context.Context, ss *session, st *execState) error {
+		out, err := s.fork(ctx, ss, st, req.Names)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, out)
+		return nil
+	})
 }
 
 func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {

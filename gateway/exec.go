@@ -17,6 +17,7 @@ import (
 	"hash"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -248,13 +249,10 @@ func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error
 // only its files.
 func (s *Server) release(t *vmTarget, ok bool) {
 	if ss := t.session; ss != nil {
-		ss.mu.Lock()
-		ss.busy = false
-		ss.lastUsed = time.Now()
-		ss.mu.Unlock()
 		if !ok {
 			s.destroySession(ss, "vm failed")
 		}
+		ss.give()
 		return
 	}
 	destroy := func() {
@@ -325,6 +323,9 @@ func limitToLifetime(st *execState, ss *session) {
 // session without a NIC cannot get one: the caller must end it first.
 func (s *Server) sessionNetwork(st *execState, t *vmTarget) error {
 	n, vn := st.verdict.Network, t.vm.Network()
+	t.session.mu.Lock()
+	t.session.egress = n
+	t.session.mu.Unlock()
 	switch {
 	case vn == nil && n != nil:
 		return &RequestError{Kind: ErrBadRequest, RequestID: st.reqID, Msg: fmt.Sprintf("session %q has no network (it began before the profile had one): end the session to start it again with one", st.req.Session)}
@@ -338,62 +339,84 @@ func (s *Server) sessionNetwork(st *execState, t *vmTarget) error {
 	return nil
 }
 
+// sessionVM is the VM of the caller's session named in st: a running
+// session's, or a paused one's resumed, or a new session's. A session
+// busy with the same caller's previous command (whose client may just
+// have gone: a pipeline's head) is waited for, as long as a VM slot is
+// (QueueWait); a session that was lost is said so, once.
 func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	// Sessions belong to their caller: a uid, or an SSH key.
 	key := sessionKey{st.id.Key(), st.req.Session}
-	s.mu.Lock()
-	ss := s.sessions[key]
-	if ss != nil {
-		ss.mu.Lock()
-		if ss.busy || ss.closed {
-			ss.mu.Unlock()
-			s.mu.Unlock()
-			return nil, &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is running another command", key.name)}
+	for {
+		s.mu.Lock()
+		ss := s.sessions[key]
+		s.mu.Unlock()
+		if ss == nil {
+			if why := s.takeLost(key); why != "" {
+				return nil, s.lostError(key.name, why)
+			}
+			return s.newSessionVM(ctx, st, key)
+		}
+		if err := ss.take(ctx, s.cfg.QueueWait); err != nil {
+			if errors.Is(err, errSessionEnded) {
+				continue // ended meanwhile: this command starts a new one
+			}
+			return nil, err
 		}
 		// The reaper runs once a second and skips busy sessions: the
 		// lifetime is enforced here, on every use, as well. An expired
 		// session is ended as the reaper would, and this command starts
 		// a new one.
-		if !time.Now().Before(ss.expiryLocked()) {
-			ss.mu.Unlock()
-			s.mu.Unlock()
+		if !time.Now().Before(ss.expiry()) {
 			s.destroySession(ss, "expired")
-			return s.sessionVM(ctx, st)
+			continue
 		}
-		ss.busy = true
-		ss.mu.Unlock()
-		s.mu.Unlock()
+		if ss.paused() {
+			if err := s.resume(ctx, ss, st); err != nil {
+				ss.give()
+				return nil, err
+			}
+		}
 		limitToLifetime(st, ss)
-		t := &vmTarget{vm: ss.vm, session: ss, jail: jailOf(ss.vm)}
+		ss.mu.Lock()
+		v := ss.vm
+		ss.mu.Unlock()
+		t := &vmTarget{vm: v, session: ss, jail: jailOf(v)}
 		if err := s.sessionNetwork(st, t); err != nil {
 			s.release(t, true)
 			return nil, err
 		}
 		return t, nil
 	}
-	s.mu.Unlock()
+}
 
+// newSessionVM makes the caller's new session key, with a fresh VM.
+func (s *Server) newSessionVM(ctx context.Context, st *execState, key sessionKey) (*vmTarget, error) {
 	v := st.verdict
 	t, err := s.bootVM(ctx, st)
 	if err != nil {
 		return nil, err
 	}
-	m, release := t.vm, t.slot
-	now := time.Now()
-	ss = &session{key: key, id: st.id, profile: v.Profile, vm: m, release: release, created: now, lastUsed: now,
-		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, busy: true, ended: make(chan struct{})}
+	ss := newSession(key, st.id, v, s.shape(v), time.Now())
+	ss.vm, ss.release = t.vm, t.slot
+	if err := s.writeSession(ss, wire.SessionRunning, "", time.Time{}); err != nil {
+		_ = t.vm.Close()
+		t.slot()
+		return nil, &RequestError{Kind: ErrVMFailed, Msg: "start session: " + err.Error()}
+	}
 	s.mu.Lock()
 	if other := s.sessions[key]; other != nil {
 		// Two first requests raced: keep the first, drop ours.
 		s.mu.Unlock()
-		_ = m.Close()
-		release()
+		_ = t.vm.Close()
+		t.slot()
+		_ = os.RemoveAll(s.sessionDir(ss.sid))
 		return nil, &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is being created by another request", key.name)}
 	}
 	s.sessions[key] = ss
 	s.mu.Unlock()
 	limitToLifetime(st, ss)
-	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: key.name, VMID: m.ID, Profile: v.Profile, Message: "created"}
+	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: key.name, VMID: t.vm.ID, Profile: v.Profile, Message: "created"}
 	setCaller(&rec, st.id)
 	_ = s.audit.Write(rec)
 	t.session, t.slot = ss, nil

@@ -35,6 +35,11 @@ type metrics struct {
 	execs    map[string]*histogram
 	busy     uint64
 	netConns map[string]uint64 // verdict
+	// Sessions: pauses and resumes (count and seconds), copies forked,
+	// sessions lost.
+	pauses, resumes       uint64
+	pauseSecs, resumeSecs float64
+	forks, lostSessions   uint64
 }
 
 func newMetrics() *metrics {
@@ -56,6 +61,32 @@ func (m *metrics) refusedBusy() {
 func (m *metrics) netConn(verdict string) {
 	m.mu.Lock()
 	m.netConns[verdict]++
+	m.mu.Unlock()
+}
+
+func (m *metrics) paused(d time.Duration) {
+	m.mu.Lock()
+	m.pauses++
+	m.pauseSecs += d.Seconds()
+	m.mu.Unlock()
+}
+
+func (m *metrics) resumed(d time.Duration) {
+	m.mu.Lock()
+	m.resumes++
+	m.resumeSecs += d.Seconds()
+	m.mu.Unlock()
+}
+
+func (m *metrics) forked(copies int, _ time.Duration) {
+	m.mu.Lock()
+	m.forks += uint64(copies)
+	m.mu.Unlock()
+}
+
+func (m *metrics) sessionLost() {
+	m.mu.Lock()
+	m.lostSessions++
 	m.mu.Unlock()
 }
 
@@ -86,6 +117,8 @@ func (m *metrics) exec(start string, d time.Duration) {
 // gauges are the values read when scraped.
 type gauges struct {
 	liveVMs, maxVMs, waiting, sessions int
+	pausedSessions                     int
+	pausedBytes                        int64
 	pools                              []poolGauge
 	restoreFailures, handshakeRetries  int64
 	auditWriteErrors                   uint64
@@ -163,8 +196,22 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	p.sample("vmgate_vms_max", "", g.maxVMs)
 	p.family("vmgate_queue_waiting", "gauge", "Requests waiting for a VM slot.")
 	p.sample("vmgate_queue_waiting", "", g.waiting)
-	p.family("vmgate_sessions", "gauge", "Kept VMs (sessions).")
+	p.family("vmgate_sessions", "gauge", "Sessions, running or paused.")
 	p.sample("vmgate_sessions", "", g.sessions)
+	p.family("vmgate_sessions_paused", "gauge", "Sessions paused to disk.")
+	p.sample("vmgate_sessions_paused", "", g.pausedSessions)
+	p.family("vmgate_sessions_paused_bytes", "gauge", "Disk the paused sessions' saved state takes.")
+	p.sample("vmgate_sessions_paused_bytes", "", g.pausedBytes)
+	p.family("vmgate_session_pause_seconds", "summary", "Time to pause a session (save its VM to disk).")
+	p.sample("vmgate_session_pause_seconds_sum", "", m.pauseSecs)
+	p.sample("vmgate_session_pause_seconds_count", "", m.pauses)
+	p.family("vmgate_session_resume_seconds", "summary", "Time to resume a paused session (its VM restored and its agent answering).")
+	p.sample("vmgate_session_resume_seconds_sum", "", m.resumeSecs)
+	p.sample("vmgate_session_resume_seconds_count", "", m.resumes)
+	p.family("vmgate_session_forks_total", "counter", "Sessions made as copies of another (fork).")
+	p.sample("vmgate_session_forks_total", "", m.forks)
+	p.family("vmgate_sessions_lost_total", "counter", "Sessions lost: running when the daemon died, or whose saved state could not be resumed.")
+	p.sample("vmgate_sessions_lost_total", "", m.lostSessions)
 	p.family("vmgate_pool_ready", "gauge", "Restored VMs waiting in a shape's pool.")
 	for _, pg := range g.pools {
 		p.sample("vmgate_pool_ready", pg.labels, pg.ready)
@@ -198,6 +245,14 @@ func (s *Server) gauges() gauges {
 		auditWriteErrors: s.audit.WriteErrors(), auditHealthy: s.audit.Healthy() == nil}
 	s.mu.Lock()
 	g.sessions = len(s.sessions)
+	for _, ss := range s.sessions {
+		ss.mu.Lock()
+		if ss.vm == nil && ss.sp != nil {
+			g.pausedSessions++
+			g.pausedBytes += ss.sp.Meta.DiskBytes()
+		}
+		ss.mu.Unlock()
+	}
 	s.mu.Unlock()
 	for _, ss := range s.host.Stats() {
 		g.restoreFailures += ss.Pool.Failures

@@ -191,6 +191,11 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[sessionKey]*session
+	// lost are sessions the daemon could not keep, for their owner's
+	// next command (pause.go).
+	lost map[sessionKey]lostSession
+	// pausing admits one automatic pause at a time.
+	pausing chan struct{}
 	// live holds the commands running now, by request id (status).
 	live    map[string]liveExec
 	metrics *metrics
@@ -255,7 +260,8 @@ func Run(ctx context.Context, cfg Config) error {
 func New(cfg Config) (_ *Server, err error) {
 	cfg.setDefaults()
 	log := cfg.Log
-	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, metrics: newMetrics(), idle: make(chan struct{}), stopped: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, lost: map[sessionKey]lostSession{}, pausing: make(chan struct{}, 1),
+		live: map[string]liveExec{}, metrics: newMetrics(), idle: make(chan struct{}), stopped: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -306,6 +312,9 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
 	s.push(s.audit.Close)
+	// Paused sessions outlive the daemon; the ones that were running when
+	// it died are reported lost.
+	s.loadSessions()
 	s.startFloodGates()
 	s.slots = newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait)
 	// The SSH front door's files and addresses are checked before any VM
@@ -400,13 +409,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.log.Warn("sd_notify READY", "err", err)
 	}
 	stopReaper := s.startReaper()
-	defer stopReaper()
 	var runErr error
 	select {
 	case <-ctx.Done():
 	case err := <-serveErr:
 		runErr = fmt.Errorf("serve: %w", err)
 	}
+	stopReaper()
 	s.shutdown(srv)
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "stopped"})
 	return runErr
@@ -444,7 +453,9 @@ func (s *Server) shutdown(srv *http.Server) {
 	if s.ssh != nil {
 		s.ssh.CloseConns()
 	}
-	s.closeAllSessions("daemon shutdown")
+	// Sessions are paused, not destroyed: they resume after the next
+	// start.
+	s.pauseAll()
 }
 
 // begin registers a request in flight; it fails once shutdown started.

@@ -119,6 +119,23 @@ func (s *slots) acquire(ctx context.Context, c slotClaim) (release func(), err e
 	}
 }
 
+// tryAcquire takes the claim's slots only if they are free now: no
+// waiting, no queue place.
+func (s *slots) tryAcquire(c slotClaim) (release func(), err error) {
+	cs := callerSlot{c.profile, c.caller}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.free(c) {
+		return nil, &busyError{fmt.Sprintf("no VM slot is free now for this caller (%d of %d VMs live; this caller has %d of profile %q, max_vms_per_caller %d)",
+			s.used, s.max, s.caller[cs], c.profile, c.callerMax)}
+	}
+	s.used++
+	s.profile[c.profile]++
+	s.caller[cs]++
+	var once sync.Once
+	return func() { once.Do(func() { s.release(cs) }) }, nil
+}
+
 func (s *slots) release(cs callerSlot) {
 	s.mu.Lock()
 	s.used--

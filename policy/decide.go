@@ -160,7 +160,10 @@ type Limits struct {
 	SessionIdle   time.Duration // idle timeout of a session
 	SessionMax    time.Duration // maximum lifetime of a session
 	AllowSessions bool
-	Files         FileLimits
+	// Paused bounds the caller's paused sessions and says when an idle
+	// session is paused.
+	Paused PausedLimits
+	Files  FileLimits
 }
 
 // FileLimits bound file transfers (vm-exec --put, --get, cp): the content
@@ -171,6 +174,16 @@ type FileLimits struct {
 	PutFiles int
 	GetBytes int64
 	GetFiles int
+}
+
+// PausedLimits are a profile's rules for paused sessions: a session idle
+// for After (0: never, unless idle_timeout comes first and After is set)
+// is paused to disk instead of kept running, and a caller keeps at most
+// MaxCount paused sessions of MaxBytes on disk in all.
+type PausedLimits struct {
+	After    time.Duration
+	MaxCount int
+	MaxBytes int64
 }
 
 // Upload is one tree a request copies into the guest, as the client
@@ -307,6 +320,29 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 		Image:   prof.image,
 		Network: prof.net,
 	}
+}
+
+// DecideSession decides a request of id that runs no command but keeps
+// sessions (a pause, a fork's new sessions named in names): the verdict of
+// its profile, allowed when the profile allows sessions and every name is
+// a session name. Pure; argv rules do not apply.
+func (p *Policy) DecideSession(id Identity, sessionNames ...string) Verdict {
+	if p == nil {
+		return Verdict{Reason: "no policy loaded"}
+	}
+	prof, reason := p.profileFor(id)
+	if prof == nil {
+		return Verdict{Reason: reason}
+	}
+	if !prof.limits.AllowSessions {
+		return Verdict{Profile: prof.name, Reason: "sessions are not allowed"}
+	}
+	for _, n := range sessionNames {
+		if !names.Session(n) {
+			return Verdict{Profile: prof.name, Reason: fmt.Sprintf("session name %s: must be 1 to 64 of [A-Za-z0-9._-], not . or ..", quote(n))}
+		}
+	}
+	return prof.allowed(Request{}, "sessions", "sessions are allowed", prof.limits.Timeout)
 }
 
 // AllowsEnv reports whether a request of id may pass the environment

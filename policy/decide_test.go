@@ -308,8 +308,8 @@ func TestDecideLimits(t *testing.T) {
 		MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 		SessionIdle:   5 * time.Minute,
 		SessionMax:    2 * time.Hour,
-		AllowSessions: true,
-		Files:         FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
+		AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30},
+		Files: FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 	}
 	if !v.Allowed || v.Limits != want || v.User != "root" || v.Image != "default" || len(v.Env) != 1 || v.Env[0] != "LANG=C" {
 		t.Fatalf("verdict %+v\nwant limits %+v, user root, image default, env [LANG=C]", v, want)
@@ -649,5 +649,33 @@ match = { any = true }
 	}
 	if Default().MayRotateAudit(Identity{UID: 1000}) {
 		t.Error("the default policy grants audit_rotate")
+	}
+}
+
+func TestDecideSession(t *testing.T) {
+	p := mustParse(t, "decide.toml", decideTOML)
+	for _, c := range []struct {
+		id    Identity
+		names []string
+		ok    bool
+	}{
+		{idAdmin, nil, true},
+		{idAdmin, []string{"a", "b.c"}, true},
+		{idAdmin, []string{"a", "../x"}, false},
+	} {
+		v := p.DecideSession(c.id, c.names...)
+		if v.Allowed != c.ok || v.Profile == "" {
+			t.Errorf("DecideSession(%+v, %q) = %+v, want allowed %v", c.id, c.names, v, c.ok)
+		}
+		if v.Allowed && v.Limits.SessionMax == 0 {
+			t.Errorf("an allowed session verdict without limits: %+v", v)
+		}
+	}
+	if v := (*Policy)(nil).DecideSession(idAdmin); v.Allowed {
+		t.Error("a nil policy allowed a session")
+	}
+	noSessions := mustParse(t, "n.toml", "version = 1\n[[profile]]\nname = \"n\"\nmatch = { any = true }\nsessions.allowed = false\n")
+	if v := noSessions.DecideSession(idAdmin); v.Allowed || !strings.Contains(v.Reason, "not allowed") {
+		t.Errorf("a profile without sessions: %+v", v)
 	}
 }

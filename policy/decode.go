@@ -60,9 +60,12 @@ type timeoutDoc struct {
 }
 
 type sessionsDoc struct {
-	Allowed     *bool   `toml:"allowed"`
-	IdleTimeout *string `toml:"idle_timeout"`
-	MaxLifetime *string `toml:"max_lifetime"`
+	Allowed      *bool   `toml:"allowed"`
+	IdleTimeout  *string `toml:"idle_timeout"`
+	MaxLifetime  *string `toml:"max_lifetime"`
+	PauseAfter   *string `toml:"pause_after"`
+	MaxPaused    *int64  `toml:"max_paused"`
+	MaxPausedMiB *int64  `toml:"max_paused_mib"`
 }
 
 type networkDoc struct {

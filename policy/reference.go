@@ -273,6 +273,7 @@ var refDurations = map[string]bool{
 	"profile.timeout.max":           true,
 	"profile.sessions.idle_timeout": true,
 	"profile.sessions.max_lifetime": true,
+	"profile.sessions.pause_after":  true,
 }
 
 // refDefaults holds the built-in default of every value key, as a TOML
@@ -310,9 +311,12 @@ var refDefaults = map[string]string{
 	"profile.timeout.default": tomlDuration(builtinTimeoutDefault),
 	"profile.timeout.max":     tomlDuration(builtinTimeoutMax),
 
-	"profile.sessions.allowed":      strconv.FormatBool(builtinSessions),
-	"profile.sessions.idle_timeout": tomlDuration(builtinSessionIdle),
-	"profile.sessions.max_lifetime": tomlDuration(builtinSessionMax),
+	"profile.sessions.allowed":        strconv.FormatBool(builtinSessions),
+	"profile.sessions.idle_timeout":   tomlDuration(builtinSessionIdle),
+	"profile.sessions.max_lifetime":   tomlDuration(builtinSessionMax),
+	"profile.sessions.pause_after":    "",
+	"profile.sessions.max_paused":     strconv.Itoa(builtinMaxPaused),
+	"profile.sessions.max_paused_mib": strconv.Itoa(builtinMaxPausedMiB),
 
 	"profile.network.mode":            strconv.Quote(builtinNetwork),
 	"profile.network.allow":           "",
@@ -421,7 +425,16 @@ var refDescriptions = map[string]string{
 	"profile.sessions.allowed": "Whether clients may open sessions, a relaxation. Interactive SSH shells need it, and `allow_shell` too.",
 	"profile.sessions.idle_timeout": "A session that runs no command for this long is closed. " +
 		"At most `sessions.max_lifetime`.",
-	"profile.sessions.max_lifetime": "A session is closed this long after it was opened, busy or not. It is also the limit of an interactive shell.",
+	"profile.sessions.max_lifetime": "A session is closed this long after it was opened, busy or not, running or paused. It is also the limit of an interactive shell.",
+	"profile.sessions.pause_after": "A session that runs no command for this long is paused to disk: its RAM, device state and disk " +
+		"are saved in vmgated's state directory, its VM and its slot of `max_vms` are freed, and its next command resumes it with " +
+		"everything it left (files, running processes) and a fresh clock and entropy. With it, `idle_timeout` pauses too, " +
+		"whichever comes first, instead of ending the session. Unset: sessions are paused only when their owner asks " +
+		"(`vm-exec --session S --pause`).",
+	"profile.sessions.max_paused": "How many paused sessions a caller may keep. A pause beyond it is refused with the reason " +
+		"and the session keeps running.",
+	"profile.sessions.max_paused_mib": "How many MiB of disk a caller's paused sessions may take in all (their RAM's data and their disk's " +
+		"changes). A pause beyond it is refused with the reason and the session keeps running.",
 
 	"profile.network.mode": fmt.Sprintf("`%q`: the guest has no NIC at all. ", networkNone) +
 		fmt.Sprintf("`%q`: one NIC on a user-space network that vmgated runs for the VM, ", networkAllowlist) +

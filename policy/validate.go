@@ -29,14 +29,20 @@ const (
 	builtinSessions       = false
 	builtinSessionIdle    = 10 * time.Minute
 	builtinSessionMax     = time.Hour
-	builtinNetwork        = networkNone
-	builtinNetMaxConns    = 32
-	builtinNetMaxBytes    = 256 << 20
-	builtinNetRate        = 120
-	builtinFileBytes      = 64 << 20 // files.put_max_bytes, get_max_bytes
-	builtinFileCount      = 10000    // files.put_max_files, get_max_files
-	builtinSeccomp        = "required"
-	builtinCgroups        = "auto"
+	// A caller keeps at most 4 paused sessions, of 4 GiB in all, by
+	// default; sessions are paused only when pause_after says so.
+	builtinMaxPaused    = 4
+	builtinMaxPausedMiB = 4096
+	maxPausedLimit      = 1000
+	maxPausedMiB        = 1 << 24
+	builtinNetwork      = networkNone
+	builtinNetMaxConns  = 32
+	builtinNetMaxBytes  = 256 << 20
+	builtinNetRate      = 120
+	builtinFileBytes    = 64 << 20 // files.put_max_bytes, get_max_bytes
+	builtinFileCount    = 10000    // files.put_max_files, get_max_files
+	builtinSeccomp      = "required"
+	builtinCgroups      = "auto"
 )
 
 // Accepted ranges of numeric settings. They catch typos ("memory_mib = 5"),
@@ -239,6 +245,11 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 		SessionIdle:   pick(builtinSessionIdle, s.sessionIdle),
 		SessionMax:    pick(builtinSessionMax, s.sessionMax),
 		AllowSessions: pick(builtinSessions, s.sessions),
+		Paused: PausedLimits{
+			After:    pick(0, s.pauseAfter),
+			MaxCount: pick(builtinMaxPaused, s.maxPaused),
+			MaxBytes: int64(pick(builtinMaxPausedMiB, s.maxPausedMiB)) << 20,
+		},
 		Files: FileLimits{
 			PutBytes: pick(builtinFileBytes, s.putBytes), PutFiles: pick(builtinFileCount, s.putFiles),
 			GetBytes: pick(builtinFileBytes, s.getBytes), GetFiles: pick(builtinFileCount, s.getFiles),
@@ -337,6 +348,9 @@ type settings struct {
 	env                        *envAllow
 	timeoutDefault, timeoutMax *time.Duration
 	sessionIdle, sessionMax    *time.Duration
+	pauseAfter                 *time.Duration
+	maxPaused                  *int
+	maxPausedMiB               *int
 	badTimeout, badSessions    bool
 	netAllow                   *netrule.Rules
 	netRanges                  *[]netip.Prefix
@@ -371,6 +385,9 @@ func (s settings) merge(d settings) settings {
 	m.timeoutMax = first(s.timeoutMax, d.timeoutMax)
 	m.sessionIdle = first(s.sessionIdle, d.sessionIdle)
 	m.sessionMax = first(s.sessionMax, d.sessionMax)
+	m.pauseAfter = first(s.pauseAfter, d.pauseAfter)
+	m.maxPaused = first(s.maxPaused, d.maxPaused)
+	m.maxPausedMiB = first(s.maxPausedMiB, d.maxPausedMiB)
 	m.putBytes = first(s.putBytes, d.putBytes)
 	m.putFiles = first(s.putFiles, d.putFiles)
 	m.getBytes = first(s.getBytes, d.getBytes)
@@ -460,6 +477,9 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		s.sessions = ss.Allowed
 		s.sessionIdle = c.duration(label, "sessions.idle_timeout", ss.IdleTimeout)
 		s.sessionMax = c.duration(label, "sessions.max_lifetime", ss.MaxLifetime)
+		s.pauseAfter = c.duration(label, "sessions.pause_after", ss.PauseAfter)
+		s.maxPaused = c.intIn(label, "sessions.max_paused", ss.MaxPaused, 0, maxPausedLimit)
+		s.maxPausedMiB = c.intIn(label, "sessions.max_paused_mib", ss.MaxPausedMiB, 0, maxPausedMiB)
 		s.badSessions = len(c.errs) > before
 	}
 	if n := d.Network; n != nil {

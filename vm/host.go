@@ -114,8 +114,10 @@ type Shape struct {
 	Network         bool   // the VMs have a NIC
 }
 
-// normal is the shape with its image named: "" and DefaultImage are one
+// Normal is the shape with its image named: "" and DefaultImage are one
 // image, and must be one template and one pool.
+func (k Shape) Normal() Shape { return k.normal() }
+
 func (k Shape) normal() Shape {
 	if k.Image == "" {
 		k.Image = DefaultImage
@@ -281,6 +283,19 @@ func (h *Host) Get(ctx context.Context, k Shape) (*VM, string, error) {
 		return nil, "", err
 	}
 	return m, FromBoot, nil
+}
+
+// Resume starts a VM of shape k from a save point (a paused session's, a
+// fork's): k's image, the host's runtime, cgroups and network plumbing (a
+// VM with a NIC gets a network that allows nothing: SetPolicy). The save
+// point must have been saved from this machine (SavePoint.Matches).
+// shared: see SavePoint.Restore.
+func (h *Host) Resume(ctx context.Context, sp *SavePoint, k Shape, shared bool) (*VM, error) {
+	k = k.normal()
+	if _, err := h.ImageDir(k.Image); err != nil {
+		return nil, err
+	}
+	return sp.Restore(ctx, h.options(k), shared)
 }
 
 // DefaultImage is the name of the daemon's own image (--image).

@@ -72,6 +72,9 @@ type launch struct {
 	// owned are files the launch opened for QEMU (a clone's state file):
 	// closed once QEMU has its copies, or when the launch fails.
 	owned []*os.File
+	// verified, when set, says whether the files a restore loads are
+	// whole (checked while QEMU starts); load_state waits for it.
+	verified <-chan error
 	// started is when the request's critical path began (for a clone
 	// launched ahead: when Complete was called), mark the end of the last
 	// step.
@@ -97,15 +100,26 @@ type launchMode struct {
 	ram      ramMode    // where guest RAM lives
 	files    []*os.File // passed to QEMU as fds 4, 5, …
 	// restore: QEMU starts with -incoming defer and loads the migration
-	// stream on fd 5 (load_state).
-	restore bool
+	// stream (load_state) from incoming (default "fd:5", the state file
+	// after the RAM's fd), with x-ignore-shared unless fullStream (a
+	// recorder receiving a running VM's RAM in the stream).
+	restore    bool
+	incoming   string
+	fullStream bool
+	// netDummy gives a VM with a NIC a socket that only listens: the
+	// recorder's guest never runs, and needs no netstack.
+	netDummy bool
+	// untrustedBacking: the backing file was written by a VM's QEMU (a
+	// save point's disk); the host's qemu-img never opens it.
+	untrustedBacking bool
 }
 
 func newLaunch(opts Options, img *imageFiles, accel Accel, m launchMode) *launch {
 	id := newID()
 	now := time.Now()
 	return &launch{opts: opts, img: img, accel: accel, mode: m, started: now, mark: now,
-		vm: &VM{ID: id, Accel: accel, log: opts.Log.With("vm", id), exited: make(chan struct{})}}
+		vm: &VM{ID: id, Accel: accel, log: opts.Log.With("vm", id), exited: make(chan struct{}),
+			opts: opts, img: img, flat: m.backing == img.base && img.base != ""}}
 }
 
 // Start boots a fresh VM on a new overlay of the image and waits until its
@@ -216,7 +230,11 @@ func (l *launch) overlay(ctx context.Context) error {
 	}
 	v.Dir = dir
 	v.push(func() error { return os.RemoveAll(v.Dir) })
-	return createOverlay(ctx, l.mode.backing, filepath.Join(v.Dir, OverlayFile))
+	size := 0
+	if l.mode.untrustedBacking {
+		size = l.img.diskMiB
+	}
+	return createOverlayOf(ctx, l.mode.backing, filepath.Join(v.Dir, OverlayFile), size)
 }
 
 // startQEMU builds the command line, the network and the cgroup, and
@@ -241,7 +259,12 @@ func (l *launch) startQEMU(context.Context) error {
 	if err != nil {
 		return err
 	}
-	if opts.Network != nil {
+	switch {
+	case opts.Network != nil && m.netDummy:
+		if err := v.listenOnly(); err != nil {
+			return err
+		}
+	case opts.Network != nil:
 		if err := l.startNetwork(*opts.Network); err != nil {
 			return err
 		}
@@ -365,6 +388,17 @@ func (l *launch) startNetwork(cfg netstack.Config) error {
 	return nil
 }
 
+// listenOnly gives the VM's NIC a socket that is listened on and never
+// served: QEMU connects (the backlog takes it), and no frame is answered.
+func (v *VM) listenOnly() error {
+	ln, err := net.Listen("unix", filepath.Join(v.Dir, NetSocket))
+	if err != nil {
+		return fmt.Errorf("start vm: network socket: %w", err)
+	}
+	v.push(ln.Close)
+	return nil
+}
+
 // startNetworkHere runs the VM's network in this process.
 func (v *VM) startNetworkHere(cfg netstack.Config) error {
 	n, err := netstack.New(cfg)
@@ -406,12 +440,28 @@ func (l *launch) openIncoming(ctx context.Context) error {
 	if err != nil {
 		return l.vm.failedRestore(err)
 	}
-	if _, err := q.run(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
-		q.Close()
-		return l.vm.failedRestore(err)
+	if !l.mode.fullStream {
+		if _, err := q.run(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
+			q.Close()
+			return l.vm.failedRestore(err)
+		}
 	}
 	l.qmp = q
 	return nil
+}
+
+// verify waits for the check of the files a restore loads (a save
+// point's), begun before QEMU started.
+func (l *launch) verify(ctx context.Context) error {
+	if l.verified == nil {
+		return nil
+	}
+	select {
+	case err := <-l.verified:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("restore: checking the saved files: %w", ctx.Err())
+	}
 }
 
 // loadState feeds the migration stream on QEMU's fd 5 into the waiting
@@ -423,7 +473,11 @@ func (l *launch) loadState(ctx context.Context) error {
 	}
 	l.qmp = nil
 	defer q.Close()
-	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": "fd:5"}); err != nil {
+	uri := l.mode.incoming
+	if uri == "" {
+		uri = "fd:5"
+	}
+	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return v.failedRestore(err)
 	}
 	for {
@@ -460,12 +514,16 @@ func (v *VM) failedRestore(err error) error {
 }
 
 // connect dials the agent socket and waits for the agent's answer to the
+// host's hello.
+func (l *launch) connect(ctx context.Context) error { return l.vm.connect(ctx) }
+
+// connect dials the agent socket and waits for the agent's answer to the
 // host's hello, which comes only once the guest agent runs (the readiness
-// signal). A failed hello is a failed VM: the channel carries nothing but
-// this one connection's bytes (a clone's agent waits on a freshly opened
-// port), so there is nothing a reconnect could skip.
-func (l *launch) connect(ctx context.Context) error {
-	v := l.vm
+// signal), and makes it the VM's agent connection. A failed hello is a
+// failed VM: the channel carries nothing but this one connection's bytes
+// (a clone's agent waits on a freshly opened port), so there is nothing a
+// reconnect could skip.
+func (v *VM) connect(ctx context.Context) error {
 	path := filepath.Join(v.Dir, AgentSocket)
 	var conn net.Conn
 	for {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,6 +53,14 @@ func keyOf(base string) (overlayKey, error) {
 
 // createOverlay writes a new empty overlay at overlay on base.
 func createOverlay(ctx context.Context, base, overlay string) error {
+	return createOverlayOf(ctx, base, overlay, 0)
+}
+
+// createOverlayOf writes a new empty overlay at overlay on backing. With a
+// size (MiB, the image's virtual disk), qemu-img never opens backing: a
+// save point's disk was written by a VM's QEMU, which a guest may have
+// taken over, and is parsed by QEMU in its jail only.
+func createOverlayOf(ctx context.Context, base, overlay string, sizeMiB int) error {
 	k, err := keyOf(base)
 	if err != nil {
 		return err
@@ -60,7 +69,7 @@ func createOverlay(ctx context.Context, base, overlay string) error {
 	blank, ok := blankOverlays.m[k]
 	blankOverlays.Unlock()
 	if !ok {
-		if blank, err = makeBlankOverlay(ctx, base, filepath.Dir(overlay)); err != nil {
+		if blank, err = makeBlankOverlay(ctx, base, filepath.Dir(overlay), sizeMiB); err != nil {
 			return err
 		}
 		blankOverlays.Lock()
@@ -82,12 +91,18 @@ func createOverlay(ctx context.Context, base, overlay string) error {
 }
 
 // makeBlankOverlay runs qemu-img once for base, in dir, and returns the
-// overlay's bytes.
-func makeBlankOverlay(ctx context.Context, base, dir string) ([]byte, error) {
+// overlay's bytes; with a size (MiB) it does not open base.
+func makeBlankOverlay(ctx context.Context, base, dir string, sizeMiB int) ([]byte, error) {
 	tmp := filepath.Join(dir, ".blank-overlay-"+newID())
 	defer os.Remove(tmp)
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, tmp)
+	args := []string{"create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base}
+	if sizeMiB > 0 {
+		args = append(args, "-u", tmp, strconv.Itoa(sizeMiB)+"M")
+	} else {
+		args = append(args, tmp)
+	}
+	cmd := exec.CommandContext(ctx, "qemu-img", args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		msg := strings.TrimSpace(out.String())

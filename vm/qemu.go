@@ -169,7 +169,11 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 		machine = "microvm,rtc=on,mem-merge=off"
 		accelArgs = []string{"-accel", "tcg,tb-size=" + strconv.Itoa(s.TCGTBSizeMiB)}
 	}
-	if s.RAMPath != "" {
+	if !s.Probe {
+		// Guest RAM is always the memory backend "ram" (anonymous for a
+		// cold boot, a file for a template or a clone), so that the RAM
+		// block has one name whatever the VM's origin: a running VM can
+		// migrate into a recorder with its RAM in a file (savepoint.go).
 		machine += ",memory-backend=ram"
 	}
 	consolePath := j(ConsoleLog)
@@ -215,12 +219,15 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 			"-device", "virtio-net-device,netdev=net0,mac="+GuestMAC,
 		)
 	}
-	if s.RAMPath != "" {
+	switch {
+	case s.RAMPath != "":
 		share := "off"
 		if s.RAMShared {
 			share = "on"
 		}
 		argv = append(argv, "-object", fmt.Sprintf("memory-backend-file,id=ram,size=%dM,mem-path=%s,share=%s", s.MemoryMiB, s.RAMPath, share))
+	case !s.Probe:
+		argv = append(argv, "-object", fmt.Sprintf("memory-backend-ram,id=ram,size=%dM", s.MemoryMiB))
 	}
 	if s.Incoming {
 		argv = append(argv, "-incoming", "defer")

@@ -202,9 +202,9 @@ func TestCmdlineTBSize(t *testing.T) {
 		accelOp string
 		ok      bool
 	}{
-		{AccelTCG, 0, "microvm,accel=tcg,rtc=on,mem-merge=off", "", true},
-		{AccelTCG, 64, "microvm,rtc=on,mem-merge=off", "tcg,tb-size=64", true},
-		{AccelKVM, 64, "microvm,accel=kvm,rtc=on,mem-merge=off", "", true},
+		{AccelTCG, 0, "microvm,accel=tcg,rtc=on,mem-merge=off,memory-backend=ram", "", true},
+		{AccelTCG, 64, "microvm,rtc=on,mem-merge=off,memory-backend=ram", "tcg,tb-size=64", true},
+		{AccelKVM, 64, "microvm,accel=kvm,rtc=on,mem-merge=off,memory-backend=ram", "", true},
 		{AccelTCG, -1, "", "", false},
 		{AccelTCG, 5000, "", "", false},
 	} {

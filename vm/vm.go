@@ -45,11 +45,23 @@ type VM struct {
 	// control bounds a control step or call the agent answers at once
 	// (0: controlTimeout).
 	control time.Duration
+	// What the VM was launched with, for Save: its options, its image,
+	// and whether its overlay is on the base image itself (flat: a cold
+	// boot, or a VM Save flattened) rather than on a template's or a
+	// save point's disk.
+	opts Options
+	img  *imageFiles
+	flat bool
+	// from is the save point the VM was restored from (its disk is the
+	// overlay's backing), released when the VM closes; nil otherwise.
+	from *SavePoint
 
-	mu       sync.Mutex
-	cause    error // why the daemon killed QEMU, if it did
-	closed   bool
-	detached bool // the host closed the agent connection on purpose (a template's save)
+	mu     sync.Mutex
+	cause  error // why the daemon killed QEMU, if it did
+	closed bool
+	// retired are agent connections the host closed on purpose (a
+	// template's save, a save point's): their end does not end the VM.
+	retired  map[*agentconn.Conn]bool
 	cleanups []func() error
 	closeErr error
 }
@@ -154,7 +166,7 @@ func (v *VM) attach(c *agentconn.Conn) {
 			return
 		}
 		v.mu.Lock()
-		quiet := v.detached || v.closed
+		quiet := v.retired[c] || v.closed
 		if !quiet && v.cause == nil {
 			v.cause = fmt.Errorf("%w: %w", ErrAgentLost, err)
 		}
@@ -169,7 +181,10 @@ func (v *VM) attach(c *agentconn.Conn) {
 // detach closes the agent connection without ending the VM.
 func (v *VM) detach() {
 	v.mu.Lock()
-	v.detached = true
+	if v.retired == nil {
+		v.retired = map[*agentconn.Conn]bool{}
+	}
+	v.retired[v.agent] = true
 	v.mu.Unlock()
 	_ = v.agent.Close()
 }

@@ -138,6 +138,15 @@ type Record struct {
 	// earlier and waiting in the pool); BootMS is that step's time.
 	VMStart string `json:"vm_start,omitempty"`
 
+	// Snapshot is the digest of a session's saved state (a pause, a
+	// resume, a fork: package vm's save points), SnapshotBytes the disk
+	// it takes; Parent names the session a new one was forked from, and
+	// Children the sessions a fork made.
+	Snapshot      string   `json:"snapshot,omitempty"`
+	SnapshotBytes int64    `json:"snapshot_bytes,omitempty"`
+	Parent        string   `json:"parent,omitempty"`
+	Children      []string `json:"children,omitempty"`
+
 	// Net describes a KindNet event.
 	Net *NetEvent `json:"net,omitempty"`
 

@@ -392,6 +392,26 @@ func (c *Client) EndSession(ctx context.Context, name string) error {
 	return nil
 }
 
+// PauseSession pauses the caller's session name to disk: its VM is
+// freed, and its next command resumes it with everything it left.
+func (c *Client) PauseSession(ctx context.Context, name string) (*wire.Session, error) {
+	var out wire.Session
+	if err := c.call(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(name)+"/pause", http.StatusOK, &out); err != nil {
+		return nil, fmt.Errorf("pause session %s: %w", name, err)
+	}
+	return &out, nil
+}
+
+// ForkSession makes the caller's sessions newNames, each a copy of its
+// session name's state at this moment; name keeps running (or paused).
+func (c *Client) ForkSession(ctx context.Context, name string, newNames []string) ([]wire.Session, error) {
+	var out []wire.Session
+	if err := c.callBody(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(name)+"/fork", wire.ForkRequest{Names: newNames}, http.StatusOK, &out); err != nil {
+		return nil, fmt.Errorf("fork session %s: %w", name, err)
+	}
+	return out, nil
+}
+
 // HoldSession ties the caller's session name to this process: the daemon
 // ends the session when the connection it opens closes, which it does when
 // ctx ends or the process dies (even by SIGKILL). It returns once the
@@ -468,9 +488,25 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 // call makes a plain API request and decodes a JSON answer into out (if
 // non-nil) when the status is want.
 func (c *Client) call(ctx context.Context, method, path string, want int, out any) error {
-	hreq, err := http.NewRequestWithContext(ctx, method, "http://vmgated"+path, nil)
+	return c.callBody(ctx, method, path, nil, want, out)
+}
+
+// callBody is call with a JSON request body (none when in is nil).
+func (c *Client) callBody(ctx context.Context, method, path string, in any, want int, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	hreq, err := http.NewRequestWithContext(ctx, method, "http://vmgated"+path, body)
 	if err != nil {
 		return err
+	}
+	if in != nil {
+		hreq.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.httpClient().Do(hreq)
 	if err != nil {

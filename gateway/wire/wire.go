@@ -340,16 +340,40 @@ type Error struct {
 
 // Session describes a kept VM (GET /v1/sessions).
 type Session struct {
-	Name      string    `json:"name"`
+	Name string `json:"name"`
+	// VMID is its VM's, while it runs.
 	VMID      string    `json:"vm_id"`
 	Profile   string    `json:"profile"`
 	Created   time.Time `json:"created"`
 	LastUsed  time.Time `json:"last_used"`
 	ExpiresAt time.Time `json:"expires_at"`
 	Busy      bool      `json:"busy"`
+	// State is SessionRunning or SessionPaused; a paused session has no
+	// VM: PausedAt is when it was paused, DiskBytes what its saved state
+	// takes in vmgated's state directory.
+	State     string    `json:"state"`
+	PausedAt  time.Time `json:"paused_at,omitzero"`
+	DiskBytes int64     `json:"disk_bytes,omitempty"`
+	// Parent names the session it was forked from.
+	Parent string `json:"parent,omitempty"`
 	// Owner is the session's caller, in a status report.
 	Owner string `json:"owner,omitempty"`
 }
+
+// Session states.
+const (
+	SessionRunning = "running"
+	SessionPaused  = "paused"
+)
+
+// ForkRequest is the body of POST /v1/sessions/{name}/fork: the names of
+// the new sessions, each a copy of the session's state at the fork.
+type ForkRequest struct {
+	Names []string `json:"names"`
+}
+
+// MaxForks bounds the copies one fork makes.
+const MaxForks = 64
 
 // Status is the answer of GET /v1/status. VMs and Sessions are the
 // caller's own, or everyone's when All is set (the caller's profile has

@@ -33,6 +33,8 @@ type vmexecOpts struct {
 	socket, session, endSession, shell, dir string
 	timeout                                 time.Duration
 	jsonOut, list, forceStdin, noStdin      bool
+	pause                                   bool
+	forks                                   []string
 	tty, shellMode, help, version           bool
 	env, envFiles                           []string
 	argv                                    []string
@@ -60,7 +62,9 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.StringArrayVar(gets, "get", nil, "copy a file or directory out of the VM after it: `GUESTPATH:LOCAL` (repeatable)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result (with stdout and stderr) instead of streaming; with --list-sessions, JSON sessions")
 	fs.BoolVar(&o.list, "list-sessions", false, "list the caller's sessions")
-	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME`")
+	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME` (running or paused)")
+	fs.BoolVar(&o.pause, "pause", false, "with --session: pause the session to disk (its VM is freed; its next command resumes it)")
+	fs.StringArrayVar(&o.forks, "fork", nil, "with --session: make the new session `NEW`, a copy of the session's state now (repeatable)")
 	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
 	fs.BoolVarP(&o.help, "help", "h", false, "show this help")
 	fs.BoolVar(&o.version, "version", false, "print the version")
@@ -105,6 +109,15 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	case o.list || o.endSession != "":
 		if len(o.argv) > 0 || shellSet {
 			return nil, usagef("--list-sessions and --end-session take no command")
+		}
+	case o.pause || len(o.forks) > 0:
+		switch {
+		case o.session == "":
+			return nil, usagef("--pause and --fork need --session NAME")
+		case len(o.argv) > 0 || shellSet:
+			return nil, usagef("--pause and --fork take no command")
+		case o.pause && len(o.forks) > 0:
+			return nil, usagef("--pause and --fork contradict each other: fork first, then pause")
 		}
 	case shellSet:
 		if len(o.argv) > 0 {
@@ -158,6 +171,8 @@ starts with a dash, or is named mcp, ps or cp.
   vm-exec [flags] -c 'SHELL STRING'
   vm-exec [--session NAME] cp LOCAL NAME:GUESTPATH     (or NAME:GUESTPATH LOCAL; docs/files.md)
   vm-exec --list-sessions [--json] | --end-session NAME
+  vm-exec --session NAME --pause          pause the session to disk; its next command resumes it
+  vm-exec --session NAME --fork NEW …     new sessions, each a copy of NAME's state now
   vm-exec ps [--json]         the caller's live VMs and sessions (vmgated status)
   vm-exec mcp [--socket PATH] an MCP server on stdin/stdout (docs/agents.md)
 
@@ -225,6 +240,18 @@ func Run(args []string) int {
 			return reportErr(err)
 		}
 		return 0
+	case o.pause:
+		ss, err := c.PauseSession(ctx, o.session)
+		if err != nil {
+			return reportErr(err)
+		}
+		return printSessions([]wire.Session{*ss}, o.jsonOut)
+	case len(o.forks) > 0:
+		ss, err := c.ForkSession(ctx, o.session, o.forks)
+		if err != nil {
+			return reportErr(err)
+		}
+		return printSessions(ss, o.jsonOut)
 	}
 	if err := resolveEnv(o, os.LookupEnv, os.ReadFile); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
@@ -238,6 +265,11 @@ func listSessions(ctx context.Context, c *client.Client, jsonOut bool) int {
 	if err != nil {
 		return reportErr(err)
 	}
+	return printSessions(ss, jsonOut)
+}
+
+// printSessions prints sessions a line each, or as JSON.
+func printSessions(ss []wire.Session, jsonOut bool) int {
 	if jsonOut {
 		if ss == nil {
 			ss = []wire.Session{}
@@ -246,7 +278,11 @@ func listSessions(ctx context.Context, c *client.Client, jsonOut bool) int {
 		return 0
 	}
 	for _, s := range ss {
-		fmt.Printf("%s\tvm=%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, s.VMID, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
+		where := "vm=" + s.VMID
+		if s.State == wire.SessionPaused {
+			where = fmt.Sprintf("paused=%s disk=%dMiB", s.PausedAt.Format(time.RFC3339), s.DiskBytes>>20)
+		}
+		fmt.Printf("%s\t%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, where, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
 	}
 	return 0
 }

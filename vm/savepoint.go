@@ -1,0 +1,392 @@
+package vm
+
+// Save points. A save point is a running VM saved to files, in a
+// template's layout: overlay.qcow2 (its disk, on the image's base alone),
+// ram (its guest RAM, a sparse file), state (its device state without
+// RAM) and savepoint.json (what it was saved from, and the digests of
+// those files). VMs are restored from it as clones are from a template:
+// a new overlay on its disk, its RAM mapped private copy-on-write, the
+// state loaded, the clock and entropy refreshed. A paused session is one
+// save point; a fork is one save point with a VM restored from it per
+// copy, each mapping one sealed copy of its RAM, so that the copies share
+// the pages none of them wrote.
+//
+// Threat model. The VM saved may be hostile: its guest wrote its disk
+// and RAM, and a guest that took over its QEMU wrote every byte of the
+// overlay's qcow2 metadata. The host never parses them: the disk is
+// folded (block-stream) and copied by the VM's own QEMU in its jail and
+// by a byte copy, a new overlay on it is made without opening it
+// (createOverlayOf), and only a jailed QEMU loads a save point. The files
+// are 0600 in a 0700 directory of vmgated's state directory; their
+// digests, taken when saved, are checked before a VM is restored, so a
+// file changed or cut afterwards (a damaged disk, a full one) is found
+// and refused (ErrSavePointDamaged). A save point is restored only into
+// the machine it was saved from: the same image, QEMU, accelerator and
+// shape (ErrSavePointStale otherwise).
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/vm/image"
+)
+
+// Files of a save point (with OverlayFile, RAMFile, TemplateStateFile).
+const (
+	SavePointMetaFile = "savepoint.json"
+	savePointFormat   = 1
+)
+
+// ErrSavePointStale reports a save point that this host cannot restore
+// as it was saved: another image, QEMU, accelerator or machine shape.
+var ErrSavePointStale = errors.New("save point does not match this machine")
+
+// ErrSavePointDamaged reports a save point whose files are missing, cut
+// or changed since it was saved.
+var ErrSavePointDamaged = errors.New("save point damaged")
+
+// SavePointMeta describes a save point: what it can be restored into, and
+// its files.
+type SavePointMeta struct {
+	Format       int       `json:"format"`
+	ImageDigest  string    `json:"image_digest"`
+	KernelDigest string    `json:"kernel_digest"`
+	InitrdDigest string    `json:"initrd_digest"`
+	MemoryMiB    int       `json:"memory_mib"`
+	CPUs         int       `json:"cpus"`
+	Accel        Accel     `json:"accel"`
+	QEMUVersion  string    `json:"qemu_version"`
+	Network      bool      `json:"network"`
+	SavedAt      time.Time `json:"saved_at"`
+	Phases       []Phase   `json:"phases"`
+	// Digests of the files (RAM: of its data extents and their offsets,
+	// see extentSHA256), and their sizes on disk.
+	OverlaySHA256 string `json:"overlay_sha256"`
+	StateSHA256   string `json:"state_sha256"`
+	RAMSHA256     string `json:"ram_sha256"`
+	OverlayBytes  int64  `json:"overlay_bytes"`
+	StateBytes    int64  `json:"state_bytes"`
+	RAMDataBytes  int64  `json:"ram_data_bytes"`
+}
+
+// Digest names the save point's content: a digest of its files' digests
+// and of the machine it belongs to (for the audit log).
+func (m SavePointMeta) Digest() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\naccel=%s\nqemu=%s\nnetwork=%v\noverlay=%s\nstate=%s\nram=%s\n",
+		m.Format, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.Accel, m.QEMUVersion, m.Network,
+		m.OverlaySHA256, m.StateSHA256, m.RAMSHA256)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// DiskBytes is the space the save point's files take.
+func (m SavePointMeta) DiskBytes() int64 { return m.OverlayBytes + m.StateBytes + m.RAMDataBytes }
+
+// SavePoint is a save point on disk. VMs restored from it hold a
+// reference each; Discard removes its files once none is left.
+type SavePoint struct {
+	Meta SavePointMeta
+	Dir  string
+
+	mu      sync.Mutex
+	refs    int
+	discard bool
+	ram     *os.File // the sealed copy of its RAM that shared restores map
+}
+
+// OpenSavePoint reads the save point in dir and checks that its files are
+// there with the sizes it recorded; their digests are checked when a VM
+// is restored from it.
+func OpenSavePoint(dir string) (*SavePoint, error) {
+	b, err := os.ReadFile(filepath.Join(dir, SavePointMetaFile))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+	}
+	var m SavePointMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, SavePointMetaFile, err)
+	}
+	if m.Format != savePointFormat {
+		return nil, fmt.Errorf("%w: saved in format %d, this vmgated reads %d", ErrSavePointStale, m.Format, savePointFormat)
+	}
+	for _, c := range []struct {
+		file string
+		size int64
+	}{{OverlayFile, -1}, {TemplateStateFile, m.StateBytes}, {RAMFile, int64(m.MemoryMiB) << 20}} {
+		st, err := os.Stat(filepath.Join(dir, c.file))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+		}
+		if c.size >= 0 && st.Size() != c.size {
+			return nil, fmt.Errorf("%w: %s is %d bytes, it was saved with %d", ErrSavePointDamaged, c.file, st.Size(), c.size)
+		}
+	}
+	return &SavePoint{Meta: m, Dir: dir}, nil
+}
+
+// acquire takes a reference for a VM restored from the save point.
+func (sp *SavePoint) acquire() {
+	sp.mu.Lock()
+	sp.refs++
+	sp.mu.Unlock()
+}
+
+// release drops a reference, removing the files of a discarded save
+// point with the last one.
+func (sp *SavePoint) release() error {
+	sp.mu.Lock()
+	sp.refs--
+	gone := sp.discard && sp.refs == 0
+	sp.mu.Unlock()
+	if gone {
+		return sp.remove()
+	}
+	return nil
+}
+
+// Discard removes the save point's files now, or once the last VM
+// restored from it is closed. Safe to call twice.
+func (sp *SavePoint) Discard() error {
+	sp.mu.Lock()
+	if sp.discard {
+		sp.mu.Unlock()
+		return nil
+	}
+	sp.discard = true
+	gone := sp.refs == 0
+	sp.mu.Unlock()
+	if gone {
+		return sp.remove()
+	}
+	return nil
+}
+
+func (sp *SavePoint) remove() error {
+	sp.mu.Lock()
+	if sp.ram != nil {
+		_ = sp.ram.Close()
+		sp.ram = nil
+	}
+	sp.mu.Unlock()
+	if err := os.RemoveAll(sp.Dir); err != nil {
+		return fmt.Errorf("remove save point: %w", err)
+	}
+	return nil
+}
+
+// Matches reports whether VMs of opts (the image, the runtime's QEMU, the
+// shape) and accelerator accel are the machine the save point was saved
+// from; an error wrapping ErrSavePointStale says what differs.
+func (sp *SavePoint) Matches(opts Options, accel Accel) error {
+	m := sp.Meta
+	man, err := image.ReadManifest(opts.ImageDir)
+	if err != nil {
+		return err
+	}
+	qv, err := QEMUVersion(opts.QEMU)
+	if err != nil {
+		return err
+	}
+	var diff []string
+	for _, c := range []struct{ what, was, now string }{
+		{"image", m.ImageDigest, man.Artifacts[image.BaseFile].SHA256},
+		{"kernel", m.KernelDigest, man.Artifacts[image.KernelFile].SHA256},
+		{"initramfs", m.InitrdDigest, man.Artifacts[image.InitrdFile].SHA256},
+		{"QEMU", m.QEMUVersion, qv},
+		{"accelerator", string(m.Accel), string(accel)},
+		{"memory (MiB)", fmt.Sprint(m.MemoryMiB), fmt.Sprint(opts.MemoryMiB)},
+		{"CPUs", fmt.Sprint(m.CPUs), fmt.Sprint(opts.CPUs)},
+		{"network", fmt.Sprint(m.Network), fmt.Sprint(opts.Network != nil)},
+	} {
+		if c.was != c.now {
+			diff = append(diff, fmt.Sprintf("%s was %s, is %s", c.what, short(c.was), short(c.now)))
+		}
+	}
+	if len(diff) > 0 {
+		return fmt.Errorf("%w: %v", ErrSavePointStale, diff)
+	}
+	return nil
+}
+
+// short shortens a digest for a message.
+func short(s string) string {
+	if len(s) == 64 {
+		return s[:12]
+	}
+	return s
+}
+
+// restoreSteps bring a VM up from a save point: a clone's launch, with the
+// check of the save point's files (begun before QEMU starts) before its
+// state loads.
+var restoreSteps = append(append(append([]step(nil), aheadSteps...), step{name: "verify", run: (*launch).verify}), completeSteps...)
+
+// Restore starts a VM from the save point with opts (the runtime, the
+// cgroups, the network's configuration; its image and shape must be the
+// save point's: Matches), its clock and entropy refreshed. shared maps the
+// RAM through one sealed copy that the save point keeps, for several VMs
+// (a fork's copies); otherwise the VM maps the RAM file itself.
+//
+// Postcondition: on error nothing of the VM is left, and the save point is
+// as it was.
+func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*VM, error) {
+	if opts.MemoryMiB == 0 {
+		opts.MemoryMiB, opts.CPUs = sp.Meta.MemoryMiB, sp.Meta.CPUs
+	}
+	if opts.BootTimeout == 0 {
+		opts.BootTimeout = RestoreTimeout
+	}
+	opts.setDefaults()
+	img, accel, err := prepare(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := sp.Matches(opts, accel); err != nil {
+		return nil, err
+	}
+	state, err := os.Open(filepath.Join(sp.Dir, TemplateStateFile))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+	}
+	var ram *os.File
+	if shared {
+		ram, err = sp.sealedRAM() // checked as it is loaded
+	} else if ram, err = os.Open(filepath.Join(sp.Dir, RAMFile)); err != nil {
+		err = fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+	}
+	if err != nil {
+		state.Close()
+		return nil, err
+	}
+	// The files are checked while QEMU starts; the state loads only once
+	// they passed. checked is closed when the check is over.
+	verified, checked := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(checked)
+		verified <- sp.verify(!shared)
+	}()
+	m := launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
+		ram: ramPrivateFD, files: []*os.File{ram, state}, restore: true}
+	l := newLaunch(opts, img, accel, m)
+	l.verified = verified
+	l.owned = append(l.owned, state)
+	if !shared {
+		l.owned = append(l.owned, ram)
+	}
+	sp.acquire()
+	l.vm.from = sp
+	l.vm.push(sp.release) // runs last: after QEMU and the VM's files are gone
+	v, err := l.finish(ctx, restoreSteps)
+	if err != nil {
+		<-checked // the check reads the save point's files: done before the caller acts on them
+		return nil, err
+	}
+	return v, nil
+}
+
+// verify checks the digests of the save point's state and disk and, with
+// ram, of its RAM file, reading them through files of its own.
+func (sp *SavePoint) verify(ram bool) error {
+	whole := func(f *os.File) (string, error) { return readerSHA256(f) }
+	checks := []struct {
+		file, want string
+		sum        func(*os.File) (string, error)
+	}{{OverlayFile, sp.Meta.OverlaySHA256, whole}, {TemplateStateFile, sp.Meta.StateSHA256, whole}}
+	if ram {
+		checks = append(checks, struct {
+			file, want string
+			sum        func(*os.File) (string, error)
+		}{RAMFile, sp.Meta.RAMSHA256, extentSHA256})
+	}
+	for _, c := range checks {
+		f, err := os.Open(filepath.Join(sp.Dir, c.file))
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+		}
+		got, err := c.sum(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, c.file, err)
+		}
+		if got != c.want {
+			return fmt.Errorf("%w: %s has changed since it was saved (sha256 %s, saved as %s)", ErrSavePointDamaged, c.file, short(got), short(c.want))
+		}
+	}
+	return nil
+}
+
+// sealedRAM is the sealed copy of the save point's RAM that shared
+// restores map, made (and its digest checked) on first use.
+func (sp *SavePoint) sealedRAM() (*os.File, error) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.ram != nil {
+		return sp.ram, nil
+	}
+	path := filepath.Join(sp.Dir, RAMFile)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+	}
+	sum, err := extentSHA256(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, RAMFile, err)
+	}
+	if sum != sp.Meta.RAMSHA256 {
+		return nil, fmt.Errorf("%w: %s has changed since it was saved", ErrSavePointDamaged, RAMFile)
+	}
+	ram, err := sealedCopy(path, int64(sp.Meta.MemoryMiB)<<20)
+	if err != nil {
+		return nil, err
+	}
+	sp.ram = ram
+	return ram, nil
+}
+
+// extentSHA256 digests a sparse file by its data extents: for each, its
+// offset, its length and its bytes. Holes are not read, so a RAM file's
+// digest costs what its data does.
+func extentSHA256(f *os.File) (string, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fd := int(f.Fd())
+	buf := make([]byte, 1<<20)
+	var hdr [16]byte
+	for off := int64(0); off < st.Size(); {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		if err != nil {
+			return "", fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return "", fmt.Errorf("seek hole: %w", err)
+		}
+		binary.BigEndian.PutUint64(hdr[:8], uint64(data))
+		binary.BigEndian.PutUint64(hdr[8:], uint64(hole-data))
+		h.Write(hdr[:])
+		if _, err := io.CopyBuffer(h, io.NewSectionReader(f, data, hole-data), buf); err != nil {
+			return "", err
+		}
+		off = hole
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

@@ -1,0 +1,204 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+// TestSavePoint saves a running clone and restores copies from it: each
+// copy has what the VM had at the save (files, a running process, its
+// tmpfs), not what the VM did after; copies do not see each other's
+// writes; each has its own random numbers and a fresh clock; a VM saved
+// without keep is restored from its save point alone; a save point whose
+// RAM or state changed is refused and leaves nothing; a discarded save
+// point goes with its last VM.
+func TestSavePoint(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	state := t.TempDir()
+	opts := Options{Runtime: Runtime{StateDir: state, Accel: AccelAuto, TemplateDir: testutil.TemplateDir(t)}, ImageDir: img}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	tmpl, err := EnsureTemplate(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmpl.Close()
+	p, err := tmpl.Restore(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sh := func(v *VM, cmd string) execOut {
+		t.Helper()
+		return run(t, v, ExecRequest{Argv: []string{"sh", "-c", cmd}, Timeout: time.Minute})
+	}
+	// A background process counts; files on disk and in tmpfs.
+	sh(p, "head -c 1048576 /dev/urandom > /root/data; sha256sum /root/data > /root/data.sum; echo shm > /dev/shm/s; "+
+		"setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 &")
+	sp, err := p.Save(ctx, filepath.Join(state, "sp1"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("saved: %s; RAM %d MiB, disk %d MiB", phasesString(sp.Meta.Phases), sp.Meta.RAMDataBytes>>20, sp.Meta.OverlayBytes>>20)
+	if d := sp.Meta.DiskBytes(); d > int64(sp.Meta.MemoryMiB)<<20+sp.Meta.OverlayBytes+sp.Meta.StateBytes {
+		t.Errorf("save point takes %d bytes", d)
+	}
+	// The VM kept runs on, with a working agent, and writes after the save.
+	if o := sh(p, "echo after > /root/after; cat /dev/shm/s"); o.stdout != "shm\n" {
+		t.Fatalf("the VM after its save: %+v %q %q", o.res, o.stdout, o.stderr)
+	}
+
+	copies := make([]*VM, 2)
+	for i := range copies {
+		if copies[i], err = sp.Restore(ctx, opts, true); err != nil {
+			t.Fatalf("copy %d: %v", i, err)
+		}
+		defer copies[i].Close()
+		t.Logf("copy %d restored: %s", i, phasesString(copies[i].Phases()))
+	}
+	a, b := copies[0], copies[1]
+	for i, c := range copies {
+		o := sh(c, "sha256sum -c /root/data.sum >/dev/null && cat /dev/shm/s && test ! -e /root/after && echo clean; "+
+			"x=$(cat /dev/shm/count); sleep 1; y=$(cat /dev/shm/count); test $y -gt $x && echo counting")
+		if o.stdout != "shm\nclean\ncounting\n" {
+			t.Errorf("copy %d: %+v %q %q", i, o.res, o.stdout, o.stderr)
+		}
+		guest, err := strconv.ParseInt(strings.TrimSpace(sh(c, "date +%s").stdout), 10, 64)
+		if err != nil || time.Now().Unix()-guest > 5 || guest-time.Now().Unix() > 5 {
+			t.Errorf("copy %d: clock %d (%v), host %d", i, guest, err, time.Now().Unix())
+		}
+	}
+	rand := "head -c 32 /dev/urandom | od -An -tx1"
+	if ra, rb := sh(a, rand), sh(b, rand); ra.stdout == rb.stdout {
+		t.Errorf("two copies drew the same random bytes: %s", ra.stdout)
+	}
+	sh(a, "echo only-a > /root/a; echo only-a > /dev/shm/a; sync")
+	if o := sh(b, "cat /root/a /dev/shm/a"); o.res.ExitCode == 0 {
+		t.Errorf("copy b sees copy a's files: %q", o.stdout)
+	}
+	if o := sh(p, "cat /root/a"); o.res.ExitCode == 0 {
+		t.Errorf("the saved VM sees a copy's file: %q", o.stdout)
+	}
+	if err := sp.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sp.Dir); err != nil {
+		t.Errorf("a save point with VMs on it was removed: %v", err)
+	}
+	for _, c := range copies {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(sp.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the discarded save point outlived its VMs: %v", err)
+	}
+
+	// Saved without keep: the VM stays stopped; its save point alone
+	// brings it back, the later work included.
+	sp2, err := p.Save(ctx, filepath.Join(state, "sp2"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sp2, err = OpenSavePoint(sp2.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sp2.Restore(ctx, opts, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("resumed: %s", phasesString(r.Phases()))
+	if o := sh(r, "cat /root/after /dev/shm/s; x=$(cat /dev/shm/count); sleep 1; y=$(cat /dev/shm/count); test $y -gt $x && echo counting"); o.stdout != "after\nshm\ncounting\n" {
+		t.Errorf("resumed: %+v %q %q", o.res, o.stdout, o.stderr)
+	}
+	// Saving a VM restored from a save point folds that save point's
+	// disk into its own.
+	sp3, err := r.Save(ctx, filepath.Join(state, "sp3"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp2.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	r3, err := sp3.Restore(ctx, opts, false)
+	if err != nil {
+		t.Fatalf("a save point of a resumed VM, without the one it was resumed from: %v", err)
+	}
+	if o := sh(r3, "cat /root/after; sha256sum -c /root/data.sum >/dev/null && echo ok"); o.stdout != "after\nok\n" {
+		t.Errorf("resumed twice: %+v %q %q", o.res, o.stdout, o.stderr)
+	}
+	if err := r3.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A damaged save point is refused, and nothing of the VM is left.
+	for name, damage := range map[string]func(dir string) error{
+		"RAM cut in half": func(dir string) error {
+			return os.Truncate(filepath.Join(dir, RAMFile), int64(sp3.Meta.MemoryMiB)<<19)
+		},
+		"state changed": func(dir string) error {
+			f, err := os.OpenFile(filepath.Join(dir, TemplateStateFile), os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.WriteAt([]byte("garbage"), 100)
+			return err
+		},
+	} {
+		dir := filepath.Join(state, "damaged")
+		_ = os.RemoveAll(dir)
+		if err := copyTree(sp3.Dir, dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := damage(dir); err != nil {
+			t.Fatal(err)
+		}
+		d, err := OpenSavePoint(dir)
+		if err == nil {
+			var v *VM
+			if v, err = d.Restore(ctx, opts, false); err == nil {
+				v.Close()
+			}
+		}
+		if !errors.Is(err, ErrSavePointDamaged) {
+			t.Errorf("%s: %v, want ErrSavePointDamaged", name, err)
+		}
+	}
+	if err := sp3.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	assertNoVMs(t, state)
+}
+
+// copyTree copies the regular files of src into a new directory dst.
+func copyTree(src, dst string) error {
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := copySparse(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
