@@ -413,15 +413,6 @@ func (s *Server) pauseAll() {
 	wg.Wait()
 }
 
-// endAll ends every session's VM at close (paused ones keep their files).
-func (s *Server) endRunning(why string) {
-	for _, ss := range s.allSessions() {
-		if !ss.paused() {
-			s.loseSession(ss, why)
-		}
-	}
-}
-
 // fork makes the sessions of names copies of ss's state, each with a VM
 // slot of its own (taken first: a fork the caller's limits do not allow is
 // refused before anything is saved), a VM restored from one save point of
