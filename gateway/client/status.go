@@ -26,7 +26,11 @@ func WriteStatus(w io.Writer, st *wire.Status, now time.Time) error {
 	}
 	fmt.Fprintf(tw, "\nSESSIONS (%s)\tVM\tPROFILE\tOWNER\tIDLE\tEXPIRES IN\tBUSY\n", whose)
 	for _, s := range st.Sessions {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\n", s.Name, s.VMID, s.Profile, s.Owner, age(now.Sub(s.LastUsed)), age(s.ExpiresAt.Sub(now)), s.Busy)
+		where := s.VMID
+		if s.State == wire.SessionPaused {
+			where = fmt.Sprintf("paused %s ago, %d MiB", age(now.Sub(s.PausedAt)), s.DiskBytes>>20)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\n", s.Name, where, s.Profile, s.Owner, age(now.Sub(s.LastUsed)), age(s.ExpiresAt.Sub(now)), s.Busy)
 	}
 	fmt.Fprintf(tw, "\nPOOLS\tIMAGE\tMEMORY\tCPUS\tNETWORK\tREADY\tAHEAD\tHITS/MISSES\n")
 	for i, p := range st.Pools {

@@ -291,8 +291,21 @@ func TestServe_FirstCommandRestores(t *testing.T) {
 // alive, and logs what it removed.
 func TestServe_RestartAfterKill(t *testing.T) {
 	dir := t.TempDir()
-	netPolicy := strings.Replace(servePolicy, "[profile.timeout]", "[profile.network]\nmode = \"allowlist\"\nallow = [\"nothing.invalid:80\"]\n[profile.timeout]", 1)
+	netPolicy := strings.Replace(servePolicy, "[profile.timeout]", "[profile.sessions]\nallowed = true\n[profile.network]\nmode = \"allowlist\"\nallow = [\"nothing.invalid:80\"]\n[profile.timeout]", 1)
 	s := startServeWith(t, dir, netPolicy)
+	// A shell pipeline ends its client early (| head): the same
+	// caller's next command in the session still runs.
+	loop := exec.Command("sh", "-c", `for i in $(seq 20); do vm-exec --session pipe seq 1 20000 | head -1 >/dev/null; vm-exec --session pipe true || echo BUSY $?; done`)
+	loop.Env = append(os.Environ(), "VMGATE_SOCKET="+s.socket, "PATH="+filepath.Dir(binary(t, "vm-exec"))+":"+os.Getenv("PATH"))
+	if out, err := loop.CombinedOutput(); err != nil || len(out) != 0 {
+		t.Fatalf("a session after its pipeline's client died: %v %q", err, out)
+	}
+	// Sessions: p paused, r running when the daemon is killed.
+	for _, args := range [][]string{{"--session", "p", "-c", "echo kept > /root/p"}, {"--session", "p", "--pause"}, {"--session", "r", "-c", "echo gone > /root/r"}} {
+		if _, se, code := vmExec(t, s.socket, args...); code != 0 {
+			t.Fatalf("%q: %d %q", args, code, se)
+		}
+	}
 	// The command says when it runs: counting VM directories cannot tell
 	// its VM from a template being made beside it. Its time limit
 	// outlasts a slow boot, so the daemon is killed while it runs.
@@ -364,6 +377,20 @@ func TestServe_RestartAfterKill(t *testing.T) {
 	t.Logf("the new daemon's account: %q", append(s2.logLines("leftover"), s2.logLines("stale socket")...))
 	if _, se, code := vmExec(t, s2.socket, "true"); code != 0 {
 		t.Fatalf("after restart: %d %q", code, se)
+	}
+	// The paused session is still there; the running one was lost, which
+	// its next command is told (205), once.
+	if so, se, code := vmExec(t, s2.socket, "--session", "p", "cat", "/root/p"); code != 0 || so != "kept\n" {
+		t.Errorf("a paused session after kill -9: %d %q %q", code, so, se)
+	}
+	if _, se, code := vmExec(t, s2.socket, "--session", "r", "cat", "/root/r"); code != wire.ExitVMFailed || !strings.Contains(se, "was lost") {
+		t.Errorf("a session running at kill -9: %d %q", code, se)
+	}
+	if _, _, code := vmExec(t, s2.socket, "--session", "r", "cat", "/root/r"); code != 1 {
+		t.Errorf("the next command on a lost session: %d, want a new session without the file (1)", code)
+	}
+	if len(s2.logLines("session lost")) != 2 { // r, and the pipeline's
+		t.Errorf("the new daemon's log of lost sessions: %q", s2.logLines("session lost"))
 	}
 	_ = s2.cmd.Process.Signal(syscall.SIGTERM)
 	<-s2.exited
