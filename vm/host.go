@@ -304,21 +304,25 @@ const DefaultImage = "default"
 // ImageDir is the directory of the image name. A name is 1 to 64 of
 // [A-Za-z0-9._-], starting with a letter or digit (as the policy
 // checks): no path can be built from it.
-func (h *Host) ImageDir(name string) (string, error) {
+func (h *Host) ImageDir(name string) (string, error) { return h.cfg.ImageDirOf(name) }
+
+// ImageDirOf is the directory of the image name under c (pure): ImageDir
+// for DefaultImage (or ""), ImagesDir/NAME for any other name.
+func (c HostConfig) ImageDirOf(name string) (string, error) {
 	if name == "" || name == DefaultImage {
-		return h.cfg.ImageDir, nil
+		return c.ImageDir, nil
 	}
 	if !names.Image(name) {
 		return "", fmt.Errorf("image %q: not an image name", name)
 	}
-	return filepath.Join(h.imagesDir(), name), nil
+	return filepath.Join(c.imagesDir(), name), nil
 }
 
-func (h *Host) imagesDir() string {
-	if h.cfg.ImagesDir != "" {
-		return h.cfg.ImagesDir
+func (c HostConfig) imagesDir() string {
+	if c.ImagesDir != "" {
+		return c.ImagesDir
 	}
-	return filepath.Join(h.cfg.StateDir, "images")
+	return filepath.Join(c.StateDir, "images")
 }
 
 // CheckImage reports whether image name is built and whole (its files

@@ -146,3 +146,19 @@ func TestHost_ImageDigestOfReadsEachManifestOnce(t *testing.T) {
 		t.Errorf("the default image: %q after %d reads", got, reads)
 	}
 }
+
+func TestHostConfigImageDirOf(t *testing.T) {
+	c := HostConfig{Runtime: Runtime{StateDir: "/state"}, ImageDir: "/img"}
+	for name, want := range map[string]string{"": "/img", DefaultImage: "/img", "web": "/state/images/web"} {
+		if got, err := c.ImageDirOf(name); err != nil || got != want {
+			t.Errorf("ImageDirOf(%q) = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	c.ImagesDir = "/other"
+	if got, _ := c.ImageDirOf("web"); got != "/other/web" {
+		t.Errorf("with ImagesDir: %q", got)
+	}
+	if _, err := c.ImageDirOf("../x"); err == nil {
+		t.Error("a path was taken for an image name")
+	}
+}

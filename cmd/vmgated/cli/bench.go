@@ -148,9 +148,14 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 		if cgm != nil {
 			defer cgm.Close()
 		}
+		hc := vm.HostConfig{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir, Accel: a, Log: log}, ImageDir: *imgDir}
 		for _, sh := range shapes {
-			opts := vm.Options{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir, Accel: a, Log: log},
-				ImageDir: *imgDir, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Cgroups: cgm}
+			// Each shape on its own image, as the daemon makes its VMs.
+			dir, err := hc.ImageDirOf(sh.Image)
+			if err != nil {
+				return err
+			}
+			opts := vm.Options{Runtime: hc.Runtime, ImageDir: dir, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Cgroups: cgm}
 			if sh.Network {
 				// The template's network allows nothing: it only gives the
 				// guest its lease.
