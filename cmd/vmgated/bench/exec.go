@@ -48,6 +48,11 @@ type ExecOptions struct {
 	TBSizeMiB int
 	// Ahead is the daemons' clones launched ahead per shape (vm.Pool).
 	Ahead int
+	// SessionFileMiB is what the session of the pause and fork figures
+	// writes (default 100); ForkIdle how many idle copies of one fork
+	// point are measured (default 8).
+	SessionFileMiB int
+	ForkIdle       int
 	Log   *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
@@ -154,6 +159,16 @@ type ExecReport struct {
 	// Levers says which speed and memory levers this run used.
 	Levers   map[string]any     `json:"levers"`
 	IdleCold Memory             `json:"idle_cold_vm"`
+	// Sessions that last and branch (sessions.go): a session of the
+	// default shape that wrote SessionFileMiB of files and runs a
+	// background process.
+	PauseMS       Stat    `json:"pause_ms"`
+	ResumeMS      Stat    `json:"resume_ms"`
+	ForkMS        Stat    `json:"fork_ms"`
+	Fork4MS       Stat    `json:"fork4_ms"`
+	ForkIdle      Memory  `json:"fork_idle"`
+	ForkIdlePSS   float64 `json:"fork_idle_pss_mib"`
+	PausedDiskMiB float64 `json:"paused_disk_mib"`
 	Ratios   map[string]float64 `json:"ratios"`
 	Notes    []string           `json:"notes,omitempty"`
 }
@@ -164,6 +179,12 @@ func (o *ExecOptions) defaults() {
 	}
 	if o.ColdRuns <= 0 {
 		o.ColdRuns = 2
+	}
+	if o.SessionFileMiB <= 0 {
+		o.SessionFileMiB = 100
+	}
+	if o.ForkIdle <= 0 {
+		o.ForkIdle = 8
 	}
 	if len(o.Concurrency) == 0 {
 		o.Concurrency = []int{1, 2, 4}
@@ -230,6 +251,9 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	r.rep.RestoreHandshakeFailures += tmpl.HandshakeFailures()
 	if err := r.daemons(ctx); err != nil {
 		return nil, err
+	}
+	if err := r.sessions(ctx); err != nil {
+		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	r.ratios()
 	return r.rep, nil

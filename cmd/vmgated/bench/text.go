@@ -37,7 +37,13 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	row("one-shot, network profile, no pool", r.OneshotNetNoPoolMS)
 	oneshotParts(w, r.OneshotNetNoPoolPartsMS)
 	row("command in a kept VM (session)", r.SessionExecMS)
+	row("pause a session to disk", r.PauseMS)
+	row("resume: paused -> first command answered", r.ResumeMS)
+	row("fork into 1: -> the copy answered", r.ForkMS)
+	row("fork into 4: -> every copy answered", r.Fork4MS)
 	fmt.Fprintln(w)
+	fmt.Fprintf(w, "paused session on disk: %.1f MiB; %d idle copies of one fork point: PSS %.1f MiB each (RSS %.1f)\n",
+		r.PausedDiskMiB, r.ForkIdle.VMs, r.ForkIdle.PSSMiB, r.ForkIdle.RSSMiB)
 	fmt.Fprintf(w, "restores whose first agent handshake failed: %d\n", r.RestoreHandshakeFailures)
 	for _, t := range r.Throughput {
 		fmt.Fprintf(w, "throughput at concurrency %d: %.1f one-shot commands/min (%d in %.1f s, %d from the pool)\n", t.Concurrency, t.PerMinute, t.Commands, t.Seconds, t.FromPool)

@@ -33,6 +33,8 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	tbSize := fs.Int("tcg-tb-size", 0, "TCG translation buffer per VM in MiB (0: QEMU's default)")
 	ahead := fs.Int("ahead", gateway.DefaultAhead, "clones launched ahead per shape in the daemons (as vmgated serve --ahead)")
+	sessionMiB := fs.Int("session-mib", 100, "MiB of files the session of the pause and fork figures writes")
+	forkIdle := fs.Int("fork-idle", 8, "idle copies of one fork point whose memory is measured")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
 	level := fs.String("log-level", "warn", "log level")
@@ -61,8 +63,8 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return fmt.Errorf("%w: --concurrency: %v", errUsage, err)
 		}
-		if *runs < 1 || *coldRuns < 1 || *pool < 1 {
-			return fmt.Errorf("%w: --runs, --cold-runs and --pool must be at least 1", errUsage)
+		if *runs < 1 || *coldRuns < 1 || *pool < 1 || *sessionMiB < 1 || *forkIdle < 1 {
+			return fmt.Errorf("%w: --runs, --cold-runs, --pool, --session-mib and --fork-idle must be at least 1", errUsage)
 		}
 		if *imgDir == "" {
 			*imgDir = defaultImageDir(*state)
@@ -72,7 +74,8 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		}
 		rep, err := bench.Exec(ctx, bench.ExecOptions{
 			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
-			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
+			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, SessionFileMiB: *sessionMiB, ForkIdle: *forkIdle,
+			Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
 		})
 		if err != nil {
 			return err

@@ -20,7 +20,7 @@ func TestBenchExec(t *testing.T) {
 	bin := binary(t, "vmgated")
 	state := t.TempDir()
 	so, se, code := runCmd(t, nil, bin, "bench", "exec", "--image", img, "--state-dir", state,
-		"--template-dir", testutil.TemplateDir(t), "--runs", "2", "--cold-runs", "1", "--concurrency", "1,2", "--pool", "1", "--json")
+		"--template-dir", testutil.TemplateDir(t), "--runs", "2", "--cold-runs", "1", "--concurrency", "1,2", "--pool", "1", "--session-mib", "4", "--fork-idle", "2", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d\nstderr: %s", code, se)
 	}
@@ -34,6 +34,7 @@ func TestBenchExec(t *testing.T) {
 		"oneshot_pool_ms": r.OneshotPoolMS, "oneshot_nopool_ms": r.OneshotNoPoolMS, "session_exec_ms": r.SessionExecMS,
 		"oneshot_net_pool_ms": r.OneshotNetPoolMS, "oneshot_net_nopool_ms": r.OneshotNetNoPoolMS,
 		"restore_ahead_ms": r.RestoreAheadMS, "restore_ahead_first_exec_ms": r.RestoreAheadFirstMS,
+		"pause_ms": r.PauseMS, "resume_ms": r.ResumeMS, "fork_ms": r.ForkMS, "fork4_ms": r.Fork4MS,
 	} {
 		want := 2
 		if name == "cold_boot_ms" {
@@ -56,6 +57,11 @@ func TestBenchExec(t *testing.T) {
 	}
 	if _, ok := r.RestoreAheadPhasesMS["qemu_up"]; ok {
 		t.Errorf("a restore launched ahead timed QEMU's start-up: %+v", r.RestoreAheadPhasesMS)
+	}
+	// The paused session: its RAM's data and its disk's changes, at most
+	// the RAM plus those; two idle copies sharing their fork point.
+	if r.PausedDiskMiB <= 4 || r.PausedDiskMiB > 512+4+64 || r.ForkIdle.VMs != 2 || r.ForkIdlePSS <= 0 || r.ForkIdlePSS >= r.ForkIdle.RSSMiB {
+		t.Errorf("sessions: paused %.1f MiB, fork idle %+v (PSS %.1f)", r.PausedDiskMiB, r.ForkIdle, r.ForkIdlePSS)
 	}
 	if r.IdleAhead.RSSMiB <= 0 || r.Levers["ahead"] == nil || r.Levers["agent_protocol"] == nil {
 		t.Errorf("clone launched ahead: memory %+v, levers %v", r.IdleAhead, r.Levers)
