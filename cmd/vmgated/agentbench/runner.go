@@ -59,8 +59,12 @@ type Options struct {
 	ImageDir, StateDir, TemplateDir string
 	Accel                           vm.Accel
 	MemoryMiB                       int
-	Log                             *slog.Logger
-	Progress                        io.Writer // one line per finished trial (nil: none)
+	// Fork injects each scenario's fault once, into a session that is
+	// then forked into Runs copies (pass@k from one broken state), one
+	// trial per copy, instead of injecting it once per trial.
+	Fork     bool
+	Log      *slog.Logger
+	Progress io.Writer // one line per finished trial (nil: none)
 }
 
 // CheckResult is one check of a trial's verification.
@@ -96,7 +100,10 @@ type TrialResult struct {
 	TimeToFix    *float64 `json:"time_to_fix_seconds"`
 	Trace        string   `json:"trace"`
 	VMStart      string   `json:"vm_start,omitempty"`
-	Error        string   `json:"error,omitempty"`
+	// ForkedFrom names the session whose injected state this trial's
+	// session is a copy of (--fork).
+	ForkedFrom string `json:"forked_from,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // Run runs every scenario Runs times with P trials at once and writes
@@ -123,6 +130,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer stop()
+	forks := newForks(o.Scenarios)
 
 	type job struct {
 		sc  *Scenario
@@ -135,7 +143,12 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		}
 	}
 	rng := mrand.New(mrand.NewPCG(uint64(o.Seed), 0x766d67617465))
-	rng.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
+	if !o.Fork {
+		rng.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
+	}
+	// With --fork, a scenario's runs go one after the other, so that its
+	// copies (made when its first run starts) live only as long as its
+	// trials.
 
 	started := time.Now()
 	var (
@@ -163,7 +176,13 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 						next-len(results), len(jobs)-next)
 				}
 				mu.Unlock()
-				r := o.trial(ctx, c, j.sc, j.run)
+				var r TrialResult
+				if f, err := forks.get(ctx, &o, c, j.sc); err != nil {
+					r = TrialResult{Scenario: j.sc.ID, Title: j.sc.Title, Category: j.sc.Category, Difficulty: j.sc.Difficulty, Run: j.run,
+						Agent: o.AgentName, Model: o.Model, FailureMode: FailHarness, Error: err.Error()}
+				} else {
+					r = o.trial(ctx, c, j.sc, j.run, f)
+				}
 				if ctx.Err() != nil {
 					return // interrupted: the trial says nothing
 				}
@@ -188,6 +207,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	s := Summarize(results)
 	s.Started, s.Seconds = started, math.Round(time.Since(started).Seconds()*10)/10
+	s.Forks = forks.summaries(o.Scenarios)
 	if err := WriteSummary(o.Out, s); err != nil {
 		return nil, err
 	}
@@ -245,8 +265,12 @@ func (o *Options) daemon(ctx context.Context) (*client.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	vms := o.Parallel
+	if o.Fork {
+		vms += o.Runs + 1 // a scenario's copies and its base live at once
+	}
 	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: dir, ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
-		Policy: BenchPolicy(o.Parallel, mem), MaxVMs: o.Parallel, PoolSize: min(o.Parallel, 2), Accel: o.Accel, Log: o.Log})
+		Policy: BenchPolicy(vms, mem), MaxVMs: vms, PoolSize: min(o.Parallel, 2), Accel: o.Accel, Log: o.Log})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err
@@ -289,7 +313,7 @@ func randHex(n int) string {
 
 // trial runs one scenario once: inject, agent, settle, verify, in one
 // session VM that is ended afterwards whatever happened.
-func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run int) (r TrialResult) {
+func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run int, fork *forkSet) (r TrialResult) {
 	t0 := time.Now()
 	r = TrialResult{Scenario: sc.ID, Title: sc.Title, Category: sc.Category, Difficulty: sc.Difficulty, Run: run,
 		Agent: o.AgentName, Model: o.Model, Endpoint: o.Endpoint, Sampling: o.Sampling, Stream: o.Stream, Started: t0.UTC(),
@@ -313,6 +337,9 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 		"instruction": sc.Instruction, "max_turns": sc.MaxTurns, "agent_time_limit_s": sc.AgentLimit.Seconds()})
 
 	session := fmt.Sprintf("bench-%.32s-%d-%s", sc.ID, run, randHex(4))
+	if fork != nil {
+		session, r.ForkedFrom = fork.copies[run-1], fork.base
+	}
 	defer func() {
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
@@ -322,20 +349,18 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 	}()
 	script := sessionScript(c, session)
 
-	// Break the VM.
-	out, code, res, err := script(ctx, sc.Inject, 5*time.Minute)
-	tr.event("inject", map[string]any{"exit_code": code, "output": out, "error": errString(err)})
-	if res != nil {
-		r.VMStart = res.VMStart
-	}
-	if err != nil || code != 0 {
-		r.FailureMode, r.Error = FailHarness, fmt.Sprintf("inject.sh: exit %d %v: %s", code, errString(err), tail(out, 400))
-		return r
-	}
-	before, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
-	if err != nil {
-		r.FailureMode, r.Error = FailHarness, "protected files: "+err.Error()
-		return r
+	var before map[string]string
+	if fork != nil {
+		// Broken once, copied: the fault and the protected files are the
+		// fork point's.
+		tr.event("inject", map[string]any{"forked_from": fork.base, "exit_code": 0})
+		r.VMStart, before = "fork", fork.before
+	} else {
+		var err error
+		if before, err = o.inject(ctx, sc, script, tr, &r); err != nil {
+			r.FailureMode, r.Error = FailHarness, err.Error()
+			return r
+		}
 	}
 	o.runAgent(ctx, c, sc, run, session, script, tr, &r)
 	if ctx.Err() != nil {
@@ -350,6 +375,125 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 	r.judge(o.verify(ctx, sc, script, before, tr, &r))
 	tr.event("verdict", map[string]any{"resolved": r.Resolved, "failure_mode": r.FailureMode, "checks": r.Checks})
 	return r
+}
+
+// inject breaks the trial's VM and returns the protected files' hashes.
+func (o *Options) inject(ctx context.Context, sc *Scenario, script scriptFunc, tr *tracer, r *TrialResult) (map[string]string, error) {
+	out, code, res, err := script(ctx, sc.Inject, 5*time.Minute)
+	tr.event("inject", map[string]any{"exit_code": code, "output": out, "error": errString(err)})
+	if res != nil && r != nil {
+		r.VMStart = res.VMStart
+	}
+	if err != nil || code != 0 {
+		return nil, fmt.Errorf("inject.sh: exit %d %v: %s", code, errString(err), tail(out, 400))
+	}
+	before, err := o.hashes(ctx, script, sc.Protect, sc.VerifyLimit)
+	if err != nil {
+		return nil, fmt.Errorf("protected files: %w", err)
+	}
+	return before, nil
+}
+
+// forkSet is a scenario's fault injected once and forked into one session
+// per run.
+type forkSet struct {
+	ForkSummary
+	base   string
+	copies []string
+	before map[string]string
+}
+
+// ForkSummary is what --fork cost for a scenario, beside injecting the
+// fault once per run: the one injection, the fork into Copies sessions,
+// and the memory of the copies (their QEMUs' mean PSS) when it can be
+// read.
+type ForkSummary struct {
+	Scenario       string  `json:"scenario"`
+	Copies         int     `json:"copies"`
+	InjectSeconds  float64 `json:"inject_seconds"`
+	ForkSeconds    float64 `json:"fork_seconds"`
+	InjectKSeconds float64 `json:"inject_k_times_seconds"` // Copies × the one injection: what --fork saves
+	CopyPSSMiB     float64 `json:"copy_pss_mib,omitempty"`
+	CopyRSSMiB     float64 `json:"copy_rss_mib,omitempty"`
+}
+
+// forks makes each scenario's fork set once, when its first run starts
+// (only with Options.Fork).
+type forks struct {
+	mu   sync.Mutex
+	sets map[string]*lazyFork
+}
+
+type lazyFork struct {
+	once sync.Once
+	set  *forkSet
+	err  error
+}
+
+func newForks(scs []*Scenario) *forks {
+	f := &forks{sets: map[string]*lazyFork{}}
+	for _, sc := range scs {
+		f.sets[sc.ID] = &lazyFork{}
+	}
+	return f
+}
+
+// get returns the scenario's fork set (nil without Options.Fork).
+func (f *forks) get(ctx context.Context, o *Options, c *client.Client, sc *Scenario) (*forkSet, error) {
+	if !o.Fork {
+		return nil, nil
+	}
+	l := f.sets[sc.ID]
+	l.once.Do(func() { l.set, l.err = o.prepareFork(ctx, c, sc) })
+	return l.set, l.err
+}
+
+// summaries lists the fork sets made, in scenario order.
+func (f *forks) summaries(scs []*Scenario) []ForkSummary {
+	var out []ForkSummary
+	for _, sc := range scs {
+		if l := f.sets[sc.ID]; l != nil && l.set != nil {
+			out = append(out, l.set.ForkSummary)
+		}
+	}
+	return out
+}
+
+// prepareFork injects the scenario's fault once and forks it into Runs
+// sessions, one per trial.
+func (o *Options) prepareFork(ctx context.Context, c *client.Client, sc *Scenario) (*forkSet, error) {
+	f := &forkSet{ForkSummary: ForkSummary{Scenario: sc.ID, Copies: o.Runs}, base: fmt.Sprintf("bench-%.32s-base-%s", sc.ID, randHex(4))}
+	tf, err := os.Create(filepath.Join(o.Out, "traces", sc.ID+"-inject.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	tr := &tracer{enc: json.NewEncoder(tf), t0: time.Now()}
+	t0 := time.Now()
+	f.before, err = o.inject(ctx, sc, sessionScript(c, f.base), tr, nil)
+	tf.Close()
+	if err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", sc.ID, err)
+	}
+	f.InjectSeconds = math.Round(time.Since(t0).Seconds()*10) / 10
+	f.InjectKSeconds = math.Round(f.InjectSeconds*float64(o.Runs)*10) / 10
+	for run := 1; run <= o.Runs; run++ {
+		f.copies = append(f.copies, fmt.Sprintf("bench-%.32s-%d-%s", sc.ID, run, randHex(4)))
+	}
+	t1 := time.Now()
+	copies, err := c.ForkSession(ctx, f.base, f.copies)
+	if err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", sc.ID, err)
+	}
+	f.ForkSeconds = math.Round(time.Since(t1).Seconds()*100) / 100
+	f.CopyRSSMiB, f.CopyPSSMiB = copiesMemory(copies)
+	// The copies hold the fork point; the base's VM is not needed.
+	if err := c.EndSession(ctx, f.base); err != nil {
+		o.Log.Warn("ending a fork's base session", "session", f.base, "err", err)
+	}
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "        %s: injected once in %.1f s, forked into %d in %.2f s\n", sc.ID, f.InjectSeconds, o.Runs, f.ForkSeconds)
+	}
+	return f, nil
 }
 
 // sessionScript runs a script (bash -s, the text on stdin) in the trial's
@@ -548,4 +692,67 @@ func ReadResults(dir string) ([]TrialResult, error) {
 		return a.Run - b.Run
 	})
 	return out, nil
+}
+
+// copiesMemory reads the mean RSS and PSS (MiB) of the copies' QEMUs, when
+// this process can see them (a daemon of its own); zeros otherwise.
+func copiesMemory(copies []wire.Session) (rss, pss float64) {
+	n := 0
+	for _, c := range copies {
+		pid := qemuPid(c.VMID)
+		if pid == 0 {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue
+		}
+		r, p := rollup(string(b))
+		rss, pss, n = rss+r, pss+p, n+1
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return math.Round(rss/float64(n)*10) / 10, math.Round(pss/float64(n)*10) / 10
+}
+
+// qemuPid is the QEMU process of VM id (its command line names the VM's
+// directory), or 0.
+func qemuPid(id string) int {
+	if id == "" {
+		return 0
+	}
+	ents, _ := os.ReadDir("/proc")
+	needle := []byte("/vms/" + id + "/")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil && bytes.Contains(b, needle) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// rollup reads Rss and Pss (MiB) from a smaps_rollup text.
+func rollup(text string) (rss, pss float64) {
+	for _, l := range strings.Split(text, "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "Rss":
+			rss = kb / 1024
+		case "Pss":
+			pss = kb / 1024
+		}
+	}
+	return rss, pss
 }

@@ -98,6 +98,8 @@ type Summary struct {
 	Harness   int               `json:"harness_errors"`
 	Tokens    int               `json:"tokens"`
 	Scenarios []ScenarioSummary `json:"scenarios"`
+	// Forks, with --fork: each scenario's one injection and fork.
+	Forks []ForkSummary `json:"forks,omitempty"`
 }
 
 // Summarize computes the summary of a run's trials.
@@ -201,6 +203,14 @@ func WriteMarkdown(w io.Writer, s *Summary, results []TrialResult) {
 	for _, ss := range s.Scenarios {
 		fmt.Fprintf(w, "| %s | %s | %d/%d | %s | %s–%s | %s | %s | %s | %s |\n", ss.ID, ss.Difficulty, ss.Resolved, ss.Trials,
 			pct(ss.PassRate), pct(ss.CI95.Lo), pct(ss.CI95.Hi), pct(ss.PassAtK), secs(ss.MedianTTF), turnsText(ss.MedianTurns), modesText(ss.FailureModes))
+	}
+	if len(s.Forks) > 0 {
+		fmt.Fprint(w, "\n## Forks\n\nEach scenario's fault was injected once and the broken VM forked into one copy per run.\n\n")
+		fmt.Fprintln(w, "| scenario | copies | inject once | fork | inject k times (estimate) | copy PSS | copy RSS |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+		for _, f := range s.Forks {
+			fmt.Fprintf(w, "| %s | %d | %.1f s | %.2f s | %.1f s | %.0f MiB | %.0f MiB |\n", f.Scenario, f.Copies, f.InjectSeconds, f.ForkSeconds, f.InjectKSeconds, f.CopyPSSMiB, f.CopyRSSMiB)
+		}
 	}
 	if len(results) == 0 {
 		return

@@ -27,6 +27,7 @@ func benchAgent(fs *pflag.FlagSet) runFunc {
 	maxTokens := fs.Int("max-tokens", 0, "max tokens per response (default: the server's)")
 	stream := fs.Bool("stream", false, "stream responses (server-sent events)")
 	runs := fs.Int("runs", 1, "trials per scenario (the k of pass@k)")
+	fork := fs.Bool("fork", false, "inject each scenario's fault once and fork the broken VM into --runs copies, one trial each")
 	parallel := fs.Int("parallel", 1, "trials at once (each is a VM)")
 	seed := fs.Int64("seed", 1, "seed: trial order and the endpoint's sampling seed (seed+run-1 per run)")
 	out := fs.String("out", "", "output directory, must not hold results yet (default bench-agent-TIMESTAMP)")
@@ -62,7 +63,7 @@ func benchAgent(fs *pflag.FlagSet) runFunc {
 			return err
 		}
 		o := agentbench.Options{Scenarios: scenarios, AgentName: *agentName, Runs: *runs, Parallel: *parallel, Seed: *seed,
-			Socket: *socket, StateDir: *state, ImageDir: *imgDir, TemplateDir: *templateDir, Accel: a, MemoryMiB: *memory,
+			Socket: *socket, StateDir: *state, ImageDir: *imgDir, TemplateDir: *templateDir, Accel: a, MemoryMiB: *memory, Fork: *fork,
 			Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl))}
 		switch *agentName {
 		case "oracle":
