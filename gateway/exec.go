@@ -531,9 +531,7 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	}
 	select {
 	case <-sio.gone:
-		if err == nil {
-			err = errors.New("client disconnected")
-		}
+		err = cancelledByClient(err)
 	default:
 	}
 	s.release(target, vmOK) // a session whose VM died is ended; a fresh VM always goes
@@ -550,6 +548,19 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	}
 	log.Info("exec done", "vm", target.vm.ID, "exit", out.ExitCode, "signal", out.Signal, "timed_out", out.TimedOut, "transfers", len(transfers), "ms", out.TotalMS)
 	return out, nil
+}
+
+// errCancelled marks a command whose client closed its stream before the
+// command's end (vm-exec interrupted, an MCP client's
+// notifications/cancelled): the command was killed for it, and its audit
+// record says so.
+var errCancelled = errors.New("cancelled by the client (its stream closed before the command ended)")
+
+func cancelledByClient(err error) error {
+	if err == nil {
+		return errCancelled
+	}
+	return fmt.Errorf("%w: %w", errCancelled, err)
 }
 
 // hashWriter hashes what it passes on; a nil w discards.

@@ -237,6 +237,7 @@ func (s *Server) addFileTools() {
 			},
 			"required": []string{"session", "path", "content"},
 		},
+		Annotations: annotations[ToolSessionWriteFile],
 	}, s.wrap(s.sessionWriteFile))
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionReadFile,
@@ -250,5 +251,6 @@ func (s *Server) addFileTools() {
 			},
 			"required": []string{"session", "path"},
 		},
+		Annotations: annotations[ToolSessionReadFile],
 	}, s.wrap(s.sessionReadFile))
 }

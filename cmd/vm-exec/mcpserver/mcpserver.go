@@ -28,6 +28,31 @@
 // lifetime still apply; session_exec reports a session the gateway has
 // ended instead of silently starting a fresh one under the same name.
 //
+// Revisions: the server speaks MCP 2026-07-28 and the revisions before it
+// down to 2024-11-05 (llama.cpp's) side by side, on the same stdio. A
+// client of the new revision calls server/discover and then sends
+// requests that each carry their protocol version and capabilities in
+// _meta, with no initialize and no protocol session; an older client
+// starts with initialize. The new revision keeps no state between
+// requests, so whatever lasts across calls needs a handle the client
+// passes explicitly: a session's name is that handle (session_start
+// returns it, every session tool takes it). tools/list and
+// server/discover carry ttlMs (listTTL): the list is fixed for the
+// server's life.
+//
+// Results: exec_shell_command and session_exec return llama-server's text
+// as their content and the same facts as structured content
+// (ExecOutput, the tools' outputSchema). While a command runs, a client
+// that sent a progress token gets its output in progress notifications
+// (run.go). A client's notifications/cancelled closes the command's exec
+// stream: the daemon kills the command's process group at once and
+// audits it as cancelled by the client. Every tool carries annotations
+// (annotations.go).
+//
+// The wire (transport.go): no message is over MaxMessage (8 MiB, the
+// longest line llama.cpp's client reads), and at stdin EOF every request
+// already read is answered before the server stops.
+//
 // The protocol itself (JSON-RPC framing, version negotiation, schemas) is
 // the official Go SDK's (github.com/modelcontextprotocol/go-sdk).
 package mcpserver
@@ -113,12 +138,15 @@ func New(o Options) *Server {
 	}
 	s := &Server{c: o.Client, log: o.Log, endTimeout: o.EndTimeout, sessions: map[string]context.CancelFunc{}, runCtx: context.Background()}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: Name, Title: "vmgate: commands in disposable VMs", Version: o.Version},
-		&mcp.ServerOptions{Instructions: Instructions, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}}})
+		&mcp.ServerOptions{Instructions: Instructions, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
+			SetCacheable: setCacheable})
 	s.mcp.AddTool(&mcp.Tool{
 		Name: shelltool.Name,
 		Description: shelltool.Description + " The command runs as `sh -c` in a fresh disposable Linux VM, destroyed afterwards: " +
 			"nothing carries over to the next call (use the session tools for that).",
-		InputSchema: shelltool.Schema(),
+		InputSchema:  shelltool.Schema(),
+		OutputSchema: execOutputSchema(),
+		Annotations:  annotations[shelltool.Name],
 	}, s.wrap(s.execShellCommand))
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionStart,
@@ -130,11 +158,14 @@ func New(o Options) *Server {
 				"name": map[string]any{"type": "string", "description": "Session name (1 to 64 of A-Z a-z 0-9 . _ -); generated when absent"},
 			},
 		},
+		Annotations: annotations[ToolSessionStart],
 	}, s.wrap(s.sessionStart))
 	s.mcp.AddTool(&mcp.Tool{
-		Name:        ToolSessionExec,
-		Description: shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
-		InputSchema: sessionExecSchema(),
+		Name:         ToolSessionExec,
+		Description:  shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
+		InputSchema:  sessionExecSchema(),
+		OutputSchema: execOutputSchema(),
+		Annotations:  annotations[ToolSessionExec],
 	}, s.wrap(s.sessionExec))
 	s.mcp.AddTool(&mcp.Tool{
 		Name:        ToolSessionEnd,
@@ -144,6 +175,7 @@ func New(o Options) *Server {
 			"properties": map[string]any{"session": map[string]any{"type": "string", "description": "Session name"}},
 			"required":   []string{"session"},
 		},
+		Annotations: annotations[ToolSessionEnd],
 	}, s.wrap(s.sessionEnd))
 	s.addFileTools()
 	return s
@@ -160,6 +192,7 @@ func (s *Server) ServeStdio(ctx context.Context) error {
 // Postcondition: no session started by this server is left on the gateway,
 // unless ending it failed (the error says which).
 func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
+	t = &drainTransport{t: t, log: s.log, stop: ctx}
 	s.mu.Lock()
 	if s.ran {
 		s.mu.Unlock()
@@ -215,23 +248,12 @@ func gatewayError(err error) *mcp.CallToolResult {
 	return textResult("vmgate: "+err.Error(), true)
 }
 
-// outcome turns a shelltool run into a tool result.
-func (s *Server) outcome(tool, session string, o shelltool.Outcome) *mcp.CallToolResult {
-	if o.Err != nil {
-		s.log.Warn("command not run", "tool", tool, "session", session, "err", o.Err)
-		return textResult(o.Text, true)
-	}
-	s.log.Debug("command ran", "tool", tool, "session", session, "req", o.Result.RequestID,
-		"exit_code", o.Result.ExitCode, "timed_out", o.Result.TimedOut)
-	return textResult(o.Text, false)
-}
-
 func (s *Server) execShellCommand(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
 	a, err := shelltool.ParseArgs(req.Params.Arguments)
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
-	return s.outcome(shelltool.Name, "", shelltool.Run(ctx, s.c, "", a))
+	return s.runShell(ctx, req, shelltool.Name, "", a)
 }
 
 func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
@@ -285,7 +307,7 @@ func (s *Server) sessionExec(ctx context.Context, req *mcp.CallToolRequest) *mcp
 	if r := s.checkSession(ctx, name); r != nil {
 		return r
 	}
-	return s.outcome(ToolSessionExec, name, shelltool.Run(ctx, s.c, name, a))
+	return s.runShell(ctx, req, ToolSessionExec, name, a)
 }
 
 func (s *Server) sessionEnd(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {

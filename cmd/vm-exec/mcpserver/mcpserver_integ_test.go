@@ -1,7 +1,9 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
@@ -53,7 +57,7 @@ args_any = ["*forbidden-word*"]
 // startDaemon runs the real gateway in-process on a socket in a temp dir,
 // with templates and a pool of one, and waits until the pool is ready so
 // that each fresh VM is a restore (< 1 s) rather than a boot.
-func startDaemon(t *testing.T) (sock string, c *client.Client) {
+func startDaemon(t *testing.T) *gatewaytest.Daemon {
 	t.Helper()
 	d := gatewaytest.Start(t, integPolicy, func(c *gateway.Config) {
 		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 4
@@ -63,7 +67,7 @@ func startDaemon(t *testing.T) (sock string, c *client.Client) {
 	if err := d.WaitPool(wctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	return d.Socket, d.Client
+	return d
 }
 
 // sessionNames lists the caller's sessions on the gateway.
@@ -95,7 +99,8 @@ func wantText(t *testing.T, what, text string, isErr, wantErr bool, re string) {
 // daemon booting real VMs: the tools, their result texts, refusals and
 // sessions, including those a client leaves behind.
 func TestMCP_Gateway(t *testing.T) {
-	sock, c := startDaemon(t)
+	d := startDaemon(t)
+	sock, c := d.Socket, d.Client
 	tc := connect(t, c, nil)
 
 	t.Run("tools/list", func(t *testing.T) { checkToolList(t, tc.cs) })
@@ -119,10 +124,12 @@ func TestMCP_Gateway(t *testing.T) {
 	})
 	t.Run("timeout", func(t *testing.T) {
 		t0 := time.Now()
-		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "echo started; sleep 30; echo never", "timeout": "2"})
+		// 5 s: the first output of a fresh VM under TCG, beside a pool
+		// restore, may take seconds.
+		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "echo started; sleep 30; echo never", "timeout": "5"})
 		wantText(t, "sleep 30", text, isErr, false, `^started\n\n\[exit code: 1\] \[exit due to timed out\]$`)
-		if d := time.Since(t0); d > 20*time.Second {
-			t.Errorf("took %v with a 2 s timeout", d)
+		if d := time.Since(t0); d > 25*time.Second {
+			t.Errorf("took %v with a 5 s timeout", d)
 		}
 	})
 	t.Run("denied", func(t *testing.T) {
@@ -232,6 +239,16 @@ func TestMCP_Gateway(t *testing.T) {
 			t.Fatalf("sessions left after the client closed: %v", got)
 		}
 	})
+	t.Run("typed results", func(t *testing.T) { testTyped(t, tc) })
+	t.Run("2024-11-05 client", func(t *testing.T) {
+		old := connectOpts(t, c, nil, &mcp.ClientSessionOptions{ProtocolVersion: "2024-11-05"})
+		if v := old.cs.InitializeResult().ProtocolVersion; v != "2024-11-05" {
+			t.Fatalf("negotiated %s", v)
+		}
+		text, isErr := old.call(t, shelltool.Name, map[string]any{"command": "echo old client"})
+		wantText(t, "2024-11-05", text, isErr, false, `^old client\n\n\[exit code: 0\]$`)
+	})
+	t.Run("live output and cancel", func(t *testing.T) { testCancel(t, d) })
 	t.Run("vm-exec mcp", func(t *testing.T) { testBinary(t, sock, c) })
 	t.Run("vm-exec mcp killed", func(t *testing.T) { testBinaryKilled(t, sock, c) })
 }
@@ -320,5 +337,102 @@ func testBinary(t *testing.T, sock string, c *client.Client) {
 	}
 	if !strings.Contains(stderr.String(), "bin-session") {
 		t.Errorf("stderr does not log the session: %s", stderr.String())
+	}
+}
+
+// testTyped: a command's structured result, from the real daemon.
+func testTyped(t *testing.T, tc *testConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := tc.cs.CallTool(ctx, &mcp.CallToolParams{Name: shelltool.Name,
+		Arguments: map[string]any{"command": "echo typed; exit 5"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out ExecOutput
+	b, _ := json.Marshal(res.StructuredContent)
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.ExitCode != 5 || out.Output != "typed\n" || out.Truncated || out.TimedOut || out.VM == "" || out.RequestID == "" || out.TotalMS < out.DurationMS {
+		t.Errorf("structured content %s", b)
+	}
+	if text := res.Content[0].(*mcp.TextContent).Text; text != "typed\n\n[exit code: 5]" {
+		t.Errorf("text %q", text)
+	}
+}
+
+// testCancel: in a session, a command that ignores SIGTERM shows its
+// output live (a progress notification), is cancelled by the client when
+// it does, and is dead with its whole process group within a second:
+// the daemon's audit record, written once the command was reaped, says
+// it was cancelled by the client, and no process of it is left in the
+// session.
+func testCancel(t *testing.T, d *gatewaytest.Daemon) {
+	plog := &progressLog{}
+	tc := connectOpts(t, d.Client, &mcp.ClientOptions{ProgressNotificationHandler: plog.handler}, nil)
+	if name, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "cancel"}); isErr {
+		t.Fatalf("session_start: %s", name)
+	}
+	// The time measured is the daemon's and the guest's: with two cores
+	// under TCG, a VM being restored for the pool beside it (the session
+	// took the pooled one) would be measured too.
+	wctx, wcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer wcancel()
+	if err := d.WaitPool(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var cancelledAt time.Time
+	var once sync.Once
+	plog.on = func(p *mcp.ProgressNotificationParams) {
+		if strings.Contains(p.Message, "started") {
+			once.Do(func() { cancelledAt = time.Now(); cancel() })
+		}
+	}
+	params := &mcp.CallToolParams{Name: ToolSessionExec, Arguments: map[string]any{"session": "cancel", "timeout": 60,
+		"command": "trap '' TERM INT HUP; echo started; sleep 50; echo never"}}
+	params.SetProgressToken("cancel-1")
+	if _, err := tc.cs.CallTool(ctx, params); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v (progress %+v)", err, plog.get())
+	}
+	rec := waitAudit(t, d.AuditPath, func(r audit.Record) bool {
+		return r.Kind == audit.KindExec && r.Session == "cancel" && strings.Contains(strings.Join(r.Argv, " "), "sleep 50")
+	})
+	if !strings.Contains(rec.Error, "cancelled by the client") {
+		t.Errorf("audit record's error %q: want it to say the client cancelled", rec.Error)
+	}
+	t.Logf("cancelled after %v of progress; the command was reaped %v after the cancel", plog.get()[0].Progress, rec.Time.Sub(cancelledAt))
+	if d := rec.Time.Sub(cancelledAt); d > time.Second {
+		t.Errorf("the command was reaped %v after the cancel, want < 1s (record %+v)", d, rec)
+	}
+	text, isErr := tc.call(t, ToolSessionExec, map[string]any{"session": "cancel", "command": "ps -eo comm= | grep -c '^sleep$' || true"})
+	wantText(t, "processes left", text, isErr, false, `^0\n\n\[exit code: 0\]$`)
+	if text, isErr := tc.call(t, ToolSessionEnd, map[string]any{"session": "cancel"}); isErr {
+		t.Errorf("session_end: %s", text)
+	}
+}
+
+// waitAudit returns the first record of the daemon's audit log that
+// match accepts, waiting for it to be written (at most 30 s).
+func waitAudit(t *testing.T, path string, match func(audit.Record) bool) audit.Record {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range bytes.Split(b, []byte("\n")) {
+			var r audit.Record
+			if json.Unmarshal(line, &r) == nil && match(r) {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no such audit record in 30 s:\n%s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

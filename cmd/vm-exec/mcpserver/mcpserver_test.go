@@ -31,6 +31,17 @@ type testConn struct {
 // closes the client itself and reads done.
 func connect(t *testing.T, c *client.Client, log *slog.Logger) *testConn {
 	t.Helper()
+	return connectLog(t, c, log, nil, nil)
+}
+
+// connectOpts is connect with client and session options.
+func connectOpts(t *testing.T, c *client.Client, co *mcp.ClientOptions, so *mcp.ClientSessionOptions) *testConn {
+	t.Helper()
+	return connectLog(t, c, nil, co, so)
+}
+
+func connectLog(t *testing.T, c *client.Client, log *slog.Logger, co *mcp.ClientOptions, so *mcp.ClientSessionOptions) *testConn {
+	t.Helper()
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -39,7 +50,7 @@ func connect(t *testing.T, c *client.Client, log *slog.Logger) *testConn {
 	go func() { tc.done <- tc.srv.Run(context.Background(), st) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "vmgate-test", Version: "0"}, nil).Connect(ctx, ct, nil)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "vmgate-test", Version: "0"}, co).Connect(ctx, ct, so)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}

@@ -1,0 +1,61 @@
+package mcpserver
+
+import (
+	"context"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/vmgate/vmgate/gateway/client/shelltool"
+)
+
+// Tool annotations: hints for the client (whether to ask the user before
+// a call, whether a call may be repeated), never a security boundary:
+// the gateway's policy is.
+//
+//   - exec_shell_command changes nothing that outlives the call: its VM is
+//     destroyed afterwards (destructiveHint false, not idempotent: it runs
+//     whatever it is given).
+//   - session_exec may delete or overwrite the session's files, which
+//     later calls rely on (destructiveHint true).
+//   - session_write_file overwrites a file (destructive), and writing the
+//     same content twice leaves the same file (idempotent);
+//     session_read_file only reads (readOnlyHint); session_end destroys
+//     the session's VM (destructive; ending it twice ends it once).
+//   - openWorldHint says whether a tool reaches the world outside the
+//     VM: the commands may, when the caller's profile grants the VM a
+//     network. The server cannot learn that grant: the daemon tells a
+//     caller neither its profile's network (GET /v1/status lists pools,
+//     not the caller's profile) nor a verdict without running a command,
+//     and the tools are listed before the daemon is reached. So the
+//     command tools say true, the safe side of the hint; the session
+//     management and file tools touch only the VM (false).
+var annotations = map[string]*mcp.ToolAnnotations{
+	shelltool.Name: {Title: "Run a shell command in a fresh disposable VM",
+		DestructiveHint: ptr(false), OpenWorldHint: ptr(true)},
+	ToolSessionExec: {Title: "Run a shell command in a session's VM",
+		DestructiveHint: ptr(true), OpenWorldHint: ptr(true)},
+	ToolSessionStart: {Title: "Start a session (a VM kept across calls)",
+		DestructiveHint: ptr(false), OpenWorldHint: ptr(false)},
+	ToolSessionEnd: {Title: "End a session and destroy its VM",
+		DestructiveHint: ptr(true), IdempotentHint: true, OpenWorldHint: ptr(false)},
+	ToolSessionWriteFile: {Title: "Write a file in a session's VM",
+		DestructiveHint: ptr(true), IdempotentHint: true, OpenWorldHint: ptr(false)},
+	ToolSessionReadFile: {Title: "Read a file in a session's VM",
+		ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// listTTL is the ttlMs of tools/list and server/discover (MCP
+// 2026-07-28): how long a client may cache them. Both are fixed for the
+// server's life, so an hour spares a client that lists often; a client
+// that starts a new `vm-exec mcp` asks again anyway.
+const listTTL = 3600_000
+
+// setCacheable sets the cache hints of the results that carry them.
+func setCacheable(_ context.Context, req mcp.Request, c *mcp.Cacheable) {
+	switch req.(type) {
+	case *mcp.ListToolsRequest, *mcp.ServerRequest[*mcp.DiscoverParams]:
+		c.TTLMs, c.CacheScope = listTTL, "public"
+	}
+}
