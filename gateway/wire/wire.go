@@ -312,7 +312,7 @@ func (k *Kind) Error() string { return k.Name }
 // The kinds, in the order docs/protocol.md lists them.
 var (
 	KindBadRequest = &Kind{"bad request", CodeBadRequest, 400, ExitInternal,
-		"malformed JSON, unknown field, empty argv, NUL bytes, body > 1 MiB, no `Upgrade` header"}
+		"malformed JSON, unknown field, empty argv, bad base64 in argv or env, NUL bytes, body > 1 MiB, no `Upgrade` header"}
 	KindUnidentified = &Kind{"caller not identified", CodeDenied, 401, ExitDenied, "the peer could not be identified"}
 	KindDenied       = &Kind{"denied by policy", CodeDenied, 403, ExitDenied, "the policy refused the request (`profile`, `rule` say why)"}
 	KindNotFound     = &Kind{"not found", CodeNotFound, 404, ExitInternal, "no such endpoint, or no session of that name of this caller"}
