@@ -2,13 +2,16 @@ package gateway_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 )
 
@@ -25,6 +28,10 @@ var fidelityCases = []struct {
 	// cannot run; the exit code must still match and both must say
 	// something.
 	looseStderr bool
+	// stdout, when set, is the exact output both ways must give: where
+	// both could be wrong alike (bytes that are not UTF-8, which the
+	// baseline's shell string carries too).
+	stdout string
 }{
 	{name: "echo", argv: []string{"echo", "hello"}},
 	{name: "ls -h", argv: []string{"ls", "-h", "/"}},
@@ -68,7 +75,21 @@ var fidelityCases = []struct {
 	{name: "uname -s", argv: []string{"uname", "-s"}},
 	{name: "id -un", argv: []string{"id", "-un"}},
 	{name: "working directory", argv: []string{"pwd"}, flags: []string{"-w", "/etc"}},
+	{name: "arguments not UTF-8", argv: []string{"printf", "[%s]", "\xff\xfe", "a\x80b", "\xc3", "\xed\xa0\x80"},
+		stdout: "[\xff\xfe][a\x80b][\xc3][\xed\xa0\x80]"},
+	{name: "every byte in an argument", argv: []string{"printf", "%s", everyByte}, stdout: everyByte},
+	{name: "env value not UTF-8", argv: []string{"printenv", "GREETING"}, flags: []string{"-e", "GREETING=\xff\x80 \xfe"}, stdout: "\xff\x80 \xfe\n"},
+	{name: "shell string not UTF-8", argv: []string{"sh", "-c", "printf '%s|' '\xff' \"$0\"", "\xfe\x80"}, stdout: "\xff|\xfe\x80|"},
 }
+
+// everyByte holds every byte value but NUL, in order.
+var everyByte = func() string {
+	b := make([]byte, 0xff)
+	for i := range b {
+		b[i] = byte(i + 1)
+	}
+	return string(b)
+}()
 
 // shQuote quotes s for sh.
 func shQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -123,6 +144,9 @@ func TestGateway_DropInFidelity(t *testing.T) {
 			if gotOut != wantOut || gotCode != wantCode {
 				t.Errorf("vm-exec %q\nstdout %q, exit %d\nsh -c gives\nstdout %q, exit %d", tc.argv, gotOut, gotCode, wantOut, wantCode)
 			}
+			if tc.stdout != "" && (gotOut != tc.stdout || wantOut != tc.stdout) {
+				t.Errorf("vm-exec %q: stdout %q, and %q by sh -c; want %q", tc.argv, gotOut, wantOut, tc.stdout)
+			}
 			switch {
 			case tc.looseStderr && (gotErr == "" || wantErr == ""):
 				t.Errorf("stderr %q, sh -c's %q: both should say why", gotErr, wantErr)
@@ -133,5 +157,36 @@ func TestGateway_DropInFidelity(t *testing.T) {
 	}
 	if n := len(fidelityCases); n < 30 {
 		t.Errorf("only %d cases", n)
+	}
+	checkAuditBytes(t, d.Config.AuditPath)
+}
+
+// checkAuditBytes: the audit log holds the exact bytes of the arguments
+// that are not UTF-8 (as {"b64": …}), and its chain verifies.
+func checkAuditBytes(t *testing.T, path string) {
+	t.Helper()
+	if os.Getenv("VMGATE_TEST_BIN") == "" {
+		return // the cases did not run
+	}
+	if _, err := audit.VerifyFile(path); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"printf", "%s", everyByte}
+	found := 0
+	for line := range bytes.Lines(data) {
+		var r audit.Record
+		if err := json.Unmarshal(line, &r); err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		if slices.Equal(r.Argv, want) {
+			found++
+		}
+	}
+	if found != 2 { // the decision and the outcome
+		t.Errorf("%d audit records of argv %q, want 2", found, want)
 	}
 }

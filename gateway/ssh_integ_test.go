@@ -225,6 +225,13 @@ func TestGateway_SSH(t *testing.T) {
 			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
 		}
 	})
+	t.Run("command and env bytes that are not UTF-8", func(t *testing.T) {
+		so, se, code := run(t, "", []string{"GREETING=\xff\x80 \xfe"},
+			append(sshArgs(agentKey, "-o", "SendEnv=GREETING"), "agent@127.0.0.1", "printf '%s|' '\xfd\xc3' \"$GREETING\"")...)
+		if code != 0 || so != "\xfd\xc3|\xff\x80 \xfe|" {
+			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
+		}
+	})
 	t.Run("llama-server style", func(t *testing.T) {
 		so, se, code := agent(t, "", "timeout 10s sh -c 'echo a; exit 3'")
 		if code != 3 || so != "a\n" {

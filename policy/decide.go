@@ -559,14 +559,16 @@ func (prof *profile) check(req *Request) (time.Duration, string) {
 }
 
 // quote returns s quoted for a reason or log line, cut to 64 bytes on a rune
-// boundary, with the full length when cut.
+// boundary, with the full length when cut. Bytes that are not UTF-8 are
+// escaped (\xff); a cut backs off at most a rune's length, so that a run
+// of continuation bytes is not cut to nothing.
 func quote(s string) string {
 	const maxLen = 64
 	if len(s) <= maxLen {
 		return strconv.Quote(s)
 	}
 	cut := maxLen
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
+	for cut > maxLen-utf8.UTFMax+1 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
 	return fmt.Sprintf("%s...(%d bytes)", strconv.Quote(s[:cut]), len(s))

@@ -233,6 +233,9 @@ func checkVerdict(t testing.TB, p *Policy, req Request, v Verdict) {
 	if v.Reason == "" {
 		t.Fatalf("verdict without reason: %+v", v)
 	}
+	if !sanitised(v.Reason) {
+		t.Fatalf("reason not printable UTF-8: %q", v.Reason)
+	}
 	if !v.Allowed {
 		if !errors.Is(v.Err(), ErrDenied) {
 			t.Fatalf("Err() = %v, want ErrDenied", v.Err())

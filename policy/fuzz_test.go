@@ -175,6 +175,7 @@ func FuzzDecide(f *testing.F) {
 		{argv: "ls", session: "../x", groups: "vmgate-admins", timeout: -1},
 		{argv: "ls", uid: 0, user: "root"},
 		{argv: "ls", env: "=\x1eA", timeout: int64(2 * time.Hour), groups: "vmgate-admins"},
+		{argv: "wget\x1e--post-file=\xff\x1e\x80\x80", env: "LANG=\xff\x1eL\xfe=1", user: "llama"},
 	}
 	for _, s := range seeds {
 		f.Add(s.argv, s.env, s.session, s.shell, s.timeout, s.uid, s.gid, s.user, s.groups)

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/bytestr"
 )
 
 // Kind says what a [Record] describes.
@@ -68,9 +70,11 @@ const MaxLineSize = 8 << 20
 // "not applicable" (nil, omitted) from a zero value such as uid 0 or exit
 // code 0; with Go 1.26 write them as new(uint32(uid)).
 //
-// Strings are encoded by encoding/json, which replaces invalid UTF-8 with
-// U+FFFD: a caller that needs the exact bytes of an argument records a hash
-// of it instead.
+// Argv and EnvNames keep every byte: an element that is not valid UTF-8
+// is written {"b64": "…"} (package bytestr), text as a JSON string, as it
+// always was; an element abridged for its length is text, whose mark
+// holds the SHA-256 of its full bytes. Other strings are encoded by
+// encoding/json, which replaces invalid UTF-8 with U+FFFD.
 type Record struct {
 	// Time is when the record was written, in UTC (RFC 3339 with nanoseconds).
 	Time time.Time `json:"time"`
@@ -93,7 +97,7 @@ type Record struct {
 	// Profile is the policy profile the request ran under.
 	Profile string `json:"profile,omitempty"`
 	// Argv is the command, after redaction.
-	Argv []string `json:"argv,omitempty"`
+	Argv bytestr.List `json:"argv,omitempty"`
 	// Shell is set when Argv is run through the guest's shell.
 	Shell bool `json:"shell,omitempty"`
 	// Session identifies an interactive session.
@@ -101,9 +105,9 @@ type Record struct {
 	// EnvNames are the names (never the values) of the environment
 	// variables the request asked for; Dir its working directory; TTY is
 	// set when it asked for a terminal.
-	EnvNames []string `json:"env_names,omitempty"`
-	Dir      string   `json:"dir,omitempty"`
-	TTY      bool     `json:"tty,omitempty"`
+	EnvNames bytestr.List `json:"env_names,omitempty"`
+	Dir      string       `json:"dir,omitempty"`
+	TTY      bool         `json:"tty,omitempty"`
 
 	// Verdict, Rule and Reason describe a policy decision.
 	Verdict Verdict `json:"verdict,omitempty"`

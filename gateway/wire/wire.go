@@ -41,7 +41,9 @@ import (
 	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 
+	"github.com/vmgate/vmgate/internal/bytestr"
 	"github.com/vmgate/vmgate/internal/signum"
 	"github.com/vmgate/vmgate/internal/transfer"
 	"github.com/vmgate/vmgate/internal/tty"
@@ -126,12 +128,17 @@ type Transfer struct {
 // ExecRequest is the body of POST /v1/exec.
 type ExecRequest struct {
 	// Argv is the program and its arguments. With Shell set, Argv must hold
-	// exactly one element, the shell string, run as sh -c STRING.
-	Argv  []string `json:"argv"`
-	Shell bool     `json:"shell,omitempty"`
+	// exactly one element, the shell string, run as sh -c STRING. Its
+	// elements, and Env's, may hold any bytes (but NUL): in JSON an element
+	// that is not valid UTF-8 is {"b64": "…"} (package bytestr), so that
+	// the command runs as given, byte for byte.
+	Argv  bytestr.List `json:"argv"`
+	Shell bool         `json:"shell,omitempty"`
 	// Env holds KEY=VALUE pairs the policy may pass on.
-	Env []string `json:"env,omitempty"`
-	// Dir is the working directory in the guest.
+	Env bytestr.List `json:"env,omitempty"`
+	// Dir is the working directory in the guest. It, Session and the
+	// transfers' paths are text: invalid UTF-8 in them would reach the
+	// daemon as U+FFFD, so a client refuses it (vm-exec does).
 	Dir string `json:"dir,omitempty"`
 	// TimeoutMS requests a time limit; 0 means the policy default.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
@@ -153,6 +160,28 @@ type ExecRequest struct {
 // TransferOnly reports whether the request copies files and runs nothing.
 func (r *ExecRequest) TransferOnly() bool {
 	return len(r.Argv) == 0 && len(r.Put)+len(r.Get) > 0
+}
+
+// CheckText returns an error naming the first field of r that is text
+// on the wire (Dir, Session, a transfer's paths) and holds invalid UTF-8:
+// encoded, it would reach the daemon as U+FFFD, another path. Only Argv
+// and Env carry any bytes. A client checks it before it sends.
+func (r *ExecRequest) CheckText() error {
+	type field struct{ name, v string }
+	fields := []field{{"the working directory", r.Dir}, {"the session name", r.Session}}
+	for i, p := range r.Put {
+		fields = append(fields, field{fmt.Sprintf("put %d's guest path", i), p.Guest},
+			field{fmt.Sprintf("put %d's name", i), p.Top}, field{fmt.Sprintf("put %d's local path", i), p.Local})
+	}
+	for i, g := range r.Get {
+		fields = append(fields, field{fmt.Sprintf("get %d's guest path", i), g.Guest}, field{fmt.Sprintf("get %d's local path", i), g.Local})
+	}
+	for _, f := range fields {
+		if !utf8.ValidString(f.v) {
+			return fmt.Errorf("%s %q is not valid UTF-8: only the command's arguments and environment may hold any bytes", f.name, f.v)
+		}
+	}
+	return nil
 }
 
 // GetTop is the name of the tree a get of guest path p delivers: its last
@@ -283,7 +312,7 @@ func (k *Kind) Error() string { return k.Name }
 // The kinds, in the order docs/protocol.md lists them.
 var (
 	KindBadRequest = &Kind{"bad request", CodeBadRequest, 400, ExitInternal,
-		"malformed JSON, unknown field, empty argv, NUL bytes, body > 1 MiB, no `Upgrade` header"}
+		"malformed JSON, unknown field, empty argv, bad base64 in argv or env, NUL bytes, body > 1 MiB, no `Upgrade` header"}
 	KindUnidentified = &Kind{"caller not identified", CodeDenied, 401, ExitDenied, "the peer could not be identified"}
 	KindDenied       = &Kind{"denied by policy", CodeDenied, 403, ExitDenied, "the policy refused the request (`profile`, `rule` say why)"}
 	KindNotFound     = &Kind{"not found", CodeNotFound, 404, ExitInternal, "no such endpoint, or no session of that name of this caller"}
@@ -519,14 +548,26 @@ func checkTransfers(req *ExecRequest) error {
 	return nil
 }
 
+// execRequestBody is an ExecRequest as DecodeExecRequest reads it: argv
+// and env are taken raw (these fields are shallower than the embedded
+// ones, so they win) and decoded apart, so that an error names its field.
+type execRequestBody struct {
+	execRequestFields
+	Argv json.RawMessage `json:"argv"`
+	Env  json.RawMessage `json:"env"`
+}
+
+// execRequestFields is ExecRequest without its methods.
+type execRequestFields ExecRequest
+
 // DecodeExecRequest parses and checks an exec request body strictly:
 // unknown fields, trailing data and structurally invalid requests are
 // errors. Policy decides everything else.
 func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 	dec := json.NewDecoder(io.LimitReader(r, MaxRequestBody+1))
 	dec.DisallowUnknownFields()
-	var req ExecRequest
-	if err := dec.Decode(&req); err != nil {
+	var body execRequestBody
+	if err := dec.Decode(&body); err != nil {
 		return nil, fmt.Errorf("exec request: %w", err)
 	}
 	if dec.More() {
@@ -534,6 +575,19 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 	}
 	if dec.InputOffset() > MaxRequestBody {
 		return nil, fmt.Errorf("exec request: body exceeds %d bytes", MaxRequestBody)
+	}
+	req := ExecRequest(body.execRequestFields)
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		to   *bytestr.List
+	}{{"argv", body.Argv, &req.Argv}, {"env", body.Env, &req.Env}} {
+		if f.raw == nil {
+			continue
+		}
+		if err := json.Unmarshal(f.raw, f.to); err != nil {
+			return nil, fmt.Errorf("exec request: %s: %w", f.name, err)
+		}
 	}
 	if err := checkTransfers(&req); err != nil {
 		return nil, fmt.Errorf("exec request: %w", err)

@@ -2,8 +2,10 @@ package wire
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -28,6 +30,18 @@ var decodeCases = []struct {
 	{`{"argv":["x"],"tty":{"term":"xterm","cols":80,"rows":24}}`, true},
 	{`{"argv":["x"],"tty":{"cols":99999}}`, false},
 	{`{"argv":["x"],"session":"s","stdin":true,"dir":"/tmp","env":["A=b"],"timeout_ms":100}`, true},
+	{`{"argv":["printf","%s",{"b64":"/w=="}],"env":[{"b64":"Sz3/"}]}`, true},
+	{`{"argv":[{"b64":"/w=="}],"shell":true}`, true},
+	{`{"argv":null,"session":"s","put":[{"guest":"/w","top":"t","files":1,"bytes":1}]}`, true},
+	{`{"argv":[""]}`, true}, // an empty program is the policy's to refuse (audited)
+	{`{"argv":["x",{"b64":"/w"}]}`, false},
+	{`{"argv":["x",{"b64":"/x=="}]}`, false},
+	{`{"argv":["x",{"b64":"!"}]}`, false},
+	{`{"argv":["x",{"b64":"/w==","more":1}]}`, false},
+	{`{"argv":["x",{"b64":"YQBi"}]}`, false}, // a NUL in base64
+	{`{"argv":["x"],"env":[{"b64":"Sz0A"}]}`, false},
+	{`{"argv":["x"],"env":[1]}`, false},
+	{`{"argv":{"b64":"/w=="}}`, false},
 }
 
 func TestDecodeExecRequest(t *testing.T) {
@@ -52,15 +66,83 @@ func FuzzDecodeExecRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(req.Argv) == 0 || (req.Shell && len(req.Argv) != 1) || req.TimeoutMS < 0 {
+		if len(req.Argv) == 0 && !req.TransferOnly() || (req.Shell && len(req.Argv) != 1) || req.TimeoutMS < 0 {
 			t.Fatalf("invariant broken: %+v", req)
 		}
-		for _, s := range req.Argv {
+		for _, s := range append(req.Argv, req.Env...) {
 			if strings.IndexByte(s, 0) >= 0 {
 				t.Fatal("NUL accepted")
 			}
 		}
+		// What the daemon read, a client sends back the same.
+		enc, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := DecodeExecRequest(bytes.NewReader(enc))
+		if err != nil || !reflect.DeepEqual(req, again) {
+			t.Fatalf("%s read as %+v, re-encoded as %s, read as %+v, %v", b, req, enc, again, err)
+		}
 	})
+}
+
+// TestExecRequestBytes: every byte but NUL, alone and in company, reaches
+// the daemon as the client had it: in an argument, in an environment
+// value, in a shell string. Before the base64 form, encoding/json turned
+// each invalid byte into U+FFFD.
+func TestExecRequestBytes(t *testing.T) {
+	var all []byte
+	for b := 1; b <= 0xff; b++ {
+		all = append(all, byte(b))
+		one := string([]byte{byte(b)})
+		for _, req := range []ExecRequest{
+			{Argv: []string{"printf", "%s", one, "a" + one + "b"}, Env: []string{"K=" + one}},
+			{Argv: []string{"printf '%s' '" + one + "'"}, Shell: true},
+		} {
+			got := roundTrip(t, req)
+			if !reflect.DeepEqual(got.Argv, req.Argv) || !reflect.DeepEqual(got.Env, req.Env) {
+				t.Errorf("byte %#x: sent argv %q env %q, daemon read %q %q", b, req.Argv, req.Env, got.Argv, got.Env)
+			}
+		}
+	}
+	req := ExecRequest{Argv: []string{"x", string(all), "\xff", "�"}, Env: []string{"A=" + string(all)}}
+	if got := roundTrip(t, req); !reflect.DeepEqual(got.Argv, req.Argv) || !reflect.DeepEqual(got.Env, req.Env) {
+		t.Errorf("all bytes: daemon read %q %q", got.Argv, got.Env)
+	}
+	// Text stays in today's form: an old daemon reads what a new client
+	// sends it, unless it needs the new form.
+	b, _ := json.Marshal(ExecRequest{Argv: []string{"echo", "é<&>"}, Env: []string{"A=b"}})
+	if want := `{"argv":["echo","é\u003c\u0026\u003e"],"env":["A=b"]}`; string(b) != want {
+		t.Errorf("text request encoded as %s, want %s", b, want)
+	}
+}
+
+func roundTrip(t *testing.T, req ExecRequest) *ExecRequest {
+	t.Helper()
+	b, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeExecRequest(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return got
+}
+
+// TestDecodeErrorsNameTheField: a refused element is named by field and
+// position.
+func TestDecodeErrorsNameTheField(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"argv":["x",{"b64":"/w"}]}`:          "argv: element 1: b64",
+		`{"argv":["x"],"env":["A=b",{"b":1}]}`: "env: element 1",
+		`{"argv":["x",{"b64":"YQBi"}]}`:        "NUL",
+	} {
+		_, err := DecodeExecRequest(strings.NewReader(body))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want it to say %q", body, err, want)
+		}
+	}
 }
 
 func TestFrames(t *testing.T) {

@@ -354,6 +354,10 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
 		return wire.ExitTransfer
 	}
+	if err := req.CheckText(); err != nil {
+		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
+		return wire.ExitUsage
+	}
 	var outBuf, errBuf bytes.Buffer
 	if o.jsonOut {
 		sio.Stdout, sio.Stderr = &outBuf, &errBuf
