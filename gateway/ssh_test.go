@@ -286,17 +286,29 @@ func TestSSHFront_Unit(t *testing.T) {
 		}
 	})
 	t.Run("sessions per connection are bounded", func(t *testing.T) {
-		s1, err := c.NewSession()
+		// A connection of its own: a session that the client closed
+		// itself (as in the env subtest) frees its slot once the front
+		// door has ended it, which the client cannot see. One whose
+		// command ended has freed it before its exit status came.
+		cb, err := u.dial(t, ssh.PublicKeys(agent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cb.Close()
+		if _, _, code := runSSH(t, cb, strp("true"), nil); code != wire.ExitVMFailed {
+			t.Fatalf("code %d, want %d", code, wire.ExitVMFailed)
+		}
+		s1, err := cb.NewSession()
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s1.Close()
-		s2, err := c.NewSession()
+		s2, err := cb.NewSession()
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s2.Close()
-		_, err = c.NewSession()
+		_, err = cb.NewSession()
 		var oce *ssh.OpenChannelError
 		if !errors.As(err, &oce) || oce.Reason != ssh.ResourceShortage || !strings.Contains(oce.Message, "at most 2") {
 			t.Fatalf("third session: %v", err)

@@ -400,6 +400,18 @@ func (f *Front) CloseConns() {
 
 // connState is one authenticated connection: its open sessions and the
 // timer that closes it once it has had none for IdleTimeout.
+//
+// A session holds its slot from its channel's open until its command's
+// output is written: it gives the slot back before it tells the client
+// that the command ended (EOF, exit-status or exit-signal, close), so that
+// a client running commands back to back finds the slot free when it
+// opens the next session. What the session still sends then (EOF, the
+// exit status, close) is outside the channel's window, so a client that
+// stops reading cannot hold it there; if it stops reading the connection
+// altogether, every session of it, the new ones in their channel's
+// acceptance, waits on the connection, and the new ones hold their slots.
+// A session the client closes first gives its slot back when it has
+// ended (its command killed).
 type connState struct {
 	mu     sync.Mutex
 	active int
@@ -473,11 +485,13 @@ func (f *Front) serveConn(c net.Conn, t *tracked, remote string) {
 			_ = nc.Reject(ssh.ResourceShortage, fmt.Sprintf("too many sessions on this connection (at most %d)", f.cfg.MaxSessions))
 			continue
 		}
+		var once sync.Once
+		release := func() { once.Do(func() { sc.release(f.cfg.IdleTimeout) }) }
 		chWG.Add(1)
 		go func() {
 			defer chWG.Done()
-			defer sc.release(f.cfg.IdleTimeout)
-			f.serveChannel(log, id, lg, noPTY, nc)
+			defer release()
+			f.serveChannel(log, id, lg, noPTY, nc, release)
 		}()
 	}
 	log.Debug("ssh connection closed")

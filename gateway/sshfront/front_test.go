@@ -19,12 +19,13 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/policy"
 )
 
 // fakeCore is the daemon without VMs: every command "runs" by printing
-// its argv and exits 0.
+// its argv and exits 0, but one starting with "deny", which is refused.
 type fakeCore struct{ pol *policy.Policy }
 
 func (c *fakeCore) Policy() *policy.Policy                       { return c.pol }
@@ -32,6 +33,9 @@ func (c *fakeCore) Audit(audit.Record) error                     { return nil }
 func (c *fakeCore) ListenUnix(path string) (net.Listener, error) { return net.Listen("unix", path) }
 
 func (c *fakeCore) Exec(_ context.Context, _ *slog.Logger, r Request) Outcome {
+	if strings.HasPrefix(r.Exec.Argv[0], "deny") {
+		return Outcome{RequestID: "fake", Refused: &wire.Error{Code: wire.CodeDenied, Error: "the fake core refuses it"}}
+	}
 	_, _ = fmt.Fprintf(r.Stdout, "ran %q\n", r.Exec.Argv)
 	return Outcome{RequestID: "fake"}
 }
@@ -287,6 +291,26 @@ func TestHandshakeDeadline(t *testing.T) {
 	d.setDefaults(t.TempDir())
 	if d.HandshakeTimeout != DefaultHandshakeTimeout || DefaultHandshakeTimeout > 10*time.Second {
 		t.Errorf("default handshake deadline %v, want %v (at most 10s)", d.HandshakeTimeout, DefaultHandshakeTimeout)
+	}
+}
+
+// TestSessionsBackToBack: a client that runs commands one after the
+// other on one connection never meets MaxSessions, here 1: a session's
+// slot is free before the client can learn that its command ended (its
+// EOF, exit status and close), so the next session, opened at once, is
+// admitted. Both endings are taken, a command's and a refusal's.
+func TestSessionsBackToBack(t *testing.T) {
+	tf := newTestFront(t, 1, "", func(c *Config) { c.MaxSessions = 1 })
+	cl, err := tf.login(t, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		mustRun(t, cl, fmt.Sprintf("echo %d", i))
+		_, err := run(cl, "deny")
+		if ee := (*ssh.ExitError)(nil); !errors.As(err, &ee) || ee.ExitStatus() != wire.ExitDenied {
+			t.Fatalf("command %d, refused: %v; want exit status %d", i, err, wire.ExitDenied)
+		}
 	}
 }
 

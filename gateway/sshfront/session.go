@@ -36,8 +36,10 @@ type jobSpec struct {
 // pty-req requests, then the exec or shell request starts the command
 // through Core.Exec (run), whose outcome is reported as exit-status or
 // exit-signal. The command is killed (and its VM
-// destroyed) when the channel or connection closes.
-func (f *Front) serveChannel(log *slog.Logger, id policy.Identity, lg login, noPTY bool, nc ssh.NewChannel) {
+// destroyed) when the channel or connection closes. release gives the
+// session's slot back (connState); run calls it before it reports the
+// outcome.
+func (f *Front) serveChannel(log *slog.Logger, id policy.Identity, lg login, noPTY bool, nc ssh.NewChannel, release func()) {
 	ch, reqs, err := nc.Accept()
 	if err != nil {
 		return
@@ -54,7 +56,7 @@ func (f *Front) serveChannel(log *slog.Logger, id policy.Identity, lg login, noP
 	}()
 	select {
 	case job := <-ss.startc:
-		f.run(log, id, lg, ch, job, ss.signals, ss.resize, gone)
+		f.run(log, id, lg, ch, job, ss.signals, ss.resize, gone, release)
 	case <-gone:
 	case <-time.After(f.cfg.HandshakeTimeout):
 		log.Info("ssh session asked for no command or shell in time, closing it", "timeout", f.cfg.HandshakeTimeout)
@@ -199,7 +201,9 @@ func (ss *session) signal(payload []byte) bool {
 }
 
 // run runs a session channel's command or shell and reports its outcome.
-func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Channel, job jobSpec, signals chan string, resize chan wire.TTY, gone <-chan struct{}) {
+// It calls release once the output is written, before the EOF and the
+// exit status tell the client that the command ended.
+func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Channel, job jobSpec, signals chan string, resize chan wire.TTY, gone <-chan struct{}, release func()) {
 	req := &wire.ExecRequest{Env: job.env, Stdin: true, TTY: job.tty, Session: lg.session}
 	if job.interactive {
 		req.Argv = append([]string(nil), f.cfg.InteractiveShell...)
@@ -210,10 +214,15 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 	if job.tty != nil {
 		nl = "\r\n" // the client's terminal is in raw mode
 	}
+	// report ends the session: the slot first, then what tells the client.
+	report := func(req string, msg any) {
+		release()
+		_ = ch.CloseWrite()
+		_, _ = ch.SendRequest(req, false, ssh.Marshal(msg))
+	}
 	fail := func(code int, msg string) {
 		_, _ = io.WriteString(ch.Stderr(), "vmgate: "+msg+nl)
-		_ = ch.CloseWrite()
-		_, _ = ch.SendRequest(reqExitStatus, false, ssh.Marshal(exitStatusMsg{Status: uint32(code)}))
+		report(reqExitStatus, exitStatusMsg{Status: uint32(code)})
 	}
 	if strings.ContainsRune(job.command, 0) {
 		fail(wire.ExitInternal, "the command contains a NUL byte")
@@ -268,11 +277,10 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 		if res.StdoutTruncated || res.StderrTruncated {
 			_, _ = fmt.Fprintf(ch.Stderr(), "vmgate: output truncated by the policy's output limit (stdout %d bytes, stderr %d bytes produced)%s", res.StdoutBytes, res.StderrBytes, nl)
 		}
-		_ = ch.CloseWrite()
 		if res.Signal != "" {
-			_, _ = ch.SendRequest(reqExitSignal, false, ssh.Marshal(exitSignalMsg{Signal: res.Signal}))
+			report(reqExitSignal, exitSignalMsg{Signal: res.Signal})
 		} else {
-			_, _ = ch.SendRequest(reqExitStatus, false, ssh.Marshal(exitStatusMsg{Status: uint32(res.ExitCode)}))
+			report(reqExitStatus, exitStatusMsg{Status: uint32(res.ExitCode)})
 		}
 	}
 }

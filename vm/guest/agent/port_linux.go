@@ -65,6 +65,22 @@ func hangupOf(fd uintptr) (bool, error) {
 // recheck. The caller says so in the log, so that the safety net never
 // hides a slow first contact.
 func waitHostEvent(ctx context.Context, f *os.File, recheck time.Duration) (missed bool, err error) {
+	return waitHostWith(ctx, f, recheck, hangupOf)
+}
+
+// waitHostWith is waitHostEvent with its check for a host, hangup (true
+// while no host is connected), as a parameter: the tests stand in for a
+// host that comes while the agent waits.
+//
+// The checks and the waits alternate strictly: hangup runs inside
+// rc.Write, which waits after each check that finds no host, and the
+// wait's deadline is set by that check, after it looked. So a recheck is
+// exactly the first check after a wait that ended at its deadline, and
+// missed is true exactly when such a check found the host. (A deadline
+// set before rc.Write can pass before rc.Write starts, which then returns
+// without calling the check: the agent would count a recheck that never
+// waited, and would need a second check outside the wait.)
+func waitHostWith(ctx context.Context, f *os.File, recheck time.Duration, hangup func(fd uintptr) (bool, error)) (missed bool, err error) {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return false, fmt.Errorf("wait for host: %w", err)
@@ -74,40 +90,48 @@ func waitHostEvent(ctx context.Context, f *os.File, recheck time.Duration) (miss
 	}
 	stop := context.AfterFunc(ctx, func() { _ = f.SetWriteDeadline(time.Unix(1, 0)) })
 	defer stop()
-	rechecked := false // the last wait ended at its deadline
+	timedOut := false // the last wait ended at its deadline
 	for {
-		// Checked first: a wait whose deadline has passed returns
-		// without calling the check.
-		if hup, err := pollHangup(f); err != nil || !hup {
-			if err == nil {
-				err = f.SetWriteDeadline(time.Time{})
-			}
-			return rechecked && err == nil, err
-		}
-		if err := f.SetWriteDeadline(time.Now().Add(recheck)); err != nil {
+		// No deadline until the first check has looked: rc.Write then
+		// always checks before it waits.
+		if err := f.SetWriteDeadline(time.Time{}); err != nil {
 			return false, fmt.Errorf("wait for host: %w", err)
 		}
-		// ctx's AfterFunc sets a deadline in the past: if it ran before
-		// the deadline above replaced it, ctx is done by now.
+		// ctx's AfterFunc sets a deadline in the past: if it ran before a
+		// deadline set here replaced it, ctx is done by now.
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		var pollErr error
+		var (
+			checks   int
+			checkErr error
+		)
 		err := rc.Write(func(fd uintptr) bool {
+			checks++
 			var hup bool
-			hup, pollErr = hangupOf(fd)
-			return pollErr != nil || !hup
+			if hup, checkErr = hangup(fd); checkErr != nil || !hup {
+				return true
+			}
+			if checks == 1 {
+				if checkErr = f.SetWriteDeadline(time.Now().Add(recheck)); checkErr != nil {
+					checkErr = fmt.Errorf("wait for host: %w", checkErr)
+					return true
+				}
+			}
+			return ctx.Err() != nil // see above
 		})
 		switch {
 		case ctx.Err() != nil:
 			return false, ctx.Err()
-		case pollErr != nil:
-			return false, pollErr
+		case checkErr != nil:
+			return false, checkErr
 		case err == nil:
-			return false, f.SetWriteDeadline(time.Time{})
+			// Found by the first check after a wait that timed out: no
+			// wake-up came. By a later one: a wake-up came.
+			return timedOut && checks == 1, f.SetWriteDeadline(time.Time{})
 		case !errors.Is(err, os.ErrDeadlineExceeded):
 			return false, fmt.Errorf("wait for host: %w", err)
 		}
-		rechecked = true
+		timedOut = true
 	}
 }
