@@ -20,7 +20,9 @@ import (
 //   - session_write_file overwrites a file (destructive), and writing the
 //     same content twice leaves the same file (idempotent);
 //     session_read_file only reads (readOnlyHint); session_end destroys
-//     the session's VM (destructive; ending it twice ends it once).
+//     the session's VM (destructive; ending it twice ends it once);
+//     session_pause keeps everything (not destructive; pausing twice
+//     pauses once), session_fork only adds sessions.
 //   - openWorldHint says whether a tool reaches the world outside the
 //     VM: the commands may, when the caller's profile grants the VM a
 //     network. The server cannot learn that grant: the daemon tells a
@@ -42,6 +44,10 @@ var annotations = map[string]*mcp.ToolAnnotations{
 		DestructiveHint: ptr(true), IdempotentHint: true, OpenWorldHint: ptr(false)},
 	ToolSessionReadFile: {Title: "Read a file in a session's VM",
 		ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	ToolSessionPause: {Title: "Pause a session to disk (its next command resumes it)",
+		DestructiveHint: ptr(false), IdempotentHint: true, OpenWorldHint: ptr(false)},
+	ToolSessionFork: {Title: "Fork a session into copies of its state",
+		DestructiveHint: ptr(false), OpenWorldHint: ptr(false)},
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -129,4 +130,22 @@ func FuzzSessionArgs(f *testing.F) {
 		n, _, err = parseSessionExec(b)
 		check("parseSessionExec", n, err, true)
 	})
+}
+
+func TestParseFork(t *testing.T) {
+	for raw, ok := range map[string]bool{
+		`{"session":"s"}`:                         true,
+		`{"session":"s","names":["a","b"]}`:       true,
+		`{"session":"s","count":3}`:               true,
+		`{"session":"../s"}`:                      false,
+		`{"session":"s","names":["a","../b"]}`:    false,
+		`{"session":"s","names":["a"],"count":2}`: false,
+		`{"session":"s","count":65}`:              false,
+		`{"session":"s","extra":1}`:               false,
+		`[]`:                                      false,
+	} {
+		if _, err := parseFork(json.RawMessage(raw)); (err == nil) != ok {
+			t.Errorf("parseFork(%s): %v, want ok %v", raw, err, ok)
+		}
+	}
 }

@@ -178,6 +178,7 @@ func New(o Options) *Server {
 		Annotations: annotations[ToolSessionEnd],
 	}, s.wrap(s.sessionEnd))
 	s.addFileTools()
+	s.addBranchTools()
 	return s
 }
 
