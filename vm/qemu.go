@@ -150,7 +150,7 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	}
 	// reboot=t: without ACPI a triple fault is the reset that makes QEMU
 	// exit under -no-reboot (panic, guest reboot, failed boot).
-	kargs := []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4"}
+	kargs := []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4", "tsc=reliable"}
 	if s.TSCkHz > 0 {
 		kargs = append(kargs, "tsc_early_khz="+strconv.Itoa(s.TSCkHz))
 	}

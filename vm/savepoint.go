@@ -69,7 +69,10 @@ type SavePointMeta struct {
 	Accel        Accel     `json:"accel"`
 	QEMUVersion  string    `json:"qemu_version"`
 	Network      bool      `json:"network"`
-	SavedAt      time.Time `json:"saved_at"`
+	// Launch is the format of the QEMU command line the VM ran with
+	// (templateFormat: devices, CPU model, kernel arguments).
+	Launch  int       `json:"launch_format"`
+	SavedAt time.Time `json:"saved_at"`
 	Phases       []Phase   `json:"phases"`
 	// Digests of the files (RAM: of its data extents and their offsets,
 	// see extentSHA256), and their sizes on disk.
@@ -205,6 +208,7 @@ func (sp *SavePoint) Matches(opts Options, accel Accel) error {
 		{"kernel", m.KernelDigest, man.Artifacts[image.KernelFile].SHA256},
 		{"initramfs", m.InitrdDigest, man.Artifacts[image.InitrdFile].SHA256},
 		{"QEMU", m.QEMUVersion, qv},
+		{"the VM's launch (vmgated's version)", fmt.Sprint(m.Launch), fmt.Sprint(templateFormat)},
 		{"accelerator", string(m.Accel), string(accel)},
 		{"memory (MiB)", fmt.Sprint(m.MemoryMiB), fmt.Sprint(opts.MemoryMiB)},
 		{"CPUs", fmt.Sprint(m.CPUs), fmt.Sprint(opts.CPUs)},

@@ -79,7 +79,7 @@ func (v *VM) Save(ctx context.Context, dir string, keep bool) (*SavePoint, error
 	if err := os.Mkdir(s.tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("save: %w", err)
 	}
-	s.meta = SavePointMeta{Format: savePointFormat, MemoryMiB: v.opts.MemoryMiB, CPUs: v.opts.CPUs, Accel: v.Accel, Network: v.opts.Network != nil}
+	s.meta = SavePointMeta{Format: savePointFormat, MemoryMiB: v.opts.MemoryMiB, CPUs: v.opts.CPUs, Accel: v.Accel, Network: v.opts.Network != nil, Launch: templateFormat}
 	t0 := time.Now()
 	mark := t0
 	var err error

@@ -47,7 +47,7 @@ const (
 	templatesDir      = "templates"
 	// templateFormat changes when the template layout or the devices of
 	// the QEMU command line change, so that old templates are rebuilt.
-	templateFormat = 4
+	templateFormat = 5
 )
 
 // TemplateMeta describes a built template.
