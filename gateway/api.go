@@ -134,7 +134,7 @@ func (s *Server) handlePauseSession(w http.ResponseWriter, r *http.Request) {
 			ss.mu.Lock()
 			ss.limits = st.verdict.Limits.Paused // today's policy
 			ss.mu.Unlock()
-			if err := s.pause(ctx, ss, "asked by its owner"); err != nil {
+			if err := s.pause(ctx, ss, "asked by its owner", true); err != nil {
 				return err
 			}
 		}

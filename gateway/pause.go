@@ -240,16 +240,21 @@ func (s *Server) pauseBudget(ss *session, v *vm.VM, lim policy.PausedLimits) err
 	return nil
 }
 
-// pause saves the running session ss to disk and frees its VM and slot.
-// On error the session keeps running, as it was.
+// pause saves the running session ss to disk and frees its VM and slot,
+// within the caller's budget of paused sessions unless the daemon stops
+// (the operator's stop pauses every session: the budget bounds what a
+// caller keeps paused by its own request or idleness). On error the
+// session keeps running, as it was.
 //
 // Precondition: the caller owns ss (take), which is running.
-func (s *Server) pause(ctx context.Context, ss *session, why string) error {
+func (s *Server) pause(ctx context.Context, ss *session, why string, budget bool) error {
 	ss.mu.Lock()
 	v, release, old := ss.vm, ss.release, ss.sp
 	ss.mu.Unlock()
-	if err := s.pauseBudget(ss, v, ss.limits); err != nil {
-		return err
+	if budget {
+		if err := s.pauseBudget(ss, v, ss.limits); err != nil {
+			return err
+		}
 	}
 	t0 := time.Now()
 	name := "sp-" + newRequestID()[:8]
@@ -306,7 +311,7 @@ func (s *Server) autoPause(ss *session, now time.Time) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		defer context.AfterFunc(s.execCtx, cancel)()
-		if err := s.pause(ctx, ss, "idle"); err != nil {
+		if err := s.pause(ctx, ss, "idle", true); err != nil {
 			ss.mu.Lock()
 			ss.noPauseUntil = now.Add(time.Minute)
 			ss.mu.Unlock()
@@ -403,7 +408,7 @@ func (s *Server) pauseAll() {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			err := s.pause(ctx, ss, "vmgated stopped")
+			err := s.pause(ctx, ss, "vmgated stopped", false)
 			ss.give()
 			if err != nil {
 				s.loseSession(ss, "vmgated stopped and could not pause it: "+err.Error())
