@@ -20,7 +20,8 @@ var saveSteps = []saveStep{
 	{"flatten", (*saving).flatten},
 	{"stop", (*saving).stop},
 	{"disk", (*saving).copyDisk},
-	{"record", (*saving).record},
+	{"recorder", (*saving).startRecorder},
+	{"migrate", (*saving).migrate},
 	{"resume", (*saving).resume},
 	{"state", (*saving).saveState},
 	{"seal", (*saving).seal},
@@ -43,6 +44,7 @@ type saving struct {
 	away    bool // the agent connection was handed back
 	rec     *VM  // the recorder
 	recQ    *qmp
+	out     *os.File // the VM's end of the socket pair to the recorder
 	meta    SavePointMeta
 	overlay chan digest // the disk's digest, taken while the recorder runs
 }
@@ -127,6 +129,9 @@ func (v *VM) DiskBytes() int64 { return allocatedBytes(filepath.Join(v.Dir, Over
 
 // close releases the monitors and the recorder.
 func (s *saving) close() {
+	if s.out != nil {
+		s.out.Close()
+	}
 	if s.recQ != nil {
 		s.recQ.Close()
 	}
@@ -245,17 +250,17 @@ func (s *saving) copyDisk(context.Context) error {
 	return nil
 }
 
-// record starts the recorder, with the VM's shape and devices, its RAM in
-// a file it shares with the host, its disk a throwaway overlay on the
-// save point's, and migrates the stopped VM into it through a socket
+// startRecorder starts the recorder, with the VM's shape and devices, its
+// RAM in a file it shares with the host, its disk a throwaway overlay on
+// the save point's, waiting for the VM's state on one end of a socket
 // pair.
-func (s *saving) record(ctx context.Context) error {
+func (s *saving) startRecorder(ctx context.Context) error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("socketpair: %w", err)
 	}
-	theirs, ours := os.NewFile(uintptr(fds[0]), "recorder-in"), os.NewFile(uintptr(fds[1]), "recorder-out")
-	defer ours.Close()
+	theirs := os.NewFile(uintptr(fds[0]), "recorder-in")
+	s.out = os.NewFile(uintptr(fds[1]), "recorder-out")
 	opts := s.v.opts
 	opts.Background, opts.BootTimeout = false, saveTimeout
 	m := launchMode{backing: filepath.Join(s.tmp, OverlayFile), untrustedBacking: true, readOnly: append(s.v.img.qemuFiles(), s.tmp),
@@ -270,6 +275,12 @@ func (s *saving) record(ctx context.Context) error {
 	if _, err := s.recQ.run(ctx, "migrate-incoming", map[string]any{"uri": "fd:4"}); err != nil {
 		return fmt.Errorf("recorder: %w", err)
 	}
+	return nil
+}
+
+// migrate migrates the stopped VM into the recorder.
+func (s *saving) migrate(ctx context.Context) error {
+	ours := s.out
 	// The VM's migration capabilities are those of its own restore (a
 	// clone's x-ignore-shared): this stream carries its RAM.
 	steps := []struct {
