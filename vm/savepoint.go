@@ -60,20 +60,20 @@ var ErrSavePointDamaged = errors.New("save point damaged")
 // SavePointMeta describes a save point: what it can be restored into, and
 // its files.
 type SavePointMeta struct {
-	Format       int       `json:"format"`
-	ImageDigest  string    `json:"image_digest"`
-	KernelDigest string    `json:"kernel_digest"`
-	InitrdDigest string    `json:"initrd_digest"`
-	MemoryMiB    int       `json:"memory_mib"`
-	CPUs         int       `json:"cpus"`
-	Accel        Accel     `json:"accel"`
-	QEMUVersion  string    `json:"qemu_version"`
-	Network      bool      `json:"network"`
+	Format       int    `json:"format"`
+	ImageDigest  string `json:"image_digest"`
+	KernelDigest string `json:"kernel_digest"`
+	InitrdDigest string `json:"initrd_digest"`
+	MemoryMiB    int    `json:"memory_mib"`
+	CPUs         int    `json:"cpus"`
+	Accel        Accel  `json:"accel"`
+	QEMUVersion  string `json:"qemu_version"`
+	Network      bool   `json:"network"`
 	// Launch is the format of the QEMU command line the VM ran with
 	// (templateFormat: devices, CPU model, kernel arguments).
 	Launch  int       `json:"launch_format"`
 	SavedAt time.Time `json:"saved_at"`
-	Phases       []Phase   `json:"phases"`
+	Phases  []Phase   `json:"phases"`
 	// Digests of the files (RAM: of its data extents and their offsets,
 	// see extentSHA256), and their sizes on disk.
 	OverlaySHA256 string `json:"overlay_sha256"`

@@ -53,7 +53,7 @@ type ExecOptions struct {
 	// point are measured (default 8).
 	SessionFileMiB int
 	ForkIdle       int
-	Log   *slog.Logger
+	Log            *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -157,20 +157,20 @@ type ExecReport struct {
 	// IdleRestoredN is the mean per VM with 1, 4 and 8 restored VMs idle.
 	IdleRestoredN []Memory `json:"idle_restored_vms"`
 	// Levers says which speed and memory levers this run used.
-	Levers   map[string]any     `json:"levers"`
-	IdleCold Memory             `json:"idle_cold_vm"`
+	Levers   map[string]any `json:"levers"`
+	IdleCold Memory         `json:"idle_cold_vm"`
 	// Sessions that last and branch (sessions.go): a session of the
 	// default shape that wrote SessionFileMiB of files and runs a
 	// background process.
-	PauseMS       Stat    `json:"pause_ms"`
-	ResumeMS      Stat    `json:"resume_ms"`
-	ForkMS        Stat    `json:"fork_ms"`
-	Fork4MS       Stat    `json:"fork4_ms"`
-	ForkIdle      Memory  `json:"fork_idle"`
-	ForkIdlePSS   float64 `json:"fork_idle_pss_mib"`
-	PausedDiskMiB float64 `json:"paused_disk_mib"`
-	Ratios   map[string]float64 `json:"ratios"`
-	Notes    []string           `json:"notes,omitempty"`
+	PauseMS       Stat               `json:"pause_ms"`
+	ResumeMS      Stat               `json:"resume_ms"`
+	ForkMS        Stat               `json:"fork_ms"`
+	Fork4MS       Stat               `json:"fork4_ms"`
+	ForkIdle      Memory             `json:"fork_idle"`
+	ForkIdlePSS   float64            `json:"fork_idle_pss_mib"`
+	PausedDiskMiB float64            `json:"paused_disk_mib"`
+	Ratios        map[string]float64 `json:"ratios"`
+	Notes         []string           `json:"notes,omitempty"`
 }
 
 func (o *ExecOptions) defaults() {
