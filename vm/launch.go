@@ -477,26 +477,11 @@ func (l *launch) loadState(ctx context.Context) error {
 	if uri == "" {
 		uri = "fd:5"
 	}
-	if _, err := q.run(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
+	if err := q.runMigration(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return v.failedRestore(err)
 	}
-	for {
-		st, err := q.status(ctx)
-		if err != nil {
-			return v.failedRestore(err)
-		}
-		if st == "paused" || st == "prelaunch" || st == "running" {
-			break
-		}
-		if st != "inmigrate" {
-			return v.failedRestore(fmt.Errorf("unexpected state %q", st))
-		}
-		select {
-		case <-ctx.Done():
-			return v.failedRestore(ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	// Right after the end's event QEMU may still be "inmigrate"; cont
+	// then starts the guest as the migration's last step.
 	if _, err := q.run(ctx, "cont", nil); err != nil {
 		return v.failedRestore(err)
 	}

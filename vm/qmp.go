@@ -197,25 +197,101 @@ func (q *qmp) migrationStatus(ctx context.Context) (string, string, error) {
 	return st.Status, st.Error, nil
 }
 
-// waitMigration polls query-migrate until the migration completed.
-func (q *qmp) waitMigration(ctx context.Context) error {
-	for {
-		st, desc, err := q.migrationStatus(ctx)
-		if err != nil {
-			return err
+// migrationEvents is the migration capability that has QEMU send a
+// MIGRATION event at each change of a migration's status.
+var migrationEvents = map[string]any{"capabilities": []map[string]any{{"capability": "events", "state": true}}}
+
+// runMigration runs cmd ("migrate" or "migrate-incoming", its fd passed
+// before) and waits for the migration it starts to end: nil when it
+// completed. It waits for QEMU's MIGRATION event rather than asking
+// query-migrate: each query takes QEMU's main lock, and asked every 2 ms
+// they halved the speed of a stopped VM's 180 MiB migration (8.8 s
+// against 4.2 s asked every 100 ms, TCG). An end that comes before cmd's
+// reply (a stream from a file can load within the command) is seen on
+// the way to the reply.
+func (q *qmp) runMigration(ctx context.Context, cmd string, args any) error {
+	if _, err := q.run(ctx, "migrate-set-capabilities", migrationEvents); err != nil {
+		return err
+	}
+	end := ""
+	prev := q.onEvent
+	q.onEvent = func(r qmpReply) {
+		if st, ok := migrationEnd(r.Event, r.Data); ok && end == "" {
+			end = st
 		}
-		switch st {
-		case "completed":
-			return nil
-		case "failed", "cancelled":
-			return fmt.Errorf("migration %s: %s", st, desc)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("migration: %w (last status %q)", ctx.Err(), st)
-		case <-time.After(2 * time.Millisecond):
+		if prev != nil {
+			prev(r)
 		}
 	}
+	_, err := q.run(ctx, cmd, args)
+	q.onEvent = prev
+	if err != nil {
+		return err
+	}
+	if end != "" {
+		return q.migrationEnded(ctx, end)
+	}
+	return q.awaitMigration(ctx)
+}
+
+// awaitMigration waits for the MIGRATION event that ends the migration
+// under way (its events asked for before it started, and no command run
+// since): nil when it completed.
+func (q *qmp) awaitMigration(ctx context.Context) error {
+	end := ""
+	if err := q.awaitEvent(ctx, "MIGRATION", func(d json.RawMessage) bool {
+		st, ok := migrationEnd("MIGRATION", d)
+		end = st
+		return ok
+	}); err != nil {
+		return fmt.Errorf("migration: %w", err)
+	}
+	return q.migrationEnded(ctx, end)
+}
+
+// migrationEnded is the error of a migration that ended as end.
+func (q *qmp) migrationEnded(ctx context.Context, end string) error {
+	if end == "completed" {
+		return nil
+	}
+	desc := ""
+	if _, d, err := q.migrationStatus(ctx); err == nil {
+		desc = d
+	}
+	return fmt.Errorf("migration %s: %s", end, desc)
+}
+
+// migrationEnd tells whether an event is the end of a migration, and
+// how it ended: "completed", "failed" or "cancelled".
+func migrationEnd(event string, data json.RawMessage) (string, bool) {
+	if event != "MIGRATION" {
+		return "", false
+	}
+	var d struct {
+		Status string `json:"status"`
+	}
+	if json.Unmarshal(data, &d) != nil {
+		return "", false
+	}
+	switch d.Status {
+	case "completed", "failed", "cancelled":
+		return d.Status, true
+	}
+	return "", false
+}
+
+// awaitEvent is waitEvent for as long as ctx lets it, not the 30 s a
+// command's reply gets: a migration sends no event while it runs.
+func (q *qmp) awaitEvent(ctx context.Context, name string, match func(data json.RawMessage) bool) error {
+	dl, _ := ctx.Deadline()
+	_ = q.c.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = q.c.SetDeadline(time.Now()) })
+	defer stop()
+	err := q.readUntil(name, match)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // ignoreShared is the migration capability that leaves shared

@@ -40,14 +40,13 @@ func (v *VM) save(ctx context.Context) error {
 		{"stop", nil, nil},
 		{"migrate-set-capabilities", ignoreShared, nil},
 		{"getfd", map[string]any{"fdname": "state"}, []int{int(sf.Fd())}},
-		{"migrate", map[string]any{"uri": "fd:state"}, nil},
 	}
 	for _, s := range steps {
 		if _, err := q.run(ctx, s.cmd, s.args, s.fds...); err != nil {
 			return fmt.Errorf("template save: %w", err)
 		}
 	}
-	if err := q.waitMigration(ctx); err != nil {
+	if err := q.runMigration(ctx, "migrate", map[string]any{"uri": "fd:state"}); err != nil {
 		return fmt.Errorf("template save: %w", err)
 	}
 	if err := sf.Sync(); err != nil {

@@ -272,8 +272,15 @@ func (s *saving) startRecorder(ctx context.Context) error {
 		return fmt.Errorf("recorder: %w", err)
 	}
 	s.rec, s.recQ, l.qmp = l.vm, l.qmp, nil
-	if _, err := s.recQ.run(ctx, "migrate-incoming", map[string]any{"uri": "fd:4"}); err != nil {
-		return fmt.Errorf("recorder: %w", err)
+	// No state can arrive before migrate sends it: the recorder's end of
+	// the migration is awaited there.
+	for _, cmd := range []struct {
+		name string
+		args any
+	}{{"migrate-set-capabilities", migrationEvents}, {"migrate-incoming", map[string]any{"uri": "fd:4"}}} {
+		if _, err := s.recQ.run(ctx, cmd.name, cmd.args); err != nil {
+			return fmt.Errorf("recorder: %w", err)
+		}
 	}
 	return nil
 }
@@ -291,18 +298,20 @@ func (s *saving) migrate(ctx context.Context) error {
 		{"migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}}}, nil},
 		{"migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30}, nil},
 		{"getfd", map[string]any{"fdname": "recorder"}, []int{int(ours.Fd())}},
-		{"migrate", map[string]any{"uri": "fd:recorder"}, nil},
 	}
 	for _, st := range steps {
 		if _, err := s.q.run(ctx, st.cmd, st.args, st.fds...); err != nil {
 			return err
 		}
 	}
-	if err := s.q.waitMigration(ctx); err != nil {
+	if err := s.q.runMigration(ctx, "migrate", map[string]any{"uri": "fd:recorder"}); err != nil {
 		return err
 	}
+	if err := s.recQ.awaitMigration(ctx); err != nil {
+		return fmt.Errorf("recorder: %w", err)
+	}
 	// The stopped VM's state arrives stopped: the recorder never runs its
-	// guest.
+	// guest. QEMU sets the run state just after the end's event.
 	st, err := s.recQ.status(ctx)
 	for err == nil && st == "inmigrate" {
 		select {
@@ -355,14 +364,13 @@ func (s *saving) saveState(ctx context.Context) error {
 	}{
 		{"migrate-set-capabilities", ignoreShared, nil},
 		{"getfd", map[string]any{"fdname": "state"}, []int{int(sf.Fd())}},
-		{"migrate", map[string]any{"uri": "fd:state"}, nil},
 	}
 	for _, st := range steps {
 		if _, err := s.recQ.run(ctx, st.cmd, st.args, st.fds...); err != nil {
 			return fmt.Errorf("recorder: %w", err)
 		}
 	}
-	if err := s.recQ.waitMigration(ctx); err != nil {
+	if err := s.recQ.runMigration(ctx, "migrate", map[string]any{"uri": "fd:state"}); err != nil {
 		return fmt.Errorf("recorder: %w", err)
 	}
 	if err := sf.Sync(); err != nil {
