@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -67,12 +66,14 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		if *imgDir == "" {
 			*imgDir = defaultImageDir(*state)
 		}
-		if *templateDir == "" {
-			*templateDir = filepath.Join(*state, "templates")
+		log := newLogger(os.Stderr, lvl)
+		dirs := vm.Options{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir}, ImageDir: *imgDir}
+		if err := resolveDirs(&dirs, log); err != nil {
+			return err
 		}
 		rep, err := bench.Exec(ctx, bench.ExecOptions{
-			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
-			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
+			ImageDir: dirs.ImageDir, WorkDir: dirs.StateDir, TemplateDir: dirs.TemplateDir, Runs: *runs, ColdRuns: *coldRuns,
+			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, Log: log, Progress: progressTo(log),
 		})
 		if err != nil {
 			return err
@@ -141,7 +142,11 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 			shapes = pol.Shapes()
 		}
 		log := newLogger(os.Stderr, lvl)
-		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
+		dirs := vm.Options{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir}, ImageDir: *imgDir}
+		if err := resolveDirs(&dirs, log); err != nil {
+			return err
+		}
+		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(dirs.StateDir), log)
 		if err != nil {
 			return err
 		}
@@ -149,8 +154,8 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 			defer cgm.Close()
 		}
 		for _, sh := range shapes {
-			opts := vm.Options{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir, Accel: a, Log: log},
-				ImageDir: *imgDir, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Cgroups: cgm}
+			opts := vm.Options{Runtime: vm.Runtime{StateDir: dirs.StateDir, TemplateDir: dirs.TemplateDir, Accel: a, Log: log},
+				ImageDir: dirs.ImageDir, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Cgroups: cgm}
 			if sh.Network {
 				// The template's network allows nothing: it only gives the
 				// guest its lease.

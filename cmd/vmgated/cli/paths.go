@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -84,4 +85,23 @@ func namedImageDir(state, name string) string {
 		return defaultImageDir(state)
 	}
 	return filepath.Join(state, "images", name)
+}
+
+// resolveDirs resolves the directories of a command that runs VMs without
+// the daemon (debug run, image warm, bench exec) once, before any VM
+// starts, and logs them: its VMs' jails bind files at their real paths,
+// so a path through a symlink would name nothing there (vm.ResolveDir).
+func resolveDirs(opts *vm.Options, log *slog.Logger) error {
+	given := *opts
+	if err := opts.ResolveDirs(); err != nil {
+		return err
+	}
+	log.Info("directories", "state", opts.StateDir, "templates", opts.TemplateDir, "image", opts.ImageDir)
+	if abs, _ := filepath.Abs(given.StateDir); abs != opts.StateDir {
+		log.Info("state directory reached through a symlink: using its target", "given", given.StateDir, "using", opts.StateDir)
+	}
+	if abs, _ := filepath.Abs(given.ImageDir); abs != opts.ImageDir {
+		log.Info("image directory reached through a symlink: using its target", "given", given.ImageDir, "using", opts.ImageDir)
+	}
+	return nil
 }
