@@ -377,10 +377,11 @@ type ImageMove struct{ Name, From, To string }
 // link such as image -> image-2026-12 takes effect there). A name whose
 // directory changed is checked there first, as NewHost checks the default
 // image (every byte) and CheckImage another (sizes); if one fails nothing
-// changes. Then the templates and pools of its shapes are dropped: its
-// next VMs come from the new directory (their template loads or builds
-// anew), and VMs running now keep the files they started with (QEMU holds
-// them open, its jail has them bound). It returns what moved, by name.
+// changes. Then the templates and pools of its shapes are dropped and
+// warmed again: its next VMs come from the new directory (their template
+// loads or builds anew), and VMs running now keep the files they started
+// with (QEMU holds them open, its jail has them bound). It returns what
+// moved, by name.
 func (h *Host) UseImages(dirs map[string]string) ([]ImageMove, error) {
 	var moves []ImageMove
 	digest := ""
@@ -428,21 +429,26 @@ func (h *Host) UseImages(dirs map[string]string) ([]ImageMove, error) {
 // templates released, but kept on disk (a template's key names its
 // image's digests; building the shape's new one removes a stale one). A
 // shape still loading or building its template is dropped once that is
-// done (ready).
+// done (ready). Each shape is warmed again, from the new directory.
 func (h *Host) retire(name string) {
 	h.mu.Lock()
 	var gone []*shapeEntry
+	var shapes []Shape
 	for k, e := range h.shapes {
 		if k.Image != name {
 			continue
 		}
 		delete(h.shapes, k)
+		shapes = append(shapes, k)
 		if e.ready {
 			h.pastFailures += e.tmpl.HandshakeFailures()
 			gone = append(gone, e)
 		}
 	}
 	h.mu.Unlock()
+	for _, k := range shapes {
+		h.Warm(k)
+	}
 	for _, e := range gone {
 		h.wg.Add(1)
 		go func() {

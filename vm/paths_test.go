@@ -1,10 +1,12 @@
 package vm
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -204,18 +206,28 @@ func TestResolveDirs(t *testing.T) {
 // TestHost_UseImages: the daemon's reload points an image name at the
 // directory its link leads to now: the Host checks it there, serves that
 // directory from then on, with the default image's digest read anew, and
-// drops the shapes of the moved image only; a directory that fails its
-// check changes nothing.
+// replaces the shapes of the moved image only (dropped, and warmed again
+// from the new directory); a directory that fails its check changes
+// nothing.
 func TestHost_UseImages(t *testing.T) {
-	root := tree(t, "a/", "b/", "ml/", "bad/")
+	root := tree(t, "a/", "b/", "ml/", "bad/", "state/")
 	for _, d := range []string{"a", "b", "ml"} {
 		fakeImage(t, root+"/"+d)
 	}
-	h := &Host{cfg: HostConfig{ImageDir: root + "/a", ImagesDir: root + "/images"}, images: map[string]string{DefaultImage: root + "/a"},
-		digest: "old", shapes: map[Shape]*shapeEntry{}}
+	ctx, cancel := context.WithCancel(t.Context())
+	h := &Host{cfg: HostConfig{Runtime: Runtime{StateDir: root + "/state", Accel: AccelTCG}, ImageDir: root + "/a", ImagesDir: root + "/images"},
+		images: map[string]string{DefaultImage: root + "/a"}, digest: "old", log: slog.New(slog.DiscardHandler),
+		ctx: ctx, cancel: cancel, building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{}}
+	t.Cleanup(func() { cancel(); h.wg.Wait() }) // the warm-ups fail at once: the images are empty files
 	// Two shapes still loading (not ready): one of each image.
 	def, ml := Shape{Image: DefaultImage, MemoryMiB: 512, CPUs: 1}, Shape{Image: "ml", MemoryMiB: 512, CPUs: 1}
-	h.shapes[def], h.shapes[ml] = &shapeEntry{}, &shapeEntry{}
+	oldDef, oldML := &shapeEntry{}, &shapeEntry{}
+	h.shapes[def], h.shapes[ml] = oldDef, oldML
+	entry := func(k Shape) *shapeEntry {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.shapes[k]
+	}
 
 	moves, err := h.UseImages(map[string]string{DefaultImage: root + "/a", "ml": root + "/ml"})
 	if err != nil || len(moves) != 1 || moves[0] != (ImageMove{Name: "ml", From: root + "/images/ml", To: root + "/ml"}) {
@@ -224,14 +236,14 @@ func TestHost_UseImages(t *testing.T) {
 	if d, _ := h.ImageDir("ml"); d != root+"/ml" {
 		t.Errorf("ml's directory: %s", d)
 	}
-	if h.shapes[def] == nil || h.shapes[ml] != nil {
-		t.Errorf("after ml moved: shapes %v", h.shapes)
+	if entry(def) != oldDef || entry(ml) == oldML || entry(ml) == nil {
+		t.Errorf("after ml moved: the default image's shape %p (was %p), ml's %p (was %p): want the first kept, the second new", entry(def), oldDef, entry(ml), oldML)
 	}
 
 	if _, err := h.UseImages(map[string]string{DefaultImage: root + "/bad"}); err == nil || !strings.Contains(err.Error(), root+"/bad") {
 		t.Fatalf("an unbuilt image: %v", err)
 	}
-	if d, _ := h.ImageDir(DefaultImage); d != root+"/a" || h.ImageDigest() != "old" || h.shapes[def] == nil {
+	if d, _ := h.ImageDir(DefaultImage); d != root+"/a" || h.ImageDigest() != "old" || entry(def) != oldDef {
 		t.Fatalf("a failed check changed the default image: %s, digest %s", d, h.ImageDigest())
 	}
 
@@ -243,7 +255,7 @@ func TestHost_UseImages(t *testing.T) {
 	if d, _ := h.ImageDir(""); d != root+"/b" || h.ImageDigest() != hex.EncodeToString(empty[:]) || h.ImageDigestOf(DefaultImage) != h.ImageDigest() {
 		t.Errorf("default image after its move: %s, digest %s", d, h.ImageDigest())
 	}
-	if h.shapes[def] != nil {
-		t.Error("the default image's shape survived its move")
+	if entry(def) == oldDef || entry(def) == nil {
+		t.Error("the default image's shape was not replaced after its move")
 	}
 }
