@@ -51,16 +51,15 @@ func needStateDir(dir string) error {
 }
 
 // ensureStateDir makes sure the state directory dir exists, creating it
-// (and its parents) readable by its owner only.
+// (and its parents) readable by its owner only. A path it cannot use is
+// explained (vm.ResolveDir): a symlink that leads nowhere, a file in the
+// way.
 func ensureStateDir(dir string) error {
 	if err := needStateDir(dir); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if _, err := vm.ResolveNewDir(dir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
-	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("state directory %s: not a directory", dir)
 	}
 	return nil
 }
