@@ -49,6 +49,8 @@ type Config struct {
 	// the guest image (default STATE/image), templates, the accelerator
 	// and the pools. The daemon fills in its Cgroups (the policy's mode)
 	// and Network (the resolver, from NetHosts); its Log defaults to Log.
+	// Its directories may be reached through symlinks: New resolves
+	// them (paths.go).
 	VM vm.HostConfig
 	// AuditPath is the audit log (JSON lines, hash-chained).
 	AuditPath string
@@ -123,9 +125,6 @@ func (c *Config) setDefaults() {
 	if c.SocketMode == 0 {
 		c.SocketMode = 0o660
 	}
-	if c.VM.ImageDir == "" {
-		c.VM.ImageDir = filepath.Join(c.VM.StateDir, "image")
-	}
 	if c.AuditPath == "" {
 		c.AuditPath = filepath.Join(c.VM.StateDir, "audit.jsonl")
 	}
@@ -176,6 +175,9 @@ type Server struct {
 	denyGate, netGate *floodGate
 	// ssh is the SSH front door; nil when off.
 	ssh *sshfront.Front
+	// links are the image directories as configured, which each reload
+	// resolves again (paths.go); cfg holds the directories resolved.
+	links imageLinks
 
 	// execCtx is cancelled when the grace period after shutdown ends.
 	execCtx    context.Context
@@ -270,9 +272,10 @@ func New(cfg Config) (_ *Server, err error) {
 	if err := checkConfig(cfg); err != nil {
 		return nil, err
 	}
-	if err := openStateDir(cfg.VM.StateDir, log); err != nil {
+	if s.links, err = resolveDirs(&cfg, log); err != nil {
 		return nil, err
 	}
+	s.cfg = cfg
 	unlock, err := lockState(cfg.VM.StateDir)
 	if err != nil {
 		return nil, err
@@ -305,7 +308,7 @@ func New(cfg Config) (_ *Server, err error) {
 		s.push(ms.Close)
 		log.Info("metrics", "listen", ln.Addr().String())
 	}
-	if err := s.checkImages(pol); err != nil {
+	if err := s.useImages(pol); err != nil {
 		return nil, err
 	}
 	if s.audit, err = audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror()}); err != nil {
@@ -500,7 +503,7 @@ func (s *Server) Reload() {
 	}
 	p, err := loadPolicy(s.cfg, s.log)
 	if err == nil {
-		err = s.checkImages(p)
+		err = s.useImages(p) // images are resolved again (paths.go)
 	}
 	if err != nil {
 		s.log.Error("policy reload failed, keeping the old policy", "err", err)
@@ -515,28 +518,6 @@ func (s *Server) Reload() {
 	if s.ssh != nil {
 		s.ssh.Reload(p)
 	}
-}
-
-// checkImages refuses a policy that names an image that is not built: its
-// requests would otherwise fail one by one (or, before images had names,
-// silently run the default image).
-func (s *Server) checkImages(p *policy.Policy) error {
-	var errs []error
-	seen := map[string]error{}
-	for _, pi := range p.Images() {
-		err, ok := seen[pi.Image]
-		if !ok {
-			err = s.host.CheckImage(pi.Image)
-			seen[pi.Image] = err
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("profile %q: %w (build it: vmgated image build --name %s)", pi.Profile, err, pi.Image))
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("policy %s: %w", p.Source(), errors.Join(errs...))
-	}
-	return nil
 }
 
 func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {

@@ -6,32 +6,42 @@ import (
 	"log/slog"
 	"os"
 	"syscall"
+
+	"github.com/vmgate/vmgate/vm"
 )
 
 // openStateDir creates the state directory if it is missing (mkdir
-// fails rather than reuse what another user made in the meantime) and
-// refuses one that another user could plant files in: the daemon keeps
-// templates, overlays and sockets there that its jails open, so a
+// fails rather than reuse what another user made in the meantime),
+// resolves it (vm.ResolveDir: the daemon uses the real path from then on)
+// and refuses one that another user could plant files in: the daemon
+// keeps templates, overlays and sockets there that its jails open, so a
 // directory that someone else owns or may write to would let them swap
 // what a VM boots or where its sockets lead.
-func openStateDir(dir string, log *slog.Logger) error {
+func openStateDir(dir string, log *slog.Logger) (string, error) {
 	if err := os.Mkdir(dir, 0o750); err != nil && !os.IsExist(err) {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
-			return fmt.Errorf("state dir: %w", err)
+			if _, rerr := vm.ResolveDir(dir); rerr != nil {
+				err = rerr // names the component in the way
+			}
+			return "", fmt.Errorf("state dir: %w", err)
 		}
 	}
-	fi, err := os.Stat(dir)
+	real, err := vm.ResolveDir(dir)
 	if err != nil {
-		return fmt.Errorf("state dir: %w", err)
+		return "", fmt.Errorf("state dir: %w", err)
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("state dir: %w", err)
 	}
 	problem, relaxed := stateDirProblem(fi, os.Geteuid())
 	if problem != "" {
-		return fmt.Errorf("state dir %s: %s", dir, problem)
+		return "", fmt.Errorf("state dir %s: %s", real, problem)
 	}
 	if relaxed != "" {
-		log.Warn("RELAXATION: state dir "+relaxed, "dir", dir)
+		log.Warn("RELAXATION: state dir "+relaxed, "dir", real)
 	}
-	return nil
+	return real, nil
 }
 
 // stateDirProblem judges a state directory for a daemon running as euid:

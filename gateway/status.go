@@ -32,10 +32,12 @@ func describeCaller(id policy.Identity) string {
 }
 
 // track records st's command as running in target until the returned
-// func is called.
+// func is called. Its argv is redacted as the audit log redacts it
+// (--audit-redact): the status shows admins everyone's commands, and a
+// secret kept out of the audit log must not be read there instead.
 func (s *Server) track(st *execState, target *vmTarget) func() {
 	e := liveExec{owner: st.id.Key(), info: wire.LiveExec{RequestID: st.reqID, VMID: target.vm.ID, Profile: st.verdict.Profile,
-		Caller: describeCaller(st.id), Argv: st.argv, Session: st.req.Session, VMStart: target.start, Started: time.Now().UTC()}}
+		Caller: describeCaller(st.id), Argv: s.audit.RedactArgv(st.argv), Session: st.req.Session, VMStart: target.start, Started: time.Now().UTC()}}
 	if st.req.TransferOnly() {
 		e.info.Argv = []string{"(file transfer)"}
 	}

@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
@@ -64,12 +66,44 @@ type checked struct {
 func (s *Server) put(ctx context.Context, st *execState, m *vm.VM, i int, src *io.PipeReader) wire.Transfer {
 	spec, lim := st.req.Put[i], st.verdict.Limits.Files
 	rules := transfer.Rules{Dir: transfer.IntoGuest, Limits: transfer.Limits{MaxBytes: lim.PutBytes, MaxFiles: lim.PutFiles}, Top: spec.Top}
+	var msg agentMessage
+	var res *vm.ExecResult
+	c, err := relayPut(src, rules, putStall, func(stdin io.Reader) (err error) {
+		res, err = m.Exec(ctx, vm.ExecRequest{Argv: vm.PutCommand(spec.Guest, spec.Top, lim.PutBytes, lim.PutFiles),
+			Dir: st.req.Dir, User: st.verdict.User, Stdin: stdin, Stderr: &msg,
+			Timeout: st.verdict.Limits.Timeout, OutputLimit: 64 << 10})
+		return err
+	})
+	out := outcome("put", spec.Guest, c.sum)
+	out.Error = transferFailure(c.err, res, err, msg.text())
+	return out
+}
+
+// putStall ends a put whose client sends none of its data for this long:
+// the client is gone, or holds its VM without sending (as writeStall
+// ends a command whose client takes none of its output).
+const putStall = writeStall
+
+// errPutStalled is why a put ends whose client stopped sending.
+var errPutStalled = errors.New("the client sent none of the put's data")
+
+// relayPut checks the client's put stream src with rules while guest (the
+// guest's put command) reads the checked copy as its stdin. It returns
+// guest's error once both sides have ended, and they end together:
+//   - once the guest's side has ended (done, failed, or killed at its
+//     time limit), the client's side is closed: its checker would
+//     otherwise wait for frames of a client that sends no more, and hold
+//     the request and its VM for ever;
+//   - a read of the client's side that waits longer than stall breaks
+//     the stream (errPutStalled), which ends the guest's side.
+func relayPut(src *io.PipeReader, rules transfer.Rules, stall time.Duration, guest func(stdin io.Reader) error) (checked, error) {
 	pr, pw := io.Pipe()
 	done := make(chan checked, 1)
 	go func() {
-		sum, err := transfer.Check(src, pw, rules)
+		in := &stallReader{r: src, stall: stall}
+		sum, err := transfer.Check(in, pw, rules)
 		if err == nil {
-			if n, _ := io.CopyN(io.Discard, src, maxTrailing+1); n > maxTrailing {
+			if n, _ := io.CopyN(io.Discard, in, maxTrailing+1); n > maxTrailing {
 				err = errors.New("more data after the end of the tar stream")
 			}
 		}
@@ -79,15 +113,37 @@ func (s *Server) put(ctx context.Context, st *execState, m *vm.VM, i int, src *i
 		pw.CloseWithError(err)
 		done <- checked{sum, err}
 	}()
-	var msg agentMessage
-	res, err := m.Exec(ctx, vm.ExecRequest{Argv: vm.PutCommand(spec.Guest, spec.Top, lim.PutBytes, lim.PutFiles),
-		Dir: st.req.Dir, User: st.verdict.User, Stdin: pr, Stderr: &msg,
-		Timeout: st.verdict.Limits.Timeout, OutputLimit: 64 << 10})
-	pr.CloseWithError(errors.New("the guest's put ended"))
-	c := <-done
-	out := outcome("put", spec.Guest, c.sum)
-	out.Error = transferFailure(c.err, res, err, msg.text())
-	return out
+	err := guest(pr)
+	ended := errors.New("the guest's put ended")
+	pr.CloseWithError(ended)
+	// Whatever the client still sends of this put is not read: a guest
+	// that read the whole stream has ended after the checker, which
+	// wrote its end last.
+	src.CloseWithError(ended)
+	return <-done, err
+}
+
+// stallReader reads a put's stream from its client, and breaks it when
+// one read waits longer than stall. Only the client fills the pipe (the
+// checker's reads never wait for the guest), so a read that waits is a
+// client that does not send.
+type stallReader struct {
+	r       *io.PipeReader
+	stall   time.Duration
+	stalled atomic.Bool
+}
+
+func (s *stallReader) Read(p []byte) (int, error) {
+	t := time.AfterFunc(s.stall, func() {
+		s.stalled.Store(true)
+		s.r.CloseWithError(errPutStalled) // what the client's side sees
+	})
+	n, err := s.r.Read(p)
+	t.Stop()
+	if err != nil && s.stalled.Load() {
+		err = fmt.Errorf("%w for %v", errPutStalled, s.stall)
+	}
+	return n, err
 }
 
 // get relays the tree at get i's guest path to the front door.
@@ -124,11 +180,12 @@ func outcome(dir, guest string, sum transfer.Summary) wire.Transfer {
 }
 
 // transferFailure says why a transfer failed, or "" if it did not: the
-// stream's checker refused it, the guest's command could not run or did
-// not exit 0 (its stderr says why), or the stream broke.
+// stream's checker refused it or its client stalled, the guest's command
+// could not run or did not exit 0 (its stderr says why), or the stream
+// broke.
 func transferFailure(checkErr error, res *vm.ExecResult, execErr error, msg string) string {
 	switch {
-	case checkErr != nil && (errors.Is(checkErr, transfer.ErrRefused) || errors.Is(checkErr, transfer.ErrLimit)):
+	case checkErr != nil && (errors.Is(checkErr, transfer.ErrRefused) || errors.Is(checkErr, transfer.ErrLimit) || errors.Is(checkErr, errPutStalled)):
 		return checkErr.Error()
 	case execErr != nil:
 		return execErr.Error()

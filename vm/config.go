@@ -13,6 +13,12 @@ import (
 // starts their netstacks, where they log. A Host's VMs and templates, and
 // a VM started by hand (Start), share one; the layers above embed it in
 // theirs.
+//
+// Precondition: StateDir and TemplateDir are absolute and reach their
+// directory through no symlink (ResolveDirs makes them so, where a
+// program starts: gateway.New, vmgated's commands). QEMU is given paths
+// under them and its jail binds each file at its real path, so a path
+// through a symlink would name nothing in the jail (paths.go).
 type Runtime struct {
 	// StateDir is where VM directories are created (StateDir/vms/ID).
 	// Required.
@@ -51,7 +57,9 @@ func (r *Runtime) setDefaults() {
 // the confinement.
 type Options struct {
 	Runtime
-	// ImageDir holds a built image (see package image). Required.
+	// ImageDir holds a built image (see package image). Required;
+	// absolute and through no symlink, as the Runtime's directories
+	// (Options.ResolveDirs).
 	ImageDir string
 	// MemoryMiB defaults to 512, CPUs to 1.
 	MemoryMiB int

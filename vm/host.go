@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,8 +33,14 @@ import (
 type Host struct {
 	cfg     HostConfig
 	cgroups *cgroup.Manager
-	digest  string
 	log     *slog.Logger
+
+	// imagesMu guards images, the directory of each image name in use
+	// (UseImages; the default image's starts as cfg.ImageDir), and
+	// digest, the default image's base digest.
+	imagesMu sync.Mutex
+	images   map[string]string
+	digest   string
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -84,10 +92,17 @@ func identityOf(path string) (fileIdentity, error) {
 
 // HostConfig is what a Host is built from: the runtime of its VMs, its
 // images, and how it keeps VMs ready.
+//
+// Precondition: its directories are absolute and reach their directory
+// through no symlink (HostConfig.ResolveDirs makes them so), as the
+// Runtime's are: QEMU is given paths under them, and its jail binds each
+// file at its real path.
 type HostConfig struct {
 	Runtime
 	// ImageDir is the image named DefaultImage; ImagesDir holds the
-	// others, one directory per name (default StateDir/images).
+	// others, one directory per name (default StateDir/images). A name's
+	// directory under ImagesDir may be a symlink: the Host uses the
+	// directory UseImages gave it.
 	ImageDir, ImagesDir string
 	// Cgroups is the cgroup mode (cgroup.OpenMode): "auto", "required"
 	// or "off".
@@ -176,14 +191,8 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	} else if n > 0 {
 		log.Warn("removed VMs left by a previous run", "count", n)
 	}
-	m, err := image.ReadManifest(cfg.ImageDir)
+	m, err := checkImageDir(cfg.ImageDir, true)
 	if err != nil {
-		return nil, err
-	}
-	if err := m.CheckRunnable(cfg.ImageDir); err != nil {
-		return nil, err
-	}
-	if err := m.Verify(cfg.ImageDir, true); err != nil {
 		return nil, err
 	}
 	cg, err := cgroup.OpenMode(cfg.Cgroups, cgroup.GroupName(cfg.StateDir), log)
@@ -191,7 +200,8 @@ func NewHost(cfg HostConfig) (*Host, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &Host{cfg: cfg, cgroups: cg, digest: m.Artifacts[image.BaseFile].SHA256, log: log, ctx: ctx, cancel: cancel,
+	h := &Host{cfg: cfg, cgroups: cg, log: log, ctx: ctx, cancel: cancel,
+		images: map[string]string{DefaultImage: cfg.ImageDir}, digest: m.Artifacts[image.BaseFile].SHA256,
 		building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{}}
 	if cfg.NoTemplate {
 		log.Info("VM templates off: every VM boots cold")
@@ -199,20 +209,24 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	return h, nil
 }
 
-// ImageDigest is the SHA-256 of the base image every VM starts from.
-func (h *Host) ImageDigest() string { return h.digest }
+// ImageDigest is the SHA-256 of the default image's base.
+func (h *Host) ImageDigest() string {
+	h.imagesMu.Lock()
+	defer h.imagesMu.Unlock()
+	return h.digest
+}
 
 // ImageDigestOf is the SHA-256 of image name's base, or "" when it cannot
 // be read. The gateway asks for it on every exec's audit record, so the
 // manifest is read once per version of it: each call costs a stat, and
 // a manifest replaced or rewritten since the last call is read again.
 func (h *Host) ImageDigestOf(name string) string {
+	if name == "" || name == DefaultImage {
+		return h.ImageDigest()
+	}
 	dir, err := h.ImageDir(name)
 	if err != nil {
 		return ""
-	}
-	if dir == h.cfg.ImageDir {
-		return h.digest
 	}
 	id, err := identityOf(filepath.Join(dir, image.ManifestFile))
 	if err != nil {
@@ -301,10 +315,22 @@ func (h *Host) Resume(ctx context.Context, sp *SavePoint, k Shape, shared bool) 
 // DefaultImage is the name of the daemon's own image (--image).
 const DefaultImage = "default"
 
-// ImageDir is the directory of the image name. A name is 1 to 64 of
-// [A-Za-z0-9._-], starting with a letter or digit (as the policy
-// checks): no path can be built from it.
-func (h *Host) ImageDir(name string) (string, error) { return h.cfg.ImageDirOf(name) }
+// ImageDir is the directory of the image name: the one UseImages gave
+// it, else HostConfig.ImageDirOf. A name is 1 to 64 of [A-Za-z0-9._-],
+// starting with a letter or digit (as the policy checks): no path can be
+// built from it.
+func (h *Host) ImageDir(name string) (string, error) {
+	if name == "" {
+		name = DefaultImage
+	}
+	h.imagesMu.Lock()
+	dir, ok := h.images[name]
+	h.imagesMu.Unlock()
+	if ok {
+		return dir, nil
+	}
+	return h.cfg.ImageDirOf(name)
+}
 
 // ImageDirOf is the directory of the image name under c (pure): ImageDir
 // for DefaultImage (or ""), ImagesDir/NAME for any other name.
@@ -322,7 +348,7 @@ func (c HostConfig) imagesDir() string {
 	if c.ImagesDir != "" {
 		return c.ImagesDir
 	}
-	return filepath.Join(c.StateDir, "images")
+	return filepath.Join(c.StateDir, imagesSubdir)
 }
 
 // CheckImage reports whether image name is built and whole (its files
@@ -333,17 +359,127 @@ func (h *Host) CheckImage(name string) error {
 		return err
 	}
 	h.forgetDigest(name) // a check (a reload) reads the image afresh
-	m, err := image.ReadManifest(dir)
-	if err != nil {
-		return fmt.Errorf("image %q: %w", name, err)
-	}
-	if err := m.CheckRunnable(dir); err != nil {
-		return fmt.Errorf("image %q: %w", name, err)
-	}
-	if err := m.Verify(dir, false); err != nil {
+	if err := CheckImageDir(dir); err != nil {
 		return fmt.Errorf("image %q: %w", name, err)
 	}
 	return nil
+}
+
+// CheckImageDir reports whether the image in dir is built and whole (its
+// files against its manifest, sizes only: a full check reads every byte).
+func CheckImageDir(dir string) error {
+	_, err := checkImageDir(dir, false)
+	return err
+}
+
+// checkImageDir reads and checks the image in dir: built, runnable, and
+// its files as its manifest says (every byte with full, else sizes).
+func checkImageDir(dir string, full bool) (*image.Manifest, error) {
+	m, err := image.ReadManifest(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.CheckRunnable(dir); err != nil {
+		return nil, err
+	}
+	if err := m.Verify(dir, full); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// ImageMove is an image name whose directory UseImages changed.
+type ImageMove struct{ Name, From, To string }
+
+// UseImages gives image names their directories: dirs maps a name
+// (DefaultImage for HostConfig.ImageDir's) to the directory it names now,
+// absolute and through no symlink (ResolveImageDir), as the caller
+// resolved it (the daemon: at start and at each reload, so that a flipped
+// link such as image -> image-2026-12 takes effect there). A name whose
+// directory changed is checked there first, as NewHost checks the default
+// image (every byte) and CheckImage another (sizes); if one fails nothing
+// changes. Then the templates and pools of its shapes are dropped and
+// warmed again: its next VMs come from the new directory (their template
+// loads or builds anew), and VMs running now keep the files they started
+// with (QEMU holds them open, its jail has them bound). It returns what
+// moved, by name.
+func (h *Host) UseImages(dirs map[string]string) ([]ImageMove, error) {
+	var moves []ImageMove
+	digest := ""
+	for name, dir := range dirs {
+		if name == "" {
+			name = DefaultImage
+		}
+		cur, err := h.ImageDir(name)
+		if err != nil {
+			return nil, err
+		}
+		if cur == dir {
+			continue
+		}
+		m, err := checkImageDir(dir, name == DefaultImage)
+		if err != nil {
+			return nil, fmt.Errorf("image %q in %s: %w", name, dir, err)
+		}
+		if name == DefaultImage {
+			digest = m.Artifacts[image.BaseFile].SHA256
+		}
+		moves = append(moves, ImageMove{Name: name, From: cur, To: dir})
+	}
+	slices.SortFunc(moves, func(a, b ImageMove) int { return strings.Compare(a.Name, b.Name) })
+	h.imagesMu.Lock()
+	if h.images == nil {
+		h.images = map[string]string{}
+	}
+	for _, mv := range moves {
+		h.images[mv.Name] = mv.To
+		if mv.Name == DefaultImage {
+			h.digest = digest
+		}
+	}
+	h.imagesMu.Unlock()
+	for _, mv := range moves {
+		h.forgetDigest(mv.Name)
+		h.retire(mv.Name)
+	}
+	return moves, nil
+}
+
+// retire drops the shapes of image name, whose directory changed: their
+// pools are closed (the VMs waiting in them destroyed) and their
+// templates released, but kept on disk (a template's key names its
+// image's digests; building the shape's new one removes a stale one). A
+// shape still loading or building its template is dropped once that is
+// done (ready). Each shape is warmed again, from the new directory.
+func (h *Host) retire(name string) {
+	h.mu.Lock()
+	var gone []*shapeEntry
+	var shapes []Shape
+	for k, e := range h.shapes {
+		if k.Image != name {
+			continue
+		}
+		delete(h.shapes, k)
+		shapes = append(shapes, k)
+		if e.ready {
+			h.pastFailures += e.tmpl.HandshakeFailures()
+			gone = append(gone, e)
+		}
+	}
+	h.mu.Unlock()
+	for _, k := range shapes {
+		h.Warm(k)
+	}
+	for _, e := range gone {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			if err := e.pool.Close(); err != nil {
+				h.log.Warn("close pool", "err", err)
+			}
+			_ = e.tmpl.Close()
+		}()
+	}
 }
 
 // options returns the VM options of a shape.
@@ -413,6 +549,13 @@ func (h *Host) build(k Shape, e *shapeEntry) {
 		h.log.Info("building the VM template of a shape; its requests boot cold meanwhile", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "network", k.Network, "why", err)
 		select {
 		case h.building <- struct{}{}:
+			if !h.current(k, e) {
+				// Its image moved while it waited (retire): a build
+				// would only remove the new image's template of the
+				// shape as a stale one.
+				<-h.building
+				return
+			}
 			tmpl, err = EnsureTemplate(h.ctx, opts)
 			<-h.building
 		case <-h.ctx.Done():
@@ -433,12 +576,19 @@ func (h *Host) build(k Shape, e *shapeEntry) {
 	h.ready(k, e, tmpl, t0)
 }
 
+// current reports whether e is the shape's entry (retire drops it).
+func (h *Host) current(k Shape, e *shapeEntry) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.shapes[k] == e
+}
+
 // ready starts the shape's pool on its template.
 func (h *Host) ready(k Shape, e *shapeEntry, tmpl *Template, t0 time.Time) {
 	pool := NewPool(tmpl, h.cfg.PoolSize, h.cfg.Ahead)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.ctx.Err() != nil {
+	if h.ctx.Err() != nil || h.shapes[k] != e { // closing, or its image moved (retire)
 		_ = pool.Close()
 		_ = tmpl.Close()
 		return

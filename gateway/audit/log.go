@@ -342,6 +342,15 @@ func (l *Log) appendLocked(r *Record) error {
 	return nil
 }
 
+// RedactArgv returns a copy of argv with every element that matches one
+// of [Options.Redact] replaced by [Redacted], as Write records it. It is
+// the one redaction of argv: what else shows a command (the daemon's
+// status of running commands) shows it through this.
+func (l *Log) RedactArgv(argv []string) []string {
+	out, _ := l.redactArgv(argv)
+	return out
+}
+
 // redactArgv returns a copy of argv with matching elements replaced, and
 // the elements it replaced.
 func (l *Log) redactArgv(argv []string) (out, secrets []string) {

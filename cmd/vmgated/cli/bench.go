@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -69,13 +68,15 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		if *imgDir == "" {
 			*imgDir = defaultImageDir(*state)
 		}
-		if *templateDir == "" {
-			*templateDir = filepath.Join(*state, "templates")
+		log := newLogger(os.Stderr, lvl)
+		dirs := vm.Options{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir}, ImageDir: *imgDir}
+		if err := resolveDirs(&dirs, log); err != nil {
+			return err
 		}
 		rep, err := bench.Exec(ctx, bench.ExecOptions{
-			ImageDir: *imgDir, WorkDir: *state, TemplateDir: *templateDir, Runs: *runs, ColdRuns: *coldRuns,
+			ImageDir: dirs.ImageDir, WorkDir: dirs.StateDir, TemplateDir: dirs.TemplateDir, Runs: *runs, ColdRuns: *coldRuns,
 			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, SessionFileMiB: *sessionMiB, ForkIdle: *forkIdle,
-			Log: newLogger(os.Stderr, lvl), Progress: progressTo(newLogger(os.Stderr, lvl)),
+			Log: log, Progress: progressTo(log),
 		})
 		if err != nil {
 			return err
@@ -144,17 +145,24 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 			shapes = pol.Shapes()
 		}
 		log := newLogger(os.Stderr, lvl)
-		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
+		dirs := vm.Options{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir}, ImageDir: *imgDir}
+		if err := resolveDirs(&dirs, log); err != nil {
+			return err
+		}
+		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(dirs.StateDir), log)
 		if err != nil {
 			return err
 		}
 		if cgm != nil {
 			defer cgm.Close()
 		}
-		hc := vm.HostConfig{Runtime: vm.Runtime{StateDir: *state, TemplateDir: *templateDir, Accel: a, Log: log}, ImageDir: *imgDir}
+		hc := vm.HostConfig{Runtime: vm.Runtime{StateDir: dirs.StateDir, TemplateDir: dirs.TemplateDir, Accel: a, Log: log}, ImageDir: dirs.ImageDir}
 		for _, sh := range shapes {
 			// Each shape on its own image, as the daemon makes its VMs.
 			dir, err := hc.ImageDirOf(sh.Image)
+			if err == nil && sh.Image != "" && sh.Image != vm.DefaultImage {
+				dir, err = vm.ResolveDir(dir)
+			}
 			if err != nil {
 				return err
 			}

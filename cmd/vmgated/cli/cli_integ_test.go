@@ -180,6 +180,36 @@ func TestDebugRun(t *testing.T) {
 	}
 }
 
+// TestDebugRun_ThroughSymlinks: debug run with its image and state
+// directories each reached through a symlink (a data disk, an
+// image -> image-2026-12 link) runs the command. Before, QEMU was given
+// the links' paths, which its jail does not have: "Could not open
+// '/srv/img-current/base.qcow2'", "Failed to bind socket to
+// /srv/state/vms/ID/agent.sock". A link that leads nowhere is named, with
+// its target and the fix, before any VM starts.
+func TestDebugRun_ThroughSymlinks(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	bin := binary(t, "vmgated")
+	state, links := t.TempDir(), t.TempDir()
+	for target, link := range map[string]string{img: "img-current", state: "state", filepath.Join(links, "img-2026-12"): "dangling"} {
+		if err := os.Symlink(target, filepath.Join(links, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	so, se, code := runCmd(t, nil, bin, "debug", "run", "--image", filepath.Join(links, "img-current"), "--state-dir", filepath.Join(links, "state"), "--",
+		"echo", "through the links")
+	if code != 0 || so != "through the links\n" {
+		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, so, se)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(state, "vms")); len(ents) != 0 {
+		t.Fatalf("leftover VM directories: %v", ents)
+	}
+	_, se, code = runCmd(t, nil, bin, "debug", "run", "--image", filepath.Join(links, "dangling"), "--state-dir", filepath.Join(links, "state"), "--", "true")
+	if want := filepath.Join(links, "dangling") + " is a symlink to " + filepath.Join(links, "img-2026-12") + ", which does not exist: point the link at an existing directory"; code != wire.ExitVMFailed || !strings.Contains(se, want) {
+		t.Fatalf("a dangling image link: exit %d, stderr %q, want %q", code, se, want)
+	}
+}
+
 func TestPolicyCheck(t *testing.T) {
 	bin := binary(t, "vmgated")
 	so, se, code := runCmd(t, nil, bin, "policy", "check", "../../../contrib/policy/example.toml")

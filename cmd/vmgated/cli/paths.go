@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -50,16 +51,15 @@ func needStateDir(dir string) error {
 }
 
 // ensureStateDir makes sure the state directory dir exists, creating it
-// (and its parents) readable by its owner only.
+// (and its parents) readable by its owner only. A path it cannot use is
+// explained (vm.ResolveDir): a symlink that leads nowhere, a file in the
+// way.
 func ensureStateDir(dir string) error {
 	if err := needStateDir(dir); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if _, err := vm.ResolveNewDir(dir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
-	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("state directory %s: not a directory", dir)
 	}
 	return nil
 }
@@ -84,4 +84,23 @@ func namedImageDir(state, name string) string {
 		return defaultImageDir(state)
 	}
 	return filepath.Join(state, "images", name)
+}
+
+// resolveDirs resolves the directories of a command that runs VMs without
+// the daemon (debug run, image warm, bench exec) once, before any VM
+// starts, and logs them: its VMs' jails bind files at their real paths,
+// so a path through a symlink would name nothing there (vm.ResolveDir).
+func resolveDirs(opts *vm.Options, log *slog.Logger) error {
+	given := *opts
+	if err := opts.ResolveDirs(); err != nil {
+		return err
+	}
+	log.Info("directories", "state", opts.StateDir, "templates", opts.TemplateDir, "image", opts.ImageDir)
+	if abs, _ := filepath.Abs(given.StateDir); abs != opts.StateDir {
+		log.Info("state directory reached through a symlink: using its target", "given", given.StateDir, "using", opts.StateDir)
+	}
+	if abs, _ := filepath.Abs(given.ImageDir); abs != opts.ImageDir {
+		log.Info("image directory reached through a symlink: using its target", "given", given.ImageDir, "using", opts.ImageDir)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -23,5 +24,19 @@ func TestEnsureStateDir(t *testing.T) {
 	}
 	if err := ensureStateDir(""); err == nil {
 		t.Error("no directory at all")
+	}
+	// A link to a directory that does not exist is named, with the fix;
+	// nothing is created behind it.
+	links := t.TempDir()
+	link, target := filepath.Join(links, "state"), filepath.Join(links, "data", "vmgate")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	err := ensureStateDir(link)
+	if err == nil || !strings.Contains(err.Error(), link+" is a symlink to "+target+", which does not exist: point the link at an existing directory") {
+		t.Errorf("a dangling link: %v", err)
+	}
+	if _, err := os.Lstat(target); err == nil {
+		t.Error("the link's target was created")
 	}
 }

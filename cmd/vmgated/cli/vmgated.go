@@ -103,15 +103,20 @@ func debugRun(fs *pflag.FlagSet) runFunc {
 			*imgDir = defaultImageDir(*state)
 		}
 		log := newLogger(os.Stderr, lvl)
-		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(*state), log)
+		opts := vm.Options{Runtime: vm.Runtime{StateDir: *state, Accel: a, Log: log},
+			ImageDir: *imgDir, MemoryMiB: *mem, CPUs: *cpus, Seccomp: *seccomp}
+		if err := resolveDirs(&opts, log); err != nil {
+			return exitWith(wire.ExitVMFailed, err)
+		}
+		cgm, err := cgroup.OpenMode(*cgroups, cgroup.GroupName(opts.StateDir), log)
 		if err != nil {
 			return exitWith(wire.ExitInternal, err)
 		}
 		if cgm != nil {
 			defer cgm.Close()
 		}
-		v, err := vm.Start(ctx, vm.Options{Runtime: vm.Runtime{StateDir: *state, Accel: a, Log: log},
-			ImageDir: *imgDir, MemoryMiB: *mem, CPUs: *cpus, Seccomp: *seccomp, Cgroups: cgm})
+		opts.Cgroups = cgm
+		v, err := vm.Start(ctx, opts)
 		if err != nil {
 			return exitWith(wire.ExitVMFailed, err)
 		}
