@@ -480,8 +480,26 @@ func (l *launch) loadState(ctx context.Context) error {
 	if err := q.runMigration(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
 		return v.failedRestore(err)
 	}
-	// Right after the end's event QEMU may still be "inmigrate"; cont
-	// then starts the guest as the migration's last step.
+	// QEMU sets the run state the migration brought (paused, for a
+	// state saved stopped) just after the end's event; a cont before
+	// that would be overruled by it.
+	for {
+		st, err := q.status(ctx)
+		if err != nil {
+			return v.failedRestore(err)
+		}
+		if st == "paused" || st == "prelaunch" || st == "running" {
+			break
+		}
+		if st != "inmigrate" {
+			return v.failedRestore(fmt.Errorf("unexpected state %q", st))
+		}
+		select {
+		case <-ctx.Done():
+			return v.failedRestore(ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 	if _, err := q.run(ctx, "cont", nil); err != nil {
 		return v.failedRestore(err)
 	}
