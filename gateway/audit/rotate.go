@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -25,10 +26,11 @@ type statter interface{ Stat() (os.FileInfo, error) }
 
 // Reopen makes the log write to a new file at its path when the open file
 // was moved away, or, with moveTo set, after moving it to moveTo. The new
-// file's first record (KindRotate) continues the chain. A path that still
-// names the open file is left alone (rotated false). The old file is
-// synced before it is left; a path that names a file with data in it, not
-// the open one, is refused.
+// file's first record (KindRotate) continues the chain; with a Signer the
+// old file's last record and the new file's second are checkpoints. A
+// path that still names the open file is left alone (rotated false). The
+// old file is synced before it is left; a path that names a file with
+// data in it, not the open one, is refused.
 func (l *Log) Reopen(moveTo string) (rotated bool, err error) {
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
@@ -38,6 +40,19 @@ func (l *Log) Reopen(moveTo string) (rotated bool, err error) {
 		return false, l.err
 	}
 	old := l.f
+	if moveTo == "" {
+		// Moved away by logrotate, or a reload without rotation.
+		if same, err := samePath(old, l.path); err != nil {
+			return false, fmt.Errorf("audit rotate: %w", err)
+		} else if same {
+			return false, nil
+		}
+	}
+	// The old file ends signed. (Like the rotate record, the
+	// checkpoints of a rotation are not mirrored.)
+	if l.signer != nil && l.sinceCP > 0 && l.checkpointLocked("before rotation") == nil {
+		return false, l.err
+	}
 	if err := old.Sync(); err != nil {
 		l.failLocked(err)
 		return false, l.err
@@ -69,6 +84,10 @@ func (l *Log) Reopen(moveTo string) (rotated bool, err error) {
 	}
 	if err := l.appendLocked(&Record{Kind: KindRotate, Message: msg}); err != nil {
 		return true, err
+	}
+	if l.signer != nil && l.checkpointLocked("after rotation") == nil {
+		// The new file names the key from its start.
+		return true, l.err
 	}
 	if err := old.Close(); err != nil {
 		l.logger.Warn("audit rotate: close the previous file", "err", err)
@@ -132,13 +151,23 @@ type FileReport struct {
 // were removed (retention). It stops at the first fault and names the
 // file: a broken chain in it, or a file missing before it or out of order.
 func VerifyFiles(paths ...string) ([]FileReport, error) {
+	return VerifyFilesWith(VerifyOptions{}, paths...)
+}
+
+// ErrNoCheckpoint: files verified against pinned keys hold no checkpoint.
+var ErrNoCheckpoint = errors.New("no signed checkpoint")
+
+// VerifyFilesWith is VerifyFiles with o's checks (VerifyWith) on each
+// file; with o.Keys the files must hold at least one checkpoint, or the
+// error wraps ErrNoCheckpoint (and ErrCheckpoint).
+func VerifyFilesWith(o VerifyOptions, paths ...string) ([]FileReport, error) {
 	files, err := expand(paths)
 	if err != nil {
 		return nil, err
 	}
 	var out []FileReport
 	for i, p := range files {
-		rep, err := verifyPath(p)
+		rep, err := verifyPath(p, o)
 		out = append(out, FileReport{Path: p, Report: rep})
 		if err != nil {
 			return out, fmt.Errorf("audit verify %s: %w", p, err)
@@ -156,16 +185,20 @@ func VerifyFiles(paths ...string) ([]FileReport, error) {
 				p, ErrChainBroken, what, prev.Path, prev.LastSeq, short(prev.Head), prev.Path)
 		}
 	}
+	if len(o.Keys) > 0 && !slices.ContainsFunc(out, func(r FileReport) bool { return r.Checkpoints > 0 }) {
+		return out, fmt.Errorf("audit verify: %w: %w by %s in %d file(s): they were not written by a daemon with this key, or were rewritten by someone without it",
+			ErrCheckpoint, ErrNoCheckpoint, fingerprints(o.Keys), len(out))
+	}
 	return out, nil
 }
 
-func verifyPath(p string) (Report, error) {
+func verifyPath(p string, o VerifyOptions) (Report, error) {
 	f, err := openChainFile(p)
 	if err != nil {
 		return Report{Head: GenesisPrev}, err
 	}
 	defer f.Close()
-	return Verify(f)
+	return VerifyWith(f, o)
 }
 
 // expand replaces each directory in paths by its audit files in chain order.
