@@ -29,14 +29,21 @@ type Received struct {
 	// StdinHead its first bytes, up to MaxStdinHead.
 	StdinSent Stream
 	StdinHead []byte
-	// The outcome the result frame reported.
+	// Outcome is what the result reported; nil when there is none (a
+	// refusal, a failure): the receipt's outcome is then not compared.
+	Outcome *Outcome
+}
+
+// Outcome is how a command ended, as its result reported it.
+type Outcome struct {
 	ExitCode int
 	Signal   string
 	TimedOut bool
 }
 
 // Check compares the receipt's body with what the client received: the
-// request id, stdout and stderr (count and hash), the outcome, and stdin:
+// request id, stdout and stderr (count and hash), the outcome (when the
+// client has one), and stdin:
 // the command may have read less than was sent, so the daemon's count
 // must not exceed the client's, and its hash must be that of as many
 // bytes of what was sent. When the command read part of a stdin longer
@@ -56,13 +63,13 @@ func (b *Body) Check(r Received) (notes []string, err error) {
 				s.name, s.said.Bytes, s.said.SHA256, s.got.Bytes, s.got.SHA256))
 		}
 	}
-	if b.ExitCode == nil || *b.ExitCode != r.ExitCode || b.Signal != r.Signal || b.TimedOut != r.TimedOut {
+	if o := r.Outcome; o != nil && (b.ExitCode == nil || *b.ExitCode != o.ExitCode || b.Signal != o.Signal || b.TimedOut != o.TimedOut) {
 		code := "none"
 		if b.ExitCode != nil {
 			code = fmt.Sprint(*b.ExitCode)
 		}
 		bad = append(bad, fmt.Sprintf("outcome: the receipt says exit %s signal %q timed out %v, the result exit %d signal %q timed out %v",
-			code, b.Signal, b.TimedOut, r.ExitCode, r.Signal, r.TimedOut))
+			code, b.Signal, b.TimedOut, o.ExitCode, o.Signal, o.TimedOut))
 	}
 	in, sent := b.Stdin, r.StdinSent
 	if sent.SHA256 == "" {

@@ -186,7 +186,8 @@ func TestParseMalformed(t *testing.T) {
 func TestCheck(t *testing.T) {
 	code := 0
 	body := &Body{RequestID: "r1", ExitCode: &code, Stdout: StreamOf([]byte("out")), Stderr: StreamOf(nil), Stdin: StreamOf([]byte("ab"))}
-	ok := Received{RequestID: "r1", Stdout: StreamOf([]byte("out")), Stderr: StreamOf(nil), StdinSent: StreamOf([]byte("abcdef")), StdinHead: []byte("abcdef")}
+	ok := Received{RequestID: "r1", Stdout: StreamOf([]byte("out")), Stderr: StreamOf(nil), StdinSent: StreamOf([]byte("abcdef")), StdinHead: []byte("abcdef"),
+		Outcome: &Outcome{}}
 	if notes, err := body.Check(ok); err != nil || len(notes) > 0 {
 		t.Fatalf("agreeing receipt: %v %v", notes, err)
 	}
@@ -194,7 +195,8 @@ func TestCheck(t *testing.T) {
 		"stdout differs":      func(r *Received) { r.Stdout = StreamOf([]byte("ouT")) },
 		"stderr longer":       func(r *Received) { r.Stderr = StreamOf([]byte("e")) },
 		"request id":          func(r *Received) { r.RequestID = "r2" },
-		"exit code":           func(r *Received) { r.ExitCode = 1 },
+		"exit code":           func(r *Received) { r.Outcome = &Outcome{ExitCode: 1} },
+		"timed out":           func(r *Received) { r.Outcome = &Outcome{TimedOut: true} },
 		"stdin read > sent":   func(r *Received) { r.StdinSent, r.StdinHead = StreamOf([]byte("a")), []byte("a") },
 		"stdin prefix differ": func(r *Received) { r.StdinSent, r.StdinHead = StreamOf([]byte("xbcdef")), []byte("xbcdef") },
 		"stdin whole differs": func(r *Received) { r.StdinSent, r.StdinHead = StreamOf([]byte("aB")), []byte("aB") },

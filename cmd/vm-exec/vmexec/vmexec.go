@@ -31,6 +31,7 @@ import (
 // vmexecOpts is the parsed vm-exec command line.
 type vmexecOpts struct {
 	socket, session, endSession, shell, dir string
+	receipt                                 string
 	timeout                                 time.Duration
 	jsonOut, list, forceStdin, noStdin      bool
 	tty, shellMode, help, version           bool
@@ -58,6 +59,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
 	fs.StringArrayVar(puts, "put", nil, "copy a file or directory into the VM before the command: `LOCAL:GUESTPATH` (repeatable)")
 	fs.StringArrayVar(gets, "get", nil, "copy a file or directory out of the VM after it: `GUESTPATH:LOCAL` (repeatable)")
+	fs.StringVar(&o.receipt, "receipt", "", "write the daemon's signed receipt of the command to `FILE` once it agrees with what was received (also of a denial; docs/security.md, \"Receipts\")")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result (with stdout and stderr) instead of streaming; with --list-sessions, JSON sessions")
 	fs.BoolVar(&o.list, "list-sessions", false, "list the caller's sessions")
 	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME`")
@@ -103,8 +105,8 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	shellSet := fs.Changed("command")
 	switch {
 	case o.list || o.endSession != "":
-		if len(o.argv) > 0 || shellSet {
-			return nil, usagef("--list-sessions and --end-session take no command")
+		if len(o.argv) > 0 || shellSet || o.receipt != "" {
+			return nil, usagef("--list-sessions and --end-session take no command and no --receipt")
 		}
 	case shellSet:
 		if len(o.argv) > 0 {
@@ -312,7 +314,7 @@ func vmexecMCP(args []string) int {
 
 func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode,
-		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds()}
+		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds(), Receipt: o.receipt != ""}
 	var sio client.ExecIO
 	if err := addTransfers(o, &req, &sio); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
@@ -362,7 +364,13 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 			}
 		}
 	}()
+	sio.ReceiptNote = func(n string) { fmt.Fprintf(os.Stderr, "vm-exec: receipt: %s\n", n) }
 	res, err := c.Exec(ctx, req, sio)
+	if o.receipt != "" {
+		if code, done := keepReceipt(o.receipt, res, err); done {
+			return code
+		}
+	}
 	if err != nil {
 		return reportErr(err)
 	}
