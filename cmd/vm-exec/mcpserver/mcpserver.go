@@ -14,6 +14,8 @@
 //   - session_exec (session, command, timeout, max_output_size): as
 //     exec_shell_command, in the session's VM.
 //   - session_end (session).
+//   - receipt (optional request_id): the signed receipt of a command the
+//     exec tools ran (receipts.go).
 //
 // A command that ran is a normal tool result whatever its exit code (the
 // text ends with "[exit code: N]"). A command that never ran — refused by
@@ -98,6 +100,8 @@ type Server struct {
 	sessions map[string]context.CancelFunc
 	closed   bool // shutting down: no new sessions
 	ran      bool
+
+	receipts receiptStore
 }
 
 // New returns a server with the tools registered.
@@ -146,6 +150,7 @@ func New(o Options) *Server {
 		},
 	}, s.wrap(s.sessionEnd))
 	s.addFileTools()
+	s.addReceiptTool()
 	return s
 }
 
@@ -217,13 +222,14 @@ func gatewayError(err error) *mcp.CallToolResult {
 
 // outcome turns a shelltool run into a tool result.
 func (s *Server) outcome(tool, session string, o shelltool.Outcome) *mcp.CallToolResult {
+	s.receipts.keep(o)
 	if o.Err != nil {
 		s.log.Warn("command not run", "tool", tool, "session", session, "err", o.Err)
-		return textResult(o.Text, true)
+		return withRequestID(textResult(o.Text, true), o)
 	}
 	s.log.Debug("command ran", "tool", tool, "session", session, "req", o.Result.RequestID,
 		"exit_code", o.Result.ExitCode, "timed_out", o.Result.TimedOut)
-	return textResult(o.Text, false)
+	return withRequestID(textResult(o.Text, false), o)
 }
 
 func (s *Server) execShellCommand(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {

@@ -128,7 +128,7 @@ func checkToolList(t *testing.T, cs *mcp.ClientSession) {
 	want := map[string]any{
 		shelltool.Name:   asJSON(t, shelltool.Schema()),
 		ToolSessionExec:  asJSON(t, sessionExecSchema()),
-		ToolSessionStart: nil, ToolSessionEnd: nil, ToolSessionWriteFile: nil, ToolSessionReadFile: nil,
+		ToolSessionStart: nil, ToolSessionEnd: nil, ToolSessionWriteFile: nil, ToolSessionReadFile: nil, ToolReceipt: nil,
 	}
 	if len(schemas) != len(want) {
 		t.Errorf("tools %v, want %d", schemas, len(want))

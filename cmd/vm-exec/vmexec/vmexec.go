@@ -261,8 +261,8 @@ func mcpDoc(socket *string) Doc {
 		Short: "Serve the Model Context Protocol on stdin/stdout",
 		Long: `Serves the Model Context Protocol on stdin/stdout: tools exec_shell_command,
 session_start, session_exec, session_write_file, session_read_file and session_end run
-commands in disposable VMs through vmgated. Sessions it started end when it exits, even by
-SIGKILL. See docs/agents.md.`,
+commands in disposable VMs through vmgated; receipt returns a command's signed receipt.
+Sessions it started end when it exits, even by SIGKILL. See docs/agents.md.`,
 		Flags: fs,
 	}
 }
