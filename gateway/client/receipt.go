@@ -104,3 +104,17 @@ func ReceiptOf(err error) json.RawMessage {
 	}
 	return nil
 }
+
+// RequestIDOf returns the request id a refusal or failure of Exec names,
+// or "".
+func RequestIDOf(err error) string {
+	var ae *APIError
+	var fe *ExecFailedError
+	switch {
+	case errors.As(err, &ae):
+		return ae.Body.RequestID
+	case errors.As(err, &fe):
+		return fe.Body.RequestID
+	}
+	return ""
+}

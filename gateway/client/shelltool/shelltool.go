@@ -231,17 +231,9 @@ func Run(ctx context.Context, c *client.Client, session string, a Args) Outcome 
 		return Outcome{Text: Format(out.Bytes(), out.Truncated(), ExitCode(res), res.TimedOut), Result: res, RequestID: res.RequestID, ReceiptErr: err}
 	}
 	if err != nil {
-		o := Outcome{Text: "vmgate: " + err.Error() + "\n[exit code: -1]", Err: err, Receipt: client.ReceiptOf(err)}
+		o := Outcome{Text: "vmgate: " + err.Error() + "\n[exit code: -1]", Err: err, Receipt: client.ReceiptOf(err), RequestID: client.RequestIDOf(err)}
 		if errors.As(err, &re) {
 			o.ReceiptErr = re
-		}
-		var ae *client.APIError
-		var fe *client.ExecFailedError
-		switch {
-		case errors.As(err, &ae):
-			o.RequestID = ae.Body.RequestID
-		case errors.As(err, &fe):
-			o.RequestID = fe.Body.RequestID
 		}
 		return o
 	}
