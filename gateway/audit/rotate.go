@@ -40,17 +40,18 @@ func (l *Log) Reopen(moveTo string) (rotated bool, err error) {
 		return false, l.err
 	}
 	old := l.f
-	if moveTo == "" {
+	rotating := moveTo != ""
+	if !rotating {
 		// Moved away by logrotate, or a reload without rotation.
-		if same, err := samePath(old, l.path); err != nil {
+		same, err := samePath(old, l.path)
+		if err != nil {
 			return false, fmt.Errorf("audit rotate: %w", err)
-		} else if same {
-			return false, nil
 		}
+		rotating = !same
 	}
 	// The old file ends signed. (Like the rotate record, the
 	// checkpoints of a rotation are not mirrored.)
-	if l.signer != nil && l.sinceCP > 0 && l.checkpointLocked("before rotation") == nil {
+	if rotating && l.signer != nil && l.sinceCP > 0 && l.checkpointLocked("before rotation") == nil {
 		return false, l.err
 	}
 	if err := old.Sync(); err != nil {

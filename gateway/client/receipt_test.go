@@ -94,14 +94,14 @@ func signedBy(t *testing.T, k ed25519.PrivateKey, change func(*receipt.Body)) fu
 // refusal.
 func TestExecReceiptCheck(t *testing.T) {
 	k := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, 32))
-	run := func(f *fakeDaemon) (*wire.Result, error, string) {
+	run := func(f *fakeDaemon) (*wire.Result, string, error) {
 		c := New(f.serve(t))
 		var out bytes.Buffer
 		res, err := c.Exec(context.Background(), wire.ExecRequest{Argv: []string{"cat"}, Receipt: true},
 			ExecIO{Stdin: strings.NewReader("input"), Stdout: &out})
-		return res, err, out.String()
+		return res, out.String(), err
 	}
-	res, err, out := run(&fakeDaemon{stdout: []byte("hello"), receipt: signedBy(t, k, nil)})
+	res, out, err := run(&fakeDaemon{stdout: []byte("hello"), receipt: signedBy(t, k, nil)})
 	if err != nil || len(res.Receipt) == 0 || out != "hello" {
 		t.Fatalf("agreeing receipt: %v %q", err, out)
 	}
@@ -113,20 +113,20 @@ func TestExecReceiptCheck(t *testing.T) {
 		"no receipt":    {stdout: []byte("hello"), receipt: func(_, _ []byte) []byte { return nil }},
 		"not a receipt": {stdout: []byte("hello"), receipt: func(_, _ []byte) []byte { return []byte(`{"vmgate_receipt":1}`) }},
 	} {
-		res, err, _ := run(f)
+		res, _, err := run(f)
 		var re *ReceiptError
 		if !errors.As(err, &re) || res == nil || len(res.Receipt) != 0 {
 			t.Errorf("%s: %v (result %v)", name, err, res)
 		}
 	}
 	// A denial: the refusal carries its receipt, checked.
-	_, err, _ = run(&fakeDaemon{status: 403, receipt: signedBy(t, k, func(b *receipt.Body) {
+	_, _, err = run(&fakeDaemon{status: 403, receipt: signedBy(t, k, func(b *receipt.Body) {
 		b.Verdict, b.ExitCode, b.Stdin, b.Stdout = receipt.VerdictDeny, nil, receipt.StreamOf(nil), receipt.StreamOf(nil)
 	})})
 	if !errors.Is(err, ErrDenied) || len(ReceiptOf(err)) == 0 {
 		t.Fatalf("denial: %v, receipt %s", err, ReceiptOf(err))
 	}
-	_, err, _ = run(&fakeDaemon{status: 403, receipt: signedBy(t, k, func(b *receipt.Body) { b.RequestID = "other" })})
+	_, _, err = run(&fakeDaemon{status: 403, receipt: signedBy(t, k, func(b *receipt.Body) { b.RequestID = "other" })})
 	var re *ReceiptError
 	if !errors.Is(err, ErrDenied) || !errors.As(err, &re) || len(ReceiptOf(err)) != 0 {
 		t.Fatalf("denial with a wrong receipt: %v", err)

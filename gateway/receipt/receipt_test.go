@@ -207,6 +207,11 @@ func TestCheck(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+	// A refusal: no outcome on either side, nothing relayed.
+	refusal := &Body{RequestID: "r1", Stdin: StreamOf(nil), Stdout: StreamOf(nil), Stderr: StreamOf(nil)}
+	if _, err := refusal.Check(Received{RequestID: "r1", Stdout: StreamOf(nil), Stderr: StreamOf(nil)}); err != nil {
+		t.Errorf("refusal: %v", err)
+	}
 	// A command that read part of a stdin longer than the client keeps.
 	long := Received{RequestID: "r1", Stdout: ok.Stdout, Stderr: ok.Stderr, StdinSent: Stream{Bytes: MaxStdinHead + 10, SHA256: "x"}, StdinHead: make([]byte, 1)}
 	body.Stdin = Stream{Bytes: 5, SHA256: "y"}
@@ -248,6 +253,34 @@ func TestArgJSON(t *testing.T) {
 		var back Arg
 		if err := json.Unmarshal(b, &back); err != nil || string(back) != a {
 			t.Errorf("%q → %s → %q %v", a, b, back, err)
+		}
+	}
+}
+
+// BenchmarkSign and BenchmarkVerifyCheck: the CPU cost of a receipt, on
+// the daemon (encode and sign) and the client (parse and check; a reader
+// verifies as well).
+func BenchmarkSign(b *testing.B) {
+	k := testKey(1)
+	for b.Loop() {
+		if _, err := Sign(k, sampleBody()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkVerifyCheck(b *testing.B) {
+	k := testKey(1)
+	doc, _ := Sign(k, sampleBody())
+	pub := k.Public().(ed25519.PublicKey)
+	r := Received{RequestID: "0123456789abcdef", Stdout: StreamOf([]byte("<hi>\n")), Stderr: StreamOf(nil), Outcome: &Outcome{ExitCode: 3}}
+	for b.Loop() {
+		body, err := Verify(doc, pub)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := body.Check(r); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
