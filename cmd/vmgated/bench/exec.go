@@ -147,8 +147,15 @@ type ExecReport struct {
 	OneshotNetPoolPartsMS   map[string]Stat `json:"oneshot_net_pool_parts_ms"`
 	OneshotNetNoPoolPartsMS map[string]Stat `json:"oneshot_net_nopool_parts_ms"`
 	SessionExecMS           Stat            `json:"session_exec_ms"`
-	Throughput              []Throughput    `json:"throughput"`
-	IdleRestored            Memory          `json:"idle_restored_vm"`
+	// Receipts: `true` in a daemon's session without and with a receipt
+	// (signed by the daemon, checked by the client), in alternating
+	// pairs; ReceiptOverheadMS is the median of the pairs' differences,
+	// the cost of a receipt per command (its budget: ReceiptBudgetMS).
+	SessionNoReceiptMS Stat         `json:"session_exec_no_receipt_ms"`
+	SessionReceiptMS   Stat         `json:"session_exec_receipt_ms"`
+	ReceiptOverheadMS  float64      `json:"receipt_overhead_ms"`
+	Throughput         []Throughput `json:"throughput"`
+	IdleRestored       Memory       `json:"idle_restored_vm"`
 	// IdleRestoredN is the mean per VM with 1, 4 and 8 restored VMs idle.
 	IdleRestoredN []Memory `json:"idle_restored_vms"`
 	// Levers says which speed and memory levers this run used.
@@ -407,7 +414,13 @@ func (r *execRun) daemons(ctx context.Context) error {
 		parts   *map[string]Stat
 		then    func(*client.Client, func() error) error
 	}{
-		{"pool", false, o.PoolSize, &rep.OneshotPoolMS, &rep.OneshotPoolPartsMS, throughputs},
+		{"pool", false, o.PoolSize, &rep.OneshotPoolMS, &rep.OneshotPoolPartsMS, func(c *client.Client, waitPool func() error) error {
+			if err := throughputs(c, waitPool); err != nil {
+				return err
+			}
+			r.step("receipt overhead")
+			return receiptOverhead(ctx, c, max(o.Runs, 30), rep)
+		}},
 		{"nopool", false, 0, &rep.OneshotNoPoolMS, &rep.OneshotNoPoolPartsMS, nil},
 		{"netpool", true, o.PoolSize, &rep.OneshotNetPoolMS, &rep.OneshotNetPoolPartsMS, nil},
 		{"netnopool", true, 0, &rep.OneshotNetNoPoolMS, &rep.OneshotNetNoPoolPartsMS, nil},
@@ -419,6 +432,80 @@ func (r *execRun) daemons(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// ReceiptBudgetMS is what a receipt may add to a command (issue 32).
+const ReceiptBudgetMS = 2
+
+// receiptOverhead runs pairs of `true` in a session of the daemon, one
+// without and one with a receipt, the order alternating from pair to
+// pair so that drift (TCG's translation cache warming, the host's load)
+// falls on both alike, and fills in rep's receipt figures.
+func receiptOverhead(ctx context.Context, c *client.Client, pairs int, rep *ExecReport) error {
+	const session = "bench-receipts"
+	defer func() {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = c.EndSession(ectx, session)
+	}()
+	run := func(receipt bool) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer cancel()
+		t0 := time.Now()
+		res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{"true"}, Session: session, Receipt: receipt}, client.ExecIO{})
+		d := time.Since(t0)
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("receipt overhead: %w", err)
+		case receipt && len(res.Receipt) == 0:
+			return 0, errors.New("receipt overhead: no receipt came")
+		}
+		return d, nil
+	}
+	if _, err := run(false); err != nil { // the session's VM, and a first command
+		return err
+	}
+	var without, with []time.Duration
+	for i := range pairs {
+		order := []bool{false, true}
+		if i%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, receipt := range order {
+			d, err := run(receipt)
+			if err != nil {
+				return err
+			}
+			if receipt {
+				with = append(with, d)
+			} else {
+				without = append(without, d)
+			}
+		}
+	}
+	rep.SessionNoReceiptMS, rep.SessionReceiptMS = summarize(without), summarize(with)
+	rep.ReceiptOverheadMS = pairedMedian(without, with)
+	if rep.ReceiptOverheadMS >= ReceiptBudgetMS {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("a receipt costs %.2f ms per command, over its %d ms budget", rep.ReceiptOverheadMS, ReceiptBudgetMS))
+	}
+	return nil
+}
+
+// pairedMedian is the median, in milliseconds, of b[i]-a[i].
+func pairedMedian(a, b []time.Duration) float64 {
+	n := min(len(a), len(b))
+	if n == 0 {
+		return 0
+	}
+	d := make([]float64, n)
+	for i := range n {
+		d[i] = float64((b[i] - a[i]).Microseconds()) / 1000
+	}
+	slices.Sort(d)
+	if n%2 == 1 {
+		return d[n/2]
+	}
+	return math.Round((d[n/2-1]+d[n/2])/2*1000) / 1000
 }
 
 // ratios puts each fast path beside the cold path.
