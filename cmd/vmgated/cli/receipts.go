@@ -61,7 +61,7 @@ log's checkpoints. Exit status: 0 all valid, 1 one is not (the output names what
 2 an invalid command line.`
 
 func receiptKey(fs *pflag.FlagSet) runFunc {
-	state := fs.String("state-dir", defaultStateDir(), "state directory (the key is STATE/"+receipt.DefaultKeyFile+")")
+	state := fs.String("state-dir", receiptStateDir(), "state directory (the key is STATE/"+receipt.DefaultKeyFile+")")
 	keyPath := fs.String("key", "", "the signing key's file, as vmgated serve --receipt-key (its public half is beside it)")
 	asJSON := fs.Bool("json", false, "print fingerprint and public key as JSON")
 	return func(_ context.Context, _ []string) error {
@@ -94,6 +94,16 @@ func receiptKey(fs *pflag.FlagSet) runFunc {
 	}
 }
 
+// receiptStateDir is the default state directory of the receipt
+// commands: the installed daemon's when its public key is readable there
+// (any user may read it), else defaultStateDir.
+func receiptStateDir() string {
+	if _, err := os.Stat(filepath.Join(SystemStateDir, receipt.PublicPath(receipt.DefaultKeyFile))); err == nil {
+		return SystemStateDir
+	}
+	return defaultStateDir()
+}
+
 // receiptResult is one receipt of `vmgated receipt verify --json`.
 type receiptResult struct {
 	File      string `json:"file"`
@@ -111,7 +121,7 @@ func receiptVerify(fs *pflag.FlagSet) runFunc {
 	var keys, logs []string
 	fs.StringArrayVar(&keys, "key", nil, "public key `PUB` (PEM, as vmgated receipt key prints it) the receipts must be signed by (repeatable; default STATE/receipt.pub)")
 	fs.StringArrayVar(&logs, "audit", nil, "audit log `FILE` or directory of rotated files to find the receipts' records in (repeatable)")
-	state := fs.String("state-dir", defaultStateDir(), "state directory whose receipt.pub is the default key")
+	state := fs.String("state-dir", receiptStateDir(), "state directory whose receipt.pub is the default key")
 	asJSON := fs.Bool("json", false, "print one result per receipt as JSON")
 	return func(_ context.Context, args []string) error {
 		rv, err := newReceiptVerifier(keys, logs, *state)
