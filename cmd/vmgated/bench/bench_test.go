@@ -35,7 +35,8 @@ func TestWriteText(t *testing.T) {
 		Throughput:         []Throughput{{Concurrency: 2, Commands: 4, Seconds: 2, PerMinute: 120, FromPool: 2}},
 		IdleRestored:       Memory{VMs: 2, RSSMiB: 140, PSSMiB: 100},
 		Ratios:             map[string]float64{"cold_over_restore": 50, "cold_over_oneshot_pool": 125},
-		SessionNoReceiptMS: Stat{N: 20, P50: 35}, SessionReceiptMS: Stat{N: 20, P50: 35.4}, ReceiptOverheadMS: 0.35,
+		RefusalNoReceiptMS: Stat{N: 30, P50: 1.1}, RefusalReceiptMS: Stat{N: 30, P50: 1.4}, ReceiptOverheadMS: 0.3,
+		SessionNoReceiptMS: Stat{N: 30, P50: 35}, SessionReceiptMS: Stat{N: 30, P50: 35.4}, ReceiptOverheadSessionMS: 0.35,
 	}
 	var b strings.Builder
 	r.WriteText(&b)
@@ -44,7 +45,7 @@ func TestWriteText(t *testing.T) {
 		"cold: new overlay + boot + first command", "20000.0", "phases (p50 ms): overlay 30, agent 130",
 		"get VM 25, exec 90, whole request 150", "throughput at concurrency 2: 120.0", "PSS 100.0 MiB",
 		"cold_over_oneshot_pool x125.0, cold_over_restore x50.0", "accel tcg",
-		"session command via daemon, with receipt", "receipt_overhead_ms: 0.35 per command (median of 20 paired differences; budget 2 ms)",
+		"session command via daemon, with receipt", "receipt_overhead_ms: 0.30 per request (median of 30 paired differences of refused requests; budget 2 ms); beside a session command: 0.35",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text lacks %q:\n%s", want, out)

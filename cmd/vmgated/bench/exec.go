@@ -147,15 +147,22 @@ type ExecReport struct {
 	OneshotNetPoolPartsMS   map[string]Stat `json:"oneshot_net_pool_parts_ms"`
 	OneshotNetNoPoolPartsMS map[string]Stat `json:"oneshot_net_nopool_parts_ms"`
 	SessionExecMS           Stat            `json:"session_exec_ms"`
-	// Receipts: `true` in a daemon's session without and with a receipt
-	// (signed by the daemon, checked by the client), in alternating
-	// pairs; ReceiptOverheadMS is the median of the pairs' differences,
-	// the cost of a receipt per command (its budget: ReceiptBudgetMS).
-	SessionNoReceiptMS Stat         `json:"session_exec_no_receipt_ms"`
-	SessionReceiptMS   Stat         `json:"session_exec_receipt_ms"`
-	ReceiptOverheadMS  float64      `json:"receipt_overhead_ms"`
-	Throughput         []Throughput `json:"throughput"`
-	IdleRestored       Memory       `json:"idle_restored_vm"`
+	// Receipts, each figure a baseline without and the same with a
+	// receipt (signed by the daemon, checked by the client), in pairs of
+	// alternating order so that drift falls on both alike. Refused
+	// requests (a policy denial: decision, audit record, answer; no VM)
+	// isolate what a receipt adds: ReceiptOverheadMS is the median of
+	// those pairs' differences (its budget: ReceiptBudgetMS). `true` in a
+	// daemon's session shows it beside a command's whole round trip,
+	// whose noise under TCG can exceed it (ReceiptOverheadSessionMS).
+	RefusalNoReceiptMS       Stat         `json:"refusal_no_receipt_ms"`
+	RefusalReceiptMS         Stat         `json:"refusal_receipt_ms"`
+	ReceiptOverheadMS        float64      `json:"receipt_overhead_ms"`
+	SessionNoReceiptMS       Stat         `json:"session_exec_no_receipt_ms"`
+	SessionReceiptMS         Stat         `json:"session_exec_receipt_ms"`
+	ReceiptOverheadSessionMS float64      `json:"receipt_overhead_session_ms"`
+	Throughput               []Throughput `json:"throughput"`
+	IdleRestored             Memory       `json:"idle_restored_vm"`
 	// IdleRestoredN is the mean per VM with 1, 4 and 8 restored VMs idle.
 	IdleRestoredN []Memory `json:"idle_restored_vms"`
 	// Levers says which speed and memory levers this run used.
@@ -437,10 +444,10 @@ func (r *execRun) daemons(ctx context.Context) error {
 // ReceiptBudgetMS is what a receipt may add to a command (issue 32).
 const ReceiptBudgetMS = 2
 
-// receiptOverhead runs pairs of `true` in a session of the daemon, one
-// without and one with a receipt, the order alternating from pair to
-// pair so that drift (TCG's translation cache warming, the host's load)
-// falls on both alike, and fills in rep's receipt figures.
+// receiptOverhead measures what a receipt adds to a request, pairs of
+// requests without and with one in alternating order: refused ones (a
+// timeout over the policy's maximum), then `true` in a session; and
+// fills in rep's receipt figures.
 func receiptOverhead(ctx context.Context, c *client.Client, pairs int, rep *ExecReport) error {
 	const session = "bench-receipts"
 	defer func() {
@@ -448,7 +455,22 @@ func receiptOverhead(ctx context.Context, c *client.Client, pairs int, rep *Exec
 		defer cancel()
 		_ = c.EndSession(ectx, session)
 	}()
-	run := func(receipt bool) (time.Duration, error) {
+	refused := wire.ExecRequest{Argv: []string{"true"}, TimeoutMS: (24 * time.Hour).Milliseconds()}
+	refusal := func(receipt bool) (time.Duration, error) {
+		req := refused
+		req.Receipt = receipt
+		t0 := time.Now()
+		_, err := c.Exec(ctx, req, client.ExecIO{})
+		d := time.Since(t0)
+		switch {
+		case !errors.Is(err, client.ErrDenied):
+			return 0, fmt.Errorf("receipt overhead: a timeout over the maximum was not refused: %v", err)
+		case receipt && len(client.ReceiptOf(err)) == 0:
+			return 0, errors.New("receipt overhead: the refusal carried no receipt")
+		}
+		return d, nil
+	}
+	inSession := func(receipt bool) (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 		defer cancel()
 		t0 := time.Now()
@@ -462,10 +484,27 @@ func receiptOverhead(ctx context.Context, c *client.Client, pairs int, rep *Exec
 		}
 		return d, nil
 	}
-	if _, err := run(false); err != nil { // the session's VM, and a first command
+	if _, err := inSession(false); err != nil { // the session's VM, and a first command
 		return err
 	}
-	var without, with []time.Duration
+	var err error
+	if rep.RefusalNoReceiptMS, rep.RefusalReceiptMS, rep.ReceiptOverheadMS, err = measurePairs(pairs, refusal); err != nil {
+		return err
+	}
+	if rep.SessionNoReceiptMS, rep.SessionReceiptMS, rep.ReceiptOverheadSessionMS, err = measurePairs(pairs, inSession); err != nil {
+		return err
+	}
+	if rep.ReceiptOverheadMS >= ReceiptBudgetMS {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("a receipt costs %.2f ms per request, over its %d ms budget", rep.ReceiptOverheadMS, ReceiptBudgetMS))
+	}
+	return nil
+}
+
+// measurePairs runs pairs of run(false), run(true), the order alternating
+// from pair to pair, and returns both distributions and the median of
+// the pairs' differences.
+func measurePairs(pairs int, run func(receipt bool) (time.Duration, error)) (without, with Stat, overhead float64, err error) {
+	var a, b []time.Duration
 	for i := range pairs {
 		order := []bool{false, true}
 		if i%2 == 1 {
@@ -474,21 +513,16 @@ func receiptOverhead(ctx context.Context, c *client.Client, pairs int, rep *Exec
 		for _, receipt := range order {
 			d, err := run(receipt)
 			if err != nil {
-				return err
+				return Stat{}, Stat{}, 0, err
 			}
 			if receipt {
-				with = append(with, d)
+				b = append(b, d)
 			} else {
-				without = append(without, d)
+				a = append(a, d)
 			}
 		}
 	}
-	rep.SessionNoReceiptMS, rep.SessionReceiptMS = summarize(without), summarize(with)
-	rep.ReceiptOverheadMS = pairedMedian(without, with)
-	if rep.ReceiptOverheadMS >= ReceiptBudgetMS {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("a receipt costs %.2f ms per command, over its %d ms budget", rep.ReceiptOverheadMS, ReceiptBudgetMS))
-	}
-	return nil
+	return summarize(a), summarize(b), pairedMedian(a, b), nil
 }
 
 // pairedMedian is the median, in milliseconds, of b[i]-a[i].

@@ -37,10 +37,13 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	row("one-shot, network profile, no pool", r.OneshotNetNoPoolMS)
 	oneshotParts(w, r.OneshotNetNoPoolPartsMS)
 	row("command in a kept VM (session)", r.SessionExecMS)
+	row("refused request via daemon, no receipt", r.RefusalNoReceiptMS)
+	row("refused request via daemon, with receipt", r.RefusalReceiptMS)
 	row("session command via daemon, no receipt", r.SessionNoReceiptMS)
 	row("session command via daemon, with receipt", r.SessionReceiptMS)
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "receipt_overhead_ms: %.2f per command (median of %d paired differences; budget %d ms)\n", r.ReceiptOverheadMS, r.SessionReceiptMS.N, ReceiptBudgetMS)
+	fmt.Fprintf(w, "receipt_overhead_ms: %.2f per request (median of %d paired differences of refused requests; budget %d ms); beside a session command: %.2f\n",
+		r.ReceiptOverheadMS, r.RefusalReceiptMS.N, ReceiptBudgetMS, r.ReceiptOverheadSessionMS)
 	fmt.Fprintf(w, "restores whose first agent handshake failed: %d\n", r.RestoreHandshakeFailures)
 	for _, t := range r.Throughput {
 		fmt.Fprintf(w, "throughput at concurrency %d: %.1f one-shot commands/min (%d in %.1f s, %d from the pool)\n", t.Concurrency, t.PerMinute, t.Commands, t.Seconds, t.FromPool)
