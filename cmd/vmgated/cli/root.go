@@ -110,7 +110,8 @@ policies and audit logs, shows the daemon's state, and benchmarks. See README.md
 
 Exit status: 0, 1 for a failure the message explains, 207 for an invalid command line
 (vmgate's own codes are above a guest command's: docs/protocol.md); debug run exits
-with its command's status.`,
+with its command's status; receipt verify exits 0 valid, 1 invalid, 2 for an invalid
+command line, as verifiers do.`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
