@@ -366,7 +366,8 @@ func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
 		if te := (*TransferError)(nil); errors.As(err, &te) {
 			kind = wire.KindTransfer
 		}
-		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: kind.Code, Error: clientMessage(err), RequestID: st.reqID, Profile: st.verdict.Profile})
+		_ = wire.WriteJSONFrame(conn, wire.FrameError, wire.Error{Code: kind.Code, Error: clientMessage(err), RequestID: st.reqID, Profile: st.verdict.Profile,
+			Receipt: res.Receipt})
 		return
 	}
 	_ = wire.WriteJSONFrame(conn, wire.FrameResult, res)

@@ -30,6 +30,8 @@ type RequestError struct {
 	RequestID string
 	Profile   string
 	Rule      string
+	// Receipt is the signed receipt of a request that asked for one.
+	Receipt []byte
 }
 
 func (e *RequestError) Error() string { return e.Msg }
@@ -37,7 +39,7 @@ func (e *RequestError) Unwrap() error { return e.Kind }
 
 // Wire is the error as the protocol carries it.
 func (e *RequestError) Wire() wire.Error {
-	return wire.Error{Code: e.Kind.Code, Error: e.Msg, RequestID: e.RequestID, Profile: e.Profile, Rule: e.Rule}
+	return wire.Error{Code: e.Kind.Code, Error: e.Msg, RequestID: e.RequestID, Profile: e.Profile, Rule: e.Rule, Receipt: e.Receipt}
 }
 
 // requestError is err as a *RequestError: itself, or of kind ErrVMFailed

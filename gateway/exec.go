@@ -10,20 +10,17 @@ package gateway
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/receipt"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
@@ -52,6 +49,13 @@ type execState struct {
 	refused error
 	verdict policy.Verdict
 	start   time.Time
+	// For its receipt (receipts.go): the policy that decided, where its
+	// last audit record went (nil: none of its own, auditNote says why),
+	// and what its guest did on the network.
+	policy    *policy.Policy
+	recorded  *audit.Entry
+	auditNote string
+	net       netSummary
 }
 
 // newExecState starts the record of a request from id. The argv decided
@@ -93,7 +97,12 @@ func (s *Server) auditDecision(st *execState) error {
 	}
 	s.metrics.request(st.verdict.Profile, string(v))
 	if !st.verdict.Allowed {
-		return s.auditGated(s.denyGate, st.id.Key(), rec)
+		e, err := s.auditGated(s.denyGate, st.id.Key(), rec)
+		if e == nil && err == nil {
+			st.auditNote = "the denial was held back by the audit flood gate and counted in a summary record"
+		}
+		st.recorded = e
+		return err
 	}
 	return s.audit.Write(rec)
 }
@@ -147,13 +156,14 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		log.Error("refusing request: audit log unavailable", "err", err)
 		return nil, unaudited(err)
 	}
+	st.policy = s.policy.Load()
 	if st.refused != nil {
 		st.verdict = policy.Verdict{Rule: "front door", Reason: st.refused.Error()}
 		if k := st.id.SSH; k != nil {
 			st.verdict.Profile = k.Profile
 		}
 	} else {
-		st.verdict = s.policy.Load().Decide(st.id, policy.Request{
+		st.verdict = st.policy.Decide(st.id, policy.Request{
 			Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 			Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
 			Puts: uploads(st.req.Put), Gets: len(st.req.Get),
@@ -164,12 +174,15 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 	}
 	if !st.verdict.Allowed {
 		log.Info("denied", "profile", st.verdict.Profile, "rule", st.verdict.Rule, "reason", st.verdict.Reason)
-		return nil, &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID}
+		return nil, &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID,
+			Receipt: s.signReceipt(st, execOutcome{})}
 	}
 	target, err := s.acquireVM(ctx, st)
 	if err != nil {
 		s.auditExec(st, execOutcome{err: err})
-		return nil, requestError(err, st)
+		re := requestError(err, st)
+		re.Receipt = s.signReceipt(st, execOutcome{err: err})
+		return nil, re
 	}
 	return target, nil
 }
@@ -489,13 +502,15 @@ func uploads(puts []wire.PutSpec) []policy.Upload {
 // Precondition: target came from admit; ctx ends when the client goes
 // away or s.execCtx ends.
 func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, target *vmTarget, sio execIO) (wire.Result, error) {
-	var stdinBytes atomic.Int64
+	// The streams as relayed: counted and hashed for the audit record
+	// and the receipt.
+	stdinSeen := &receipt.Hasher{}
 	var stdin io.Reader
 	if sio.stdin != nil {
-		stdin = &countReader{r: sio.stdin, n: &stdinBytes}
+		stdin = io.TeeReader(sio.stdin, stdinSeen)
 	}
-	stdout := &hashWriter{w: sio.stdout, h: sha256.New()}
-	stderr := &hashWriter{w: sio.stderr, h: sha256.New()}
+	stdout := &receipt.Hasher{W: sio.stdout}
+	stderr := &receipt.Hasher{W: sio.stderr}
 	var pty *vm.PTY
 	if t := st.req.TTY; t != nil {
 		pty = &vm.PTY{Term: t.Term, Columns: t.Cols, Rows: t.Rows}
@@ -538,10 +553,11 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	if target.session == nil {
 		s.flushGated(s.netGate, target.vm.ID)
 	}
-	o := execOutcome{res: res, target: target, err: err, stdinBytes: stdinBytes.Load(), execDur: execDur,
-		stdoutSHA: stdout.sum(), stderrSHA: stderr.sum(), transfers: transfers}
+	o := execOutcome{res: res, target: target, err: err, stdin: stdinSeen.Stream(), execDur: execDur,
+		stdout: stdout.Stream(), stderr: stderr.Stream(), transfers: transfers}
 	s.auditExec(st, o)
 	out := result(st, o)
+	out.Receipt = s.signReceipt(st, o)
 	if err != nil {
 		log.Warn("exec failed", "err", vm.Details(err))
 		return out, err
@@ -563,50 +579,15 @@ func cancelledByClient(err error) error {
 	return fmt.Errorf("%w: %w", errCancelled, err)
 }
 
-// hashWriter hashes what it passes on; a nil w discards.
-type hashWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-	h  hash.Hash
-}
-
-func (hw *hashWriter) Write(p []byte) (int, error) {
-	hw.mu.Lock()
-	hw.h.Write(p)
-	hw.mu.Unlock()
-	if hw.w == nil {
-		return len(p), nil
-	}
-	return hw.w.Write(p)
-}
-
-func (hw *hashWriter) sum() string {
-	hw.mu.Lock()
-	defer hw.mu.Unlock()
-	return hex.EncodeToString(hw.h.Sum(nil))
-}
-
-// countReader counts the bytes read through it.
-type countReader struct {
-	r io.Reader
-	n *atomic.Int64
-}
-
-func (c *countReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
 // execOutcome is what an exec produced, for its audit record and result.
 type execOutcome struct {
-	res                  *vm.ExecResult // nil when the command did not complete
-	target               *vmTarget      // nil when no VM was obtained
-	err                  error
-	stdinBytes           int64
-	execDur              time.Duration
-	stdoutSHA, stderrSHA string
-	transfers            []wire.Transfer
+	res    *vm.ExecResult // nil when the command did not complete
+	target *vmTarget      // nil when no VM was obtained
+	err    error
+	// The streams as relayed (zero when the command did not run).
+	stdin, stdout, stderr receipt.Stream
+	execDur               time.Duration
+	transfers             []wire.Transfer
 }
 
 // auditExec writes the exec record of an outcome.
@@ -614,7 +595,7 @@ func (s *Server) auditExec(st *execState, o execOutcome) {
 	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
 		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), DurationMS: time.Since(st.start).Milliseconds(),
-		StdinBytes: o.stdinBytes, StdoutSHA256: o.stdoutSHA, StderrSHA256: o.stderrSHA}
+		StdinBytes: o.stdin.Bytes, StdinSHA256: o.stdin.SHA256, StdoutSHA256: o.stdout.SHA256, StderrSHA256: o.stderr.SHA256}
 	setCaller(&rec, st.id)
 	if t := o.target; t != nil {
 		rec.VMID, rec.BootMS, rec.VMStart = t.vm.ID, t.boot.Milliseconds(), t.start
@@ -634,9 +615,13 @@ func (s *Server) auditExec(st *execState, o execOutcome) {
 	if len(o.transfers) > 0 {
 		rec.Transfers = auditTransfers(st.req, o.transfers)
 	}
-	if err := s.audit.Write(rec); err != nil {
+	e, err := s.audit.Append(rec)
+	if err != nil {
 		s.log.Error("audit exec record", "req", st.reqID, "err", err)
+		st.recorded, st.auditNote = nil, "the exec record could not be written: "+err.Error()
+		return
 	}
+	st.recorded = &e
 }
 
 // result is an outcome as the protocol reports it.

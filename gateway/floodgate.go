@@ -54,18 +54,23 @@ func (s *Server) writeSummaries(idle time.Time) {
 }
 
 // auditGated writes rec through gate g under key: held back when the
-// source is over its rate, preceded by the summary of what was held.
-func (s *Server) auditGated(g *floodGate, key string, rec audit.Record) error {
+// source is over its rate, preceded by the summary of what was held. It
+// returns where rec went, nil when it was held back.
+func (s *Server) auditGated(g *floodGate, key string, rec audit.Record) (*audit.Entry, error) {
 	write, summary := g.admit(key, rec, time.Now())
 	if summary != nil {
 		if err := s.audit.Write(*summary); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if !write {
-		return nil
+		return nil, nil
 	}
-	return s.audit.Write(rec)
+	e, err := s.audit.Append(rec)
+	if err != nil {
+		return nil, err
+	}
+	return &e, nil
 }
 
 // flushGated writes the summary of key's held records now (its VM is gone).

@@ -15,6 +15,7 @@ func (s *Server) netBase() netstack.Config {
 // per DNS query and connection, tied to the request and the VM.
 func (s *Server) netAudit(st *execState, vmID string) func(netstack.Record) {
 	return func(r netstack.Record) {
+		st.net.add(r)
 		rec := audit.Record{Kind: audit.KindNet, RequestID: st.reqID, Profile: st.verdict.Profile,
 			VMID: vmID, Verdict: audit.VerdictDeny, Rule: r.Rule, Reason: r.Reason,
 			Net: &audit.NetEvent{Proto: r.Proto, Name: r.Name, Port: r.Port, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationMS: r.Duration.Milliseconds()}}
@@ -33,7 +34,7 @@ func (s *Server) netAudit(st *execState, vmID string) func(netstack.Record) {
 		if r.Allowed && r.Proto == "tcp" {
 			err = s.audit.Write(rec)
 		} else {
-			err = s.auditGated(s.netGate, vmID, rec)
+			_, err = s.auditGated(s.netGate, vmID, rec)
 		}
 		if err != nil {
 			s.log.Error("audit network event", "err", err)

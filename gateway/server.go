@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -57,6 +58,17 @@ type Config struct {
 	// AuditRedact are regular expressions; argv elements matching one are
 	// written to the audit log as "[REDACTED]".
 	AuditRedact []string
+	// ReceiptKey is the ed25519 key that signs receipts and the audit
+	// chain's checkpoints (receipt.LoadKey's rules). Empty means
+	// STATE/receipt.key, created at first start; a key given here must
+	// exist. The daemon does not start without its key.
+	ReceiptKey string
+	// CheckpointEvery and CheckpointInterval say how often the audit log
+	// signs its chain: after so many records, and at least so often while
+	// records are written (defaults audit.DefaultCheckpointEvery and
+	// audit.DefaultCheckpointInterval; a negative interval: no timer).
+	CheckpointEvery    int
+	CheckpointInterval time.Duration
 	// MaxVMs bounds live VMs across all callers (default 4).
 	MaxVMs int
 	// QueueLen bounds requests waiting for a VM slot (default 16; negative
@@ -178,6 +190,8 @@ type Server struct {
 	// links are the image directories as configured, which each reload
 	// resolves again (paths.go); cfg holds the directories resolved.
 	links imageLinks
+	// receiptKey signs receipts and the audit chain's checkpoints.
+	receiptKey ed25519.PrivateKey
 
 	// execCtx is cancelled when the grace period after shutdown ends.
 	execCtx    context.Context
@@ -253,10 +267,10 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // New prepares the daemon from cfg: the state directory and its lock, the
-// policy, the VM host (which cleans up what a crashed daemon left, opens
-// the cgroups and checks the image), the audit log, the SSH front door's
-// files; then the templates of the policy's shapes start loading. It
-// neither listens nor serves.
+// receipt signing key, the policy, the VM host (which cleans up what a
+// crashed daemon left, opens the cgroups and checks the image), the audit
+// log, the SSH front door's files; then the templates of the policy's
+// shapes start loading. It neither listens nor serves.
 //
 // Postcondition: on error everything it acquired is released again.
 func New(cfg Config) (_ *Server, err error) {
@@ -281,6 +295,10 @@ func New(cfg Config) (_ *Server, err error) {
 		return nil, err
 	}
 	s.push(func() error { unlock(); return nil })
+	// No receipts, no start: the key is checked before any VM work.
+	if s.receiptKey, err = loadReceiptKey(cfg, log); err != nil {
+		return nil, err
+	}
 	pol, err := loadPolicy(cfg, log)
 	if err != nil {
 		return nil, err
@@ -311,7 +329,8 @@ func New(cfg Config) (_ *Server, err error) {
 	if err := s.useImages(pol); err != nil {
 		return nil, err
 	}
-	if s.audit, err = audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror()}); err != nil {
+	if s.audit, err = audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror(),
+		Signer: &audit.Signer{Key: s.receiptKey, Every: cfg.CheckpointEvery, Interval: cfg.CheckpointInterval}}); err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
 	s.push(s.audit.Close)
@@ -406,6 +425,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.ssh.LogReady()
 	}
 	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.host.ImageDigest()})
+	// The chain names this run's key from its start.
+	if _, err := s.audit.Checkpoint("daemon started"); err != nil {
+		s.log.Error("audit checkpoint at start", "err", err)
+	}
 	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.policy.Load().Source(), "image", s.cfg.VM.ImageDir,
 		"audit", s.cfg.AuditPath, "max_vms", s.cfg.MaxVMs)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {

@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"crypto/ed25519"
 	"net/http"
 	"os"
 	"sort"
 	"strconv"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway/receipt"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/version"
 	"github.com/vmgate/vmgate/policy"
@@ -62,6 +64,8 @@ func (s *Server) status(id policy.Identity) wire.Status {
 		st.Audit = err.Error()
 	}
 	st.AuditSeq, st.AuditHead = s.audit.Head()
+	pub := s.receiptKey.Public().(ed25519.PublicKey)
+	st.ReceiptKey, st.ReceiptPublicKey = receipt.Fingerprint(pub), string(receipt.MarshalPublicKey(pub))
 	if e := s.reloadErr.Load(); e != nil {
 		st.PolicyError = (*e).Error()
 	}

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io/fs"
 	"os"
@@ -339,5 +341,28 @@ connect_rate = 30
 	}
 	if v := Default().Decide(Identity{UID: 1000, User: "alice"}, Request{Argv: []string{"true"}}); v.Network != nil {
 		t.Error("the default policy gives VMs a network")
+	}
+}
+
+// TestDigest: a policy's digest is the SHA-256 of the bytes it was parsed
+// from, as sha256sum of the file prints it; a one-byte change changes it.
+func TestDigest(t *testing.T) {
+	p, err := Parse("x.toml", []byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(minimal))
+	if got := p.Digest(); got != hex.EncodeToString(sum[:]) {
+		t.Fatalf("digest %s, want %x", got, sum)
+	}
+	q, err := Parse("x.toml", []byte(minimal+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Digest() == p.Digest() {
+		t.Fatal("a changed file kept its digest")
+	}
+	if Default().Digest() == "" {
+		t.Fatal("the built-in policy has no digest")
 	}
 }

@@ -2,7 +2,9 @@ package policy
 
 import (
 	"bytes"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +16,7 @@ import (
 // concurrent use; obtain one from [Parse], [Load] or [Default].
 type Policy struct {
 	source   string    // file name, for messages
+	digest   string    // hex SHA-256 of the text parsed
 	doc      *document // as decoded, for Validate
 	profiles []*profile
 	seccomp  string // [isolate] seccomp: "required" or "off"
@@ -77,7 +80,13 @@ func Parse(name string, data []byte) (*Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return compile(name, doc)
+	p, err := compile(name, doc)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(data)
+	p.digest = hex.EncodeToString(sum[:])
+	return p, nil
 }
 
 // Load reads and parses the policy file at path. If the file does not exist
@@ -130,6 +139,16 @@ func (p *Policy) Source() string {
 		return ""
 	}
 	return p.source
+}
+
+// Digest is the hex SHA-256 of the text the policy was parsed from (the
+// file's bytes as read): what a receipt names, so that a reader can tell
+// which policy decided (sha256sum of the file gives the same value).
+func (p *Policy) Digest() string {
+	if p == nil {
+		return ""
+	}
+	return p.digest
 }
 
 // Shape is the form of the VMs a profile asks for: a template and a pool

@@ -72,6 +72,35 @@
 // retention removes it as well, and only the operator knows how many
 // files should be kept.
 //
+// # Signed checkpoints
+//
+// With [Options.Signer] the Log appends checkpoint records
+// (checkpoint.go) that sign the chain head with the daemon's receipt key
+// (package receipt): every [Signer.Every] records, at least every
+// [Signer.Interval] while records come, at both ends of a rotation, at a
+// clean close, and when the daemon starts ([Log.Checkpoint]), so that the
+// chain names the key of every run. [VerifyWith] checks each signature;
+// [VerifyOptions.Keys] pins the keys it accepts. What this adds, against
+// whom:
+//
+//   - Someone who can write the log but cannot read the key (a log
+//     collector, a backup, another user given write access, a copy
+//     shipped off the host) can no longer rewrite history and recompute
+//     the chain: every checkpoint after the change fails, and a log whose
+//     checkpoints were removed, or made with another key, fails against
+//     the pinned key.
+//   - Records after the last checkpoint are not signed yet ([Report]
+//     counts them as Unsigned): they can be cut or changed like an
+//     unkeyed chain's tail. A log closed cleanly ends with a checkpoint.
+//   - Root on the host, or anyone who can read the key file (the daemon's
+//     user), can sign anything: against them checkpoints prove nothing
+//     about what is on the disk now. What holds against them is what left
+//     the host earlier: a receipt a caller kept names a record's sequence
+//     number and hash and the chain head (package receipt), and a log
+//     rewritten at or before that point no longer matches it; so do heads
+//     or checkpoints shipped to a collector. Keep the key readable by the
+//     daemon's user only, and ship the log off-host as it is written.
+//
 // Redaction covers argv and what quotes it: in Reason, Error and Message
 // every redacted argument, and every quoted string that a pattern matches
 // or that starts a redacted argument, is replaced too (a denial's reason

@@ -60,6 +60,8 @@ type Options struct {
 	// to the journal). It runs outside the Log's locks; the file stays the
 	// record of truth.
 	Mirror func(Record)
+	// Signer, if set, signs checkpoints of the chain (checkpoint.go).
+	Signer *Signer
 }
 
 // Log is an open audit log. Create it with [Open]; it is safe for
@@ -102,6 +104,12 @@ type Log struct {
 	retry      *time.Timer
 	// writeErrors counts records refused over the Log's life (metrics).
 	writeErrors uint64
+
+	// Checkpoints (checkpoint.go): the signer (nil: none), the records
+	// written since the last checkpoint, the interval timer.
+	signer  *signer
+	sinceCP int
+	cpTimer *time.Timer
 }
 
 // Open opens the audit log at opts.Path for appending, creating it if
@@ -140,6 +148,13 @@ func open(opts Options, openf opener) (*Log, error) {
 	if l.interval == 0 {
 		l.interval = DefaultSyncInterval
 	}
+	if opts.Signer != nil {
+		sg, err := newSigner(*opts.Signer)
+		if err != nil {
+			return nil, err
+		}
+		l.signer = sg
+	}
 	for i, p := range opts.Redact {
 		re, err := regexp.Compile(p)
 		if err != nil {
@@ -161,6 +176,7 @@ func open(opts Options, openf opener) (*Log, error) {
 	// by an earlier daemon whose lines are already in the chain.
 	l.f, l.size, l.seq, l.head, l.synced = f, size, seq, head, size
 	l.logger.Info("audit log open", "seq", seq, "head", head)
+	l.armCheckpointTimer()
 	return l, nil
 }
 
@@ -247,24 +263,47 @@ func lastLine(f io.ReaderAt, size int64) (line []byte, off int64, torn bool, err
 // call, wraps [ErrUnavailable] and the underlying cause. A partly written
 // line is truncated away so that the file remains a valid chain.
 func (l *Log) Write(r Record) error {
-	if err := l.write(&r); err != nil {
-		return err
+	_, err := l.Append(r)
+	return err
+}
+
+// Entry is a record's place in the chain: its Seq and the hex SHA-256 of
+// its line, which is the chain head right after it (the next record's
+// Prev).
+type Entry struct {
+	Seq  uint64
+	Hash string
+}
+
+// Append is Write that also returns where the record went: what a
+// receipt of the request names.
+func (l *Log) Append(r Record) (Entry, error) {
+	e, cp, err := l.write(&r)
+	if err != nil {
+		return Entry{}, err
 	}
 	if l.mirror != nil {
 		l.mirror(r)
+		if cp != nil {
+			l.mirror(*cp)
+		}
 	}
-	return nil
+	return e, nil
 }
 
-// write fills in and appends r; the filled-in record is left in *r.
-func (l *Log) write(r *Record) error {
+// write fills in and appends r; the filled-in record is left in *r. cp is
+// the checkpoint written after it, if one was due.
+func (l *Log) write(r *Record) (e Entry, cp *Record, err error) {
 	if !r.Kind.valid() {
-		return fmt.Errorf("audit write: invalid kind %q", r.Kind)
+		return Entry{}, nil, fmt.Errorf("audit write: invalid kind %q", r.Kind)
+	}
+	if r.Kind == KindCheckpoint || r.Checkpoint != nil {
+		return Entry{}, nil, errors.New("audit write: checkpoints are the Log's own records")
 	}
 	switch r.Verdict {
 	case "", VerdictAllow, VerdictDeny:
 	default:
-		return fmt.Errorf("audit write: invalid verdict %q", r.Verdict)
+		return Entry{}, nil, fmt.Errorf("audit write: invalid verdict %q", r.Verdict)
 	}
 	var secrets []string
 	r.Argv, secrets = l.redactArgv(r.Argv)
@@ -278,9 +317,16 @@ func (l *Log) write(r *Record) error {
 			l.refused++
 			l.writeErrors++
 		}
-		return l.err
+		return Entry{}, nil, l.err
 	}
-	return l.appendLocked(r)
+	if err := l.appendLocked(r); err != nil {
+		return Entry{}, nil, err
+	}
+	e = Entry{Seq: l.seq, Hash: l.head}
+	if l.signer != nil && l.sinceCP >= l.signer.every {
+		cp = l.checkpointLocked(fmt.Sprintf("every %d records", l.signer.every))
+	}
+	return e, cp, nil
 }
 
 // appendLocked encodes r as the next line and appends it. Precondition:
@@ -289,6 +335,9 @@ func (l *Log) appendLocked(r *Record) error {
 	r.Time = l.now().UTC()
 	r.Seq = l.seq + 1
 	r.Prev = l.head
+	if r.Kind == KindCheckpoint {
+		l.signer.sign(r)
+	}
 	line, err := encode(r)
 	if err != nil {
 		return fmt.Errorf("audit write: encode: %w", err)
@@ -328,8 +377,10 @@ func (l *Log) appendLocked(r *Record) error {
 			return l.err
 		}
 		l.syncedLocked(l.size)
+		l.countLocked(r)
 		return nil
 	}
+	l.countLocked(r)
 	l.dirty = true
 	if !l.armed {
 		l.armed = true
@@ -600,9 +651,16 @@ func (l *Log) Close() error {
 	if l.closed {
 		return nil
 	}
+	if l.err == nil && l.signer != nil && l.sinceCP > 0 {
+		// A log closed cleanly ends signed.
+		l.checkpointLocked("log closed")
+	}
 	l.closed = true
 	if l.timer != nil {
 		l.timer.Stop()
+	}
+	if l.cpTimer != nil {
+		l.cpTimer.Stop()
 	}
 	if l.retry != nil {
 		l.retry.Stop()

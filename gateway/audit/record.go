@@ -32,11 +32,14 @@ const (
 	// of the file before it (Log.Reopen): its Seq and Prev follow that
 	// file's last record, and Predecessor names that file.
 	KindRotate Kind = "rotate"
+	// KindCheckpoint signs the chain up to it with the daemon's key
+	// (checkpoint.go); only the Log writes it.
+	KindCheckpoint Kind = "checkpoint"
 )
 
 func (k Kind) valid() bool {
 	switch k {
-	case KindDecision, KindExec, KindSession, KindDaemon, KindNet, KindRotate:
+	case KindDecision, KindExec, KindSession, KindDaemon, KindNet, KindRotate, KindCheckpoint:
 		return true
 	}
 	return false
@@ -132,6 +135,7 @@ type Record struct {
 	StdinBytes   int64  `json:"stdin_bytes,omitempty"`
 	StdoutSHA256 string `json:"stdout_sha256,omitempty"`
 	StderrSHA256 string `json:"stderr_sha256,omitempty"`
+	StdinSHA256  string `json:"stdin_sha256,omitempty"`
 	// Truncated is set when output was cut at the configured limit.
 	Truncated bool `json:"truncated,omitempty"`
 	// DurationMS is the command's run time, BootMS the VM's boot time.
@@ -168,6 +172,8 @@ type Record struct {
 	// Predecessor, in a KindRotate record, names the file whose chain
 	// this file continues. Logs written before it existed lack it.
 	Predecessor *Predecessor `json:"predecessor,omitempty"`
+	// Checkpoint is a KindCheckpoint record's signature.
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 
 	// Prev is the hex SHA-256 of the previous line without its newline,
 	// or GenesisPrev on the first line.

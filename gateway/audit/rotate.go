@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,17 +35,28 @@ const maxRotateNames = 1000
 
 // Reopen makes the log write to a new file at its path when the open file
 // was moved away, or, with moveTo set, after moving it to moveTo. The new
-// file's first record (KindRotate) continues the chain. A path that still
-// names the open file is left alone (rotated false). The old file is
-// synced before it is left; a path that names a file with data in it, not
-// the open one, is refused. A moveTo that exists is refused (an error
-// wrapping os.ErrExist) and the log goes on in the open file.
+// file's first record (KindRotate) continues the chain; with a Signer the
+// old file's last record and the new file's second are checkpoints. A
+// path that still names the open file is left alone (rotated false). The
+// old file is synced before it is left; a path that names a file with
+// data in it, not the open one, is refused. A moveTo that exists is
+// refused (an error wrapping os.ErrExist) and the log goes on in the open
+// file.
 func (l *Log) Reopen(moveTo string) (rotated bool, err error) {
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.leaveLocked(); err != nil {
+	rotating := moveTo != ""
+	if !rotating && l.err == nil {
+		// Moved away by logrotate, or a reload without rotation.
+		same, err := samePath(l.f, l.path)
+		if err != nil {
+			return false, fmt.Errorf("audit rotate: %w", err)
+		}
+		rotating = !same
+	}
+	if err := l.leaveLocked(rotating); err != nil {
 		return false, err
 	}
 	if moveTo != "" {
@@ -64,7 +76,7 @@ func (l *Log) Rotate() (movedTo string, err error) {
 	defer l.syncMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.leaveLocked(); err != nil {
+	if err := l.leaveLocked(true); err != nil {
 		return "", err
 	}
 	base := l.path + "." + l.now().UTC().Format(RotateStamp)
@@ -91,9 +103,13 @@ func (l *Log) Rotate() (movedTo string, err error) {
 }
 
 // leaveLocked readies the open file to be left: it must be healthy, and
-// is synced.
-func (l *Log) leaveLocked() error {
+// is synced; when it is rotated away, with a Signer, it ends signed (like
+// the rotate record, the checkpoints of a rotation are not mirrored).
+func (l *Log) leaveLocked(rotating bool) error {
 	if l.err != nil {
+		return l.err
+	}
+	if rotating && l.signer != nil && l.sinceCP > 0 && l.checkpointLocked("before rotation") == nil {
 		return l.err
 	}
 	if err := l.f.Sync(); err != nil {
@@ -137,6 +153,10 @@ func (l *Log) continueLocked(movedTo string) (rotated bool, err error) {
 	}
 	if err := l.appendLocked(&Record{Kind: KindRotate, Message: msg, Predecessor: pred}); err != nil {
 		return true, err
+	}
+	if l.signer != nil && l.checkpointLocked("after rotation") == nil {
+		// The new file names the key from its start.
+		return true, l.err
 	}
 	if err := old.Close(); err != nil {
 		l.logger.Warn("audit rotate: close the previous file", "err", err)
@@ -209,13 +229,23 @@ type FileReport struct {
 // names the file: a broken chain in it, or a file missing before it (named
 // when its successor's rotate record names it) or out of order.
 func VerifyFiles(paths ...string) ([]FileReport, error) {
+	return VerifyFilesWith(VerifyOptions{}, paths...)
+}
+
+// ErrNoCheckpoint: files verified against pinned keys hold no checkpoint.
+var ErrNoCheckpoint = errors.New("no signed checkpoint")
+
+// VerifyFilesWith is VerifyFiles with o's checks (VerifyWith) on each
+// file; with o.Keys the files must hold at least one checkpoint, or the
+// error wraps ErrNoCheckpoint (and ErrCheckpoint).
+func VerifyFilesWith(o VerifyOptions, paths ...string) ([]FileReport, error) {
 	files, err := expand(paths)
 	if err != nil {
 		return nil, err
 	}
 	var out []FileReport
 	for i, p := range files {
-		rep, err := verifyPath(p)
+		rep, err := verifyPath(p, o)
 		out = append(out, FileReport{Path: p, Report: rep})
 		if err != nil {
 			return out, fmt.Errorf("audit verify %s: %w", p, err)
@@ -239,6 +269,10 @@ func VerifyFiles(paths ...string) ([]FileReport, error) {
 			return out, fmt.Errorf("audit verify %s: %w: it %s, but %s ends at seq %d (head %s): a file is missing between them, they are out of order, or %s was changed",
 				p, ErrChainBroken, what, prev.Path, prev.LastSeq, short(prev.Head), prev.Path)
 		}
+	}
+	if len(o.Keys) > 0 && !slices.ContainsFunc(out, func(r FileReport) bool { return r.Checkpoints > 0 }) {
+		return out, fmt.Errorf("audit verify: %w: %w by %s in %d file(s): they were not written by a daemon with this key, or were rewritten by someone without it",
+			ErrCheckpoint, ErrNoCheckpoint, fingerprints(o.Keys), len(out))
 	}
 	return out, nil
 }
@@ -268,13 +302,13 @@ func predecessorMissing(path string, pred *Predecessor, files []string) bool {
 	return true
 }
 
-func verifyPath(p string) (Report, error) {
+func verifyPath(p string, o VerifyOptions) (Report, error) {
 	f, err := openChainFile(p)
 	if err != nil {
 		return Report{Head: GenesisPrev}, err
 	}
 	defer f.Close()
-	return Verify(f)
+	return VerifyWith(f, o)
 }
 
 // expand replaces each directory in paths by its audit files in chain order.

@@ -2,11 +2,16 @@ package audit
 
 import (
 	"bufio"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/gateway/receipt"
 )
 
 // ErrChainBroken is wrapped by every error of [Verify] that shows the log
@@ -38,6 +43,37 @@ type Report struct {
 	// Predecessor is what that first record says of the file it
 	// continues (nil in logs written before rotate records named it).
 	Predecessor *Predecessor
+	// Checkpoints counts the intact checkpoint records (each signature
+	// checked), LastCheckpointSeq is the Seq of the last one (0: none),
+	// and Keys are the keys that signed them, in order of first use.
+	// Unsigned counts the intact records after the last checkpoint (all
+	// of them without one): no signature covers them yet.
+	Checkpoints       int
+	LastCheckpointSeq uint64
+	Keys              []KeyUse
+	Unsigned          int
+}
+
+// KeyUse is a key that signed checkpoints of a file: its fingerprint,
+// public key (unpadded base64), and the Seqs of its first and last
+// checkpoint there.
+type KeyUse struct {
+	Key, PublicKey    string
+	FirstSeq, LastSeq uint64
+	Checkpoints       int
+}
+
+// VerifyOptions adds to Verify's checks.
+type VerifyOptions struct {
+	// Keys, when set, pins the checkpoints' keys: a checkpoint by any
+	// other key is an error, and VerifyFilesWith requires at least one
+	// checkpoint. Without them each checkpoint's signature is checked
+	// against the public key it carries, which shows the log is whole as
+	// that key signed it, not whose key it is.
+	Keys []ed25519.PublicKey
+	// Visit, if set, is called with each intact record and the hash of
+	// its line, in order.
+	Visit func(rec *Record, hash string)
 }
 
 // Verify reads a log from r and checks that every line is a record
@@ -53,6 +89,13 @@ type Report struct {
 // lines, passes and shows only as a different Report.Head (see the package
 // documentation).
 func Verify(r io.Reader) (Report, error) {
+	return VerifyWith(r, VerifyOptions{})
+}
+
+// VerifyWith is Verify with o's checks: it also checks every checkpoint's
+// signature (a broken one is an error wrapping ErrChainBroken and
+// ErrCheckpoint), against o.Keys when set.
+func VerifyWith(r io.Reader, o VerifyOptions) (Report, error) {
 	rep := Report{Head: GenesisPrev}
 	br := bufio.NewReaderSize(r, 64<<10)
 	for n := 1; ; n++ {
@@ -106,13 +149,60 @@ func Verify(r io.Reader) (Report, error) {
 			return rep, fmt.Errorf("%w: line %d: prev mismatch: prev is %s, want %s, the sha256 of line %d (line %d was modified, or lines were reordered)",
 				ErrChainBroken, n, short(rec.Prev), short(rep.Head), n-1, n-1)
 		}
+		if rec.Kind == KindCheckpoint || rec.Checkpoint != nil {
+			if err := checkpointOf(&rec, &rep, o.Keys); err != nil {
+				rep.BrokenLine = n
+				return rep, fmt.Errorf("%w: %w: line %d (seq %d): %w", ErrChainBroken, ErrCheckpoint, n, rec.Seq, err)
+			}
+		}
 		if n == 1 {
 			rep.FirstSeq, rep.FirstTime = rec.Seq, rec.Time
 		}
 		rep.Lines = n
 		rep.LastSeq, rep.LastTime = rec.Seq, rec.Time
 		rep.Head = lineHash(line)
+		if rec.Kind == KindCheckpoint {
+			rep.Unsigned = 0
+		} else {
+			rep.Unsigned++
+		}
+		if o.Visit != nil {
+			o.Visit(&rec, rep.Head)
+		}
 	}
+}
+
+// checkpointOf checks checkpoint record rec (its signature, its key
+// against pinned when set) and counts it in rep.
+func checkpointOf(rec *Record, rep *Report, pinned []ed25519.PublicKey) error {
+	if rec.Kind != KindCheckpoint {
+		return fmt.Errorf("a %s record carries a checkpoint", rec.Kind)
+	}
+	if err := checkCheckpoint(rec); err != nil {
+		return err
+	}
+	c := rec.Checkpoint
+	if len(pinned) > 0 && !slices.ContainsFunc(pinned, func(k ed25519.PublicKey) bool { return receipt.Fingerprint(k) == c.Key }) {
+		return fmt.Errorf("signed by key %s, which is not a pinned key (%s): the log was rewritten by someone with another key, or the daemon's key changed", c.Key, fingerprints(pinned))
+	}
+	rep.Checkpoints++
+	rep.LastCheckpointSeq = rec.Seq
+	i := slices.IndexFunc(rep.Keys, func(k KeyUse) bool { return k.Key == c.Key })
+	if i < 0 {
+		rep.Keys = append(rep.Keys, KeyUse{Key: c.Key, PublicKey: c.PublicKey, FirstSeq: rec.Seq})
+		i = len(rep.Keys) - 1
+	}
+	rep.Keys[i].LastSeq = rec.Seq
+	rep.Keys[i].Checkpoints++
+	return nil
+}
+
+func fingerprints(keys []ed25519.PublicKey) string {
+	var out []string
+	for _, k := range keys {
+		out = append(out, receipt.Fingerprint(k))
+	}
+	return strings.Join(out, ", ")
 }
 
 // VerifyFile runs [Verify] on the file at path.

@@ -125,10 +125,21 @@ type ExecIO struct {
 	// with an error if the daemon reports the get failed: a Get must keep
 	// nothing unless it read the stream to a clean EOF.
 	Gets []func(io.Reader) error
+	// ReceiptNote, if set, is told what a receipt check could not
+	// check (receipt.Body.Check's notes).
+	ReceiptNote func(string)
 }
 
 // Exec runs req and streams its I/O. It returns the result record; a
-// non-nil error means the command's outcome is unknown or it never ran.
+// non-nil error means the command's outcome is unknown or it never ran,
+// except a *ReceiptError, which comes with the result.
+//
+// With req.Receipt the daemon signs a receipt of the request (in
+// Result.Receipt, or in the refusal's or failure's wire.Error.Receipt).
+// Exec hashes the streams it received and sent itself and checks the
+// receipt against them (receipt.Body.Check): a receipt that is missing,
+// unreadable or disagrees is a *ReceiptError, and is removed from what
+// Exec returns, so that a caller never keeps it.
 // A get whose stream a Get refused has its Result.Transfers entry's Error
 // set. Cancelling ctx closes the connection, which makes the gateway kill
 // the command.
@@ -141,6 +152,19 @@ func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*w
 	if err != nil {
 		return nil, fmt.Errorf("exec: %w", err)
 	}
+	var rc *receiptCheck
+	if req.Receipt {
+		rc = watchStreams(&sio)
+	}
+	res, err := c.exec(ctx, body, sio)
+	if rc != nil {
+		return rc.check(res, err, sio.ReceiptNote)
+	}
+	return res, err
+}
+
+// exec sends the request body and relays the exec stream.
+func (c *Client) exec(ctx context.Context, body []byte, sio ExecIO) (*wire.Result, error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err

@@ -155,6 +155,10 @@ type ExecRequest struct {
 	// no Argv at all (vm-exec cp).
 	Put []PutSpec `json:"put,omitempty"`
 	Get []GetSpec `json:"get,omitempty"`
+	// Receipt asks for a signed receipt of the request (docs/security.md,
+	// "Receipts"): in Result.Receipt, or, for a request refused or failed
+	// after its decision was recorded, in Error.Receipt.
+	Receipt bool `json:"receipt,omitempty"`
 }
 
 // TransferOnly reports whether the request copies files and runs nothing.
@@ -221,6 +225,9 @@ type Result struct {
 	TotalMS int64  `json:"total_ms"`
 	// Transfers lists the request's puts and gets, in order.
 	Transfers []Transfer `json:"transfers,omitempty"`
+	// Receipt is the signed receipt the request asked for, the document
+	// exactly as signed (package gateway/receipt).
+	Receipt json.RawMessage `json:"receipt,omitempty"`
 }
 
 // ShellExitCode is the command's exit code as a shell reports it: its own,
@@ -365,6 +372,9 @@ type Error struct {
 	Profile   string `json:"profile,omitempty"`
 	Rule      string `json:"rule,omitempty"`
 	RequestID string `json:"request_id,omitempty"`
+	// Receipt is the signed receipt of a refused or failed request that
+	// asked for one, when its decision was recorded (a denial says so).
+	Receipt json.RawMessage `json:"receipt,omitempty"`
 }
 
 // Session describes a kept VM (GET /v1/sessions).
@@ -419,8 +429,13 @@ type Status struct {
 	PolicyError string `json:"policy_error,omitempty"`
 	// AuditSeq and AuditHead are the audit chain's last record: compare
 	// them with the newest file to notice a truncation.
-	AuditSeq                 uint64     `json:"audit_seq"`
-	AuditHead                string     `json:"audit_head"`
+	AuditSeq  uint64 `json:"audit_seq"`
+	AuditHead string `json:"audit_head"`
+	// ReceiptKey is the fingerprint of the key that signs receipts and
+	// the audit chain's checkpoints, ReceiptPublicKey its public half
+	// (PEM).
+	ReceiptKey               string     `json:"receipt_key,omitempty"`
+	ReceiptPublicKey         string     `json:"receipt_public_key,omitempty"`
 	Pools                    []Pool     `json:"pools"`
 	RestoreHandshakeFailures int64      `json:"restore_handshake_failures"`
 	All                      bool       `json:"all"`

@@ -14,6 +14,8 @@
 //   - session_exec (session, command, timeout, max_output_size): as
 //     exec_shell_command, in the session's VM.
 //   - session_end (session).
+//   - receipt (optional request_id): the signed receipt of a command the
+//     exec tools ran (receipts.go).
 //
 // A command that ran is a normal tool result whatever its exit code (the
 // text ends with "[exit code: N]"). A command that never ran — refused by
@@ -123,6 +125,8 @@ type Server struct {
 	sessions map[string]context.CancelFunc
 	closed   bool // shutting down: no new sessions
 	ran      bool
+
+	receipts receiptStore
 }
 
 // New returns a server with the tools registered.
@@ -179,6 +183,7 @@ func New(o Options) *Server {
 	}, s.wrap(s.sessionEnd))
 	s.addFileTools()
 	s.addBranchTools()
+	s.addReceiptTool()
 	return s
 }
 

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"bytes"
 	"context"
+	"errors"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -201,16 +202,29 @@ func execOutputSchema() map[string]any {
 func (s *Server) runShell(ctx context.Context, req *mcp.CallToolRequest, tool, session string, a shelltool.Args) *mcp.CallToolResult {
 	out := newLiveOutput(a.MaxOutputSize)
 	stop := s.progress(ctx, req, out)
-	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{a.Command}, Shell: true, Session: session, TimeoutMS: a.Timeout.Milliseconds()},
+	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{a.Command}, Shell: true, Session: session, TimeoutMS: a.Timeout.Milliseconds(), Receipt: true},
 		client.ExecIO{Stdout: out, Stderr: out})
 	stop()
+	var re *client.ReceiptError
+	if res != nil && errors.As(err, &re) && err == error(re) {
+		// The command ran; only its receipt was refused.
+		s.receipts.keep(shelltool.Outcome{RequestID: res.RequestID, ReceiptErr: err})
+		err = nil
+	} else if res != nil {
+		s.receipts.keep(shelltool.Outcome{RequestID: res.RequestID, Receipt: res.Receipt})
+	}
 	if err != nil {
+		o := shelltool.Outcome{Err: err, Receipt: client.ReceiptOf(err), RequestID: client.RequestIDOf(err)}
+		if errors.As(err, &re) {
+			o.ReceiptErr = re
+		}
+		s.receipts.keep(o)
 		if ctx.Err() != nil {
 			s.log.Info("call cancelled: its command was killed", "tool", tool, "session", session, "err", err)
 		} else {
 			s.log.Warn("command not run", "tool", tool, "session", session, "err", err)
 		}
-		return textResult("vmgate: "+err.Error()+"\n[exit code: -1]", true)
+		return withRequestID(textResult("vmgate: "+err.Error()+"\n[exit code: -1]", true), o)
 	}
 	s.log.Debug("command ran", "tool", tool, "session", session, "req", res.RequestID,
 		"exit_code", res.ExitCode, "timed_out", res.TimedOut)
@@ -219,5 +233,5 @@ func (s *Server) runShell(ctx context.Context, req *mcp.CallToolRequest, tool, s
 	r.StructuredContent = ExecOutput{ExitCode: res.ShellExitCode(), Signal: res.Signal,
 		Output: string(bytes.ToValidUTF8(kept, []byte("\uFFFD"))), Truncated: out.Truncated(), TimedOut: res.TimedOut,
 		DurationMS: res.ExecMS, TotalMS: res.TotalMS, VM: res.VMID, RequestID: res.RequestID, Session: session}
-	return r
+	return withRequestID(r, shelltool.Outcome{RequestID: res.RequestID})
 }

@@ -31,6 +31,7 @@ import (
 // vmexecOpts is the parsed vm-exec command line.
 type vmexecOpts struct {
 	socket, session, endSession, shell, dir string
+	receipt                                 string
 	timeout                                 time.Duration
 	jsonOut, list, forceStdin, noStdin      bool
 	pause                                   bool
@@ -60,6 +61,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
 	fs.StringArrayVar(puts, "put", nil, "copy a file or directory into the VM before the command: `LOCAL:GUESTPATH` (repeatable)")
 	fs.StringArrayVar(gets, "get", nil, "copy a file or directory out of the VM after it: `GUESTPATH:LOCAL` (repeatable)")
+	fs.StringVar(&o.receipt, "receipt", "", "write the daemon's signed receipt of the command to `FILE` once it agrees with what was received (also of a denial; docs/security.md, \"Receipts\")")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result (with stdout and stderr) instead of streaming; with --list-sessions, JSON sessions")
 	fs.BoolVar(&o.list, "list-sessions", false, "list the caller's sessions")
 	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME` (running or paused)")
@@ -107,8 +109,8 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	shellSet := fs.Changed("command")
 	switch {
 	case o.list || o.endSession != "":
-		if len(o.argv) > 0 || shellSet {
-			return nil, usagef("--list-sessions and --end-session take no command")
+		if len(o.argv) > 0 || shellSet || o.receipt != "" {
+			return nil, usagef("--list-sessions and --end-session take no command and no --receipt")
 		}
 	case o.pause || len(o.forks) > 0:
 		switch {
@@ -295,8 +297,8 @@ func mcpDoc(socket *string) Doc {
 		Short: "Serve the Model Context Protocol on stdin/stdout",
 		Long: `Serves the Model Context Protocol on stdin/stdout: tools exec_shell_command,
 session_start, session_exec, session_write_file, session_read_file and session_end run
-commands in disposable VMs through vmgated. Sessions it started end when it exits, even by
-SIGKILL. See docs/agents.md.`,
+commands in disposable VMs through vmgated; receipt returns a command's signed receipt.
+Sessions it started end when it exits, even by SIGKILL. See docs/agents.md.`,
 		Flags: fs,
 	}
 }
@@ -348,7 +350,7 @@ func vmexecMCP(args []string) int {
 
 func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode,
-		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds()}
+		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds(), Receipt: o.receipt != ""}
 	var sio client.ExecIO
 	if err := addTransfers(o, &req, &sio); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
@@ -402,7 +404,13 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 			}
 		}
 	}()
+	sio.ReceiptNote = func(n string) { fmt.Fprintf(os.Stderr, "vm-exec: receipt: %s\n", n) }
 	res, err := c.Exec(ctx, req, sio)
+	if o.receipt != "" {
+		if code, done := keepReceipt(o.receipt, res, err); done {
+			return code
+		}
+	}
 	if err != nil {
 		return reportErr(err)
 	}

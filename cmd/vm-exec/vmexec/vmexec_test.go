@@ -41,6 +41,10 @@ var parseCases = []struct {
 	{[]string{"--session", "t", "cp", "a", "s:/b"}, nil, false, true},
 	{[]string{"--put", "nocolon", "true"}, nil, false, true},
 	{[]string{"--get", ":x", "true"}, nil, false, true},
+	{[]string{"--receipt", "r.json", "--session", "s", "true"}, []string{"true"}, false, false},
+	{[]string{"--receipt", "r.json", "-c", "echo"}, []string{"echo"}, true, false},
+	{[]string{"--list-sessions", "--receipt", "r.json"}, nil, false, true},
+	{[]string{"--receipt"}, nil, false, true},
 }
 
 func TestParseVMExec(t *testing.T) {

@@ -210,7 +210,7 @@ func TestSummarizeAndReport(t *testing.T) {
 		{Scenario: "a", Run: 2, Agent: "openai", Resolved: false, FailureMode: FailTurns, AgentResult: AgentResult{Turns: 30}, Trace: "traces/a-run2.jsonl"},
 		{Scenario: "b", Run: 1, Agent: "openai", Resolved: true, TimeToFix: ttf(30), AgentResult: AgentResult{Turns: 5}, Trace: "traces/b-run1.jsonl"},
 		{Scenario: "b", Run: 2, Agent: "openai", Resolved: true, TimeToFix: ttf(50), AgentResult: AgentResult{Turns: 7}, Trace: "traces/b-run2.jsonl",
-			Checks: []CheckResult{{Phase: "guard", Name: "<ssh>", OK: false, Detail: "x"}}},
+			Checks: []CheckResult{{Phase: "guard", Name: "<ssh>", OK: false, Detail: "x"}}, Receipts: "receipts/b-run2", ReceiptCount: 9},
 	}
 	s := Summarize(results)
 	if s.Trials != 4 || s.Resolved != 3 || s.K != 2 || s.PassRate != 0.75 || *s.MedianTTF != 30 || s.PassAtK != 1 {
@@ -224,7 +224,7 @@ func TestSummarizeAndReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	page, _ := os.ReadFile(filepath.Join(dir, "report.html"))
-	for _, want := range []string{"<svg", `href="traces/b-run2.jsonl"`, "3 of 4", "&lt;ssh&gt;", "pass@2"} {
+	for _, want := range []string{"<svg", `href="traces/b-run2.jsonl"`, "3 of 4", "&lt;ssh&gt;", "pass@2", `<a href="receipts/b-run2/">9</a>`, "vmgated receipt verify"} {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("report.html lacks %q", want)
 		}
@@ -235,7 +235,7 @@ func TestSummarizeAndReport(t *testing.T) {
 		}
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "report.md"))
-	if !strings.Contains(string(md), "| a | 1 | yes |") {
+	if !strings.Contains(string(md), "| a | 1 | yes |") || !strings.Contains(string(md), "| [9](receipts/b-run2/) |") {
 		t.Errorf("report.md:\n%s", md)
 	}
 }

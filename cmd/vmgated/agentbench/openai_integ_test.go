@@ -55,6 +55,7 @@ func runScripted(t *testing.T, stream bool, turns []scriptedTurn) TrialResult {
 	if trace, err := os.ReadFile(filepath.Join(out, rs[0].Trace)); err != nil || len(trace) == 0 {
 		t.Errorf("trace: %v", err)
 	}
+	checkRunReceipts(t, out, rs[0])
 	t.Logf("%+v", rs[0])
 	return rs[0]
 }

@@ -81,9 +81,10 @@ Time-to-fix is the agent's wall time in resolved trials; intervals are 95 % Wils
 {{range .S.Scenarios}}<tr><td title="{{.Title}}">{{.ID}}</td><td>{{.Category}}</td><td>{{.Difficulty}}</td><td>{{.Resolved}}/{{.Trials}}</td><td>{{pct .PassRate}}</td><td>{{pct .CI95.Lo}}–{{pct .CI95.Hi}}</td><td>{{pct .PassAtK}}</td><td>{{secs .MedianTTF}}</td><td>{{turns .MedianTurns}}</td><td>{{modes .FailureModes}}</td></tr>
 {{end}}</table>
 <h2>Trials</h2>
-<table><tr><th>scenario</th><th>run</th><th>resolved</th><th>failure mode</th><th>stopped</th><th>turns</th><th>tool calls</th><th>invalid</th><th>as text</th><th>tokens</th><th>agent time</th><th>failed checks</th><th>trace</th></tr>
-{{range .Results}}<tr><td>{{.Scenario}}</td><td>{{.Run}}</td><td class="{{if .Resolved}}ok{{else}}bad{{end}}">{{yesno .Resolved}}</td><td>{{.FailureMode}}{{with .Error}}<br><span class="muted">{{.}}</span>{{end}}</td><td>{{.Stop}}</td><td>{{.Turns}}</td><td>{{.ToolCalls}}</td><td>{{.InvalidToolCalls}}</td><td>{{.TextToolCalls}}</td><td>{{.PromptTokens}}+{{.CompletionTokens}}</td><td>{{printf "%.1f" .AgentSeconds}} s</td><td>{{failed .Checks}}</td><td><a href="{{.Trace}}">{{.Trace}}</a></td></tr>
+<table><tr><th>scenario</th><th>run</th><th>resolved</th><th>failure mode</th><th>stopped</th><th>turns</th><th>tool calls</th><th>invalid</th><th>as text</th><th>tokens</th><th>agent time</th><th>failed checks</th><th>trace</th><th>receipts</th></tr>
+{{range .Results}}<tr><td>{{.Scenario}}</td><td>{{.Run}}</td><td class="{{if .Resolved}}ok{{else}}bad{{end}}">{{yesno .Resolved}}</td><td>{{.FailureMode}}{{with .Error}}<br><span class="muted">{{.}}</span>{{end}}</td><td>{{.Stop}}</td><td>{{.Turns}}</td><td>{{.ToolCalls}}</td><td>{{.InvalidToolCalls}}</td><td>{{.TextToolCalls}}</td><td>{{.PromptTokens}}+{{.CompletionTokens}}</td><td>{{printf "%.1f" .AgentSeconds}} s</td><td>{{failed .Checks}}</td><td><a href="{{.Trace}}">{{.Trace}}</a></td><td>{{if .Receipts}}<a href="{{.Receipts}}/">{{.ReceiptCount}}</a>{{with .ReceiptErrors}} <span class="bad">({{len .}} refused)</span>{{end}}{{else}}–{{end}}</td></tr>
 {{end}}</table>
+<p class="muted">Each trial's commands have signed receipts in its receipts directory; <code>vmgated receipt verify DIR --key DIR/receipt.pub --audit DIR/audit.jsonl</code> checks them against the daemon's key and audit log.</p>
 </body></html>
 `))
 

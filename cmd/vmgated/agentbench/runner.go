@@ -104,6 +104,13 @@ type TrialResult struct {
 	// session is a copy of (--fork).
 	ForkedFrom string `json:"forked_from,omitempty"`
 	Error      string `json:"error,omitempty"`
+	// Receipts is the directory (relative to the run's output) of the
+	// signed receipts of the trial's commands, ReceiptCount how many it
+	// holds; ReceiptErrors are receipts the client refused or could not
+	// write (receipts.go).
+	Receipts      string   `json:"receipts,omitempty"`
+	ReceiptCount  int      `json:"receipt_count"`
+	ReceiptErrors []string `json:"receipt_errors,omitempty"`
 }
 
 // Run runs every scenario Runs times with P trials at once and writes
@@ -130,6 +137,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer stop()
+	if err := saveReceiptKey(ctx, c, o.Out); err != nil {
+		return nil, err
+	}
 	forks := newForks(o.Scenarios)
 
 	type job struct {
@@ -347,7 +357,8 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 			o.Log.Warn("ending the trial's session", "session", session, "err", err)
 		}
 	}()
-	script := sessionScript(c, session)
+	keep := newReceiptKeeper(o.Out, &r)
+	script := sessionScript(c, session, keep)
 
 	var before map[string]string
 	if fork != nil {
@@ -362,7 +373,7 @@ func (o *Options) trial(ctx context.Context, c *client.Client, sc *Scenario, run
 			return r
 		}
 	}
-	o.runAgent(ctx, c, sc, run, session, script, tr, &r)
+	o.runAgent(ctx, c, sc, run, session, script, keep, tr, &r)
 	if ctx.Err() != nil {
 		r.Stop, r.FailureMode, r.Error = StopCanceled, FailHarness, "run interrupted"
 		return r
@@ -420,8 +431,7 @@ type ForkSummary struct {
 // forks makes each scenario's fork set once, when its first run starts
 // (only with Options.Fork).
 type forks struct {
-	mu   sync.Mutex
-	sets map[string]*lazyFork
+	sets map[string]*lazyFork // made up front, read only after
 }
 
 type lazyFork struct {
@@ -469,7 +479,9 @@ func (o *Options) prepareFork(ctx context.Context, c *client.Client, sc *Scenari
 	}
 	tr := &tracer{enc: json.NewEncoder(tf), t0: time.Now()}
 	t0 := time.Now()
-	f.before, err = o.inject(ctx, sc, sessionScript(c, f.base), tr, nil)
+	// The fork point's receipts: its injection is every copy's.
+	keep := &receiptKeeper{dir: filepath.Join(o.Out, "receipts", sc.ID+"-inject"), r: &TrialResult{}}
+	f.before, err = o.inject(ctx, sc, sessionScript(c, f.base, keep), tr, nil)
 	tf.Close()
 	if err != nil {
 		return nil, fmt.Errorf("scenario %s: %w", sc.ID, err)
@@ -497,12 +509,14 @@ func (o *Options) prepareFork(ctx context.Context, c *client.Client, sc *Scenari
 }
 
 // sessionScript runs a script (bash -s, the text on stdin) in the trial's
-// session: its output (capped), exit code and result.
-func sessionScript(c *client.Client, session string) scriptFunc {
+// session: its output (capped), exit code and result; keep keeps its
+// receipt.
+func sessionScript(c *client.Client, session string, keep *receiptKeeper) scriptFunc {
 	return func(ctx context.Context, text []byte, limit time.Duration) (string, int, *wire.Result, error) {
 		out := &shelltool.Capped{Limit: 64 << 10}
-		res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{"bash", "-s"}, Session: session, TimeoutMS: max(limit.Milliseconds(), 1000)},
+		res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{"bash", "-s"}, Session: session, TimeoutMS: max(limit.Milliseconds(), 1000), Receipt: true},
 			client.ExecIO{Stdin: bytes.NewReader(text), Stdout: out, Stderr: out})
+		err = keep.exec("script", res, err)
 		if err != nil {
 			return string(out.Bytes()), -1, nil, err
 		}
@@ -515,12 +529,12 @@ func sessionScript(c *client.Client, session string) scriptFunc {
 
 // runAgent lets the agent work on the broken VM, within the scenario's
 // limits, and records how it stopped.
-func (o *Options) runAgent(ctx context.Context, c *client.Client, sc *Scenario, run int, session string, script scriptFunc, tr *tracer, r *TrialResult) {
+func (o *Options) runAgent(ctx context.Context, c *client.Client, sc *Scenario, run int, session string, script scriptFunc, keep *receiptKeeper, tr *tracer, r *TrialResult) {
 	actx, cancel := context.WithTimeout(ctx, sc.AgentLimit)
 	defer cancel()
 	env := &Env{Instruction: sc.Instruction, MaxTurns: sc.MaxTurns, Solve: sc.Solve, Trace: tr.event,
 		Shell: func(ctx context.Context, a shelltool.Args) shelltool.Outcome {
-			return shelltool.Run(ctx, c, session, a)
+			return keep.shell(shelltool.Run(ctx, c, session, a))
 		},
 		Script: func(ctx context.Context, text []byte, limit time.Duration) (string, int, error) {
 			out, code, _, err := script(ctx, text, limit)

@@ -215,12 +215,25 @@ func WriteMarkdown(w io.Writer, s *Summary, results []TrialResult) {
 	if len(results) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "\n## Trials\n\n| scenario | run | resolved | failure | turns | tool calls (invalid, as text) | agent time | trace |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "\n## Trials\n\n| scenario | run | resolved | failure | turns | tool calls (invalid, as text) | agent time | trace | receipts |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, r := range results {
-		fmt.Fprintf(w, "| %s | %d | %s | %s | %d | %d (%d, %d) | %.1f s | [%s](%s) |\n", r.Scenario, r.Run, yesNo(r.Resolved), r.FailureMode,
-			r.Turns, r.ToolCalls, r.InvalidToolCalls, r.TextToolCalls, r.AgentSeconds, r.Trace, r.Trace)
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %d | %d (%d, %d) | %.1f s | [%s](%s) | %s |\n", r.Scenario, r.Run, yesNo(r.Resolved), r.FailureMode,
+			r.Turns, r.ToolCalls, r.InvalidToolCalls, r.TextToolCalls, r.AgentSeconds, r.Trace, r.Trace, receiptsText(r))
 	}
+	fmt.Fprintf(w, "\nEach trial's commands have signed receipts in its receipts directory; `vmgated receipt verify DIR --key DIR/%s --audit DIR/audit.jsonl` checks them.\n", ReceiptKeyFile)
+}
+
+// receiptsText links a trial's receipts, and says how many were refused.
+func receiptsText(r TrialResult) string {
+	if r.Receipts == "" {
+		return "–"
+	}
+	s := fmt.Sprintf("[%d](%s/)", r.ReceiptCount, r.Receipts)
+	if n := len(r.ReceiptErrors); n > 0 {
+		s += fmt.Sprintf(" (%d refused)", n)
+	}
+	return s
 }
 
 func turnsText(x *float64) string {

@@ -32,9 +32,11 @@ func TestWriteText(t *testing.T) {
 		RestoreMS:       Stat{N: 3, P50: 400, P95: 450},
 		RestorePhasesMS: map[string]Stat{"agent": {P50: 130}, "overlay": {P50: 30}},
 		OneshotPoolMS:   Stat{N: 3, P50: 160, P95: 200}, OneshotPoolPartsMS: map[string]Stat{"vm": {P50: 25}, "exec": {P50: 90}, "daemon_total": {P50: 150}},
-		Throughput:   []Throughput{{Concurrency: 2, Commands: 4, Seconds: 2, PerMinute: 120, FromPool: 2}},
-		IdleRestored: Memory{VMs: 2, RSSMiB: 140, PSSMiB: 100},
-		Ratios:       map[string]float64{"cold_over_restore": 50, "cold_over_oneshot_pool": 125},
+		Throughput:         []Throughput{{Concurrency: 2, Commands: 4, Seconds: 2, PerMinute: 120, FromPool: 2}},
+		IdleRestored:       Memory{VMs: 2, RSSMiB: 140, PSSMiB: 100},
+		Ratios:             map[string]float64{"cold_over_restore": 50, "cold_over_oneshot_pool": 125},
+		RefusalNoReceiptMS: Stat{N: 30, P50: 1.1}, RefusalReceiptMS: Stat{N: 30, P50: 1.4}, ReceiptOverheadMS: 0.3,
+		SessionNoReceiptMS: Stat{N: 30, P50: 35}, SessionReceiptMS: Stat{N: 30, P50: 35.4}, ReceiptOverheadSessionMS: 0.35,
 	}
 	var b strings.Builder
 	r.WriteText(&b)
@@ -43,6 +45,7 @@ func TestWriteText(t *testing.T) {
 		"cold: new overlay + boot + first command", "20000.0", "phases (p50 ms): overlay 30, agent 130",
 		"get VM 25, exec 90, whole request 150", "throughput at concurrency 2: 120.0", "PSS 100.0 MiB",
 		"cold_over_oneshot_pool x125.0, cold_over_restore x50.0", "accel tcg",
+		"session command via daemon, with receipt", "receipt_overhead_ms: 0.30 per request (median of 30 paired differences of refused requests; budget 2 ms); beside a session command: 0.35",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text lacks %q:\n%s", want, out)
@@ -62,6 +65,30 @@ func TestBenchPolicy(t *testing.T) {
 		v := p.Decide(policy.Identity{UID: 1000, User: "bench"}, policy.Request{Argv: []string{"true"}})
 		if !v.Allowed || v.Limits.MaxVMs != 6 || v.Limits.CallerVMs != 6 || (v.Network != nil) != network {
 			t.Errorf("network %v: verdict %+v", network, v)
+		}
+	}
+}
+
+func TestPairedMedian(t *testing.T) {
+	ms := func(xs ...float64) []time.Duration {
+		var out []time.Duration
+		for _, x := range xs {
+			out = append(out, time.Duration(x*float64(time.Millisecond)))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		a, b []time.Duration
+		want float64
+	}{
+		{nil, nil, 0},
+		{ms(10), ms(10.5), 0.5},
+		{ms(10, 40, 12), ms(11, 39, 15), 1},              // differences 1, -1, 3
+		{ms(10, 10, 10, 10), ms(10.2, 9, 11, 10.4), 0.3}, // 0.2, -1, 1, 0.4
+		{ms(30, 30), ms(30.5), 0.5},                      // unequal lengths: the pairs there are
+	} {
+		if got := pairedMedian(c.a, c.b); got != c.want {
+			t.Errorf("pairedMedian(%v, %v) = %v, want %v", c.a, c.b, got, c.want)
 		}
 	}
 }

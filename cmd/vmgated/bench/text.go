@@ -44,6 +44,14 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "paused session on disk: %.1f MiB; %d idle copies of one fork point: PSS %.1f MiB each (RSS %.1f)\n",
 		r.PausedDiskMiB, r.ForkIdle.VMs, r.ForkIdle.PSSMiB, r.ForkIdle.RSSMiB)
+	fmt.Fprintln(w)
+	row("refused request via daemon, no receipt", r.RefusalNoReceiptMS)
+	row("refused request via daemon, with receipt", r.RefusalReceiptMS)
+	row("session command via daemon, no receipt", r.SessionNoReceiptMS)
+	row("session command via daemon, with receipt", r.SessionReceiptMS)
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "receipt_overhead_ms: %.2f per request (median of %d paired differences of refused requests; budget %d ms); beside a session command: %.2f\n",
+		r.ReceiptOverheadMS, r.RefusalReceiptMS.N, ReceiptBudgetMS, r.ReceiptOverheadSessionMS)
 	fmt.Fprintf(w, "restores whose first agent handshake failed: %d\n", r.RestoreHandshakeFailures)
 	for _, t := range r.Throughput {
 		fmt.Fprintf(w, "throughput at concurrency %d: %.1f one-shot commands/min (%d in %.1f s, %d from the pool)\n", t.Concurrency, t.PerMinute, t.Commands, t.Seconds, t.FromPool)

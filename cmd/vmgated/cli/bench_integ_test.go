@@ -69,6 +69,12 @@ func TestBenchExec(t *testing.T) {
 	if len(r.Throughput) != 2 || r.Throughput[1].Concurrency != 2 || r.Throughput[1].PerMinute <= 0 || r.Throughput[0].Commands < 2 {
 		t.Errorf("throughput: %+v", r.Throughput)
 	}
+	// Receipts: the same commands without and with, in pairs; the
+	// overhead's budget is the report's to flag (a note), not this
+	// test's: under TCG one pair's noise exceeds it.
+	if r.SessionNoReceiptMS.N != 30 || r.SessionReceiptMS.N != 30 || r.RefusalNoReceiptMS.N != 30 || r.RefusalReceiptMS.P50 <= 0 || !strings.Contains(so, `"receipt_overhead_ms"`) {
+		t.Errorf("receipt overhead: %+v %+v %+v %+v %v", r.RefusalNoReceiptMS, r.RefusalReceiptMS, r.SessionNoReceiptMS, r.SessionReceiptMS, r.ReceiptOverheadMS)
+	}
 	if r.RestoreHandshakeFailures != 0 {
 		t.Errorf("%d restores failed their first agent handshake", r.RestoreHandshakeFailures)
 	}

@@ -71,6 +71,14 @@ func TestBenchAgent_OracleAndNoop(t *testing.T) {
 	if err != nil || !strings.Contains(string(audit), `"bash","-s"`) {
 		t.Errorf("audit log: %v, %d bytes", err, len(audit))
 	}
+	// Every command of every trial has a receipt, and the run's receipts
+	// check against its key and audit log.
+	for agent, out := range outs {
+		so, se, code := runCmd(t, nil, bin, "receipt", "verify", out, "--key", filepath.Join(out, agentbench.ReceiptKeyFile), "--audit", filepath.Join(out, "audit.jsonl"))
+		if code != 0 || !strings.Contains(so, ": valid:") {
+			t.Errorf("%s: receipt verify: exit %d\n%s%s", agent, code, so, se)
+		}
+	}
 	// bench report renders a finished run again.
 	so, se, code := runCmd(t, nil, bin, "bench", "report", outs["oracle"])
 	if code != 0 || !strings.Contains(so, "100 %") {

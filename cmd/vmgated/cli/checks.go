@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/receipt"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 )
@@ -72,20 +74,41 @@ type auditReport struct {
 	Predecessor        string `json:"predecessor,omitempty"`
 	PredecessorMissing bool   `json:"predecessor_missing,omitempty"`
 	BrokenLine         int    `json:"broken_line,omitempty"`
+	// Checkpoints, the last one's seq, the records after it and the keys
+	// that signed them (fingerprints).
+	Checkpoints       int      `json:"checkpoints"`
+	LastCheckpointSeq uint64   `json:"last_checkpoint_seq,omitempty"`
+	Unsigned          int      `json:"unsigned"`
+	Keys              []string `json:"keys,omitempty"`
+	KeysPinned        bool     `json:"keys_pinned"`
 }
 
 func auditVerify(fs *pflag.FlagSet) runFunc {
 	asJSON := fs.Bool("json", false, "print one result per file as JSON (a broken chain too, with exit status 1)")
+	var keyFiles []string
+	fs.StringArrayVar(&keyFiles, "key", nil, "accept only checkpoints signed by public key `PUB` (vmgated receipt key prints it; repeatable), and require one")
 	return func(_ context.Context, args []string) error {
-		reps, err := audit.VerifyFiles(args...)
+		var o audit.VerifyOptions
+		for _, f := range keyFiles {
+			k, err := receipt.ReadPublicKey(f)
+			if err != nil {
+				return fmt.Errorf("%w: --key: %v", errUsage, err)
+			}
+			o.Keys = append(o.Keys, k)
+		}
+		reps, err := audit.VerifyFilesWith(o, args...)
 		if *asJSON {
 			out := []auditReport{}
 			for i, r := range reps {
 				a := auditReport{File: r.Path, Intact: err == nil || i < len(reps)-1, Records: r.Lines, FirstSeq: r.FirstSeq, LastSeq: r.LastSeq,
 					FirstTime: r.FirstTime, LastTime: r.LastTime, Head: r.Head, ContinuesSeq: r.ContinuesSeq, ContinuesHead: r.ContinuesHead, BrokenLine: r.BrokenLine,
-					PredecessorMissing: r.PredecessorMissing}
+					PredecessorMissing: r.PredecessorMissing,
+					Checkpoints:        r.Checkpoints, LastCheckpointSeq: r.LastCheckpointSeq, Unsigned: r.Unsigned, KeysPinned: len(o.Keys) > 0}
 				if r.Predecessor != nil {
 					a.Predecessor = r.Predecessor.File
+				}
+				for _, k := range r.Keys {
+					a.Keys = append(a.Keys, k.Key)
 				}
 				if err != nil && i == len(reps)-1 {
 					a.Error = err.Error()
@@ -117,9 +140,29 @@ func auditVerify(fs *pflag.FlagSet) runFunc {
 			}
 			fmt.Printf("%s: %d records, seq %d..%d, %s .. %s, %s, chain intact (head %s)\n", r.Path, r.Lines, r.FirstSeq, r.LastSeq,
 				r.FirstTime.Format(time.RFC3339), r.LastTime.Format(time.RFC3339), from, r.Head)
+			fmt.Printf("  %s\n", checkpointLine(r.Report, len(o.Keys) > 0))
 		}
 		return err
 	}
+}
+
+// checkpointLine says what a file's checkpoints cover.
+func checkpointLine(r audit.Report, pinned bool) string {
+	if r.Checkpoints == 0 {
+		return fmt.Sprintf("no signed checkpoint: none of its %d records is signed", r.Unsigned)
+	}
+	var keys []string
+	for _, k := range r.Keys {
+		keys = append(keys, fmt.Sprintf("%s (%d, seq %d..%d)", k.Key, k.Checkpoints, k.FirstSeq, k.LastSeq))
+	}
+	s := fmt.Sprintf("%d checkpoints signed by %s, the last at seq %d", r.Checkpoints, strings.Join(keys, ", "), r.LastCheckpointSeq)
+	if r.Unsigned > 0 {
+		s += fmt.Sprintf("; %d records after it are not signed yet", r.Unsigned)
+	}
+	if !pinned {
+		s += "; keys not pinned: pass --key to check whose they are"
+	}
+	return s
 }
 
 func auditRotate(fs *pflag.FlagSet) runFunc {

@@ -110,7 +110,8 @@ policies and audit logs, shows the daemon's state, and benchmarks. See README.md
 
 Exit status: 0, 1 for a failure the message explains, 207 for an invalid command line
 (vmgate's own codes are above a guest command's: docs/protocol.md); debug run exits
-with its command's status.`,
+with its command's status; receipt verify exits 0 valid, 1 invalid, 2 for an invalid
+command line, as verifiers do.`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -127,8 +128,9 @@ with its command's status.`,
 		verb("status", "Show the daemon's VMs, sessions, queue and pools", statusLong, cobra.NoArgs, status),
 		group("policy", "Check policies", verb("check FILE", "Validate a policy and explain what it allows", "", cobra.ExactArgs(1), policyCheck)),
 		group("audit", "Check and rotate audit logs",
-			verb("verify FILE|DIR…", "Check audit files' hash chain and the links between rotated files", verifyLong, cobra.MinimumNArgs(1), auditVerify),
+			verb("verify FILE|DIR…", "Check audit files' hash chain, signed checkpoints and rotated files' links", verifyLong, cobra.MinimumNArgs(1), auditVerify),
 			verb("rotate", "Move the daemon's audit log aside and continue the chain in a new file", "", cobra.NoArgs, auditRotate)),
+		receiptCommand(),
 		group("image", "Build, import, list and warm guest images",
 			verb("build", "Build a guest image (Debian, mmdebstrap)", "", cobra.NoArgs, imageBuild),
 			verb("import [flags] ROOTFS.tar", "Make an image from a root filesystem tarball (docker export)", importLong, cobra.ExactArgs(1), imageImport),
@@ -146,7 +148,13 @@ with its command's status.`,
 const verifyLong = `Checks each file's hash chain and, for several files (oldest first) or a directory (its
 audit* files in chain order; .gz ones too), that each file continues the one before it.
 A missing, reordered or changed file is named. Compare the newest file's head with
-vmgated status (audit_head) to notice a truncation at its end.`
+vmgated status (audit_head) to notice a truncation at its end.
+
+Checkpoint records sign the chain with the daemon's receipt key; each signature is
+checked. With --key (the output of vmgated receipt key; repeat it for keys used before a
+rotation) only those keys are accepted and at least one checkpoint is required: a log
+rewritten by someone without the key then fails. Records after the last checkpoint are
+not signed yet, and are counted. docs/security.md, "Receipts", says what this proves.`
 
 const importLong = `Unpacks a root filesystem tarball (compressed or not, such as docker export writes) and
 adds the same kernel and initramfs as a built image, the agent, its keys, a resolver and a

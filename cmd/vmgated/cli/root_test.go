@@ -38,6 +38,10 @@ func TestCommandLine(t *testing.T) {
 		{[]string{"policy", "check"}, "", wire.ExitUsage},
 		{[]string{"bench", "report", "a", "b"}, "", wire.ExitUsage},
 		{[]string{"completion", "bash"}, "bash completion", 0},
+		{[]string{"receipt"}, "verify", 0},
+		{[]string{"receipt", "verify"}, "", receiptUsage},
+		{[]string{"receipt", "verify", "--nope", "x"}, "", receiptUsage},
+		{[]string{"receipt", "key", "extra"}, "", wire.ExitUsage},
 	} {
 		out, err := run(t, tc.args...)
 		if code := exitCode(err); code != tc.code || !strings.Contains(out, tc.out) {

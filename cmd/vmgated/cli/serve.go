@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/receipt"
 	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/vm"
@@ -48,6 +50,9 @@ func serve(fs *pflag.FlagSet) runFunc {
 	templateDir := fs.String("template-dir", "", "VM template directory (default STATE/templates)")
 	netHosts := fs.String("net-hosts", "", "hosts(5)-style file pinning guest DNS names to addresses (checked before the host's resolver)")
 	netstackSocket := fs.String("netstack-socket", "", "SOCK_SEQPACKET socket where systemd starts a netstack per networked VM (vmgate-netstack.socket); default: vmgated jails them itself")
+	receiptKey := fs.String("receipt-key", "", "ed25519 key signing receipts and audit checkpoints (default STATE/"+receipt.DefaultKeyFile+", created at first start; a given FILE must exist; the daemon does not start without it)")
+	cpEvery := fs.Int("audit-checkpoint-every", audit.DefaultCheckpointEvery, "sign the audit chain after this many records")
+	cpInterval := fs.Duration("audit-checkpoint-interval", audit.DefaultCheckpointInterval, "and at least this often while records are written")
 	var redact []string
 	fs.StringArrayVar(&redact, "audit-redact", nil, "regular expression; matching argv elements are redacted in the audit log (repeatable)")
 	var sshListen []string
@@ -73,6 +78,10 @@ func serve(fs *pflag.FlagSet) runFunc {
 				ImageDir: *imgDir, NoTemplate: *noTemplate, PoolSize: *pool, Ahead: *ahead},
 			MaxVMs: *maxVMs, MaxConnsPerUID: *maxConns, QueueLen: *queue, QueueWait: *queueWait, Grace: *grace, MetricsListen: *metricsListen, AllowRoot: *allowRoot,
 			Log: newLogger(os.Stderr, lvl), PolicyPath: *config, PolicyExplicit: *config != "", AuditRedact: redact, Seccomp: *seccompMode,
+			ReceiptKey: *receiptKey, CheckpointEvery: *cpEvery, CheckpointInterval: *cpInterval,
+		}
+		if *cpEvery < 1 || *cpInterval <= 0 {
+			return fmt.Errorf("%w: --audit-checkpoint-every must be 1 or more and --audit-checkpoint-interval positive", errUsage)
 		}
 		if len(sshListen) > 0 {
 			if *sshSessions < 1 || *sshIdle <= 0 {

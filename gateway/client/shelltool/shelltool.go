@@ -207,18 +207,35 @@ type Outcome struct {
 	Text   string       // what the model is given
 	Result *wire.Result // nil when the command never ran
 	Err    error        // why it never ran (denied, busy, VM failure, …)
+	// RequestID is the request's id ("" when it never reached a
+	// decision); Receipt its signed receipt, checked by the client (a
+	// denial's too), nil when there is none; ReceiptErr why the client
+	// refused the one that came (the command's outcome stands).
+	RequestID  string
+	Receipt    json.RawMessage
+	ReceiptErr error
 }
 
 // Run runs a through the gateway: in the named session's VM, or in a fresh
-// VM when session is empty. Refusals and failures become the text the
-// model reads ("vmgate: …\n[exit code: -1]"), as llama-server reports a
-// process that could not be spawned, and are also returned in Err.
+// VM when session is empty, and asks for a receipt of it. Refusals and
+// failures become the text the model reads ("vmgate: …\n[exit code:
+// -1]"), as llama-server reports a process that could not be spawned, and
+// are also returned in Err.
 func Run(ctx context.Context, c *client.Client, session string, a Args) Outcome {
 	out := &Capped{Limit: a.MaxOutputSize}
-	req := wire.ExecRequest{Argv: []string{a.Command}, Shell: true, Session: session, TimeoutMS: a.Timeout.Milliseconds()}
+	req := wire.ExecRequest{Argv: []string{a.Command}, Shell: true, Session: session, TimeoutMS: a.Timeout.Milliseconds(), Receipt: true}
 	res, err := c.Exec(ctx, req, client.ExecIO{Stdout: out, Stderr: out})
-	if err != nil {
-		return Outcome{Text: "vmgate: " + err.Error() + "\n[exit code: -1]", Err: err}
+	var re *client.ReceiptError
+	if res != nil && errors.As(err, &re) && err == error(re) {
+		// The command ran; only its receipt was refused.
+		return Outcome{Text: Format(out.Bytes(), out.Truncated(), ExitCode(res), res.TimedOut), Result: res, RequestID: res.RequestID, ReceiptErr: err}
 	}
-	return Outcome{Text: Format(out.Bytes(), out.Truncated(), ExitCode(res), res.TimedOut), Result: res}
+	if err != nil {
+		o := Outcome{Text: "vmgate: " + err.Error() + "\n[exit code: -1]", Err: err, Receipt: client.ReceiptOf(err), RequestID: client.RequestIDOf(err)}
+		if errors.As(err, &re) {
+			o.ReceiptErr = re
+		}
+		return o
+	}
+	return Outcome{Text: Format(out.Bytes(), out.Truncated(), ExitCode(res), res.TimedOut), Result: res, RequestID: res.RequestID, Receipt: res.Receipt}
 }
