@@ -2,6 +2,7 @@ package vm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -67,6 +68,12 @@ type hostileAgent func(g *fakeGuest)
 func fakeVM(t *testing.T, agent hostileAgent) *VM {
 	t.Helper()
 	hostEnd, guestEnd := testutil.SocketPair(t)
+	// As small as the kernel allows (a few KiB), smaller than one data
+	// frame: a frame write that the guest does not read stays inside
+	// Write, as on a port whose ring the guest does not drain.
+	if err := hostEnd.(*net.UnixConn).SetWriteBuffer(1); err != nil {
+		t.Fatal(err)
+	}
 	g := &fakeGuest{conn: guestEnd, stalled: make(chan struct{}), gone: make(chan struct{})}
 	qemu := exec.Command("sleep", "600")
 	if err := qemu.Start(); err != nil {
@@ -191,10 +198,37 @@ func wedge(g *fakeGuest) {
 	if !ok {
 		return
 	}
-	g.stall()
 	g.send(agentproto.FrameOpenOK, id, nil)
+	// Once a data frame's head arrives, the host's stdin pump is inside
+	// that frame's write, which the socket cannot hold (fakeVM): it stays
+	// there, as nothing more is read.
+	if !g.dataHead(id) {
+		return
+	}
+	g.stall()
 	g.send(agentproto.FrameExit, id, agentproto.EncodeExit(agentproto.Exit{Status: 0}))
 	<-g.gone
+}
+
+// dataHead reads the host's frames until the head of a data frame of
+// channel id, and leaves its payload unread.
+func (g *fakeGuest) dataHead(id uint32) bool {
+	for {
+		var h [agentproto.HeaderSize]byte
+		if _, err := io.ReadFull(g.conn, h[:]); err != nil {
+			return false
+		}
+		n := binary.BigEndian.Uint32(h[:4])
+		if agentproto.FrameType(h[4]) == agentproto.FrameData && binary.BigEndian.Uint32(h[5:]) == id {
+			return true
+		}
+		if n < 5 {
+			return false
+		}
+		if _, err := io.CopyN(io.Discard, g.conn, int64(n-5)); err != nil {
+			return false
+		}
+	}
 }
 
 // wedged runs a command with a large stdin on a VM whose agent is wedge,
