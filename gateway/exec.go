@@ -305,7 +305,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	if cpus == 0 {
 		cpus = vm.DefaultCPUs
 	}
-	m, how, err := s.host.Get(ctx, vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, Seccomp: s.seccompMode(), Network: v.Network != nil})
+	m, how, err := s.host.Get(ctx, vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, DiskMiB: v.Limits.DiskMiB, Seccomp: s.seccompMode(), Network: v.Network != nil})
 	if err != nil {
 		release()
 		s.log.Warn("start vm failed", "req", st.reqID, "err", vm.Details(err))
@@ -549,12 +549,14 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 		err = cancelledByClient(err)
 	default:
 	}
+	// The VM's disk as the command left it, read before a fresh VM's files go.
+	diskBytes := target.vm.DiskBytes()
 	s.release(target, vmOK) // a session whose VM died is ended; a fresh VM always goes
 	if target.session == nil {
 		s.flushGated(s.netGate, target.vm.ID)
 	}
 	o := execOutcome{res: res, target: target, err: err, stdin: stdinSeen.Stream(), execDur: execDur,
-		stdout: stdout.Stream(), stderr: stderr.Stream(), transfers: transfers}
+		stdout: stdout.Stream(), stderr: stderr.Stream(), transfers: transfers, diskBytes: diskBytes}
 	s.auditExec(st, o)
 	out := result(st, o)
 	out.Receipt = s.signReceipt(st, o)
@@ -588,6 +590,7 @@ type execOutcome struct {
 	stdin, stdout, stderr receipt.Stream
 	execDur               time.Duration
 	transfers             []wire.Transfer
+	diskBytes             int64 // the VM's overlay on the host's disk when the command ended
 }
 
 // auditExec writes the exec record of an outcome.
@@ -598,7 +601,7 @@ func (s *Server) auditExec(st *execState, o execOutcome) {
 		StdinBytes: o.stdin.Bytes, StdinSHA256: o.stdin.SHA256, StdoutSHA256: o.stdout.SHA256, StderrSHA256: o.stderr.SHA256}
 	setCaller(&rec, st.id)
 	if t := o.target; t != nil {
-		rec.VMID, rec.BootMS, rec.VMStart = t.vm.ID, t.boot.Milliseconds(), t.start
+		rec.VMID, rec.BootMS, rec.VMStart, rec.DiskBytes = t.vm.ID, t.boot.Milliseconds(), t.start, o.diskBytes
 		if t.jail != "" {
 			rec.Message = "jail: " + t.jail
 		}

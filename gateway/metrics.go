@@ -256,7 +256,7 @@ func (s *Server) gauges() gauges {
 	s.mu.Unlock()
 	for _, ss := range s.host.Stats() {
 		g.restoreFailures += ss.Pool.Failures
-		g.pools = append(g.pools, poolGauge{labels: fmt.Sprintf(`image="%s",memory_mib="%d",cpus="%d",network="%t"`, labelValue(ss.Image), ss.MemoryMiB, ss.CPUs, ss.Network),
+		g.pools = append(g.pools, poolGauge{labels: fmt.Sprintf(`image="%s",memory_mib="%d",cpus="%d",disk_mib="%d",network="%t"`, labelValue(ss.Image), ss.MemoryMiB, ss.CPUs, ss.DiskMiB, ss.Network),
 			ready: ss.Pool.Ready, size: ss.Pool.Size, ahead: ss.Pool.Ahead})
 	}
 	return g

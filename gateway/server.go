@@ -385,7 +385,7 @@ func (s *Server) warmShapes(pol *policy.Policy) {
 	s.host.Warm(vm.Shape{MemoryMiB: vm.DefaultMemoryMiB, CPUs: vm.DefaultCPUs, Seccomp: s.seccompMode()})
 	networked := false
 	for _, sh := range pol.Shapes() {
-		s.host.Warm(vm.Shape{Image: sh.Image, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Seccomp: s.seccompMode(), Network: sh.Network})
+		s.host.Warm(vm.Shape{Image: sh.Image, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, DiskMiB: sh.DiskMiB, Seccomp: s.seccompMode(), Network: sh.Network})
 		networked = networked || sh.Network
 	}
 	switch {

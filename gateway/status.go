@@ -71,7 +71,7 @@ func (s *Server) status(id policy.Identity) wire.Status {
 	}
 	for _, ss := range s.host.Stats() {
 		p := ss.Pool
-		st.Pools = append(st.Pools, wire.Pool{Image: ss.Image, MemoryMiB: ss.MemoryMiB, CPUs: ss.CPUs, Seccomp: ss.Seccomp, Network: ss.Network,
+		st.Pools = append(st.Pools, wire.Pool{Image: ss.Image, MemoryMiB: ss.MemoryMiB, CPUs: ss.CPUs, DiskMiB: ss.DiskMiB, Seccomp: ss.Seccomp, Network: ss.Network,
 			Ready: p.Ready, Size: p.Size, Hits: p.Hits, Misses: p.Misses, Restored: p.Restored, Failures: p.Failures, Shrunk: p.Shrunk,
 			Ahead: p.Ahead, AheadSize: p.AheadSize, AheadUsed: p.AheadUsed, AheadFailed: p.AheadFailed,
 			RestoreHandshakeFailures: ss.HandshakeFailures})

@@ -151,7 +151,11 @@ type Limits struct {
 	OutputLimit int64         // bytes, per stream (stdout and stderr each)
 	MemoryMiB   int
 	CPUs        int
-	MaxVMs      int // concurrent VMs of the profile
+	// DiskMiB bounds what the guest may write to its disk: its root file
+	// system's free space when it is handed out (vmgated enforces it on
+	// the host, package vm).
+	DiskMiB int
+	MaxVMs  int // concurrent VMs of the profile
 	// CallerVMs bounds one caller's concurrent VMs of the profile (its
 	// sessions included), CallerQueue its requests waiting for one: no
 	// caller can take every VM or queue place from the others.

@@ -24,6 +24,7 @@ sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "2h" }
 env = ["LANG", "LC_*"]
 memory_mib = 1024
 cpus = 2
+disk_mib = 2048
 
 [[profile]]
 name = "by-uid"
@@ -308,6 +309,7 @@ func TestDecideLimits(t *testing.T) {
 		OutputLimit: 1 << 20,
 		MemoryMiB:   1024,
 		CPUs:        2,
+		DiskMiB:     2048,
 		MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 		SessionIdle:   5 * time.Minute,
 		SessionMax:    2 * time.Hour,

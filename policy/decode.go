@@ -34,6 +34,7 @@ type settingsDoc struct {
 	Image       *string      `toml:"image"`
 	User        *string      `toml:"user"`
 	MemoryMiB   *int64       `toml:"memory_mib"`
+	DiskMiB     *int64       `toml:"disk_mib"`
 	CPUs        *int64       `toml:"cpus"`
 	MaxVMs      *int64       `toml:"max_vms"`
 	CallerVMs   *int64       `toml:"max_vms_per_caller"`

@@ -106,6 +106,7 @@
 //	user         = "agent"      # guest user: "agent" or "root" ("agent")
 //	memory_mib   = 512          # guest memory, 64..1048576 (512)
 //	cpus         = 1            # guest CPUs, 1..64 (1)
+//	disk_mib     = 1024         # what the guest may write to its disk, 64..1048576 (1024)
 //	max_vms      = 2            # concurrent VMs for this profile, 1..1024 (2)
 //	max_vms_per_caller = 1      # of them, one caller's (a uid or SSH key), its
 //	                            # sessions included, ≤ max_vms (half of max_vms, rounded up)

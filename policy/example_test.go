@@ -132,6 +132,7 @@ func TestDefaultPolicy(t *testing.T) {
 			OutputLimit: 1 << 20,
 			MemoryMiB:   512,
 			CPUs:        1,
+			DiskMiB:     DefaultDiskMiB,
 			MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 			SessionIdle:   10 * time.Minute,
 			SessionMax:    time.Hour,
@@ -173,7 +174,7 @@ func TestDocExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"image", "user", "memory_mib", "cpus", "max_vms", "output_limit", "allow_shell", "env", "timeout", "sessions", "network"} {
+	for _, key := range []string{"image", "user", "memory_mib", "cpus", "disk_mib", "max_vms", "output_limit", "allow_shell", "env", "timeout", "sessions", "network"} {
 		if !strings.Contains(string(src), "//\t"+key+" ") {
 			t.Errorf("doc.go does not document %s", key)
 		}

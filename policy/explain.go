@@ -45,8 +45,8 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 	l := &prof.limits
 	fmt.Fprintf(b, "%s (%d of %d)\n", prof.label(), i+1, n)
 	fmt.Fprintf(b, "  matches:  %s\n", prof.match.describe())
-	fmt.Fprintf(b, "  guest:    image %q, user %s, %d %s, %d MiB memory, network %s\n",
-		prof.image, prof.user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, prof.network)
+	fmt.Fprintf(b, "  guest:    image %q, user %s, %d %s, %d MiB memory, %d MiB to write on its disk, network %s\n",
+		prof.image, prof.user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, l.DiskMiB, prof.network)
 	fmt.Fprintf(b, "  limits:   timeout %s by default, at most %s; output %s per stream; at most %d %s at once, %d per caller (%d more waiting)\n",
 		formatDuration(l.Timeout), formatDuration(prof.timeoutMax), formatSize(l.OutputLimit), l.MaxVMs, plural(l.MaxVMs, "VM", "VMs"), l.CallerVMs, l.CallerQueue)
 	if nw := prof.net; nw != nil {

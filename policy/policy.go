@@ -157,6 +157,7 @@ type Shape struct {
 	Image     string // the guest image's name (profile.image)
 	MemoryMiB int
 	CPUs      int
+	DiskMiB   int  // the guest's disk limit (disk_mib)
 	Network   bool // the VMs have a NIC (network.mode = "allowlist")
 }
 
@@ -185,7 +186,7 @@ func (p *Policy) Shapes() []Shape {
 	var out []Shape
 	seen := map[Shape]bool{}
 	for _, prof := range p.profiles {
-		s := Shape{Image: prof.image, MemoryMiB: prof.limits.MemoryMiB, CPUs: prof.limits.CPUs, Network: prof.net != nil}
+		s := Shape{Image: prof.image, MemoryMiB: prof.limits.MemoryMiB, CPUs: prof.limits.CPUs, DiskMiB: prof.limits.DiskMiB, Network: prof.net != nil}
 		if !seen[s] {
 			seen[s] = true
 			out = append(out, s)

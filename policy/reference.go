@@ -298,6 +298,7 @@ var refDefaults = map[string]string{
 	"profile.env":                   "[]",
 
 	"profile.memory_mib":   strconv.Itoa(builtinMemoryMiB),
+	"profile.disk_mib":     strconv.Itoa(builtinDiskMiB),
 	"profile.output_limit": tomlSize(builtinOutputLimit),
 	"profile.allow_shell":  strconv.FormatBool(builtinAllowShell),
 
@@ -380,6 +381,12 @@ var refDescriptions = map[string]string{
 		userAgent, userRoot),
 	"profile.memory_mib": fmt.Sprintf("Guest memory in MiB, %d to %d.", minMemoryMiB, maxMemoryMiB),
 	"profile.cpus":       fmt.Sprintf("Guest CPUs, 1 to %d.", maxCPUs),
+	"profile.disk_mib": fmt.Sprintf("What a VM may write to its disk, in MiB, %d to %d. ", minDiskMiB, maxDiskMiB) +
+		"Its root file system has this much free space when the VM is handed out, for root and the unprivileged user alike, " +
+		"so a command that writes more gets \"No space left on device\" and the VM runs on. " +
+		"vmgated also bounds the VM's disk file on the host to this plus a margin for the file system's own writes; " +
+		"a guest root that gets past the free space (it can delete the reserve file that holds it) meets that bound as I/O errors (docs/security.md). " +
+		"A session keeps the limit it began with. Each value is a VM shape of its own, with its own template and pool.",
 	"profile.max_vms": fmt.Sprintf("VMs of this profile that may run at once, 1 to %d. ", maxMaxVMs) +
 		"A request beyond it waits in vmgated's queue and is refused as busy if no VM frees in time (`vmgated serve --queue`, `--queue-wait`); " +
 		"`vmgated serve --max-vms` bounds all profiles together.",

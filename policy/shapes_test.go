@@ -10,7 +10,7 @@ func TestShapes(t *testing.T) {
 		name, src string
 		want      []Shape
 	}{
-		{"built-in", string(DefaultTOML()), []Shape{{Image: "default", MemoryMiB: 512, CPUs: 1}}},
+		{"built-in", string(DefaultTOML()), []Shape{{Image: "default", MemoryMiB: 512, CPUs: 1, DiskMiB: 1024}}},
 		{"distinct and repeated", `version = 1
 [[profile]]
 name = "a"
@@ -31,9 +31,14 @@ name = "e"
 match = { uids = [4] }
 image = "python3"
 [[profile]]
+name = "f"
+match = { uids = [5] }
+disk_mib = 64
+[[profile]]
 name = "d"
 match = { any = true }
-`, []Shape{{"default", 512, 1, false}, {"default", 1024, 2, false}, {"default", 512, 1, true}, {"python3", 512, 1, false}}},
+`, []Shape{{"default", 512, 1, 1024, false}, {"default", 1024, 2, 1024, false}, {"default", 512, 1, 1024, true}, {"python3", 512, 1, 1024, false},
+			{"default", 512, 1, 64, false}}},
 	} {
 		got := mustParse(t, c.name, c.src).Shapes()
 		if !reflect.DeepEqual(got, c.want) {

@@ -19,6 +19,7 @@ const (
 	builtinImage          = "default"
 	builtinUser           = userAgent
 	builtinMemoryMiB      = 512
+	builtinDiskMiB        = DefaultDiskMiB
 	builtinCPUs           = 1
 	builtinMaxVMs         = 2
 	builtinCallerQueue    = 4 // max_queued_per_caller; max_vms_per_caller is half of max_vms
@@ -45,11 +46,19 @@ const (
 	builtinCgroups      = "auto"
 )
 
+// DefaultDiskMiB is disk_mib when neither a profile nor [defaults] sets
+// it: room for a build's or a download's files, and a small part of a
+// state disk when max_vms VMs fill theirs at once. vmgated debug run uses
+// it too.
+const DefaultDiskMiB = 1024
+
 // Accepted ranges of numeric settings. They catch typos ("memory_mib = 5"),
 // not operator intent.
 const (
 	minMemoryMiB   = 64
 	maxMemoryMiB   = 1 << 20
+	minDiskMiB     = 64
+	maxDiskMiB     = 1 << 20
 	maxCPUs        = 64
 	maxMaxVMs      = 1024
 	maxOutputLimit = 1 << 30
@@ -239,6 +248,7 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 		Timeout:       pick(builtinTimeoutDefault, s.timeoutDefault),
 		OutputLimit:   pick(builtinOutputLimit, s.outputLimit),
 		MemoryMiB:     pick(builtinMemoryMiB, s.memoryMiB),
+		DiskMiB:       pick(builtinDiskMiB, s.diskMiB),
 		CPUs:          pick(builtinCPUs, s.cpus),
 		MaxVMs:        pick(builtinMaxVMs, s.maxVMs),
 		CallerQueue:   pick(builtinCallerQueue, s.callerQueue),
@@ -342,6 +352,7 @@ func (c *compiler) names(label, key string, v *[]string) []string {
 type settings struct {
 	image, user, network       *string
 	memoryMiB, cpus, maxVMs    *int
+	diskMiB                    *int
 	callerVMs, callerQueue     *int
 	outputLimit                *int64
 	allowShell, sessions       *bool
@@ -373,6 +384,7 @@ func (s settings) merge(d settings) settings {
 	m.netMaxBytes = first(s.netMaxBytes, d.netMaxBytes)
 	m.netRate = first(s.netRate, d.netRate)
 	m.memoryMiB = first(s.memoryMiB, d.memoryMiB)
+	m.diskMiB = first(s.diskMiB, d.diskMiB)
 	m.cpus = first(s.cpus, d.cpus)
 	m.maxVMs = first(s.maxVMs, d.maxVMs)
 	m.callerVMs = first(s.callerVMs, d.callerVMs)
@@ -450,6 +462,7 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		}
 	}
 	s.memoryMiB = c.intIn(label, "memory_mib", d.MemoryMiB, minMemoryMiB, maxMemoryMiB)
+	s.diskMiB = c.intIn(label, "disk_mib", d.DiskMiB, minDiskMiB, maxDiskMiB)
 	s.cpus = c.intIn(label, "cpus", d.CPUs, 1, maxCPUs)
 	s.maxVMs = c.intIn(label, "max_vms", d.MaxVMs, 1, maxMaxVMs)
 	s.callerVMs = c.intIn(label, "max_vms_per_caller", d.CallerVMs, 1, maxMaxVMs)

@@ -64,6 +64,10 @@ type Options struct {
 	// MemoryMiB defaults to 512, CPUs to 1.
 	MemoryMiB int
 	CPUs      int
+	// DiskMiB bounds what the guest may write to its disk (disk.go): its
+	// root file system's free space once it runs, and, with a margin,
+	// QEMU's overlay file (OverlayLimit). Default DefaultDiskMiB.
+	DiskMiB int
 	// Seccomp is the jail's filter mode: "required" (default) or "off"
 	// (a logged relaxation). QEMU always runs in the jail (package isolate).
 	Seccomp string
@@ -106,6 +110,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.CPUs == 0 {
 		o.CPUs = DefaultCPUs
+	}
+	if o.DiskMiB == 0 {
+		o.DiskMiB = DefaultDiskMiB
 	}
 	if o.BootTimeout == 0 {
 		o.BootTimeout = DefaultBootTimeout

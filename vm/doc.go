@@ -25,6 +25,9 @@
 // breaks the protocol loses its VM, as does one that stops reading what
 // the host sends; the VM never gets a host TCP port. What the guest
 // writes to its console reaches the host's log only ([Error]: its
-// diagnostics are apart from its message). Under TCG QEMU itself is not a
-// security boundary, which is why package isolate jails the QEMU process.
+// diagnostics are apart from its message). What it writes to its disk is
+// bounded twice (disk.go): its free space is cut to Options.DiskMiB before
+// it runs a command, and QEMU's RLIMIT_FSIZE bounds its overlay on the
+// host whatever its root does. Under TCG QEMU itself is not a security
+// boundary, which is why package isolate jails the QEMU process.
 package vm

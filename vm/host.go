@@ -125,17 +125,24 @@ type Shape struct {
 	// HostConfig.ImageDir, any other NAME is ImagesDir/NAME.
 	Image           string
 	MemoryMiB, CPUs int
-	Seccomp         string // the jail's filter mode
-	Network         bool   // the VMs have a NIC
+	// DiskMiB is the VMs' disk limit (Options.DiskMiB): a template makes
+	// its guest's reserve before it is saved, so each limit is a shape.
+	DiskMiB int
+	Seccomp string // the jail's filter mode
+	Network bool   // the VMs have a NIC
 }
 
-// Normal is the shape with its image named: "" and DefaultImage are one
-// image, and must be one template and one pool.
+// Normal is the shape with its image named and its disk limit set: ""
+// and DefaultImage are one image, a disk limit of 0 is DefaultDiskMiB,
+// and each must be one template and one pool.
 func (k Shape) Normal() Shape { return k.normal() }
 
 func (k Shape) normal() Shape {
 	if k.Image == "" {
 		k.Image = DefaultImage
+	}
+	if k.DiskMiB == 0 {
+		k.DiskMiB = DefaultDiskMiB
 	}
 	return k
 }
@@ -486,7 +493,7 @@ func (h *Host) retire(name string) {
 func (h *Host) options(k Shape) Options {
 	// Get and Warm refused a shape whose image name is not one.
 	dir, _ := h.ImageDir(k.Image)
-	opts := Options{Runtime: h.cfg.Runtime, ImageDir: dir, MemoryMiB: k.MemoryMiB, CPUs: k.CPUs, Seccomp: k.Seccomp, Cgroups: h.cgroups}
+	opts := Options{Runtime: h.cfg.Runtime, ImageDir: dir, MemoryMiB: k.MemoryMiB, CPUs: k.CPUs, DiskMiB: k.DiskMiB, Seccomp: k.Seccomp, Cgroups: h.cgroups}
 	if k.Network {
 		nc := h.cfg.Network
 		opts.Network = &nc
@@ -546,7 +553,7 @@ func (h *Host) build(k Shape, e *shapeEntry) {
 	}
 	close(e.loaded)
 	if errors.Is(err, ErrNoTemplate) {
-		h.log.Info("building the VM template of a shape; its requests boot cold meanwhile", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "network", k.Network, "why", err)
+		h.log.Info("building the VM template of a shape; its requests boot cold meanwhile", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "disk_mib", k.DiskMiB, "network", k.Network, "why", err)
 		select {
 		case h.building <- struct{}{}:
 			if !h.current(k, e) {
@@ -569,7 +576,7 @@ func (h *Host) build(k Shape, e *shapeEntry) {
 		retry := e.retry
 		h.mu.Unlock()
 		if h.ctx.Err() == nil {
-			h.log.Error("VM template failed; this shape boots cold", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "network", k.Network, "err", err, "retry_in", retry)
+			h.log.Error("VM template failed; this shape boots cold", "memory_mib", k.MemoryMiB, "cpus", k.CPUs, "disk_mib", k.DiskMiB, "network", k.Network, "err", err, "retry_in", retry)
 		}
 		return
 	}

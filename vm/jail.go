@@ -175,18 +175,24 @@ type jailOpts struct {
 	readOnly []string // files and directories shown read-only
 	accel    Accel
 	memMiB   int
-	diskMiB  int // the image's virtual disk; 0 without a disk (the probe)
+	// overlay bounds the overlay file (OverlayLimit); 0 without a disk
+	// (the probe).
+	overlay uint64
+	// ramFile: QEMU writes the guest's RAM to a file (a template build).
+	ramFile  bool
 	seccomp  string
 	incoming bool // a restore
 	network  bool
 }
 
 // FileSizeLimit is RLIMIT_FSIZE of a VM's QEMU: the largest file it
-// writes is its overlay (at most the virtual disk plus qcow2's metadata)
-// or a template's RAM file (the guest's memory), so nothing else it
-// writes can grow past that.
-func FileSizeLimit(memMiB, diskMiB int) uint64 {
-	return uint64(max(memMiB, diskMiB+diskMiB/8)+64) << 20
+// writes is its overlay, which may grow up to overlay bytes (OverlayLimit:
+// the VM's disk limit is the host's hard bound there), or a template's
+// RAM file of ramFileMiB (0 for a VM whose RAM is no file of its own), so
+// nothing else it writes can grow past that. Its log and a probe's
+// console may take 64 MiB. It is pure.
+func FileSizeLimit(ramFileMiB int, overlay uint64) uint64 {
+	return max(overlay, uint64(max(ramFileMiB, 0)+64)<<20)
 }
 
 // resolverFiles are what Go's resolver reads, bound into the netstack's
@@ -229,14 +235,27 @@ func NetstackSpec(seccompMode string) (isolate.Spec, error) {
 
 // jailedCommand returns the jail that runs argv.
 func jailedCommand(argv []string, o jailOpts, files ...*os.File) (*isolate.Jail, error) {
-	spec, err := JailSpec(argv, o.vmDir, o.readOnly, o.accel, o.memMiB)
+	spec, err := o.spec(argv)
 	if err != nil {
 		return nil, err
 	}
-	spec.FileSize = FileSizeLimit(o.memMiB, o.diskMiB)
+	return isolate.Command(spec, files...)
+}
+
+// spec is the jail of argv.
+func (o jailOpts) spec(argv []string) (isolate.Spec, error) {
+	spec, err := JailSpec(argv, o.vmDir, o.readOnly, o.accel, o.memMiB)
+	if err != nil {
+		return isolate.Spec{}, err
+	}
+	ram := 0
+	if o.ramFile {
+		ram = o.memMiB
+	}
+	spec.FileSize = FileSizeLimit(ram, o.overlay)
 	if o.seccomp != "" {
 		spec.Seccomp = o.seccomp
 	}
 	spec.SeccompIncoming, spec.SeccompNetwork = o.incoming, o.network
-	return isolate.Command(spec, files...)
+	return spec, nil
 }

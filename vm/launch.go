@@ -33,6 +33,7 @@ var (
 		{name: "launch", run: (*launch).startQEMU},
 		{name: "agent", run: (*launch).connect},
 		{name: "refresh", run: (*launch).setClock},
+		{name: "disk", run: (*launch).reserveDisk},
 		{name: "network", run: (*launch).network, nicOnly: true, ownLimit: true},
 	}
 	aheadSteps = []step{
@@ -278,7 +279,7 @@ func (l *launch) startQEMU(context.Context) error {
 	// Pushed before QEMU's kill, so it runs after QEMU has exited (and
 	// closed the pipe); if QEMU never starts, closing cw ends it.
 	v.push(func() error { c.wait(); return nil })
-	j, err := jailedCommand(argv, jailOpts{vmDir: v.Dir, readOnly: m.readOnly, accel: l.accel, memMiB: opts.MemoryMiB, diskMiB: l.img.diskMiB,
+	j, err := jailedCommand(argv, jailOpts{vmDir: v.Dir, readOnly: m.readOnly, accel: l.accel, memMiB: opts.MemoryMiB, overlay: l.diskBound(), ramFile: m.ram == ramSharedFile,
 		seccomp: opts.Seccomp, incoming: m.restore, network: spec.Network}, append(m.files, cw)...)
 	if err != nil {
 		return err

@@ -220,7 +220,7 @@ func TestHost_UseImages(t *testing.T) {
 		ctx: ctx, cancel: cancel, building: make(chan struct{}, 1), shapes: map[Shape]*shapeEntry{}}
 	t.Cleanup(func() { cancel(); h.wg.Wait() }) // the warm-ups fail at once: the images are empty files
 	// Two shapes still loading (not ready): one of each image.
-	def, ml := Shape{Image: DefaultImage, MemoryMiB: 512, CPUs: 1}, Shape{Image: "ml", MemoryMiB: 512, CPUs: 1}
+	def, ml := Shape{Image: DefaultImage, MemoryMiB: 512, CPUs: 1}.normal(), Shape{Image: "ml", MemoryMiB: 512, CPUs: 1}.normal()
 	oldDef, oldML := &shapeEntry{}, &shapeEntry{}
 	h.shapes[def], h.shapes[ml] = oldDef, oldML
 	entry := func(k Shape) *shapeEntry {

@@ -124,9 +124,6 @@ func (v *VM) Continue(ctx context.Context) error {
 	return v.connect(ctx)
 }
 
-// DiskBytes is the space the VM's own disk (its overlay) takes.
-func (v *VM) DiskBytes() int64 { return allocatedBytes(filepath.Join(v.Dir, OverlayFile)) }
-
 // close releases the monitors and the recorder.
 func (s *saving) close() {
 	if s.out != nil {

@@ -47,7 +47,9 @@ const (
 	templatesDir      = "templates"
 	// templateFormat changes when the template layout or the devices of
 	// the QEMU command line change, so that old templates are rebuilt.
-	templateFormat = 5
+	// 5: the guest keeps time by the TSC (tsc=reliable). 6: the guest's
+	// disk reserve (DiskMiB).
+	templateFormat = 6
 )
 
 // TemplateMeta describes a built template.
@@ -59,6 +61,7 @@ type TemplateMeta struct {
 	InitrdDigest string    `json:"initrd_digest"`
 	MemoryMiB    int       `json:"memory_mib"`
 	CPUs         int       `json:"cpus"`
+	DiskMiB      int       `json:"disk_mib"` // the guest's disk limit (its reserve)
 	Accel        Accel     `json:"accel"`
 	QEMUVersion  string    `json:"qemu_version"`
 	Network      bool      `json:"network"` // the VM has a NIC
@@ -79,8 +82,8 @@ type TemplateMeta struct {
 // is pure.
 func templateKey(m TemplateMeta) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\naccel=%s\nqemu=%s\nnetwork=%v\n",
-		templateFormat, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.Accel, m.QEMUVersion, m.Network)
+	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\ndisk=%d\naccel=%s\nqemu=%s\nnetwork=%v\n",
+		templateFormat, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.DiskMiB, m.Accel, m.QEMUVersion, m.Network)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -200,7 +203,7 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 			}
 		}
 		if !build {
-			return nil, fmt.Errorf("%w for %d MiB, %d CPU, network %v: %w", ErrNoTemplate, want.MemoryMiB, want.CPUs, want.Network, err)
+			return nil, fmt.Errorf("%w for %d MiB, %d CPU, %d MiB of disk, network %v: %w", ErrNoTemplate, want.MemoryMiB, want.CPUs, want.DiskMiB, want.Network, err)
 		}
 		if err := removeTemplateDir(dir); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
@@ -214,7 +217,7 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 		}
 	}
 	t.Meta = *meta
-	if err := removeStaleTemplates(root, want.Key, opts.MemoryMiB, opts.CPUs, want.Network); err != nil {
+	if err := removeStaleTemplates(root, want); err != nil {
 		opts.Log.Warn("remove stale templates", "err", err)
 	}
 	return t, nil
@@ -233,7 +236,7 @@ func wantTemplate(opts Options, accel Accel) (TemplateMeta, error) {
 	want := TemplateMeta{
 		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
 		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
-		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
+		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, DiskMiB: opts.DiskMiB, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
 	}
 	want.Key = templateKey(want)
 	return want, nil
@@ -322,11 +325,12 @@ func lockKey(root, key string, wait bool) (*os.File, error) {
 // buildDirPrefix starts the name of a template being built.
 const buildDirPrefix = ".build-"
 
-// removeStaleTemplates removes templates of the same shape with another
-// key (older image or QEMU) and unfinished builds. The caller holds keep's
-// lock; another key's files are removed only when its lock is free (no
-// one loads or builds it now).
-func removeStaleTemplates(root, keep string, mem, cpus int, network bool) error {
+// removeStaleTemplates removes templates of the same shape as want with
+// another key (older image or QEMU) and unfinished builds. The caller
+// holds want's lock; another key's files are removed only when its lock is
+// free (no one loads or builds it now).
+func removeStaleTemplates(root string, want TemplateMeta) error {
+	keep := want.Key
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return err
@@ -352,18 +356,23 @@ func removeStaleTemplates(root, keep string, mem, cpus int, network bool) error 
 			remove(key, d)
 			continue
 		}
-		if m, err := readTemplateMeta(d); err != nil || (m.MemoryMiB == mem && m.CPUs == cpus && m.Network == network) {
+		if m, err := readTemplateMeta(d); err != nil || sameShape(*m, want) {
 			remove(e.Name(), d)
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// sameShape reports whether two templates serve the same VM shape.
+func sameShape(a, b TemplateMeta) bool {
+	return a.MemoryMiB == b.MemoryMiB && a.CPUs == b.CPUs && a.DiskMiB == b.DiskMiB && a.Network == b.Network
+}
+
 // buildTemplate boots a VM with its RAM in a shared file, quiesces it,
 // saves its device state and moves the files into root/<key>.
 func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Accel, meta TemplateMeta, root string) (*TemplateMeta, error) {
 	log := opts.Log.With("template", meta.Key)
-	log.Info("building VM template", "memory_mib", meta.MemoryMiB, "cpus", meta.CPUs, "accel", accel, "network", meta.Network)
+	log.Info("building VM template", "memory_mib", meta.MemoryMiB, "cpus", meta.CPUs, "disk_mib", meta.DiskMiB, "accel", accel, "network", meta.Network)
 	if opts.Network != nil {
 		// The template's guest gets its DHCP lease while it boots, and
 		// nothing else: no name resolves, no connection is made.
@@ -562,5 +571,5 @@ func (t *Template) cloneMode(state *os.File) launchMode {
 
 // String describes the template for logs.
 func (t *Template) String() string {
-	return "template " + t.Meta.Key + " (" + strconv.Itoa(t.Meta.MemoryMiB) + " MiB, " + strconv.Itoa(t.Meta.CPUs) + " CPU)"
+	return "template " + t.Meta.Key + " (" + strconv.Itoa(t.Meta.MemoryMiB) + " MiB, " + strconv.Itoa(t.Meta.CPUs) + " CPU, " + strconv.Itoa(t.Meta.DiskMiB) + " MiB of disk)"
 }

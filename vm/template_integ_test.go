@@ -84,6 +84,14 @@ func TestTemplate_RestoreClones(t *testing.T) {
 			t.Errorf("clone not jailed: %s", rep)
 		}
 	})
+	t.Run("disk limit", func(t *testing.T) {
+		// The template made the guest's reserve before it was saved; the
+		// clone's bound is its overlay's, not the template's RAM file.
+		if tmpl.Meta.DiskMiB != DefaultDiskMiB {
+			t.Errorf("template of %d MiB of disk, want %d", tmpl.Meta.DiskMiB, DefaultDiskMiB)
+		}
+		checkDiskLimit(t, b, tmpl.img.diskMiB, DefaultDiskMiB)
+	})
 	t.Run("exec", func(t *testing.T) {
 		o := run(t, a, ExecRequest{Argv: []string{"sh", "-c", "echo hi; exit 3"}})
 		if o.stdout != "hi\n" || o.res.ExitCode != 3 {

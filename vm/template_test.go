@@ -23,6 +23,7 @@ func TestTemplateKey(t *testing.T) {
 		"initrd": func(m *TemplateMeta) { m.InitrdDigest = "r2" },
 		"memory": func(m *TemplateMeta) { m.MemoryMiB = 1024 },
 		"cpus":   func(m *TemplateMeta) { m.CPUs = 2 },
+		"disk":   func(m *TemplateMeta) { m.DiskMiB = 2048 },
 		"accel":  func(m *TemplateMeta) { m.Accel = AccelKVM },
 		"qemu":   func(m *TemplateMeta) { m.QEMUVersion = "q2" },
 		"nic":    func(m *TemplateMeta) { m.Network = true },
@@ -46,12 +47,12 @@ func TestTemplateKey(t *testing.T) {
 // other shapes' templates stay.
 func TestRemoveStaleTemplates(t *testing.T) {
 	root := t.TempDir()
-	mk := func(key string, mem int, network bool) string {
+	mk := func(key string, mem, disk int, network bool) string {
 		d := filepath.Join(root, key)
 		if err := os.Mkdir(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		m := TemplateMeta{Format: templateFormat, Key: key, MemoryMiB: mem, CPUs: 1, Network: network}
+		m := TemplateMeta{Format: templateFormat, Key: key, MemoryMiB: mem, CPUs: 1, DiskMiB: disk, Network: network}
 		b, _ := json.Marshal(m)
 		for _, f := range []string{OverlayFile, RAMFile, TemplateStateFile} {
 			if err := os.WriteFile(filepath.Join(d, f), nil, 0o600); err != nil {
@@ -63,11 +64,12 @@ func TestRemoveStaleTemplates(t *testing.T) {
 		}
 		return d
 	}
-	keep := mk("aaaa", 512, false)
-	stale := mk("bbbb", 512, false)
-	busy := mk("cccc", 512, false)
-	nic := mk("dddd", 512, true)
-	other := mk("eeee", 1024, false)
+	keep := mk("aaaa", 512, 1024, false)
+	stale := mk("bbbb", 512, 1024, false)
+	busy := mk("cccc", 512, 1024, false)
+	nic := mk("dddd", 512, 1024, true)
+	other := mk("eeee", 1024, 1024, false)
+	disk := mk("gggg", 512, 64, false)
 	leftover := filepath.Join(root, buildDirPrefix+"aaaa-123")
 	busyBuild := filepath.Join(root, buildDirPrefix+"ffff-456")
 	for _, d := range []string{leftover, busyBuild} {
@@ -82,10 +84,10 @@ func TestRemoveStaleTemplates(t *testing.T) {
 		}
 		defer l.Close()
 	}
-	if err := removeStaleTemplates(root, "aaaa", 512, 1, false); err != nil {
+	if err := removeStaleTemplates(root, TemplateMeta{Key: "aaaa", MemoryMiB: 512, CPUs: 1, DiskMiB: 1024}); err != nil {
 		t.Fatal(err)
 	}
-	for d, want := range map[string]bool{keep: true, stale: false, busy: true, nic: true, other: true, leftover: false, busyBuild: true} {
+	for d, want := range map[string]bool{keep: true, stale: false, busy: true, nic: true, other: true, disk: true, leftover: false, busyBuild: true} {
 		_, err := os.Stat(d)
 		if got := err == nil; got != want {
 			t.Errorf("%s: exists %v, want %v", filepath.Base(d), got, want)

@@ -147,6 +147,13 @@ func TestVM_Exec(t *testing.T) {
 			}
 		}
 	})
+	t.Run("disk limit", func(t *testing.T) {
+		im, err := loadImage(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkDiskLimit(t, v, im.diskMiB, DefaultDiskMiB)
+	})
 	t.Run("cgroup", func(t *testing.T) {
 		if v.cgroup == nil {
 			t.Skip("no cgroup manager (not root)")

@@ -315,7 +315,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 		Rule: "ru", Reason: "re", VMID: "vm", Image: "img", ImageDigest: "sha256:x", ExitCode: new(0),
 		Signal: "SIGKILL", TimedOut: true, StdoutBytes: 1, StderrBytes: 2, StdinBytes: 3,
 		StdoutSHA256: "o", StderrSHA256: "e", Truncated: true, DurationMS: 4, BootMS: 5,
-		VMStart: "pool", Net: &NetEvent{Proto: "tcp"}, Error: "err", Message: "msg",
+		VMStart: "pool", DiskBytes: 6, Net: &NetEvent{Proto: "tcp"}, Error: "err", Message: "msg",
 	}
 	if err := l.Write(full); err != nil {
 		t.Fatal(err)
@@ -327,7 +327,7 @@ func TestLog_RecordEncoding(t *testing.T) {
 	}
 	keys := slices.Sorted(maps.Keys(obj))
 	want := []string{
-		"argv", "boot_ms", "duration_ms", "error", "exit_code", "gid", "image", "image_digest", "kind", "message", "net",
+		"argv", "boot_ms", "disk_bytes", "duration_ms", "error", "exit_code", "gid", "image", "image_digest", "kind", "message", "net",
 		"pid", "prev", "profile", "reason", "request_id", "rule", "seq", "session", "shell", "signal",
 		"stderr_bytes", "stderr_sha256", "stdin_bytes", "stdout_bytes", "stdout_sha256", "time",
 		"timed_out", "truncated", "uid", "user", "verdict", "vm_id", "vm_start",

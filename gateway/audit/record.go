@@ -145,6 +145,10 @@ type Record struct {
 	// (restored from a template for this request) or "pool" (restored
 	// earlier and waiting in the pool); BootMS is that step's time.
 	VMStart string `json:"vm_start,omitempty"`
+	// DiskBytes is what the VM's disk (its overlay file) took on the
+	// host's disk when the command ended: what the guest wrote, bounded by
+	// the profile's disk_mib. Records written before it existed lack it.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 
 	// Snapshot is the digest of a session's saved state (a pause, a
 	// resume, a fork: package vm's save points), SnapshotBytes the disk

@@ -227,3 +227,28 @@ func TestVerifyFile(t *testing.T) {
 		t.Errorf("VerifyFile = %v, want %q…", err, want)
 	}
 }
+
+// TestVerify_OlderRecords: a log written before a field existed (here an
+// exec record without disk_bytes, as vmgated wrote it until the disk
+// limit) still verifies, and reads with the field unset; a record with it
+// follows on the same chain.
+func TestVerify_OlderRecords(t *testing.T) {
+	old := []byte(`{"time":"2026-11-30T10:00:00.5Z","seq":1,"kind":"exec","request_id":"r1","uid":1000,"profile":"default",` +
+		`"argv":["dd","if=/dev/zero","of=/root/big"],"vm_id":"0f2755902be5","exit_code":1,"duration_ms":12000,"boot_ms":83,"vm_start":"pool",` +
+		`"prev":"` + GenesisPrev + `"}`)
+	r, err := parseLine(old)
+	if err != nil || r.DiskBytes != 0 || r.VMStart != "pool" {
+		t.Fatalf("old record: %+v, %v", r, err)
+	}
+	next, err := encode(&Record{Time: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC), Seq: 2, Kind: KindExec, DiskBytes: 70 << 20, Prev: lineHash(old)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(next, []byte(`"disk_bytes":73400320`)) {
+		t.Errorf("new record: %s", next)
+	}
+	rep, err := Verify(bytes.NewReader(append(append(old, '\n'), next...)))
+	if err != nil || rep.Lines != 2 {
+		t.Fatalf("Verify = %+v, %v", rep, err)
+	}
+}

@@ -32,9 +32,9 @@ func WriteStatus(w io.Writer, st *wire.Status, now time.Time) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\n", s.Name, where, s.Profile, s.Owner, age(now.Sub(s.LastUsed)), age(s.ExpiresAt.Sub(now)), s.Busy)
 	}
-	fmt.Fprintf(tw, "\nPOOLS\tIMAGE\tMEMORY\tCPUS\tNETWORK\tREADY\tAHEAD\tHITS/MISSES\n")
+	fmt.Fprintf(tw, "\nPOOLS\tIMAGE\tMEMORY\tCPUS\tDISK\tNETWORK\tREADY\tAHEAD\tHITS/MISSES\n")
 	for i, p := range st.Pools {
-		fmt.Fprintf(tw, "%d\t%s\t%d MiB\t%d\t%v\t%d/%d\t%d/%d\t%d/%d\n", i, p.Image, p.MemoryMiB, p.CPUs, p.Network, p.Ready, p.Size, p.Ahead, p.AheadSize, p.Hits, p.Misses)
+		fmt.Fprintf(tw, "%d\t%s\t%d MiB\t%d\t%d MiB\t%v\t%d/%d\t%d/%d\t%d/%d\n", i, p.Image, p.MemoryMiB, p.CPUs, p.DiskMiB, p.Network, p.Ready, p.Size, p.Ahead, p.AheadSize, p.Hits, p.Misses)
 	}
 	return tw.Flush()
 }

@@ -456,6 +456,7 @@ type Pool struct {
 	Image     string `json:"image"`
 	MemoryMiB int    `json:"memory_mib"`
 	CPUs      int    `json:"cpus"`
+	DiskMiB   int    `json:"disk_mib"`
 	Seccomp   string `json:"seccomp"`
 	Network   bool   `json:"network"`
 	Ready     int    `json:"ready"`

@@ -9,7 +9,7 @@ import (
 )
 
 // phaseOrder is the order VM start phases happen in.
-var phaseOrder = []string{"overlay", "launch", "qemu_up", "load_state", "agent", "refresh", "network"}
+var phaseOrder = []string{"overlay", "launch", "qemu_up", "load_state", "agent", "refresh", "disk", "network"}
 
 // WriteText renders the report as a table for people.
 func (r *ExecReport) WriteText(w io.Writer) {

@@ -116,6 +116,7 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 	mem := fs.Int("memory", 0, "warm one shape: guest memory in MiB (instead of the policy's shapes)")
 	cpus := fs.Int("cpus", 0, "warm one shape: guest CPUs")
 	network := fs.Bool("network", false, "warm one shape: VMs with a NIC")
+	disk := fs.Int("disk-mib", 0, "warm one shape: the guest's disk limit in MiB (default the policy's built-in disk_mib)")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	cgroups := fs.String("cgroups", "auto", "jail cgroup: auto, required or off")
 	level := fs.String("log-level", "info", "log level")
@@ -132,11 +133,11 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 			*imgDir = defaultImageDir(*state)
 		}
 		var shapes []policy.Shape
-		if *mem != 0 || *cpus != 0 || *network {
+		if *mem != 0 || *cpus != 0 || *disk != 0 || *network {
 			if *config != "" || *builtin {
-				return fmt.Errorf("%w: --memory/--cpus/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
+				return fmt.Errorf("%w: --memory/--cpus/--disk-mib/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
 			}
-			shapes = []policy.Shape{{MemoryMiB: cmp.Or(*mem, vm.DefaultMemoryMiB), CPUs: cmp.Or(*cpus, vm.DefaultCPUs), Network: *network}}
+			shapes = []policy.Shape{{MemoryMiB: cmp.Or(*mem, vm.DefaultMemoryMiB), CPUs: cmp.Or(*cpus, vm.DefaultCPUs), DiskMiB: cmp.Or(*disk, policy.DefaultDiskMiB), Network: *network}}
 		} else {
 			pol, err := loadPolicyFile(*config, *builtin)
 			if err != nil {
@@ -166,7 +167,7 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 			if err != nil {
 				return err
 			}
-			opts := vm.Options{Runtime: hc.Runtime, ImageDir: dir, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, Cgroups: cgm}
+			opts := vm.Options{Runtime: hc.Runtime, ImageDir: dir, MemoryMiB: sh.MemoryMiB, CPUs: sh.CPUs, DiskMiB: sh.DiskMiB, Cgroups: cgm}
 			if sh.Network {
 				// The template's network allows nothing: it only gives the
 				// guest its lease.

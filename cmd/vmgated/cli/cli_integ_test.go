@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,13 +156,19 @@ func TestDebugRun(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	bin := binary(t, "vmgated")
 	state := t.TempDir()
-	so, se, code := runCmd(t, nil, bin, "debug", "run", "--image", img, "--state-dir", state, "--",
-		"sh", "-c", "uname -a; echo to-stderr >&2; exit 3")
+	so, se, code := runCmd(t, nil, bin, "debug", "run", "--image", img, "--state-dir", state, "--disk-mib", "100", "--",
+		"sh", "-c", "uname -a; stat -f -c '%a %S' /; echo to-stderr >&2; exit 3")
 	if code != 3 {
 		t.Fatalf("exit %d, want 3\nstdout: %s\nstderr: %s", code, so, se)
 	}
-	if !strings.HasPrefix(so, "Linux vmgate ") {
+	lines := strings.Split(so, "\n")
+	if !strings.HasPrefix(so, "Linux vmgate ") || len(lines) < 2 {
 		t.Fatalf("stdout %q", so)
+	}
+	// --disk-mib bounds what the guest may write.
+	var avail, bsize int64
+	if _, err := fmt.Sscanf(lines[1], "%d %d", &avail, &bsize); err != nil || avail*bsize > 100<<20 || avail*bsize < 75<<20 {
+		t.Errorf("guest's space to write: %q (%v), want a little under 100 MiB", lines[1], err)
 	}
 	if !strings.Contains(se, "to-stderr") {
 		t.Fatalf("stderr %q", se)

@@ -14,6 +14,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 
 	"github.com/vmgate/vmgate/isolate/cgroup"
+	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/image"
 )
@@ -78,6 +79,7 @@ func debugRun(fs *pflag.FlagSet) runFunc {
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	mem := fs.Int("memory", 512, "guest memory in MiB")
 	cpus := fs.Int("cpus", 1, "guest CPUs")
+	disk := fs.Int("disk-mib", policy.DefaultDiskMiB, "what the guest may write to its disk, in MiB (as the policy's disk_mib)")
 	timeout := fs.Duration("timeout", 0, "command time limit (0: none)")
 	user := fs.String("user", "", "guest user: root (default) or agent")
 	jailReport := fs.Bool("jail-report", false, "print the QEMU process's confinement (namespaces, uid map, caps, seccomp) to stderr")
@@ -95,6 +97,9 @@ func debugRun(fs *pflag.FlagSet) runFunc {
 		if err != nil {
 			return exitWith(wire.ExitUsage, err)
 		}
+		if *disk < 1 {
+			return exitWith(wire.ExitUsage, fmt.Errorf("%w: --disk-mib %d: want a positive number of MiB", errUsage, *disk))
+		}
 		a, err := vm.ParseAccel(*accel)
 		if err != nil {
 			return exitWith(wire.ExitUsage, err)
@@ -104,7 +109,7 @@ func debugRun(fs *pflag.FlagSet) runFunc {
 		}
 		log := newLogger(os.Stderr, lvl)
 		opts := vm.Options{Runtime: vm.Runtime{StateDir: *state, Accel: a, Log: log},
-			ImageDir: *imgDir, MemoryMiB: *mem, CPUs: *cpus, Seccomp: *seccomp}
+			ImageDir: *imgDir, MemoryMiB: *mem, CPUs: *cpus, DiskMiB: *disk, Seccomp: *seccomp}
 		if err := resolveDirs(&opts, log); err != nil {
 			return exitWith(wire.ExitVMFailed, err)
 		}
