@@ -35,6 +35,10 @@ var blankOverlays = struct {
 	m map[overlayKey][]byte
 }{m: map[overlayKey][]byte{}}
 
+// maxBlankOverlays bounds the cache: one entry per image base (and per
+// rebuild of one).
+const maxBlankOverlays = 64
+
 // maxBlankOverlay bounds a cached blank overlay: one for a 4 GiB disk is
 // 192 KiB (header, refcounts, L1 table).
 const maxBlankOverlay = 4 << 20
@@ -65,14 +69,23 @@ func createOverlayOf(ctx context.Context, base, overlay string, sizeMiB int) err
 	if err != nil {
 		return err
 	}
+	// Only an image's base is cached: it serves every VM of the image. A
+	// save point's disk serves one resume or one fork, and a daemon that
+	// pauses and resumes for months would keep one entry for each.
+	cache := sizeMiB == 0
 	blankOverlays.Lock()
 	blank, ok := blankOverlays.m[k]
 	blankOverlays.Unlock()
-	if !ok {
+	if !ok || !cache {
 		if blank, err = makeBlankOverlay(ctx, base, filepath.Dir(overlay), sizeMiB); err != nil {
 			return err
 		}
+	}
+	if !ok && cache {
 		blankOverlays.Lock()
+		if len(blankOverlays.m) >= maxBlankOverlays {
+			clear(blankOverlays.m) // images replaced many times over
+		}
 		blankOverlays.m[k] = blank
 		blankOverlays.Unlock()
 	}

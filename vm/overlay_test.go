@@ -3,6 +3,7 @@ package vm
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,5 +78,39 @@ func TestOverlaysFromCache(t *testing.T) {
 	}
 	if info := qemuImg(t, "info", d); !strings.Contains(info, "virtual size: 2 GiB") {
 		t.Errorf("overlay of the rebuilt base:\n%s", info)
+	}
+}
+
+// TestOverlayCacheKeepsImagesOnly: overlays on an image's base are made
+// from the cache; overlays on a save point's disk (a size given: one
+// resume or fork each) are not kept in it, so pausing and resuming
+// without end does not grow the daemon.
+func TestOverlayCacheKeepsImagesOnly(t *testing.T) {
+	testutil.RequiresQEMU(t)
+	dir := t.TempDir()
+	cached := func() int {
+		blankOverlays.Lock()
+		defer blankOverlays.Unlock()
+		return len(blankOverlays.m)
+	}
+	ctx := context.Background()
+	n0 := cached()
+	for i := range 3 {
+		base := filepath.Join(dir, fmt.Sprintf("sp%d.qcow2", i))
+		qemuImg(t, "create", "-q", "-f", "qcow2", base, "1G")
+		if err := createOverlayOf(ctx, base, filepath.Join(dir, fmt.Sprintf("o%d.qcow2", i)), 1024); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cached(); n != n0 {
+		t.Errorf("%d cached after 3 overlays on save points' disks, want %d", n, n0)
+	}
+	base := filepath.Join(dir, "base.qcow2")
+	qemuImg(t, "create", "-q", "-f", "qcow2", base, "1G")
+	if err := createOverlay(ctx, base, filepath.Join(dir, "img.qcow2")); err != nil {
+		t.Fatal(err)
+	}
+	if n := cached(); n != n0+1 {
+		t.Errorf("%d cached after an overlay on an image's base, want %d", n, n0+1)
 	}
 }
