@@ -31,6 +31,7 @@ import (
 
 const (
 	sessionsDir     = "sessions"
+	lostDir         = "lost"
 	forksDir        = "forks"
 	sessionFileName = "session.json"
 	sessionFileVer  = 1
@@ -58,9 +59,19 @@ type sessionFile struct {
 	PausedAt time.Time           `json:"paused_at,omitzero"`
 }
 
+// errSessionClosed is an operation's on a session that was ended while it
+// ran (DELETE, its holder gone): the operation's results are undone.
+var errSessionClosed = errors.New("the session was ended meanwhile")
+
 // writeSession records ss as running, or paused in save point sp (a name
-// in its directory), replacing the file atomically.
+// in its directory), replacing the file atomically. A session ended
+// meanwhile is not written again (its directory stays removed).
 func (s *Server) writeSession(ss *session, state, sp string, pausedAt time.Time) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return fmt.Errorf("session file: %w", errSessionClosed)
+	}
 	dir := s.sessionDir(ss.sid)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("session file: %w", err)
@@ -101,20 +112,56 @@ func writeSynced(path string, b []byte) error {
 }
 
 // lostSession is a session the daemon could not keep: its owner's next
-// command on it is told, once.
+// command on it is told, once. The note is a file (STATE/lost/SID.json),
+// so that a restart, or a second one, does not turn it into a new, empty
+// session silently.
 type lostSession struct {
-	why string
-	at  time.Time
+	Version int       `json:"version"`
+	Owner   string    `json:"owner"`
+	Name    string    `json:"name"`
+	Why     string    `json:"why"`
+	At      time.Time `json:"at"`
+	file    string
 }
+
+// lostNoteLife is how long a lost note waits for its owner's next command
+// on the name; older ones are removed at start.
+const lostNoteLife = 30 * 24 * time.Hour
 
 // loseSession ends a session that cannot go on, and keeps why for its
 // owner's next command.
 func (s *Server) loseSession(ss *session, why string) {
-	s.mu.Lock()
-	s.lost[ss.key] = lostSession{why: why, at: time.Now()}
-	s.mu.Unlock()
+	s.noteLost(ss.key, ss.sid, why, time.Now())
+	s.endLost(ss, why)
+}
+
+// endLost ends a lost session whose loss the command at hand is told.
+func (s *Server) endLost(ss *session, why string) {
 	s.metrics.sessionLost()
 	s.destroySession(ss, "lost: "+why)
+}
+
+// noteLost keeps why the session key (sid) was lost for its owner's next
+// command, on disk as well.
+func (s *Server) noteLost(key sessionKey, sid, why string, at time.Time) {
+	l := lostSession{Version: 1, Owner: key.owner, Name: key.name, Why: why, At: at,
+		file: filepath.Join(s.cfg.VM.StateDir, lostDir, sid+".json")}
+	b, err := json.Marshal(l)
+	if err == nil {
+		if err = os.MkdirAll(filepath.Dir(l.file), 0o700); err == nil {
+			err = writeSynced(l.file, b)
+		}
+	}
+	if err != nil {
+		s.log.Error("keep a lost session's note: its owner is told until vmgated stops", "session", key.name, "err", err)
+		l.file = ""
+	}
+	s.mu.Lock()
+	if old, ok := s.lost[key]; ok && old.file != "" && old.file != l.file {
+		_ = os.Remove(old.file)
+	}
+	s.lost[key] = l
+	s.mu.Unlock()
 }
 
 // takeLost returns and forgets why the caller's session was lost, or "".
@@ -126,7 +173,44 @@ func (s *Server) takeLost(key sessionKey) string {
 		return ""
 	}
 	delete(s.lost, key)
-	return fmt.Sprintf("%s (at %s)", l.why, l.at.UTC().Format(time.RFC3339))
+	if l.file != "" {
+		if err := os.Remove(l.file); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("remove a lost session's note", "session", key.name, "err", err)
+		}
+	}
+	return fmt.Sprintf("%s (at %s)", l.Why, l.At.UTC().Format(time.RFC3339))
+}
+
+// loadLost reads the lost notes a previous run left; notes older than
+// lostNoteLife, or unreadable, are removed.
+func (s *Server) loadLost(now time.Time) {
+	dir := filepath.Join(s.cfg.VM.StateDir, lostDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.log.Error("read the lost sessions' notes", "err", err)
+		}
+		return
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		var l lostSession
+		b, err := os.ReadFile(p)
+		if err == nil {
+			err = json.Unmarshal(b, &l)
+		}
+		switch {
+		case err != nil || l.Version != 1 || !names.Session(l.Name) || l.Owner == "":
+			s.log.Warn("removing an unreadable lost session's note", "file", p, "err", err)
+			_ = os.Remove(p)
+		case now.Sub(l.At) > lostNoteLife:
+			s.log.Info("removing a lost session's note nobody asked for", "session", l.Name, "owner", l.Owner, "lost_at", l.At)
+			_ = os.Remove(p)
+		default:
+			l.file = p
+			s.lost[sessionKey{l.Owner, l.Name}] = l
+		}
+	}
 }
 
 // loadSessions finds the sessions the daemon's last run left: the paused
@@ -134,6 +218,7 @@ func (s *Server) takeLost(key sessionKey) string {
 // and are lost. What forks were being made is removed. It runs before the
 // daemon serves.
 func (s *Server) loadSessions() {
+	s.loadLost(time.Now())
 	forks := filepath.Join(s.cfg.VM.StateDir, forksDir)
 	if ents, _ := os.ReadDir(forks); len(ents) > 0 {
 		s.log.Warn("removing fork points a previous run left", "count", len(ents))
@@ -153,7 +238,7 @@ func (s *Server) loadSessions() {
 			continue
 		}
 		if why != "" {
-			s.lost[ss.key] = lostSession{why: why, at: time.Now()}
+			s.noteLost(ss.key, ss.sid, why, time.Now())
 			s.metrics.sessionLost()
 			_ = os.RemoveAll(s.sessionDir(e.Name()))
 			rec := audit.Record{Kind: audit.KindSession, Session: ss.key.name, Profile: ss.profile, Message: "lost: " + why}
@@ -273,8 +358,16 @@ func (s *Server) pause(ctx context.Context, ss *session, why string, budget bool
 	}
 	now := time.Now()
 	ss.mu.Lock()
-	ss.vm, ss.release, ss.sp, ss.pausedAt = nil, nil, sp, now
+	closed := ss.closed
+	if !closed {
+		ss.vm, ss.release, ss.sp, ss.pausedAt = nil, nil, sp, now
+	}
 	ss.mu.Unlock()
+	if closed {
+		// Its end took the VM and its slot.
+		_ = sp.Discard()
+		return &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("pause session %q: %v", ss.key.name, errSessionClosed)}
+	}
 	if err := v.Close(); err != nil {
 		s.log.Error("close a paused session's vm", "session", ss.key.name, "err", err)
 	}
@@ -330,7 +423,7 @@ func (s *Server) autoPause(ss *session, now time.Time) {
 func (s *Server) resume(ctx context.Context, ss *session, st *execState) error {
 	if want := s.shape(st.verdict); want != ss.shape.Normal() {
 		why := fmt.Sprintf("its profile's machine changed since it was paused (%+v, now %+v)", ss.shape.Normal(), want)
-		s.loseSession(ss, why)
+		s.endLost(ss, why)
 		return s.lostError(ss.key.name, why)
 	}
 	release, err := s.slots.acquire(ctx, s.claim(st))
@@ -354,7 +447,7 @@ func (s *Server) resume(ctx context.Context, ss *session, st *execState) error {
 		if errors.Is(err, vm.ErrSavePointDamaged) || errors.Is(err, vm.ErrSavePointStale) {
 			s.log.Error("resume failed: the session is lost", "session", ss.key.name, "err", vm.Details(err))
 			why := "cannot resume it: " + clientMessage(err)
-			s.loseSession(ss, why)
+			s.endLost(ss, why)
 			return s.lostError(ss.key.name, why)
 		}
 		s.log.Warn("resume failed; the session stays paused", "session", ss.key.name, "err", vm.Details(err))
@@ -364,8 +457,16 @@ func (s *Server) resume(ctx context.Context, ss *session, st *execState) error {
 		return &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("resume session %q: %s; it stays paused", ss.key.name, clientMessage(err))}
 	}
 	ss.mu.Lock()
-	ss.vm, ss.release, ss.pausedAt = v, release, time.Time{}
+	closed := ss.closed
+	if !closed {
+		ss.vm, ss.release, ss.pausedAt = v, release, time.Time{}
+	}
 	ss.mu.Unlock()
+	if closed {
+		_ = v.Close()
+		release()
+		return &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("resume session %q: %v; this command did not run", ss.key.name, errSessionClosed)}
+	}
 	s.metrics.resumed(time.Since(t0))
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: ss.key.name, VMID: v.ID, Profile: ss.profile, Message: "resumed",
 		Snapshot: sp.Meta.Digest(), DurationMS: time.Since(t0).Milliseconds()}
@@ -461,6 +562,10 @@ func (s *Server) fork(ctx context.Context, ss *session, st *execState, newNames 
 			return nil, &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("fork session %q: %s; the session keeps running", ss.key.name, clientMessage(err))}
 		}
 		defer func() { _ = sp.Discard() }()
+	} else {
+		// The paused session's own save point: the copies keep the
+		// sealed RAM they map, the daemon need not.
+		defer sp.DropShared()
 	}
 	copies := make([]*session, 0, len(newNames))
 	var err error
@@ -532,6 +637,9 @@ func (s *Server) forkCopy(ctx context.Context, parent *session, st *execState, s
 	now := time.Now()
 	c := newSession(sessionKey{parent.key.owner, name}, parent.id, st.verdict, parent.shape, now)
 	c.profile, c.idle, c.max, c.limits, c.parent = parent.profile, parent.idle, parent.max, parent.limits, parent.key.name
+	// A copy's state is as old as its parent's: max_lifetime counts from
+	// the parent's start, or forks would keep a state past it.
+	c.created = parent.created
 	parent.mu.Lock()
 	c.egress = parent.egress
 	parent.mu.Unlock()

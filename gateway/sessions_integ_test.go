@@ -119,6 +119,17 @@ func TestGateway_Sessions(t *testing.T) {
 		if err != nil || len(copies) != 2 || copies[0].Parent != "s" {
 			t.Fatalf("fork: %+v %v", copies, err)
 		}
+		// A copy's state is as old as its parent's: its max_lifetime
+		// counts from the parent's start.
+		all, err := d.Client.Sessions(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range all {
+			if p.Name == "s" && !copies[0].Created.Equal(p.Created) {
+				t.Errorf("a copy created %v, its parent %v: a fork would outlive max_lifetime", copies[0].Created, p.Created)
+			}
+		}
 		must(d, "s", "echo after-fork > /root/g", "")
 		for _, c := range []string{"f1", "f2"} {
 			must(d, c, "cat /root/f /dev/shm/m; test ! -e /root/g && echo clean; "+counting, "kept\nshm\nclean\ncounting\n")

@@ -176,13 +176,21 @@ func (sp *SavePoint) Discard() error {
 	return nil
 }
 
-func (sp *SavePoint) remove() error {
+// DropShared lets go of the sealed copy of the RAM that shared restores
+// map: the VMs restored from it keep their own mappings, and a later
+// shared restore makes a new copy. A paused session forked once need not
+// hold a copy of its RAM in memory until it ends.
+func (sp *SavePoint) DropShared() {
 	sp.mu.Lock()
+	defer sp.mu.Unlock()
 	if sp.ram != nil {
 		_ = sp.ram.Close()
 		sp.ram = nil
 	}
-	sp.mu.Unlock()
+}
+
+func (sp *SavePoint) remove() error {
+	sp.DropShared()
 	if err := os.RemoveAll(sp.Dir); err != nil {
 		return fmt.Errorf("remove save point: %w", err)
 	}

@@ -1,0 +1,65 @@
+package gateway
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLostNotesOutliveRestarts: a lost session's note is told to its
+// owner's next command on the name once, across daemon restarts (a
+// second one included), and not before; notes older than lostNoteLife
+// and unreadable ones are removed at start.
+func TestLostNotesOutliveRestarts(t *testing.T) {
+	state := t.TempDir()
+	newServer := func() *Server {
+		s := &Server{log: slog.New(slog.DiscardHandler), lost: map[sessionKey]lostSession{}}
+		s.cfg.VM.StateDir = state
+		s.loadLost(time.Now())
+		return s
+	}
+	key := sessionKey{owner: "uid:1000", name: "work"}
+	s := newServer()
+	s.noteLost(key, "abc123", "vmgated stopped and could not pause it: disk full", time.Now())
+	s.noteLost(sessionKey{owner: "uid:1000", name: "old"}, "def456", "long ago", time.Now().Add(-lostNoteLife-time.Hour))
+	if err := os.WriteFile(filepath.Join(state, lostDir, "junk.json"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	newServer()     // a restart that serves nobody on the name
+	s = newServer() // and a second one
+	if why := s.takeLost(sessionKey{owner: "uid:1001", name: "work"}); why != "" {
+		t.Errorf("another caller's session of that name was told %q", why)
+	}
+	if why := s.takeLost(key); !strings.Contains(why, "disk full") {
+		t.Errorf("after two restarts the owner is told %q", why)
+	}
+	if why := s.takeLost(sessionKey{owner: "uid:1000", name: "old"}); why != "" {
+		t.Errorf("a note past its life is told: %q", why)
+	}
+	if why := newServer().takeLost(key); why != "" {
+		t.Errorf("a note told once is told again after a restart: %q", why)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(state, lostDir)); len(ents) != 0 {
+		t.Errorf("notes left: %v", ents)
+	}
+}
+
+// TestWriteSessionAfterEnd: a pause or a resume that finishes after its
+// session was ended (DELETE, its holder gone) does not write the session
+// back: its directory stays removed, and a restart does not find it.
+func TestWriteSessionAfterEnd(t *testing.T) {
+	s := &Server{log: slog.New(slog.DiscardHandler)}
+	s.cfg.VM.StateDir = t.TempDir()
+	ss := &session{key: sessionKey{owner: "uid:1000", name: "work"}, sid: "abc", closed: true}
+	if err := s.writeSession(ss, "paused", "sp-1", time.Now()); !errors.Is(err, errSessionClosed) {
+		t.Errorf("writeSession on an ended session: %v", err)
+	}
+	if _, err := os.Stat(s.sessionDir(ss.sid)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an ended session's directory was made again: %v", err)
+	}
+}
