@@ -250,12 +250,17 @@ func (s *Server) reap(now time.Time) {
 	for _, ss := range s.allSessions() {
 		ss.mu.Lock()
 		dead := ss.vm != nil && ss.vm.Gone()
+		busy := ss.busy
 		expired := !ss.busy && !now.Before(ss.expiryLocked())
 		due := ss.pauseDueLocked(now)
 		ss.mu.Unlock()
 		switch {
+		case dead && busy:
+			s.destroySession(ss, "its vm died") // its command is told
 		case dead:
-			s.destroySession(ss, "its vm died")
+			// No command saw it: the owner's next one is told, rather
+			// than run in a new, empty session.
+			s.loseSession(ss, "its VM died while no command ran")
 		case due:
 			if ss.tryTake() {
 				s.autoPause(ss, now)

@@ -222,6 +222,11 @@ func (s *Server) transfersRun(ctx context.Context, st *execState, target *vmTarg
 		for _, p := range files.puts {
 			p.CloseWithError(errors.New(why))
 		}
+		if err != nil && (errors.Is(err, vm.ErrVMDied) || errors.Is(err, vm.ErrAgentLost) || errors.Is(err, vm.ErrAgentUnresponsive) || target.vm.Gone()) {
+			// Not a transfer's failure: the VM's (exit 205), and a
+			// session's VM ends with the request.
+			return fmt.Errorf("%s: %w", why, err)
+		}
 		return &TransferError{Msg: why}
 	}
 	if before {
