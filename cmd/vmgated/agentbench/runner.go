@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/internal/procmem"
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
@@ -717,11 +718,10 @@ func copiesMemory(copies []wire.Session) (rss, pss float64) {
 		if pid == 0 {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-		if err != nil {
+		r, p, ok := procmem.Rollup(pid)
+		if !ok {
 			continue
 		}
-		r, p := rollup(string(b))
 		rss, pss, n = rss+r, pss+p, n+1
 	}
 	if n == 0 {
@@ -748,25 +748,4 @@ func qemuPid(id string) int {
 		}
 	}
 	return 0
-}
-
-// rollup reads Rss and Pss (MiB) from a smaps_rollup text.
-func rollup(text string) (rss, pss float64) {
-	for _, l := range strings.Split(text, "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "Rss":
-			rss = kb / 1024
-		case "Pss":
-			pss = kb / 1024
-		}
-	}
-	return rss, pss
 }

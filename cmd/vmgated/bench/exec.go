@@ -7,7 +7,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/internal/procmem"
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
@@ -774,30 +774,9 @@ func pids(vms []*vm.VM) []int {
 	return out
 }
 
-// smapsRollup returns Rss and Pss of pid in MiB.
+// smapsRollup returns Rss and Pss of pid in MiB (zeros when unreadable).
 func smapsRollup(pid int) (rss, pss float64) {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
-	if err != nil {
-		return 0, 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-		if err != nil {
-			continue
-		}
-		switch k {
-		case "Rss":
-			rss = kb / 1024
-		case "Pss":
-			pss = kb / 1024
-		}
-	}
+	rss, pss, _ = procmem.Rollup(pid)
 	return rss, pss
 }
 
