@@ -298,14 +298,7 @@ func (s *Server) bootVM(ctx context.Context, st *execState) (*vmTarget, error) {
 	}
 	queue := time.Since(t0)
 	t1 := time.Now()
-	mem, cpus := v.Limits.MemoryMiB, v.Limits.CPUs
-	if mem == 0 {
-		mem = vm.DefaultMemoryMiB
-	}
-	if cpus == 0 {
-		cpus = vm.DefaultCPUs
-	}
-	m, how, err := s.host.Get(ctx, vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, DiskMiB: v.Limits.DiskMiB, Seccomp: s.seccompMode(), Network: v.Network != nil})
+	m, how, err := s.host.Get(ctx, s.shape(v))
 	if err != nil {
 		release()
 		s.log.Warn("start vm failed", "req", st.reqID, "err", vm.Details(err))

@@ -281,7 +281,8 @@ func (s *Server) loadSession(sid string) (*session, string) {
 	return ss, ""
 }
 
-// shape is the VM shape of a verdict, as the host makes VMs.
+// shape is the VM shape of a verdict, as the host makes VMs (Normal: a
+// session's shape compares equal to it).
 func (s *Server) shape(v policy.Verdict) vm.Shape {
 	mem, cpus := v.Limits.MemoryMiB, v.Limits.CPUs
 	if mem == 0 {
@@ -290,7 +291,7 @@ func (s *Server) shape(v policy.Verdict) vm.Shape {
 	if cpus == 0 {
 		cpus = vm.DefaultCPUs
 	}
-	return vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, Seccomp: s.seccompMode(), Network: v.Network != nil}
+	return vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, DiskMiB: v.Limits.DiskMiB, Seccomp: s.seccompMode(), Network: v.Network != nil}.Normal()
 }
 
 // pauseBudget refuses a pause that would take the caller past its
