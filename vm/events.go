@@ -80,9 +80,9 @@ func (v *VM) watchEvents() {
 	// connection.
 	_ = q.c.SetDeadline(time.Time{})
 	var ev blockIOError
-	err = q.readUntil("BLOCK_IO_ERROR", func(data json.RawMessage) bool {
+	err = q.readUntil("BLOCK_IO_ERROR", func(r qmpReply) bool {
 		var full bool
-		ev, full = noSpace(data)
+		ev, full = noSpace(r.Data)
 		return full
 	})
 	switch {

@@ -25,14 +25,23 @@ type qmp struct {
 // qmpReply is one line QEMU sends: a greeting, an event, a return or an
 // error.
 type qmpReply struct {
-	QMP    json.RawMessage `json:"QMP"`
-	Event  string          `json:"event"`
+	QMP       json.RawMessage `json:"QMP"`
+	Event     string          `json:"event"`
+	Timestamp struct {
+		Seconds      int64 `json:"seconds"`
+		Microseconds int64 `json:"microseconds"`
+	} `json:"timestamp"` // an event's: when QEMU made it (host time)
 	Data   json.RawMessage `json:"data"`
 	Return json.RawMessage `json:"return"`
 	Error  *struct {
 		Class string `json:"class"`
 		Desc  string `json:"desc"`
 	} `json:"error"`
+}
+
+// stamp is the time QEMU made the event r.
+func (r qmpReply) stamp() time.Time {
+	return time.Unix(r.Timestamp.Seconds, r.Timestamp.Microseconds*1000)
 }
 
 // parseQMPLine decodes one line from QEMU. QEMU runs the guest, so its
@@ -136,14 +145,14 @@ func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.R
 // waitEvent reads QEMU's output until an event named name arrives whose
 // data match accepts, or ctx ends. Replies and other events are skipped:
 // call it with no command outstanding.
-func (q *qmp) waitEvent(ctx context.Context, name string, match func(data json.RawMessage) bool) error {
+func (q *qmp) waitEvent(ctx context.Context, name string, match func(r qmpReply) bool) error {
 	q.deadline(ctx)
 	return q.readUntil(name, match)
 }
 
 // readUntil reads QEMU's output until an event named name arrives whose
 // data match accepts, the connection ends or its deadline passes.
-func (q *qmp) readUntil(name string, match func(data json.RawMessage) bool) error {
+func (q *qmp) readUntil(name string, match func(r qmpReply) bool) error {
 	for {
 		// Bounded by the reader's buffer: a QEMU that the guest took
 		// over may send a line without end.
@@ -158,7 +167,7 @@ func (q *qmp) readUntil(name string, match func(data json.RawMessage) bool) erro
 		if err != nil {
 			return err
 		}
-		if r.Event == name && match(r.Data) {
+		if r.Event == name && match(r) {
 			return nil
 		}
 	}
@@ -239,8 +248,8 @@ func (q *qmp) runMigration(ctx context.Context, cmd string, args any) error {
 // since): nil when it completed.
 func (q *qmp) awaitMigration(ctx context.Context) error {
 	end := ""
-	if err := q.awaitEvent(ctx, "MIGRATION", func(d json.RawMessage) bool {
-		st, ok := migrationEnd("MIGRATION", d)
+	if err := q.awaitEvent(ctx, "MIGRATION", func(r qmpReply) bool {
+		st, ok := migrationEnd(r.Event, r.Data)
 		end = st
 		return ok
 	}); err != nil {
@@ -282,7 +291,7 @@ func migrationEnd(event string, data json.RawMessage) (string, bool) {
 
 // awaitEvent is waitEvent for as long as ctx lets it, not the 30 s a
 // command's reply gets: a migration sends no event while it runs.
-func (q *qmp) awaitEvent(ctx context.Context, name string, match func(data json.RawMessage) bool) error {
+func (q *qmp) awaitEvent(ctx context.Context, name string, match func(r qmpReply) bool) error {
 	dl, _ := ctx.Deadline()
 	_ = q.c.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = q.c.SetDeadline(time.Now()) })

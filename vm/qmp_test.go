@@ -3,10 +3,11 @@ package vm
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseQMPLine(t *testing.T) {
@@ -95,8 +96,45 @@ func TestWaitEventBounded(t *testing.T) {
 		_, _ = b.Write([]byte(`{"event": "STOP"}` + "\n"))
 		_, _ = b.Write(bytes.Repeat([]byte("x"), 10000))
 	}()
-	err := q.readUntil("BLOCK_IO_ERROR", func(json.RawMessage) bool { return true })
+	err := q.readUntil("BLOCK_IO_ERROR", func(qmpReply) bool { return true })
 	if err == nil || !strings.Contains(err.Error(), "longer than 4096") {
 		t.Fatalf("waitEvent: %v", err)
+	}
+}
+
+// TestPortEventAfter: the hand-back of an agent connection ends at the
+// first event of the agent's port that QEMU stamped after the hang-up,
+// whether it says closed or, as QEMU folds a close and a reopen within a
+// second of an earlier event into one, open; an event stamped before, or
+// of another port, is not it.
+func TestPortEventAfter(t *testing.T) {
+	since := time.Unix(1796290515, 500_000_000)
+	ev := func(sec, usec int64, id string, open bool) string {
+		return fmt.Sprintf(`{"timestamp": {"seconds": %d, "microseconds": %d}, "event": "VSERPORT_CHANGE", "data": {"open": %v, "id": %q}}`, sec, usec, open, id)
+	}
+	cases := []struct {
+		name  string
+		lines []string
+		want  int // index of the line that ends the wait
+	}{
+		{"close then reopen", []string{ev(1796290515, 600000, AgentPortID, false), ev(1796290516, 600000, AgentPortID, true)}, 0},
+		{"folded into one open", []string{ev(1796290516, 400000, AgentPortID, true)}, 0},
+		{"a restore's event first", []string{ev(1796290515, 100000, AgentPortID, true), ev(1796290516, 100000, AgentPortID, true)}, 1},
+		{"same microsecond", []string{ev(1796290515, 500000, AgentPortID, false)}, 0},
+		{"another port", []string{ev(1796290516, 0, "other", false), `{"event": "STOP", "timestamp": {"seconds": 1796290517, "microseconds": 0}}`, ev(1796290517, 0, AgentPortID, true)}, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			q := &qmp{r: bufio.NewReader(strings.NewReader(strings.Join(c.lines, "\n") + "\n"))}
+			var ended qmpReply
+			err := q.readUntil("VSERPORT_CHANGE", func(r qmpReply) bool {
+				ended = r
+				return portEventAfter(r, AgentPortID, since)
+			})
+			want, _ := parseQMPLine([]byte(c.lines[c.want]))
+			if err != nil || ended.stamp() != want.stamp() || string(ended.Data) != string(want.Data) {
+				t.Fatalf("ended at %s %s (%v), want line %d", ended.stamp(), ended.Data, err, c.want)
+			}
+		})
 	}
 }

@@ -18,14 +18,10 @@ func (v *VM) save(ctx context.Context) error {
 	}
 	defer q.Close()
 	// Each clone makes a new agent connection, so this one ends here, and
-	// the state is saved only once the agent has finished with it: the
-	// agent closes its port and opens it again before it waits for the
-	// next host (agent.devicePort), and QEMU reports both as
-	// VSERPORT_CHANGE. Saved any earlier, a clone would wake with the old
-	// connection's bytes or goroutines still in the guest.
-	v.detach()
-	if err := waitPortReopened(ctx, q); err != nil {
-		return v.fail("template save", nil, fmt.Errorf("the guest agent did not reopen its port after the host hung up: %w", err))
+	// the state is saved only once the agent has finished with it
+	// (handBack).
+	if err := v.handBack(ctx, q); err != nil {
+		return v.fail("template save", nil, err)
 	}
 	sf, err := os.OpenFile(filepath.Join(v.Dir, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -70,22 +66,40 @@ func (v *VM) save(ctx context.Context) error {
 	return nil
 }
 
-// waitPortReopened waits for the guest to close the agent port and open it
-// again.
-func waitPortReopened(ctx context.Context, q *qmp) error {
+// handBack closes the agent connection and waits until the guest agent
+// has finished with it: the agent closes its port once no goroutine of the
+// connection uses it, and opens it again before it waits for the next host
+// (agent.devicePort); QEMU reports each as VSERPORT_CHANGE. A VM saved any
+// earlier would wake with the old connection's bytes or goroutines still
+// in the guest; saved between the close and the reopen, it reopens the
+// port when it runs again, before the next host is served.
+//
+// QEMU rate-limits VSERPORT_CHANGE per port (one a second, the later ones
+// of a second folded into the last of them), so the close and the reopen
+// can arrive as one event, open, a second late: the first event of the
+// port stamped after the hang-up says the close happened, whatever it
+// reports. Waiting for the close and then the reopen as two events missed
+// the close whenever an event (a restore's) had come less than a second
+// before, and always cost the second the reopen's event was held back.
+func (v *VM) handBack(ctx context.Context, q *qmp) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	for _, open := range []bool{false, true} {
-		err := q.waitEvent(ctx, "VSERPORT_CHANGE", func(data json.RawMessage) bool {
-			var ev struct {
-				ID   string `json:"id"`
-				Open bool   `json:"open"`
-			}
-			return json.Unmarshal(data, &ev) == nil && ev.ID == AgentPortID && ev.Open == open
-		})
-		if err != nil {
-			return err
-		}
+	since := time.Now()
+	v.detach()
+	err := q.waitEvent(ctx, "VSERPORT_CHANGE", func(ev qmpReply) bool {
+		return portEventAfter(ev, AgentPortID, since)
+	})
+	if err != nil {
+		return fmt.Errorf("the guest agent did not close its port after the host hung up: %w", err)
 	}
 	return nil
+}
+
+// portEventAfter tells whether ev is a VSERPORT_CHANGE of the port id
+// that QEMU stamped at or after t.
+func portEventAfter(ev qmpReply, id string, t time.Time) bool {
+	var d struct {
+		ID string `json:"id"`
+	}
+	return ev.Event == "VSERPORT_CHANGE" && json.Unmarshal(ev.Data, &d) == nil && d.ID == id && !ev.stamp().Before(t.Truncate(time.Microsecond))
 }

@@ -166,18 +166,17 @@ func (s *saving) undo() error {
 }
 
 // handOver closes the agent connection and waits until the guest agent
-// has reopened its port for the next host: what a VM restored from the
-// save point connects to, as a clone of a template does.
+// has finished with it (VM.handBack): a VM restored from the save point
+// makes a connection of its own, as a clone of a template does.
 func (s *saving) handOver(ctx context.Context) error {
 	q, err := dialQMP(ctx, filepath.Join(s.v.Dir, QMPSocket), s.v.exited)
 	if err != nil {
 		return err
 	}
 	s.q = q
-	s.v.detach()
 	s.away = true
-	if err := waitPortReopened(ctx, q); err != nil {
-		return s.v.fail("save", nil, fmt.Errorf("the guest agent did not reopen its port after the host hung up: %w", err))
+	if err := s.v.handBack(ctx, q); err != nil {
+		return s.v.fail("save", nil, err)
 	}
 	return nil
 }
@@ -202,7 +201,7 @@ func (s *saving) flatten(ctx context.Context) error {
 	data := json.RawMessage(nil)
 	if done != nil {
 		data = done.Data
-	} else if err := s.q.waitEvent(ctx, "BLOCK_JOB_COMPLETED", func(d json.RawMessage) bool { data = d; return true }); err != nil {
+	} else if err := s.q.waitEvent(ctx, "BLOCK_JOB_COMPLETED", func(r qmpReply) bool { data = r.Data; return true }); err != nil {
 		return err
 	}
 	if err := jobError(data); err != nil {

@@ -119,7 +119,7 @@ func TestImageWarm(t *testing.T) {
 	bin := binary(t, "vmgated")
 	tdir := testutil.TemplateDir(t)
 	so, se, code := runCmd(t, nil, bin, "image", "warm", "--image", img, "--state-dir", t.TempDir(), "--template-dir", tdir)
-	if code != 0 || !strings.Contains(so, "(512 MiB, 1 CPU)") || !strings.Contains(so, tdir) {
+	if code != 0 || !strings.Contains(so, "(512 MiB, 1 CPU, ") || !strings.Contains(so, tdir) {
 		t.Fatalf("exit %d\nstdout: %s\nstderr: %s", code, so, se)
 	}
 	// Now it is there: a second run only checks it.
@@ -143,7 +143,7 @@ allow = ["example.com:443"]
 		t.Fatal(err)
 	}
 	so, se, code = runCmd(t, nil, bin, "image", "warm", "--image", img, "--state-dir", t.TempDir(), "--template-dir", tdir, "--config", pol)
-	if code != 0 || strings.Count(so, "(512 MiB, 1 CPU)") != 2 || strings.Count(so, "with a NIC") != 1 {
+	if code != 0 || strings.Count(so, "(512 MiB, 1 CPU, ") != 2 || strings.Count(so, "with a NIC") != 1 {
 		t.Fatalf("policy shapes: exit %d\nstdout: %s\nstderr: %s", code, so, se)
 	}
 	if _, se, code := runCmd(t, nil, bin, "image", "warm", "--config", pol, "--memory", "256"); code != wire.ExitUsage || !strings.Contains(se, "one shape") {

@@ -301,7 +301,7 @@ func TestServe_RestartAfterKill(t *testing.T) {
 		t.Fatalf("a session after its pipeline's client died: %v %q", err, out)
 	}
 	// Sessions: p paused, r running when the daemon is killed.
-	for _, args := range [][]string{{"--session", "p", "-c", "echo kept > /root/p"}, {"--session", "p", "--pause"}, {"--session", "r", "-c", "echo gone > /root/r"}} {
+	for _, args := range [][]string{{"--session", "p", "-c", "echo kept > ~/p"}, {"--session", "p", "--pause"}, {"--session", "r", "-c", "echo gone > ~/r"}} {
 		if _, se, code := vmExec(t, s.socket, args...); code != 0 {
 			t.Fatalf("%q: %d %q", args, code, se)
 		}
@@ -380,13 +380,13 @@ func TestServe_RestartAfterKill(t *testing.T) {
 	}
 	// The paused session is still there; the running one was lost, which
 	// its next command is told (205), once.
-	if so, se, code := vmExec(t, s2.socket, "--session", "p", "cat", "/root/p"); code != 0 || so != "kept\n" {
+	if so, se, code := vmExec(t, s2.socket, "--session", "p", "-c", "cat ~/p"); code != 0 || so != "kept\n" {
 		t.Errorf("a paused session after kill -9: %d %q %q", code, so, se)
 	}
-	if _, se, code := vmExec(t, s2.socket, "--session", "r", "cat", "/root/r"); code != wire.ExitVMFailed || !strings.Contains(se, "was lost") {
+	if _, se, code := vmExec(t, s2.socket, "--session", "r", "-c", "cat ~/r"); code != wire.ExitVMFailed || !strings.Contains(se, "was lost") {
 		t.Errorf("a session running at kill -9: %d %q", code, se)
 	}
-	if _, _, code := vmExec(t, s2.socket, "--session", "r", "cat", "/root/r"); code != 1 {
+	if _, _, code := vmExec(t, s2.socket, "--session", "r", "-c", "cat ~/r"); code != 1 {
 		t.Errorf("the next command on a lost session: %d, want a new session without the file (1)", code)
 	}
 	if len(s2.logLines("session lost")) != 2 { // r, and the pipeline's
