@@ -51,7 +51,9 @@ func TestGateway_DiskLimit(t *testing.T) {
 	}
 
 	// The normal case: ENOSPC at the limit, from the guest's own kernel.
-	res, _, se := sh("dd if=/dev/zero of=/root/big bs=1M")
+	// What dd wrote reaches the disk by sync: ext4 allocates at write but
+	// writes back later, and the overlay is compared with it below.
+	res, _, se := sh("dd if=/dev/zero of=/root/big bs=1M; s=$?; sync; exit $s")
 	if res.ExitCode != 1 || !strings.Contains(se, "No space left on device") {
 		t.Fatalf("dd into a full disk: %+v, stderr %q; want exit 1 with ENOSPC", res, se)
 	}
