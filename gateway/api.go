@@ -80,47 +80,16 @@ func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session 
 	return ss
 }
 
-// sessionOp runs op on the caller's session named in the path, as its
-// owner (waiting for a command that runs in it, as long as a VM slot
-// is), counted in flight for shutdown and ended with the grace period,
-// after a policy decision of the session request (audited). op's
-// *RequestError is the answer; otherwise op has written it.
+// sessionOp runs op on the caller's session named in the path, through
+// the exec core (Server.onSession). op's *RequestError is the answer;
+// otherwise op has written it.
 func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, newNames []string, op func(context.Context, *session, *execState) error) {
 	ss := s.callerSession(w, r)
 	if ss == nil {
 		return
 	}
-	if !s.begin() {
-		refuse(w, ErrShutdown, ErrShutdown.Error())
-		return
-	}
-	defer s.end()
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	defer context.AfterFunc(s.execCtx, cancel)()
 	id, _ := identityFrom(r.Context())
-	st := newExecState(id, &wire.ExecRequest{Session: ss.key.name}, false)
-	st.verdict = s.policy.Load().DecideSession(id, newNames...)
-	if err := s.auditDecision(st); err != nil {
-		refuse(w, ErrAuditUnavailable, "refusing to run unaudited: "+err.Error())
-		return
-	}
-	if !st.verdict.Allowed {
-		rerr := &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID}
-		writeError(w, rerr.Kind.Status, rerr.Wire())
-		return
-	}
-	if err := ss.take(ctx, s.cfg.QueueWait); err != nil {
-		rerr := requestError(err, st)
-		if errors.Is(err, errSessionEnded) {
-			rerr = &RequestError{Kind: wire.KindNotFound, Msg: fmt.Sprintf("session %q ended", ss.key.name), RequestID: st.reqID}
-		}
-		writeError(w, rerr.Kind.Status, rerr.Wire())
-		return
-	}
-	defer ss.give()
-	if err := op(ctx, ss, st); err != nil {
-		rerr := requestError(err, st)
+	if rerr := s.onSession(r.Context(), id, ss, newNames, op); rerr != nil {
 		writeError(w, rerr.Kind.Status, rerr.Wire())
 	}
 }

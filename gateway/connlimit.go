@@ -77,7 +77,7 @@ func newUIDLimitListener(ln net.Listener, max int, log *slog.Logger) *uidLimitLi
 // 401 for a caller that cannot be identified, as the handlers answer. It
 // reads the request first: closing a Unix socket with unread data resets
 // the peer's end.
-func (l *uidLimitListener) refuse(c net.Conn, status int, e wire.Error) {
+func (l *uidLimitListener) refuse(c net.Conn, kind *wire.Kind, msg string) {
 	defer func() { <-l.refusing }()
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(refuseTime))
@@ -85,7 +85,8 @@ func (l *uidLimitListener) refuse(c net.Conn, status int, e wire.Error) {
 	if req, err := http.ReadRequest(bufio.NewReader(in)); err == nil {
 		_, _ = io.Copy(io.Discard, req.Body)
 	}
-	body, _ := json.Marshal(e)
+	status := kind.Status
+	body, _ := json.Marshal(wire.Error{Code: kind.Code, Error: msg})
 	_, _ = fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		status, http.StatusText(status), len(body), body)
 	if uc, ok := c.(*net.UnixConn); ok {
@@ -116,8 +117,8 @@ func (l *uidLimitListener) Accept() (net.Conn, error) {
 				l.log.Warn("too many connections from one uid, refusing more", "uid", id.UID, "max", l.max)
 			}
 			l.mu.Unlock()
-			l.refuseAsync(c, http.StatusServiceUnavailable, wire.Error{Code: wire.CodeBusy,
-				Error: fmt.Sprintf("uid %d has %d connections open to vmgated, the most it may; try again when one ends", id.UID, l.max)})
+			l.refuseAsync(c, wire.KindBusy,
+				fmt.Sprintf("uid %d has %d connections open to vmgated, the most it may; try again when one ends", id.UID, l.max))
 			continue
 		}
 		l.open[id.UID]++
@@ -128,10 +129,10 @@ func (l *uidLimitListener) Accept() (net.Conn, error) {
 
 // refuseAsync refuses c in the bounded refusal pool, or closes it when
 // the pool is full.
-func (l *uidLimitListener) refuseAsync(c net.Conn, status int, e wire.Error) {
+func (l *uidLimitListener) refuseAsync(c net.Conn, kind *wire.Kind, msg string) {
 	select {
 	case l.refusing <- struct{}{}:
-		go l.refuse(c, status, e)
+		go l.refuse(c, kind, msg)
 	default:
 		_ = c.Close()
 	}
@@ -149,7 +150,7 @@ func (l *uidLimitListener) refuseUnidentified(c net.Conn, cred peerCred, err err
 		l.unknownWarned, l.unidentified = now, 0
 	}
 	l.mu.Unlock()
-	l.refuseAsync(c, http.StatusUnauthorized, wire.Error{Code: wire.CodeDenied, Error: "vmgated cannot identify the caller: " + err.Error()})
+	l.refuseAsync(c, wire.KindUnidentified, "vmgated cannot identify the caller: "+err.Error())
 }
 
 func (l *uidLimitListener) release(uid uint32) {

@@ -146,6 +146,42 @@ func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*a
 	return &admitted{s: s, log: log, st: st, target: target}, nil
 }
 
+// onSession is the exec core's entry for a request on a session itself
+// (pause, fork), as admit is for a command: counted in flight (refused
+// with ErrShutdown once shutdown began), the policy decision of the
+// session request (audited, through the deny flood gate), then op as the
+// session's owner, after a command that runs in it (waited for as long as
+// a VM slot is). ctx ends when the client goes away or the shutdown grace
+// period is over.
+func (s *Server) onSession(ctx context.Context, id policy.Identity, ss *session, newNames []string, op func(context.Context, *session, *execState) error) *RequestError {
+	st := newExecState(id, &wire.ExecRequest{Session: ss.key.name}, false)
+	if !s.begin() {
+		return &RequestError{Kind: ErrShutdown, Msg: ErrShutdown.Error(), RequestID: st.reqID}
+	}
+	defer s.end()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.execCtx, cancel)()
+	st.verdict = s.policy.Load().DecideSession(id, newNames...)
+	if err := s.auditDecision(st); err != nil {
+		return &RequestError{Kind: ErrAuditUnavailable, Msg: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}
+	}
+	if !st.verdict.Allowed {
+		return &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID}
+	}
+	if err := ss.take(ctx, s.cfg.QueueWait); err != nil {
+		if errors.Is(err, errSessionEnded) {
+			return &RequestError{Kind: wire.KindNotFound, Msg: fmt.Sprintf("session %q ended", ss.key.name), RequestID: st.reqID}
+		}
+		return requestError(err, st)
+	}
+	defer ss.give()
+	if err := op(ctx, ss, st); err != nil {
+		return requestError(err, st)
+	}
+	return nil
+}
+
 // decide takes an admitted request from the audit check through the
 // policy decision (audited) to its VM.
 func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*vmTarget, *RequestError) {

@@ -3,16 +3,15 @@ package gateway_test
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/internal/testutil"
 )
 
 // fidelityCases are real commands with their own flags. Each runs
@@ -99,25 +98,12 @@ func TestGateway_DropInFidelity(t *testing.T) {
 	work := t.TempDir()
 	run := func(stdin string, args ...string) (string, string, int) {
 		t.Helper()
-		bin := os.Getenv("VMGATE_TEST_BIN")
-		if bin == "" {
-			t.Skip("VMGATE_TEST_BIN not set")
-		}
-		cmd := exec.Command(filepath.Join(bin, "vm-exec"), append([]string{"--socket", d.Socket, "--session", "fidelity"}, args...)...)
+		cmd := exec.Command(testutil.Binary(t, "vm-exec"), append([]string{"--socket", d.Socket, "--session", "fidelity"}, args...)...)
 		cmd.Dir = work
 		if stdin != "" {
 			cmd.Stdin = strings.NewReader(stdin)
 		}
-		var so, se bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &so, &se
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return so.String(), se.String(), ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return so.String(), se.String(), 0
+		return testutil.Run(t, cmd)
 	}
 	for _, tc := range fidelityCases {
 		t.Run(tc.name, func(t *testing.T) {

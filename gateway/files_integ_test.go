@@ -28,23 +28,9 @@ get_max_files = 50
 // vmExec runs the built vm-exec in dir against socket.
 func vmExec(t *testing.T, socket, dir string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	bin := os.Getenv("VMGATE_TEST_BIN")
-	if bin == "" {
-		t.Skip("VMGATE_TEST_BIN not set")
-	}
-	cmd := exec.Command(filepath.Join(bin, "vm-exec"), append([]string{"--socket", socket}, args...)...)
+	cmd := exec.Command(testutil.Binary(t, "vm-exec"), append([]string{"--socket", socket}, args...)...)
 	cmd.Dir = dir
-	var so, se bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &so, &se
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	case err != nil:
-		t.Fatal(err)
-	}
-	return so.String(), se.String(), code
+	return testutil.Run(t, cmd)
 }
 
 func writeFiles(t *testing.T, root string, files map[string]string) {

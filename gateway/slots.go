@@ -2,15 +2,10 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 )
-
-// errBusy reports that no VM slot became free: the queue was full or the
-// wait timed out.
-var errBusy = errors.New("busy")
 
 // slots bounds live VMs globally, per profile and per caller within a
 // profile, with a bounded FIFO-ish wait: at most queueLen requests wait,
@@ -48,11 +43,12 @@ func newSlots(max, queueLen int, wait time.Duration) *slots {
 		caller: map[callerSlot]int{}, queued: map[callerSlot]int{}, changed: make(chan struct{})}
 }
 
-// busyError says which bound refused a request.
+// busyError says which bound refused a request: no VM slot became free,
+// the queue was full or the wait timed out. It is of kind ErrBusy.
 type busyError struct{ why string }
 
 func (e *busyError) Error() string { return "busy: " + e.why }
-func (e *busyError) Unwrap() error { return errBusy }
+func (e *busyError) Unwrap() error { return ErrBusy }
 
 func (s *slots) free(c slotClaim) bool {
 	cs := callerSlot{c.profile, c.caller}
@@ -61,7 +57,7 @@ func (s *slots) free(c slotClaim) bool {
 }
 
 // acquire takes one global slot, one of the claim's profile and one of
-// its caller's. It returns a *busyError (errBusy) when the queue, or the
+// its caller's. It returns a *busyError (ErrBusy) when the queue, or the
 // caller's share of it, is full or no slot frees up in time.
 func (s *slots) acquire(ctx context.Context, c slotClaim) (release func(), err error) {
 	cs := callerSlot{c.profile, c.caller}

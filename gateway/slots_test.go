@@ -32,14 +32,14 @@ func TestSlots_PerCaller(t *testing.T) {
 	for _, waiting := s.stats(); waiting == 0; _, waiting = s.stats() {
 		time.Sleep(time.Millisecond)
 	}
-	if _, err := s.acquire(ctx, a); !errors.Is(err, errBusy) {
+	if _, err := s.acquire(ctx, a); !errors.Is(err, ErrBusy) {
 		t.Fatalf("a's fourth, beyond its queue share: %v, want busy at once", err)
 	}
 	rb, err := s.acquire(ctx, b)
 	if err != nil {
 		t.Fatalf("another caller: %v", err)
 	}
-	if err := <-done; !errors.Is(err, errBusy) {
+	if err := <-done; !errors.Is(err, ErrBusy) {
 		t.Fatalf("a's third: %v, want busy after the wait", err)
 	}
 	// A release of a's makes room for a again.

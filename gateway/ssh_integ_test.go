@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -151,18 +150,7 @@ func TestGateway_SSH(t *testing.T) {
 		cmd := exec.CommandContext(ctx, sshBin, args...)
 		cmd.Stdin = strings.NewReader(stdin)
 		cmd.Env = append(os.Environ(), env...)
-		var so, se bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &so, &se
-		err := cmd.Run()
-		var ee *exec.ExitError
-		switch {
-		case err == nil:
-			return so.String(), se.String(), 0
-		case errors.As(err, &ee):
-			return so.String(), se.String(), ee.ExitCode()
-		}
-		t.Fatalf("ssh %q: %v", args, err)
-		return "", "", -1
+		return testutil.Run(t, cmd)
 	}
 	agent := func(t *testing.T, stdin, command string, extra ...string) (string, string, int) {
 		t.Helper()
@@ -286,8 +274,8 @@ func TestGateway_SSH(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		first := make(chan struct{})
-		out := &sizeWatcher{want: "30 100", seen: first}
+		out := &testutil.SyncBuffer{}
+		first := out.Seen("30 100")
 		sess.Stdout = out
 		if err := sess.Start("stty size; read x; stty size"); err != nil {
 			t.Fatal(err)
@@ -423,7 +411,8 @@ func TestGateway_SSH(t *testing.T) {
 		}
 	})
 	t.Run("a shell on a session login attaches to its VM", func(t *testing.T) {
-		w := &sizeWatcher{want: "hello there", seen: make(chan struct{})}
+		w := &testutil.SyncBuffer{}
+		seen := w.Seen("hello there")
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, sshBin, append(sshArgs(agentKey, "-tt"), session)...)
@@ -431,7 +420,7 @@ func TestGateway_SSH(t *testing.T) {
 		cmd.Stdout, cmd.Stderr = w, w
 		_ = cmd.Run()
 		select {
-		case <-w.seen:
+		case <-seen:
 		default:
 			t.Fatalf("the shell did not see the session's file:\n%s", w.String())
 		}
@@ -464,32 +453,6 @@ func TestGateway_SSH(t *testing.T) {
 	if _, err := audit.VerifyFile(d.AuditPath); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// sizeWatcher collects output and closes seen once want appears.
-type sizeWatcher struct {
-	want string
-	seen chan struct{}
-	mu   sync.Mutex
-	buf  bytes.Buffer
-	done bool
-}
-
-func (w *sizeWatcher) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	if !w.done && strings.Contains(w.buf.String(), w.want) {
-		w.done = true
-		close(w.seen)
-	}
-	return len(p), nil
-}
-
-func (w *sizeWatcher) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }
 
 // llamaQuote is llama-server's quoting of an ssh command line: every word

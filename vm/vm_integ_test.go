@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -264,13 +263,13 @@ func TestVM_Exec(t *testing.T) {
 		// the new size is sent once the first one is out, then the line.
 		stdinR, stdinW := io.Pipe()
 		resize := make(chan PTY, 1)
-		out := &watchWriter{want: "30 100", seen: func() {
+		out := &testutil.SyncBuffer{}
+		go func() {
+			<-out.Seen("30 100")
 			resize <- PTY{Columns: 132, Rows: 50}
-			go func() {
-				time.Sleep(500 * time.Millisecond)
-				_, _ = io.WriteString(stdinW, "go\n")
-			}()
-		}}
+			time.Sleep(500 * time.Millisecond)
+			_, _ = io.WriteString(stdinW, "go\n")
+		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		res, err := v.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "stty size; read x; stty size"}, PTY: &PTY{Columns: 100, Rows: 30},
@@ -539,30 +538,4 @@ func TestResolveAccel(t *testing.T) {
 			t.Fatal("auto probe without /dev/kvm was slow")
 		}
 	}
-}
-
-// watchWriter collects output and calls seen once when want appears.
-type watchWriter struct {
-	want string
-	seen func()
-	mu   sync.Mutex
-	buf  bytes.Buffer
-	done bool
-}
-
-func (w *watchWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	if !w.done && strings.Contains(w.buf.String(), w.want) {
-		w.done = true
-		w.seen()
-	}
-	return len(p), nil
-}
-
-func (w *watchWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }

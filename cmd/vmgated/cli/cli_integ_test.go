@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,38 +18,16 @@ import (
 // binary returns the path of a built command from VMGATE_TEST_BIN.
 func binary(t *testing.T, name string) string {
 	t.Helper()
-	dir := os.Getenv("VMGATE_TEST_BIN")
-	if dir == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI: VMGATE_TEST_BIN not set (run `make test`)")
-		}
-		t.Skip("VMGATE_TEST_BIN not set: run the suite with `make test`")
-	}
-	p := filepath.Join(dir, name)
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("built binary: %v", err)
-	}
-	return p
+	return testutil.Binary(t, name)
 }
 
 func runCmd(t *testing.T, env []string, name string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	cmd := exec.Command(name, args...)
-	var so, se bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &so, &se
 	if env != nil {
 		cmd.Env = env
 	}
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	default:
-		t.Fatalf("run %s: %v", name, err)
-	}
-	return so.String(), se.String(), code
+	return testutil.Run(t, cmd)
 }
 
 // TestImageArtifacts checks the image `make test` built: a qcow2 that

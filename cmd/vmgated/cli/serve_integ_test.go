@@ -499,8 +499,8 @@ func TestServe_SocketActivation(t *testing.T) {
 	ignored := filepath.Join(dir, "ignored.sock")
 	cmd := exec.Command(act, "-l", sock, binary(t, "vmgated"), "serve", "--builtin-policy", "--socket", ignored,
 		"--state-dir", filepath.Join(dir, "state"), "--image", img, "--audit-log", filepath.Join(dir, "audit.jsonl"), "--allow-root", "--no-template")
-	var logs strings.Builder
-	cmd.Stderr = &syncWriter{w: &logs}
+	var logs testutil.SyncBuffer
+	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -527,17 +527,4 @@ func TestServe_SocketActivation(t *testing.T) {
 	if !strings.Contains(logs.String(), "using the socket passed by systemd") {
 		t.Fatalf("no activation in the log:\n%s", logs.String())
 	}
-}
-
-// syncWriter serialises writes from the exec package's copying goroutine
-// with reads in the test.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

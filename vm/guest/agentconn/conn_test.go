@@ -121,9 +121,7 @@ func pair(t *testing.T) (*Conn, *testHandler, chan error) {
 		}
 		cancel()
 	})
-	ctxT, cancelT := context.WithTimeout(context.Background(), testTimeout)
-	defer cancelT()
-	r, err := c.Hello(ctxT)
+	r, err := c.Hello(testCtx(t))
 	if err != nil {
 		t.Fatalf("hello: %v", err)
 	}
@@ -133,8 +131,10 @@ func pair(t *testing.T) (*Conn, *testHandler, chan error) {
 	return c, h, served
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+// testCtx is t.Context() bounded by testTimeout: a hang fails the test,
+// not the whole run.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -142,17 +142,17 @@ func ctxT(t *testing.T) context.Context {
 func TestCall(t *testing.T) {
 	c, _, _ := pair(t)
 	var got raw
-	if err := c.Call(ctxT(t), "echo", raw("a\x00\xff"), &got); err != nil || string(got) != "a\x00\xff" {
+	if err := c.Call(testCtx(t), "echo", raw("a\x00\xff"), &got); err != nil || string(got) != "a\x00\xff" {
 		t.Fatalf("echo: %q %v", got, err)
 	}
-	err := c.Call(ctxT(t), "nope", nil, nil)
+	err := c.Call(testCtx(t), "nope", nil, nil)
 	var ce *CallError
 	if !errors.As(err, &ce) || ce.Op != "nope" || !strings.Contains(ce.Msg, "unknown call") {
 		t.Fatalf("unknown call: %v", err)
 	}
 	// A result too large for a guest frame is an error reply, not a
 	// broken connection.
-	if err := c.Call(ctxT(t), "huge", nil, nil); !errors.As(err, &ce) {
+	if err := c.Call(testCtx(t), "huge", nil, nil); !errors.As(err, &ce) {
 		t.Fatalf("huge: %v", err)
 	}
 	// A call whose caller gives up: its late reply is dropped and the
@@ -162,7 +162,7 @@ func TestCall(t *testing.T) {
 	if err := c.Call(ctx, "block", nil, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("block: %v", err)
 	}
-	if err := c.Call(ctxT(t), "echo", raw("1"), nil); err != nil {
+	if err := c.Call(testCtx(t), "echo", raw("1"), nil); err != nil {
 		t.Fatalf("after an abandoned call: %v", err)
 	}
 }
@@ -171,7 +171,7 @@ func TestCall(t *testing.T) {
 // output and exit record.
 func run(t *testing.T, c *Conn, argv []string, stdin []byte) (stdout, stderr string, e agentproto.Exit) {
 	t.Helper()
-	ch, err := c.Open(ctxT(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: argv}})
+	ch, err := c.Open(testCtx(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: argv}})
 	if err != nil {
 		t.Fatalf("open %v: %v", argv, err)
 	}
@@ -221,7 +221,7 @@ func TestExecStreams(t *testing.T) {
 
 func TestOpenRefused(t *testing.T) {
 	c, _, _ := pair(t)
-	_, err := c.Open(ctxT(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"refuse", "no", "such", "user"}}})
+	_, err := c.Open(testCtx(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"refuse", "no", "such", "user"}}})
 	var re *RefusedError
 	if !errors.As(err, &re) || re.Reason != "refused: no such user" {
 		t.Fatalf("open: %v", err)
@@ -234,7 +234,7 @@ func TestOpenRefused(t *testing.T) {
 
 func TestEventsAndHostClose(t *testing.T) {
 	c, h, _ := pair(t)
-	ch, err := c.Open(ctxT(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"events"}}})
+	ch, err := c.Open(testCtx(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"events"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestEventsAndHostClose(t *testing.T) {
 
 func TestExitBySignal(t *testing.T) {
 	c, _, _ := pair(t)
-	ch, err := c.Open(ctxT(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"events"}}})
+	ch, err := c.Open(testCtx(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"events"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func (g *rawGuest) open(c *Conn) *Channel {
 	}
 	done := make(chan res, 1)
 	go func() {
-		ch, err := c.Open(ctxT(g.t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"x"}}})
+		ch, err := c.Open(testCtx(g.t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"x"}}})
 		done <- res{ch, err}
 	}()
 	f := g.read()
@@ -529,7 +529,7 @@ func TestHostDropsFramesOfForgottenChannels(t *testing.T) {
 	g.send(agentproto.FrameClose, 77, nil)
 	// The connection is still up: a call goes through.
 	done := make(chan error, 1)
-	go func() { done <- c.Call(ctxT(t), "x", nil, nil) }()
+	go func() { done <- c.Call(testCtx(t), "x", nil, nil) }()
 	f := g.read()
 	if f.Type != agentproto.FrameCall {
 		t.Fatalf("frame %v", f.Type)
@@ -545,10 +545,10 @@ func TestConnEndWakesEveryone(t *testing.T) {
 	g.hello()
 	ch := g.open(c)
 	call := make(chan error, 1)
-	go func() { call <- c.Call(ctxT(t), "x", nil, nil) }()
+	go func() { call <- c.Call(testCtx(t), "x", nil, nil) }()
 	open := make(chan error, 1)
 	go func() {
-		_, err := c.Open(ctxT(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"y"}}})
+		_, err := c.Open(testCtx(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"y"}}})
 		open <- err
 	}()
 	read := make(chan error, 1)
@@ -595,10 +595,10 @@ func TestServeEnds(t *testing.T) {
 			_, err := Serve(ctx, guestEnd, ServeConfig{Handler: &testHandler{closed: make(chan string, 16)}})
 			done <- err
 		}()
-		if _, err := c.Hello(ctxT(t)); err != nil {
+		if _, err := c.Hello(testCtx(t)); err != nil {
 			t.Fatal(err)
 		}
-		ch, err := c.Open(ctxT(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"events"}}})
+		ch, err := c.Open(testCtx(t), agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"events"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
