@@ -440,3 +440,55 @@ func TestSSHFront_Refuses(t *testing.T) {
 		t.Errorf("ssh socket left behind: %v", err)
 	}
 }
+
+// TestSSHFront_DenialsThroughTheFloodGate: the SSH front door's denials,
+// those of the policy and the logins it cannot serve alike, are audited by
+// the exec core through the deny flood gate: past the burst, one key's
+// denials are counted in a summary record, not written one by one.
+func TestSSHFront_DenialsThroughTheFloodGate(t *testing.T) {
+	narrow, narrowLine := newKey(t)
+	u := newUnitFront(t, `profile="narrow" `+narrowLine+" narrow@unit\n", nil)
+	u.s.denyGate = newFloodGate("denied requests", 0.001, 3)
+	fp := ssh.FingerprintSHA256(narrow.PublicKey())
+	c, err := u.dial(t, ssh.PublicKeys(narrow))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for range 6 {
+		if _, se, code := runSSH(t, c, strp("uname -a"), nil); code != wire.ExitDenied {
+			t.Fatalf("a shell string of the narrow key: %d %q", code, se)
+		}
+	}
+	// A login the front door refuses (a session name that is none).
+	bad, err := ssh.Dial("tcp", u.addr, &ssh.ClientConfig{User: "session-../x", Auth: []ssh.AuthMethod{ssh.PublicKeys(narrow)},
+		HostKeyCallback: ssh.FixedHostKey(u.hostPK), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	for range 4 {
+		if _, se, code := runSSH(t, bad, strp("true"), nil); code != wire.ExitDenied || !strings.Contains(se, "a session name is") {
+			t.Fatalf("a bad session login: %d %q", code, se)
+		}
+	}
+	u.s.writeSummaries(time.Now().Add(time.Hour))
+	var denials, summaries int
+	for _, r := range testutil.JSONLines[audit.Record](t, u.audit) {
+		if r.SSH == nil || r.SSH.Fingerprint != fp || r.Verdict != audit.VerdictDeny {
+			continue
+		}
+		switch {
+		case r.Message == "" && r.Reason != "":
+			denials++
+		case strings.HasPrefix(r.Message, "7 more denied requests not recorded one by one"):
+			summaries++
+		default:
+			t.Errorf("unexpected record %+v", r)
+		}
+	}
+	if denials != 3 || summaries != 1 {
+		t.Fatalf("%d denials written one by one and %d summaries, want the burst (3) and one summary of the 7 others\n%s",
+			denials, summaries, testutil.ReadFile(t, u.audit))
+	}
+}
