@@ -257,18 +257,27 @@ func TestServe_Acceptance(t *testing.T) {
 
 // TestServe_RestartAfterKill kills the daemon with SIGKILL while a VM runs;
 // the next start removes what it left.
-// TestServe_FirstCommandRestores: with the template made ahead (`vmgated
-// image warm`, as make demo and make install do), the very first command
-// after a daemon start runs in a VM restored from it, not a cold boot.
+// TestServe_FirstCommandRestores: with the templates made ahead
+// (`vmgated image warm --config`, as make install does with the
+// installed policy), the very first command after a daemon start runs in
+// a VM restored from one, not a cold boot, in a profile with a network as
+// in one without: warm makes every shape the policy names.
 func TestServe_FirstCommandRestores(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	dir := t.TempDir()
-	if so, se, code := runCmd(t, nil, binary(t, "vmgated"), "image", "warm", "--builtin-policy", "--image", img,
-		"--state-dir", filepath.Join(dir, "state"), "--template-dir", testutil.TemplateDir(t)); code != 0 {
+	netPolicy := strings.Replace(servePolicy, "[profile.timeout]", "[profile.network]\nmode = \"allowlist\"\nallow = [\"nothing.invalid:80\"]\n[profile.timeout]", 1)
+	netPolicy = strings.Replace(netPolicy, "version = 1\n", "version = 1\n[[profile]]\nname = \"plain\"\nmatch = { uids = [4242] }\n", 1)
+	pol := filepath.Join(dir, "warm.toml")
+	if err := os.WriteFile(pol, []byte(netPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	so, se, code := runCmd(t, nil, binary(t, "vmgated"), "image", "warm", "--config", pol, "--image", img,
+		"--state-dir", filepath.Join(dir, "state"), "--template-dir", testutil.TemplateDir(t))
+	if code != 0 || !strings.Contains(so, "with a NIC") {
 		t.Fatalf("image warm: %d %s %s", code, so, se)
 	}
-	s := startServe(t, dir)
-	so, se, code := vmExec(t, s.socket, "--json", "uname", "-r")
+	s := startServeWith(t, dir, netPolicy)
+	so, se, code = vmExec(t, s.socket, "--json", "uname", "-r")
 	var jr struct {
 		ExitCode int    `json:"exit_code"`
 		VMStart  string `json:"vm_start"`
@@ -280,7 +289,7 @@ func TestServe_FirstCommandRestores(t *testing.T) {
 	if jr.VMStart != "restore" && jr.VMStart != "pool" {
 		t.Fatalf("the first command after the daemon started had a %q VM, want one restored from the template: %q", jr.VMStart, so)
 	}
-	t.Logf("first command: %s VM, got in %d ms", jr.VMStart, jr.BootMS)
+	t.Logf("first command of a networked profile: %s VM, got in %d ms", jr.VMStart, jr.BootMS)
 }
 
 // TestServe_RestartAfterKill: kill -9 of vmgated while a command runs in
