@@ -1,6 +1,6 @@
 // Package reexec is vmgated's registry of re-exec roles: the jail's init
 // (package isolate), the image build's customize and mkfs steps (package
-// vm/image). A role is registered under a name with [Register], and
+// cmd/vmgated/imagebuild). A role is registered under a name with [Register], and
 // [MaybeRunChild], the first call in main, runs the registered function
 // when the process was started as that role. The role travels in the
 // environment variable [ChildEnv], never as a user-visible command-line

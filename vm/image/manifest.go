@@ -1,30 +1,13 @@
-// Package image builds and verifies vmgate guest images.
+// Package image is what a vmgate guest image is, as the VM runtime reads
+// it: the files of an image directory and its manifest, and the checks
+// that an image is whole and runnable (cmd/vmgated/imagebuild builds
+// and imports images).
 //
 // An image is a directory holding base.qcow2 (the root filesystem, never
 // written after the build: every VM gets its own overlay on it), vmlinuz (the
 // Debian kernel, unpacked from its package, not the host's /boot), initrd.img
 // (a small initramfs generated in Go by package initramfs) and
-// manifest.json describing all of it. Images are built from Debian
-// packages only (mmdebstrap), with nothing else downloaded.
-//
-// The build runs in a temporary directory beside the output and is renamed
-// into place only when complete, so a failed or interrupted build never
-// leaves a half-written image under the final name. A build whose inputs
-// match the manifest of an existing, intact image is skipped.
-//
-// # Imported roots
-//
-// Import takes a root file system tarball that the operator may not have
-// made (a `docker export` of someone's image). What it holds is the
-// guest's business; it must not reach the host, nor make the guest's
-// unprivileged user root. So: it is unpacked within bounds on its bytes
-// and entries (DefaultImportMaxBytes, DefaultImportMaxEntries; a
-// compressed tarball is a few KiB that could expand to any size); every
-// later read and write goes through an os.Root, which no link leads out
-// of; the package list is parsed in Go from dpkg's status file, with a
-// size cap, rather than by dpkg-query run as root; and the guest user
-// "agent" is made fresh, replacing any entry of that name the tarball
-// has (the guest agent refuses an "agent" of uid 0 as well).
+// manifest.json describing all of it.
 package image
 
 import (
@@ -141,8 +124,8 @@ type Manifest struct {
 	BuildSeconds  float64             `json:"build_seconds"`
 }
 
-// artifactNames are the files every manifest must describe.
-var artifactNames = []string{BaseFile, KernelFile, InitrdFile}
+// ArtifactNames are the files every manifest must describe.
+var ArtifactNames = []string{BaseFile, KernelFile, InitrdFile}
 
 // ReadManifest loads dir/manifest.json. A missing file yields ErrNotBuilt.
 func ReadManifest(dir string) (*Manifest, error) {
@@ -157,7 +140,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("parse %s: %w", filepath.Join(dir, ManifestFile), err)
 	}
-	for _, n := range artifactNames {
+	for _, n := range ArtifactNames {
 		if _, ok := m.Artifacts[n]; !ok {
 			return nil, fmt.Errorf("manifest in %s lists no %s: %w", dir, n, ErrNotBuilt)
 		}
@@ -169,7 +152,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 // set it hashes every file; otherwise it compares sizes only (cheap, used on
 // the hot path of daemon start).
 func (m *Manifest) Verify(dir string, full bool) error {
-	for _, n := range artifactNames {
+	for _, n := range ArtifactNames {
 		want := m.Artifacts[n]
 		p := filepath.Join(dir, n)
 		st, err := os.Stat(p)
@@ -182,7 +165,7 @@ func (m *Manifest) Verify(dir string, full bool) error {
 		if !full {
 			continue
 		}
-		got, err := fileSHA256(p)
+		got, err := FileSHA256(p)
 		if err != nil {
 			return err
 		}
@@ -235,7 +218,8 @@ func writeFileSync(path string, data []byte, mode os.FileMode) error {
 	return nil
 }
 
-func fileSHA256(path string) (string, error) {
+// FileSHA256 is the hex SHA-256 of the file at path.
+func FileSHA256(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("hash %s: %w", path, err)
@@ -248,13 +232,13 @@ func fileSHA256(path string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// artifact describes the file at path.
-func artifact(path string) (Artifact, error) {
+// ArtifactOf describes the file at path as a manifest does.
+func ArtifactOf(path string) (Artifact, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return Artifact{}, fmt.Errorf("artifact: %w", err)
 	}
-	sum, err := fileSHA256(path)
+	sum, err := FileSHA256(path)
 	if err != nil {
 		return Artifact{}, err
 	}

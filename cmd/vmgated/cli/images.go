@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/vmgate/vmgate/cmd/vmgated/imagebuild"
 	"github.com/vmgate/vmgate/internal/names"
 
 	"github.com/vmgate/vmgate/vm"
@@ -161,7 +162,7 @@ func imageImport(fs *pflag.FlagSet) runFunc {
 			progress = os.Stderr
 			log = newLogger(io.Discard, lvl)
 		}
-		res, err := image.Import(ctx, image.ImportOptions{OutDir: *out, Tarball: args[0], AgentPath: *agent,
+		res, err := imagebuild.Import(ctx, imagebuild.ImportOptions{OutDir: *out, Tarball: args[0], AgentPath: *agent,
 			DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress})
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/vmgate/vmgate/cmd/vmgated/imagebuild"
 	"github.com/vmgate/vmgate/gateway/wire"
 
 	"github.com/vmgate/vmgate/isolate/cgroup"
@@ -56,7 +57,7 @@ func imageBuild(fs *pflag.FlagSet) runFunc {
 			progress = os.Stderr
 			log = newLogger(io.Discard, lvl)
 		}
-		res, err := image.Build(ctx, image.Options{
+		res, err := imagebuild.Build(ctx, imagebuild.Options{
 			OutDir: *out, Suite: *suite, Mirror: *mirror, ExtraPackages: extra,
 			AgentPath: *agent, DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress,
 		})

@@ -2,7 +2,7 @@
 // the host's per-VM netstack (package vm/netstack), which serves it by
 // DHCP and answers DNS at the resolver, and a guest that configures it
 // statically (an imported root whose init is the agent, package
-// vm/guest/boot; its resolv.conf, package vm/image).
+// vm/guest/boot; its resolv.conf, package cmd/vmgated/imagebuild).
 package netconf
 
 import "net/netip"

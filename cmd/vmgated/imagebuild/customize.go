@@ -1,4 +1,4 @@
-package image
+package imagebuild
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/vmgate/vmgate/internal/reexec"
 	"github.com/vmgate/vmgate/vm/guest/agentproto"
 	"github.com/vmgate/vmgate/vm/guest/initramfs"
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // customizeRole is the re-exec role that mmdebstrap's customize hook runs.
@@ -115,10 +116,10 @@ type customizeSpec struct {
 
 // customizeResult is written by the customize role into WorkDir/result.json.
 type customizeResult struct {
-	KernelVersion string    `json:"kernel_version"`
-	KernelPackage string    `json:"kernel_package"`
-	Modules       []string  `json:"modules"`
-	Packages      []Package `json:"packages"`
+	KernelVersion string          `json:"kernel_version"`
+	KernelPackage string          `json:"kernel_package"`
+	Modules       []string        `json:"modules"`
+	Packages      []image.Package `json:"packages"`
 }
 
 func runCustomize(args []string) error {
@@ -257,10 +258,10 @@ func writeBootFiles(workDir string, k *kernel, agentPath string, modules []strin
 	if err := initramfs.Build(&ird, agentBin, mods); err != nil {
 		return nil, nil, fmt.Errorf("initramfs: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(workDir, InitrdFile), ird.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(workDir, image.InitrdFile), ird.Bytes(), 0o644); err != nil {
 		return nil, nil, fmt.Errorf("initramfs: %w", err)
 	}
-	if err := copyFile(filepath.Join(k.dir, "boot", "vmlinuz-"+k.version), filepath.Join(workDir, KernelFile), 0o644); err != nil {
+	if err := copyFile(filepath.Join(k.dir, "boot", "vmlinuz-"+k.version), filepath.Join(workDir, image.KernelFile), 0o644); err != nil {
 		return nil, nil, fmt.Errorf("kernel: %w", err)
 	}
 	return agentBin, mods, nil

@@ -1,4 +1,4 @@
-package image
+package imagebuild
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/vmgate/vmgate/vm/guest/netconf"
+	"github.com/vmgate/vmgate/vm/image"
 
 	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
@@ -72,15 +73,15 @@ func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	agentSum, err := fileSHA256(agent)
+	agentSum, err := image.FileSHA256(agent)
 	if err != nil {
 		return nil, err
 	}
-	tarSum, err := fileSHA256(opts.Tarball)
+	tarSum, err := image.FileSHA256(opts.Tarball)
 	if err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
-	in := Inputs{BuilderVersion: BuilderVersion, Suite: ImportSuite, Import: "sha256:" + tarSum, AgentSHA256: agentSum,
+	in := image.Inputs{BuilderVersion: image.BuilderVersion, Suite: ImportSuite, Import: "sha256:" + tarSum, AgentSHA256: agentSum,
 		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096)}.Normalize()
 	if err := validateInputs(in); err != nil {
 		return nil, err
@@ -97,7 +98,7 @@ func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
 		lim.entries = DefaultImportMaxEntries
 	}
 	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
-		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*Manifest, error) {
+		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*image.Manifest, error) {
 			return b.importRoot(ctx, tarball, lim)
 		}})
 }
@@ -110,7 +111,7 @@ func cmpInt(v, def int) int {
 }
 
 // importRoot runs the steps of an import up to a complete image in b.tmp.
-func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimits) (*Manifest, error) {
+func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimits) (*image.Manifest, error) {
 	if err := b.begin(); err != nil {
 		return nil, err
 	}

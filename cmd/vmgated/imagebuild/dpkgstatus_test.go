@@ -1,4 +1,4 @@
-package image
+package imagebuild
 
 import (
 	"fmt"
@@ -8,28 +8,30 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // dpkgStatusCases are parseDpkgStatus's table, and the fuzz seeds.
 var dpkgStatusCases = []struct {
 	name, in string
-	want     []Package
+	want     []image.Package
 	err      string // a part of the error; "" for none
 }{
 	{name: "empty", in: ""},
 	{name: "two packages, long fields, sorted",
 		in: "Package: wget\nStatus: install ok installed\nVersion: 1.21.3-1+b2\nDescription: x\n more\n .\n\tmore\n\n" +
 			"Package: curl\nStatus: install ok installed\nArchitecture: amd64\nVersion: 7.88.1-10+deb12u5\n",
-		want: []Package{{"curl", "7.88.1-10+deb12u5"}, {"wget", "1.21.3-1+b2"}}},
+		want: []image.Package{{Name: "curl", Version: "7.88.1-10+deb12u5"}, {Name: "wget", Version: "1.21.3-1+b2"}}},
 	{name: "field names in any case, blank space around values, CRLF",
 		in:   "package:  a0\r\nSTATUS: hold ok unpacked\r\nversion:1:2.0~rc1\r\n \r\n",
-		want: []Package{{"a0", "1:2.0~rc1"}}},
+		want: []image.Package{{Name: "a0", Version: "1:2.0~rc1"}}},
 	{name: "removed packages are not installed",
 		in:   "Package: gone\nStatus: purge ok not-installed\n\nPackage: conf\nStatus: deinstall ok config-files\nVersion: 1\n\nPackage: half\nStatus: install reinstreq half-installed\nVersion: 2\n",
-		want: []Package{{"half", "2"}}},
+		want: []image.Package{{Name: "half", Version: "2"}}},
 	{name: "two architectures",
 		in:   "Package: libc6\nStatus: install ok installed\nVersion: 2.36-9\nArchitecture: i386\n\nPackage: libc6\nStatus: install ok installed\nVersion: 2.36-9\nArchitecture: amd64\n",
-		want: []Package{{"libc6", "2.36-9"}, {"libc6", "2.36-9"}}},
+		want: []image.Package{{Name: "libc6", Version: "2.36-9"}, {Name: "libc6", Version: "2.36-9"}}},
 	{name: "no package", in: "Status: install ok installed\nVersion: 1\n", err: "stanza at line 1: no Package field"},
 	{name: "no status", in: "Package: a\nVersion: 1\n", err: "package a (line 1): no Status field"},
 	{name: "bad status", in: "Package: a\nStatus: installed\nVersion: 1\n", err: `status "installed" is not WANT FLAG STATE`},
@@ -163,7 +165,7 @@ func TestReadPackagesStaysInRoot(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(root, "var/lib/dpkg/updates/0001")); err != nil {
 		t.Fatal(err)
 	}
-	if pkgs, err := readPackages(r, maxDpkgStatus); err != nil || !reflect.DeepEqual(pkgs, []Package{{"a", "1"}}) {
+	if pkgs, err := readPackages(r, maxDpkgStatus); err != nil || !reflect.DeepEqual(pkgs, []image.Package{{Name: "a", Version: "1"}}) {
 		t.Errorf("a root with a link to a host file in dpkg's journal: %v, %v", pkgs, err)
 	}
 	if pkgs, err := readPackages(r, int64(len(status))); err != nil || len(pkgs) != 1 {

@@ -1,4 +1,4 @@
-package image
+package imagebuild
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/reexec"
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // Options configure Build.
@@ -47,7 +48,7 @@ type Options struct {
 
 // Result reports what Build did.
 type Result struct {
-	Manifest *Manifest
+	Manifest *image.Manifest
 	// Cached is true when an existing image was kept.
 	Cached bool
 }
@@ -77,14 +78,14 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 // job is one image to produce: by a build or an import.
 type job struct {
 	out      string
-	in       Inputs
+	in       image.Inputs
 	agent    string
 	force    bool
 	log      *slog.Logger
 	progress io.Writer
 	steps    int
 	tools    []string
-	make     func(*builder, context.Context) (*Manifest, error)
+	make     func(*builder, context.Context) (*image.Manifest, error)
 }
 
 // produce makes j's image in a temporary directory beside j.out, unless an
@@ -103,7 +104,7 @@ func produce(ctx context.Context, j job) (*Result, error) {
 	}
 	digest := j.in.Digest()
 	if !j.force {
-		if m, err := ReadManifest(out); err == nil && m.InputsDigest == digest {
+		if m, err := image.ReadManifest(out); err == nil && m.InputsDigest == digest {
 			if verr := m.Verify(out, true); verr == nil {
 				log.Info("image up to date, not rebuilding", "dir", out, "inputs", digest[:12])
 				return &Result{Manifest: m, Cached: true}, nil
@@ -147,25 +148,25 @@ func produce(ctx context.Context, j job) (*Result, error) {
 		return nil, err
 	}
 	log.Info("image built", "dir", out, "kernel", m.KernelVersion, "packages", len(m.Packages),
-		"base_bytes", m.Artifacts[BaseFile].Size, "seconds", m.BuildSeconds)
+		"base_bytes", m.Artifacts[image.BaseFile].Size, "seconds", m.BuildSeconds)
 	return &Result{Manifest: m}, nil
 }
 
 // buildInputs resolves the agent binary and what the image is built from.
-func buildInputs(opts Options) (string, Inputs, error) {
+func buildInputs(opts Options) (string, image.Inputs, error) {
 	agent, err := FindAgent(opts.AgentPath)
 	if err != nil {
-		return "", Inputs{}, err
+		return "", image.Inputs{}, err
 	}
-	agentSum, err := fileSHA256(agent)
+	agentSum, err := image.FileSHA256(agent)
 	if err != nil {
-		return "", Inputs{}, err
+		return "", image.Inputs{}, err
 	}
-	in := Inputs{
-		BuilderVersion: BuilderVersion,
-		Suite:          cmp(opts.Suite, DefaultSuite),
+	in := image.Inputs{
+		BuilderVersion: image.BuilderVersion,
+		Suite:          cmp(opts.Suite, image.DefaultSuite),
 		Mirror:         opts.Mirror,
-		Packages:       append(slices.Clone(DefaultPackages), opts.ExtraPackages...),
+		Packages:       append(slices.Clone(image.DefaultPackages), opts.ExtraPackages...),
 		AgentSHA256:    agentSum,
 		DiskSizeMiB:    opts.DiskSizeMiB,
 	}
@@ -174,14 +175,14 @@ func buildInputs(opts Options) (string, Inputs, error) {
 	}
 	in = in.Normalize()
 	if err := validateInputs(in); err != nil {
-		return "", Inputs{}, err
+		return "", image.Inputs{}, err
 	}
 	return agent, in, nil
 }
 
 // builder is one image build in its temporary directory, step by step.
 type builder struct {
-	in     Inputs
+	in     image.Inputs
 	digest string
 	agent  string
 	tmp    string // the new image directory
@@ -192,7 +193,7 @@ type builder struct {
 }
 
 // build runs every step up to a complete image in b.tmp.
-func (b *builder) build(ctx context.Context) (*Manifest, error) {
+func (b *builder) build(ctx context.Context) (*image.Manifest, error) {
 	if err := b.begin(); err != nil {
 		return nil, err
 	}
@@ -219,7 +220,7 @@ func (b *builder) begin() error {
 
 // finish turns the root filesystem and boot files in b.work into the
 // image's artefacts and manifest.
-func (b *builder) finish(ctx context.Context, res *customizeResult) (*Manifest, error) {
+func (b *builder) finish(ctx context.Context, res *customizeResult) (*image.Manifest, error) {
 	b.p.step("converting root filesystem to qcow2")
 	if err := b.artifacts(ctx); err != nil {
 		return nil, err
@@ -232,7 +233,7 @@ func (b *builder) finish(ctx context.Context, res *customizeResult) (*Manifest, 
 	if err := os.RemoveAll(b.work); err != nil {
 		return nil, fmt.Errorf("image build: %w", err)
 	}
-	if err := WriteManifest(b.tmp, m); err != nil {
+	if err := image.WriteManifest(b.tmp, m); err != nil {
 		return nil, err
 	}
 	if err := os.Chmod(b.tmp, 0o755); err != nil {
@@ -292,10 +293,10 @@ func (b *builder) rootfs(ctx context.Context, specPath string) (*customizeResult
 // artifacts converts the root filesystem to qcow2 and puts the kernel and
 // initramfs beside it.
 func (b *builder) artifacts(ctx context.Context) error {
-	if err := run(ctx, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", filepath.Join(b.work, "rootfs.ext4"), filepath.Join(b.tmp, BaseFile)); err != nil {
+	if err := run(ctx, "qemu-img", "convert", "-f", "raw", "-O", "qcow2", filepath.Join(b.work, "rootfs.ext4"), filepath.Join(b.tmp, image.BaseFile)); err != nil {
 		return fmt.Errorf("image build: %w", err)
 	}
-	for _, n := range []string{KernelFile, InitrdFile} {
+	for _, n := range []string{image.KernelFile, image.InitrdFile} {
 		if err := os.Rename(filepath.Join(b.work, n), filepath.Join(b.tmp, n)); err != nil {
 			return fmt.Errorf("image build: %w", err)
 		}
@@ -304,19 +305,19 @@ func (b *builder) artifacts(ctx context.Context) error {
 }
 
 // manifest hashes the artefacts and describes the image.
-func (b *builder) manifest(res *customizeResult) (*Manifest, error) {
-	m := &Manifest{
+func (b *builder) manifest(res *customizeResult) (*image.Manifest, error) {
+	m := &image.Manifest{
 		Inputs:        b.in,
 		InputsDigest:  b.digest,
 		KernelVersion: res.KernelVersion,
 		KernelPackage: res.KernelPackage,
 		Modules:       res.Modules,
 		Packages:      res.Packages,
-		Artifacts:     map[string]Artifact{},
+		Artifacts:     map[string]image.Artifact{},
 		BuiltAt:       time.Now().UTC().Truncate(time.Second),
 	}
-	for _, n := range artifactNames {
-		a, err := artifact(filepath.Join(b.tmp, n))
+	for _, n := range image.ArtifactNames {
+		a, err := image.ArtifactOf(filepath.Join(b.tmp, n))
 		if err != nil {
 			return nil, fmt.Errorf("image build: %w", err)
 		}
@@ -335,7 +336,7 @@ func cmp(s, def string) string {
 
 // validateInputs rejects package names and suites that could smuggle options
 // into mmdebstrap's command line.
-func validateInputs(in Inputs) error {
+func validateInputs(in image.Inputs) error {
 	if !validName(in.Suite) {
 		return fmt.Errorf("image build: invalid suite %q", in.Suite)
 	}
@@ -372,7 +373,7 @@ func validName(s string) bool {
 // MmdebstrapArgs is the pure builder of the mmdebstrap command line. The
 // customize hook re-executes self in the image-customize role with the root
 // directory and the spec file.
-func MmdebstrapArgs(in Inputs, self, specPath string) []string {
+func MmdebstrapArgs(in image.Inputs, self, specPath string) []string {
 	hook := reexec.ChildEnv + "=" + customizeRole + " " + shellQuote(self) + ` "$1" ` + shellQuote(specPath)
 	argv := []string{
 		"mmdebstrap",

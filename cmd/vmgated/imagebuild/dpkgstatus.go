@@ -1,4 +1,4 @@
-package image
+package imagebuild
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // dpkgStatusFile is dpkg's database of a root file system, relative to it.
@@ -22,7 +24,7 @@ const maxDpkgStatus = 64 << 20
 // out of the root (os.Root refuses absolute and escaping links). A status
 // file over max bytes (maxDpkgStatus but in tests) is an error; a root
 // without dpkg has no packages.
-func readPackages(r *os.Root, max int64) ([]Package, error) {
+func readPackages(r *os.Root, max int64) ([]image.Package, error) {
 	b, err := readCapped(r, dpkgStatusFile, max)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -57,8 +59,8 @@ var dpkgStates = append([]string{"not-installed", "config-files"}, dpkgPresent..
 // characters dpkg refuses, or a line that is neither a field nor a
 // continuation is an error naming its line. It is pure, and never
 // panics.
-func parseDpkgStatus(s string) ([]Package, error) {
-	var out []Package
+func parseDpkgStatus(s string) ([]image.Package, error) {
+	var out []image.Package
 	type stanza struct {
 		start  int
 		fields map[string]string
@@ -92,7 +94,7 @@ func parseDpkgStatus(s string) ([]Package, error) {
 		if err := checkPackageVersion(version); err != nil {
 			return fmt.Errorf("package %s (line %d): %w", name, cur.start, err)
 		}
-		out = append(out, Package{Name: name, Version: version})
+		out = append(out, image.Package{Name: name, Version: version})
 		return nil
 	}
 	for i, line := range strings.Split(s, "\n") {
@@ -125,7 +127,7 @@ func parseDpkgStatus(s string) ([]Package, error) {
 	if err := flush(); err != nil {
 		return nil, err
 	}
-	slices.SortFunc(out, func(a, b Package) int {
+	slices.SortFunc(out, func(a, b image.Package) int {
 		if c := strings.Compare(a.Name, b.Name); c != 0 {
 			return c
 		}

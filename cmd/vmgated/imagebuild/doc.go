@@ -1,0 +1,26 @@
+// Package imagebuild builds and imports vmgate guest images: the work of
+// `vmgated image build` and `vmgated image import`. What an image is (its
+// files and manifest), and the checks the VM runtime makes of one, are in
+// package vm/image; the daemon only reads images.
+//
+// Images are built from Debian packages only (mmdebstrap), with nothing
+// else downloaded. The build runs in a temporary directory beside the
+// output and is renamed into place only when complete, so a failed or
+// interrupted build never leaves a half-written image under the final
+// name. A build whose inputs match the manifest of an existing, intact
+// image is skipped.
+//
+// # Imported roots
+//
+// Import takes a root file system tarball that the operator may not have
+// made (a `docker export` of someone's image). What it holds is the
+// guest's business; it must not reach the host, nor make the guest's
+// unprivileged user root. So: it is unpacked within bounds on its bytes
+// and entries (DefaultImportMaxBytes, DefaultImportMaxEntries; a
+// compressed tarball is a few KiB that could expand to any size); every
+// later read and write goes through an os.Root, which no link leads out
+// of; the package list is parsed in Go from dpkg's status file, with a
+// size cap, rather than by dpkg-query run as root; and the guest user
+// "agent" is made fresh, replacing any entry of that name the tarball
+// has (the guest agent refuses an "agent" of uid 0 as well).
+package imagebuild
