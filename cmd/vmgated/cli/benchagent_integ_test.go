@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +15,11 @@ import (
 // TestBenchAgent_OracleAndNoop is the benchmark's own test suite: through
 // the real binary, every shipped scenario is resolved by its reference
 // fix (the oracle) and not resolved by doing nothing (noop) — a scenario
-// that fails either is broken, not hard. Then the report renders.
+// that fails either is broken, not hard. The oracle runs best-of-2 with
+// --fork: each scenario's fault is injected once and the broken VM forked
+// into one copy per run, so every scenario's checks are shown to hold on
+// forks, not only on the fresh VM it was injected in. Then the report
+// renders.
 func TestBenchAgent_OracleAndNoop(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	bin := binary(t, "vmgated")
@@ -29,8 +34,12 @@ func TestBenchAgent_OracleAndNoop(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, se, code := runCmd(t, nil, bin, "bench", "agent", "--agent", agent, "--scenarios", "../../../scenarios",
-				"--image", img, "--state-dir", state, "--template-dir", templates, "--parallel", map[string]string{"oracle": "2", "noop": "1"}[agent], "--out", out)
+			args := []string{"bench", "agent", "--agent", agent, "--scenarios", "../../../scenarios",
+				"--image", img, "--state-dir", state, "--template-dir", templates, "--parallel", map[string]string{"oracle": "2", "noop": "1"}[agent], "--out", out}
+			if agent == "oracle" {
+				args = append(args, "--fork", "--runs", "2")
+			}
+			_, se, code := runCmd(t, nil, bin, args...)
 			if code != 0 {
 				t.Errorf("%s: exit %d\n%s", agent, code, se)
 			}
@@ -46,8 +55,9 @@ func TestBenchAgent_OracleAndNoop(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(results) != len(scenarios) {
-			t.Errorf("%s: %d results for %d scenarios", agent, len(results), len(scenarios))
+		runs := map[string]int{"oracle": 2, "noop": 1}[agent]
+		if len(results) != runs*len(scenarios) {
+			t.Errorf("%s: %d results for %d scenarios, %d runs each", agent, len(results), len(scenarios), runs)
 		}
 		for _, r := range results {
 			if r.FailureMode == agentbench.FailHarness {
@@ -60,9 +70,25 @@ func TestBenchAgent_OracleAndNoop(t *testing.T) {
 			if agent == "noop" && (r.CheckPassed || !r.GuardsPassed) {
 				t.Errorf("noop %s: check passed %v, guards passed %v: %+v", r.Scenario, r.CheckPassed, r.GuardsPassed, r.Checks)
 			}
+			if forked := r.ForkedFrom != ""; forked != (agent == "oracle") {
+				t.Errorf("%s %s run %d: forked from %q", agent, r.Scenario, r.Run, r.ForkedFrom)
+			}
 			if _, err := os.Stat(filepath.Join(out, r.Trace)); err != nil {
 				t.Errorf("%s %s: trace: %v", agent, r.Scenario, err)
 			}
+		}
+	}
+	// The summary says what each fork cost beside injecting k times.
+	var sum agentbench.Summary
+	if err := json.Unmarshal([]byte(testutil.ReadFile(t, filepath.Join(outs["oracle"], "summary.json"))), &sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum.K != 2 || len(sum.Forks) != len(scenarios) {
+		t.Errorf("oracle summary: k %d, %d fork summaries for %d scenarios", sum.K, len(sum.Forks), len(scenarios))
+	}
+	for _, f := range sum.Forks {
+		if f.Copies != 2 || f.InjectSeconds <= 0 || f.ForkSeconds <= 0 {
+			t.Errorf("fork summary %+v", f)
 		}
 	}
 	// The audit log of the run's daemon was kept with the results and
