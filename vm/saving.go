@@ -87,7 +87,7 @@ func (v *VM) Save(ctx context.Context, dir string, keep bool) (*SavePoint, error
 	var err error
 	for _, st := range saveSteps {
 		if err = st.run(s, ctx); err != nil {
-			err = fmt.Errorf("save %s: %w", st.name, err)
+			err = fmt.Errorf("save %s: %w", st.name, s.explain(ctx, err))
 			break
 		}
 		now := time.Now()
@@ -122,6 +122,28 @@ func (v *VM) Continue(ctx context.Context) error {
 		return fmt.Errorf("continue: %w", err)
 	}
 	return v.connect(ctx)
+}
+
+// recorderExitWait bounds how long a failed step waits for the recorder's
+// exit, to tell whether the recorder's death was its cause: a recorder
+// that dies closes its end of the migration before it is reaped.
+const recorderExitWait = 2 * time.Second
+
+// explain gives a failed step the recorder's death as its cause when the
+// recorder died: the VM's side of the migration sees only a broken pipe.
+// A recorder whose RAM file could not grow (the state directory's disk is
+// full) died of SIGBUS, which its death says (ErrStateDiskFull).
+// Precondition: the recorder is not closed yet.
+func (s *saving) explain(ctx context.Context, err error) error {
+	if s.rec == nil || ctx.Err() != nil {
+		return err
+	}
+	select {
+	case <-s.rec.exited:
+	case <-time.After(recorderExitWait):
+		return err
+	}
+	return fmt.Errorf("recorder: %w (%v)", s.rec.died("while taking the VM's state"), err)
 }
 
 // close releases the monitors and the recorder.
