@@ -44,6 +44,7 @@ type saving struct {
 	away    bool // the agent connection was handed back
 	rec     *VM  // the recorder
 	recQ    *qmp
+	recQuit bool     // the recorder was told to quit: its exit is no failure
 	out     *os.File // the VM's end of the socket pair to the recorder
 	meta    SavePointMeta
 	overlay chan digest // the disk's digest, taken while the recorder runs
@@ -135,7 +136,7 @@ const recorderExitWait = 2 * time.Second
 // full) died of SIGBUS, which its death says (ErrStateDiskFull).
 // Precondition: the recorder is not closed yet.
 func (s *saving) explain(ctx context.Context, err error) error {
-	if s.rec == nil || ctx.Err() != nil {
+	if s.rec == nil || s.recQuit || ctx.Err() != nil {
 		return err
 	}
 	select {
@@ -394,6 +395,7 @@ func (s *saving) saveState(ctx context.Context) error {
 	if err := sf.Sync(); err != nil {
 		return err
 	}
+	s.recQuit = true
 	_, _ = s.recQ.run(ctx, "quit", nil)
 	select {
 	case <-s.rec.exited:
