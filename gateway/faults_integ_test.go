@@ -209,6 +209,8 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	if res, so, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{"echo", "back"}}, nil); res.ExitCode != 0 || so != "back\n" || res.VMStart != "restore" {
 		t.Fatalf("after space returned: %+v %q, want a restored VM", res, so)
 	}
+
+	t.Run("a pause the disk cannot hold", func(t *testing.T) { testPauseDiskFull(t, d, mnt) })
 	d.StopAndCheck(t)
 	if _, err := audit.VerifyFile(d.AuditPath); err != nil {
 		t.Fatal(err)
@@ -221,6 +223,42 @@ func TestGateway_StateDiskFull(t *testing.T) {
 	}
 	if failed != 2 {
 		t.Errorf("%d exec records with the disk's error, want 2", failed)
+	}
+}
+
+// testPauseDiskFull pauses a session whose guest RAM holds more than the
+// state disk has free (100 MiB in its tmpfs, on a 96 MiB disk). The pause
+// fails with a clear error saying the disk is full and that the session
+// keeps running; no part of the save point is left; the session runs on
+// in its VM, with its files.
+func testPauseDiskFull(t *testing.T, d *gatewaytest.Daemon, mnt string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, _, se := d.MustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "yes kept | head -c 100M > /dev/shm/big && echo kept > /root/f"}, Session: "s"}, nil)
+	if res.ExitCode != 0 {
+		t.Fatalf("the session's files: %+v %q", res, se)
+	}
+	vmID := res.VMID
+	_, err := d.Client.PauseSession(ctx, "s")
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.Body.Code != wire.CodeVM || !strings.Contains(ae.Body.Error, `pause session "s"`) ||
+		!strings.Contains(ae.Body.Error, vm.ErrStateDiskFull.Error()) || !strings.Contains(ae.Body.Error, "; the session keeps running") {
+		t.Fatalf("a pause on a full state disk: %v; want a %s error saying %q and that the session keeps running", err, wire.CodeVM, vm.ErrStateDiskFull)
+	}
+	t.Logf("the pause: %v", err)
+	left, _ := filepath.Glob(filepath.Join(mnt, "sessions", "*", "sp-*"))
+	if len(left) != 0 {
+		t.Errorf("a failed pause left %v", left)
+	}
+	if n := len(vmDirs(mnt)); n != 1 {
+		t.Errorf("%d VM directories after a failed pause, want the session's alone", n)
+	}
+	res, so, se := d.MustExec(t, wire.ExecRequest{Argv: []string{"sh", "-c", "cat /root/f; wc -c < /dev/shm/big"}, Session: "s"}, nil)
+	if res.ExitCode != 0 || so != "kept\n104857600\n" || res.VMID != vmID {
+		t.Errorf("the session after its failed pause: %+v %q %q, want its files in VM %s", res, so, se, vmID)
+	}
+	if err := d.Client.EndSession(ctx, "s"); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -44,6 +44,7 @@ type saving struct {
 	away    bool // the agent connection was handed back
 	rec     *VM  // the recorder
 	recQ    *qmp
+	recQuit bool     // the recorder was told to quit: its exit is no failure
 	out     *os.File // the VM's end of the socket pair to the recorder
 	meta    SavePointMeta
 	overlay chan digest // the disk's digest, taken while the recorder runs
@@ -87,7 +88,7 @@ func (v *VM) Save(ctx context.Context, dir string, keep bool) (*SavePoint, error
 	var err error
 	for _, st := range saveSteps {
 		if err = st.run(s, ctx); err != nil {
-			err = fmt.Errorf("save %s: %w", st.name, err)
+			err = fmt.Errorf("save %s: %w", st.name, s.explain(ctx, err))
 			break
 		}
 		now := time.Now()
@@ -122,6 +123,28 @@ func (v *VM) Continue(ctx context.Context) error {
 		return fmt.Errorf("continue: %w", err)
 	}
 	return v.connect(ctx)
+}
+
+// recorderExitWait bounds how long a failed step waits for the recorder's
+// exit, to tell whether the recorder's death was its cause: a recorder
+// that dies closes its end of the migration before it is reaped.
+const recorderExitWait = 2 * time.Second
+
+// explain gives a failed step the recorder's death as its cause when the
+// recorder died: the VM's side of the migration sees only a broken pipe.
+// A recorder whose RAM file could not grow (the state directory's disk is
+// full) died of SIGBUS, which its death says (ErrStateDiskFull).
+// Precondition: the recorder is not closed yet.
+func (s *saving) explain(ctx context.Context, err error) error {
+	if s.rec == nil || s.recQuit || ctx.Err() != nil {
+		return err
+	}
+	select {
+	case <-s.rec.exited:
+	case <-time.After(recorderExitWait):
+		return err
+	}
+	return fmt.Errorf("recorder: %w (%v)", s.rec.died("while taking the VM's state"), err)
 }
 
 // close releases the monitors and the recorder.
@@ -372,6 +395,7 @@ func (s *saving) saveState(ctx context.Context) error {
 	if err := sf.Sync(); err != nil {
 		return err
 	}
+	s.recQuit = true
 	_, _ = s.recQ.run(ctx, "quit", nil)
 	select {
 	case <-s.rec.exited:

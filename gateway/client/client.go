@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/wire"
@@ -447,7 +448,7 @@ func (c *Client) HoldSession(ctx context.Context, name string) error {
 	}
 	resp, err := c.httpClient().Do(hreq)
 	if err != nil {
-		return fmt.Errorf("hold session %s: %w", name, unwrapDial(c, err))
+		return fmt.Errorf("hold session %s: %w", name, c.requestErr(ctx, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
@@ -496,7 +497,7 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 	}
 	resp, err := c.httpClient().Do(req)
 	if err != nil {
-		return "", unwrapDial(c, err)
+		return "", c.requestErr(ctx, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -534,7 +535,7 @@ func (c *Client) callBody(ctx context.Context, method, path string, in any, want
 	}
 	resp, err := c.httpClient().Do(hreq)
 	if err != nil {
-		return unwrapDial(c, err)
+		return c.requestErr(ctx, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != want {
@@ -546,10 +547,20 @@ func (c *Client) callBody(ctx context.Context, method, path string, in any, want
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
-func unwrapDial(c *Client, err error) error {
+// requestErr is the error of a plain request whose connection failed: the
+// daemon could not be reached, or it went away before its answer (killed,
+// restarted), which leaves the request's outcome unknown as an
+// unreachable daemon does: both are an *UnreachableError. A request whose
+// ctx ended says so instead.
+func (c *Client) requestErr(ctx context.Context, err error) error {
 	var ue *UnreachableError
-	if errors.As(err, &ue) {
+	switch {
+	case errors.As(err, &ue):
 		return ue
+	case ctx.Err() != nil:
+		return err
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return &UnreachableError{Socket: c.Socket, Err: fmt.Errorf("%w before its answer: %w", errConnLost, err)}
 	}
 	return err
 }

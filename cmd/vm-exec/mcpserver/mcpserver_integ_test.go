@@ -219,6 +219,7 @@ func TestMCP_Gateway(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("pause and fork", func(t *testing.T) { testBranch(t, c) })
 	t.Run("closing the client ends its sessions", func(t *testing.T) {
 		tc2 := connect(t, c, nil)
 		a, isErr := tc2.call(t, ToolSessionStart, map[string]any{"name": "left-a"})
@@ -251,6 +252,66 @@ func TestMCP_Gateway(t *testing.T) {
 	t.Run("live output and cancel", func(t *testing.T) { testCancel(t, d) })
 	t.Run("vm-exec mcp", func(t *testing.T) { testBinary(t, sock, c) })
 	t.Run("vm-exec mcp killed", func(t *testing.T) { testBinaryKilled(t, sock, c) })
+}
+
+// testBranch: session_pause and session_fork do real work on the real
+// daemon. A paused session's VM is freed; a fork of the paused session
+// makes copies that have its files, leave it paused and see none of each
+// other's writes; the session's next command resumes it as it was; the
+// copies end with the server that made them, as its sessions do.
+func testBranch(t *testing.T, c *client.Client) {
+	tc := connect(t, c, nil)
+	if text, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "branch"}); isErr {
+		t.Fatalf("session_start: %q", text)
+	}
+	text, isErr := tc.call(t, ToolSessionExec, map[string]any{"session": "branch", "command": "echo draft > /tmp/notes"})
+	wantText(t, "write", text, isErr, false, `\[exit code: 0\]$`)
+	text, isErr = tc.call(t, ToolSessionPause, map[string]any{"session": "branch"})
+	wantText(t, "session_pause", text, isErr, false, `^session "branch" paused \([1-9][0-9]* MiB on disk\); its next command resumes it$`)
+	state := func(name string) wire.Session {
+		t.Helper()
+		ss, err := c.Sessions(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range ss {
+			if s.Name == name {
+				return s
+			}
+		}
+		t.Fatalf("no session %q: %+v", name, ss)
+		return wire.Session{}
+	}
+	if s := state("branch"); s.State != wire.SessionPaused || s.VMID != "" {
+		t.Fatalf("after session_pause: %+v", s)
+	}
+	text, isErr = tc.call(t, ToolSessionFork, map[string]any{"session": "branch", "names": []string{"try1", "try2"}})
+	wantText(t, "session_fork", text, isErr, false, `^try1\ntry2$`)
+	if s := state("branch"); s.State != wire.SessionPaused {
+		t.Errorf("a fork of a paused session resumed it: %+v", s)
+	}
+	for _, n := range []string{"try1", "try2"} {
+		if s := state(n); s.Parent != "branch" || s.State != wire.SessionRunning {
+			t.Errorf("copy %s: %+v", n, s)
+		}
+	}
+	text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": "try1", "command": "cat /tmp/notes; echo one > /tmp/notes"})
+	wantText(t, "try1", text, isErr, false, `^draft\n\n\[exit code: 0\]$`)
+	for _, n := range []string{"try2", "branch"} {
+		text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": n, "command": "cat /tmp/notes"})
+		wantText(t, n+" after try1's write", text, isErr, false, `^draft\n\n\[exit code: 0\]$`)
+		if n == "try2" {
+			// The caller's two VMs (max_vms_per_caller): one for the resume.
+			text, isErr = tc.call(t, ToolSessionEnd, map[string]any{"session": n})
+			wantText(t, "session_end", text, isErr, false, `ended`)
+		}
+	}
+	if err := tc.close(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := sessionNames(t, c); len(got) != 0 {
+		t.Fatalf("sessions and copies left after the client closed: %v", got)
+	}
 }
 
 // testBinaryKilled: llama-server ends its MCP servers with SIGKILL, so

@@ -300,8 +300,7 @@ func TestServe_FirstCommandRestores(t *testing.T) {
 // alive, and logs what it removed.
 func TestServe_RestartAfterKill(t *testing.T) {
 	dir := t.TempDir()
-	netPolicy := strings.Replace(servePolicy, "[profile.timeout]", "[profile.sessions]\nallowed = true\n[profile.network]\nmode = \"allowlist\"\nallow = [\"nothing.invalid:80\"]\n[profile.timeout]", 1)
-	s := startServeWith(t, dir, netPolicy)
+	s := startServeWith(t, dir, sessionNetPolicy)
 	// A shell pipeline ends its client early (| head): the same
 	// caller's next command in the session still runs.
 	loop := exec.Command("sh", "-c", `for i in $(seq 20); do vm-exec --session pipe seq 1 20000 | head -1 >/dev/null; vm-exec --session pipe true || echo BUSY $?; done`)
@@ -369,7 +368,7 @@ func TestServe_RestartAfterKill(t *testing.T) {
 		t.Fatalf("expected the killed daemon's socket file to remain: %v", err)
 	}
 
-	s2 := startServeWith(t, dir, netPolicy)
+	s2 := startServeWith(t, dir, sessionNetPolicy)
 	// Ready means cleaned: the new daemon removes leftovers before it
 	// accepts.
 	if _, err := os.Stat(vmDir); !errors.Is(err, os.ErrNotExist) {
