@@ -69,7 +69,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME` (running or paused)")
 	fs.BoolVar(&o.pause, "pause", false, "with --session: pause the session to disk (its VM is freed; its next command resumes it)")
 	fs.StringArrayVar(&o.forks, "fork", nil, "with --session: make the new session `NEW`, a copy of the session's state now (repeatable)")
-	fs.StringVar(&o.publish, "publish", "", "with --session: forward host connections to the guest's port while the session lives: `[ADDR:]PORT:GUESTPORT` (ADDR 127.0.0.1 unless given, PORT 0 any free one) or SOCKET_PATH:GUESTPORT; runs until the session ends or it is stopped")
+	fs.StringVar(&o.publish, "publish", "", "with --session: forward host connections on `[ADDR:]PORT:GUESTPORT` (ADDR 127.0.0.1 by default, PORT 0 a free one; or SOCKET_PATH:GUESTPORT) into the guest's port, until the session ends or this is stopped")
 	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
 	fs.BoolVarP(&o.help, "help", "h", false, "show this help")
 	fs.BoolVar(&o.version, "version", false, "print the version")
