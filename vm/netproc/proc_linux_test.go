@@ -308,11 +308,31 @@ func seccompFilters(status string) (int, bool) {
 }
 
 // TestNetstack_DialGuest: a connection into the guest goes through the
-// jailed netstack (its end of a socket pair passed over the channel,
-// under both its seccomp filters) and carries bytes both ways; a port
-// nothing listens on is refused with the guest's answer.
+// netstack (its end of a socket pair passed over the channel; jailed, it
+// runs under both its seccomp filters) and carries bytes both ways; a
+// port nothing listens on is refused with the guest's answer. Jailed by
+// this process and started per connection as systemd does.
 func TestNetstack_DialGuest(t *testing.T) {
-	p, sock, _ := startNetstack(t, "")
+	t.Run("jailed", func(t *testing.T) {
+		p, sock, _ := startNetstack(t, "")
+		dialGuest(t, p, sock)
+	})
+	t.Run("socket-activated", func(t *testing.T) {
+		socket, started := socketActivation(t)
+		// Run after the netstack's Close (cleanups run last first): the
+		// instance exits with its channel and is reaped.
+		t.Cleanup(func() {
+			if err := (<-started).Wait(); err != nil {
+				t.Errorf("the instance: %v", err)
+			}
+		})
+		p, sock, _ := startNetstack(t, socket)
+		dialGuest(t, p, sock)
+	})
+}
+
+func dialGuest(t *testing.T, p *netproc.Proc, sock string) {
+	t.Helper()
 	qemu, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
