@@ -24,6 +24,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sessions/{name}/hold", s.handleHoldSession)
 	mux.HandleFunc("POST /v1/sessions/{name}/pause", s.handlePauseSession)
 	mux.HandleFunc("POST /v1/sessions/{name}/fork", s.handleForkSession)
+	mux.HandleFunc("POST /v1/sessions/{name}/publish", s.handlePublish)
 	mux.HandleFunc("GET /v1/status", s.handleStatus)
 	mux.HandleFunc("POST /v1/audit/rotate", s.handleAuditRotate)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)

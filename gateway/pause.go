@@ -369,6 +369,7 @@ func (s *Server) pause(ctx context.Context, ss *session, why string, budget bool
 		_ = sp.Discard()
 		return &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("pause session %q: %v", ss.key.name, errSessionClosed)}
 	}
+	ss.cutForwards("the session was paused")
 	if err := v.Close(); err != nil {
 		s.log.Error("close a paused session's vm", "session", ss.key.name, "err", err)
 	}

@@ -53,6 +53,11 @@ type session struct {
 	// noPauseUntil: an automatic pause that was refused (a budget) is
 	// not tried again before it.
 	noPauseUntil time.Time
+	// pubs are its published ports (publish.go); forwarding counts the
+	// connections they carry now, which are use: while one is open the
+	// session is neither idle nor paused automatically.
+	pubs       []*publication
+	forwarding int
 }
 
 func newSession(key sessionKey, id policy.Identity, v policy.Verdict, shape vm.Shape, now time.Time) *session {
@@ -115,6 +120,21 @@ func (ss *session) give() {
 	ss.mu.Unlock()
 }
 
+// forwardStarts and forwardEnds count a connection of a published port:
+// its end is the session's last use.
+func (ss *session) forwardStarts() {
+	ss.mu.Lock()
+	ss.forwarding++
+	ss.mu.Unlock()
+}
+
+func (ss *session) forwardEnds() {
+	ss.mu.Lock()
+	ss.forwarding--
+	ss.lastUsed = time.Now()
+	ss.mu.Unlock()
+}
+
 // paused reports whether the session is paused (under its owner).
 func (ss *session) paused() bool {
 	ss.mu.Lock()
@@ -133,7 +153,7 @@ func (ss *session) expiry() time.Time {
 // Precondition: ss.mu held.
 func (ss *session) expiryLocked() time.Time {
 	m := ss.created.Add(ss.max)
-	if ss.vm == nil {
+	if ss.vm == nil || ss.forwarding > 0 {
 		return m
 	}
 	if e := ss.lastUsed.Add(ss.idle); e.Before(m) {
@@ -147,7 +167,7 @@ func (ss *session) expiryLocked() time.Time {
 // is set. Precondition: ss.mu held.
 func (ss *session) pauseDueLocked(now time.Time) bool {
 	after := ss.limits.After
-	if after <= 0 || ss.vm == nil || ss.busy || now.Before(ss.noPauseUntil) {
+	if after <= 0 || ss.vm == nil || ss.busy || ss.forwarding > 0 || now.Before(ss.noPauseUntil) {
 		return false
 	}
 	return !now.Before(ss.lastUsed.Add(min(after, ss.idle)))
@@ -158,6 +178,9 @@ func (ss *session) info() wire.Session {
 	defer ss.mu.Unlock()
 	out := wire.Session{Name: ss.key.name, Profile: ss.profile, Created: ss.created,
 		LastUsed: ss.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.busy, State: wire.SessionRunning, Parent: ss.parent}
+	for _, p := range ss.pubs {
+		out.Published = append(out.Published, fmt.Sprintf("%s->%d", p.host, p.port))
+	}
 	if ss.vm != nil {
 		out.VMID = ss.vm.ID
 	} else {
@@ -188,6 +211,7 @@ func (s *Server) destroySession(ss *session, why string) {
 		delete(s.sessions, ss.key)
 	}
 	s.mu.Unlock()
+	ss.stopPublications("the session ended: " + why)
 	vmID := ""
 	if v != nil {
 		vmID = v.ID

@@ -167,7 +167,10 @@ type Limits struct {
 	// Paused bounds the caller's paused sessions and says when an idle
 	// session is paused.
 	Paused PausedLimits
-	Files  FileLimits
+	// Publish says whether and where a session's ports may be published
+	// on the host, and bounds their connections.
+	Publish PublishLimits
+	Files   FileLimits
 }
 
 // FileLimits bound file transfers (vm-exec --put, --get, cp): the content

@@ -136,7 +136,7 @@ func TestDefaultPolicy(t *testing.T) {
 			MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 			SessionIdle:   10 * time.Minute,
 			SessionMax:    time.Hour,
-			AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30},
+			AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16},
 			Files: FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 		}
 		if !v.Allowed || v.Profile != "default" || v.Rule != "default" || v.Limits != want || v.User != "agent" || v.Image != "default" {

@@ -119,6 +119,12 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 	if l.AllowSessions {
 		relax = append(relax, "sessions allowed: a VM and its files persist across commands")
 	}
+	switch pub := l.Publish; {
+	case pub.AnyAddress:
+		relax = append(relax, fmt.Sprintf("session ports may be published on ANY host address, which other machines reach (sessions.publish_any_address), %d connections each", pub.MaxConns))
+	case pub.Allowed:
+		relax = append(relax, fmt.Sprintf("session ports may be published on loopback addresses and Unix sockets of the host (sessions.publish), %d connections each", pub.MaxConns))
+	}
 	if len(prof.allow) == 0 {
 		relax = append(relax, "any argv that no deny rule matches is allowed (no allow rules)")
 		if !prof.allowShell {

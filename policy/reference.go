@@ -312,12 +312,15 @@ var refDefaults = map[string]string{
 	"profile.timeout.default": tomlDuration(builtinTimeoutDefault),
 	"profile.timeout.max":     tomlDuration(builtinTimeoutMax),
 
-	"profile.sessions.allowed":        strconv.FormatBool(builtinSessions),
-	"profile.sessions.idle_timeout":   tomlDuration(builtinSessionIdle),
-	"profile.sessions.max_lifetime":   tomlDuration(builtinSessionMax),
-	"profile.sessions.pause_after":    "",
-	"profile.sessions.max_paused":     strconv.Itoa(builtinMaxPaused),
-	"profile.sessions.max_paused_mib": strconv.Itoa(builtinMaxPausedMiB),
+	"profile.sessions.allowed":             strconv.FormatBool(builtinSessions),
+	"profile.sessions.idle_timeout":        tomlDuration(builtinSessionIdle),
+	"profile.sessions.max_lifetime":        tomlDuration(builtinSessionMax),
+	"profile.sessions.pause_after":         "",
+	"profile.sessions.max_paused":          strconv.Itoa(builtinMaxPaused),
+	"profile.sessions.max_paused_mib":      strconv.Itoa(builtinMaxPausedMiB),
+	"profile.sessions.publish":             strconv.FormatBool(builtinPublish),
+	"profile.sessions.publish_any_address": strconv.FormatBool(builtinPublishAny),
+	"profile.sessions.publish_max_conns":   strconv.Itoa(builtinPublishConns),
 
 	"profile.network.mode":            strconv.Quote(builtinNetwork),
 	"profile.network.allow":           "",
@@ -442,6 +445,14 @@ var refDescriptions = map[string]string{
 		"and the session keeps running.",
 	"profile.sessions.max_paused_mib": "How many MiB of disk a caller's paused sessions may take in all (their RAM's data and their disk's " +
 		"changes). A pause beyond it is refused with the reason and the session keeps running.",
+	"profile.sessions.publish": "Whether a caller may publish a port of its session on the host (`vm-exec --session S --publish " +
+		"[ADDR:]PORT:GUESTPORT`, or a Unix socket's path for `ADDR:PORT`), a relaxation: host connections to it reach the guest's port, " +
+		"each one audited, for as long as the session lives. Only loopback addresses and Unix sockets unless `publish_any_address` " +
+		fmt.Sprintf("says otherwise. Needs `sessions.allowed` and `network.mode = %q` (the port is reached through the VM's NIC).", networkAllowlist),
+	"profile.sessions.publish_any_address": "`true`: a published port may listen on any host address (`0.0.0.0`, a LAN address), " +
+		"which other machines can reach, a logged relaxation. Needs `publish`.",
+	"profile.sessions.publish_max_conns": fmt.Sprintf("Connections one published port carries at once, 1 to %d; ", maxPublishConns) +
+		"one beyond is refused at once (closed, reset over TCP) and audited.",
 
 	"profile.network.mode": fmt.Sprintf("`%q`: the guest has no NIC at all. ", networkNone) +
 		fmt.Sprintf("`%q`: one NIC on a user-space network that vmgated runs for the VM, ", networkAllowlist) +

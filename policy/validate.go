@@ -36,6 +36,12 @@ const (
 	builtinMaxPausedMiB = 4096
 	maxPausedLimit      = 1000
 	maxPausedMiB        = 1 << 24
+	// Sessions publish no port unless the profile says so; a published
+	// port carries 16 connections at once (a browser opens 6 per host).
+	builtinPublish      = false
+	builtinPublishAny   = false
+	builtinPublishConns = 16
+	maxPublishConns     = 1024
 	builtinNetwork      = networkNone
 	builtinNetMaxConns  = 32
 	builtinNetMaxBytes  = 256 << 20
@@ -260,11 +266,18 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 			MaxCount: pick(builtinMaxPaused, s.maxPaused),
 			MaxBytes: int64(pick(builtinMaxPausedMiB, s.maxPausedMiB)) << 20,
 		},
+		Publish: PublishLimits{
+			Allowed:    pick(builtinPublish, s.publish),
+			AnyAddress: pick(builtinPublishAny, s.publishAny),
+			MaxConns:   pick(builtinPublishConns, s.publishConns),
+		},
 		Files: FileLimits{
 			PutBytes: pick(builtinFileBytes, s.putBytes), PutFiles: pick(builtinFileCount, s.putFiles),
 			GetBytes: pick(builtinFileBytes, s.getBytes), GetFiles: pick(builtinFileCount, s.getFiles),
 		},
 	}
+
+	c.checkPublish(label, p)
 
 	// A caller gets at most half the profile's VMs unless the policy says
 	// otherwise, and never more than max_vms.
@@ -362,6 +375,8 @@ type settings struct {
 	pauseAfter                 *time.Duration
 	maxPaused                  *int
 	maxPausedMiB               *int
+	publish, publishAny        *bool
+	publishConns               *int
 	badTimeout, badSessions    bool
 	netAllow                   *netrule.Rules
 	netRanges                  *[]netip.Prefix
@@ -400,6 +415,9 @@ func (s settings) merge(d settings) settings {
 	m.pauseAfter = first(s.pauseAfter, d.pauseAfter)
 	m.maxPaused = first(s.maxPaused, d.maxPaused)
 	m.maxPausedMiB = first(s.maxPausedMiB, d.maxPausedMiB)
+	m.publish = first(s.publish, d.publish)
+	m.publishAny = first(s.publishAny, d.publishAny)
+	m.publishConns = first(s.publishConns, d.publishConns)
 	m.putBytes = first(s.putBytes, d.putBytes)
 	m.putFiles = first(s.putFiles, d.putFiles)
 	m.getBytes = first(s.getBytes, d.getBytes)
@@ -493,6 +511,8 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		s.pauseAfter = c.duration(label, "sessions.pause_after", ss.PauseAfter)
 		s.maxPaused = c.intIn(label, "sessions.max_paused", ss.MaxPaused, 0, maxPausedLimit)
 		s.maxPausedMiB = c.intIn(label, "sessions.max_paused_mib", ss.MaxPausedMiB, 0, maxPausedMiB)
+		s.publish, s.publishAny = ss.Publish, ss.PublishAnyAddress
+		s.publishConns = c.intIn(label, "sessions.publish_max_conns", ss.PublishMaxConns, 1, maxPublishConns)
 		s.badSessions = len(c.errs) > before
 	}
 	if n := d.Network; n != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os/exec"
 	"slices"
 	"strings"
@@ -124,8 +125,13 @@ func (v *VM) Exited() <-chan struct{} { return v.exited }
 func (v *VM) Pid() int { return v.cmd.Process.Pid }
 
 // GuestNetwork is a VM's user-space network as its user sees it: a
-// policy that can be replaced (netstack.Network.SetPolicy).
-type GuestNetwork interface{ SetPolicy(netstack.Policy) }
+// policy that can be replaced (netstack.Network.SetPolicy), and
+// connections into the guest's ports, made by the network, for a
+// published port (netstack.Network.DialGuest).
+type GuestNetwork interface {
+	SetPolicy(netstack.Policy)
+	DialGuest(ctx context.Context, port uint16) (net.Conn, error)
+}
 
 // Network is the VM's user-space network, or nil when it has no NIC.
 func (v *VM) Network() GuestNetwork { return v.net }

@@ -243,11 +243,17 @@ type Predecessor struct {
 }
 
 // NetEvent is one DNS query or connection of a guest.
+//
+// A connection into a published session port is Proto "forward": Addr is
+// the published host address (TCP, or a Unix socket's path), Port the
+// guest's, Peer the host client (its address, or a Unix socket peer's
+// process and uid).
 type NetEvent struct {
-	Proto      string `json:"proto"` // dns, tcp, udp
+	Proto      string `json:"proto"` // dns, tcp, udp, forward
 	Name       string `json:"name,omitempty"`
 	Addr       string `json:"addr,omitempty"`
 	Port       uint16 `json:"port,omitempty"`
+	Peer       string `json:"peer,omitempty"`
 	BytesOut   int64  `json:"bytes_out,omitempty"` // guest to the world
 	BytesIn    int64  `json:"bytes_in,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`

@@ -395,6 +395,8 @@ type Session struct {
 	DiskBytes int64     `json:"disk_bytes,omitempty"`
 	// Parent names the session it was forked from.
 	Parent string `json:"parent,omitempty"`
+	// Published lists its published ports: "HOST->GUESTPORT".
+	Published []string `json:"published,omitempty"`
 	// Owner is the session's caller, in a status report.
 	Owner string `json:"owner,omitempty"`
 }
@@ -413,6 +415,39 @@ type ForkRequest struct {
 
 // MaxForks bounds the copies one fork makes.
 const MaxForks = 64
+
+// Publishing a session's port on the host (docs/protocol.md): POST
+// /v1/sessions/{name}/publish with a PublishRequest body and "Upgrade:
+// vmgate-publish/1"; after 101 the client sends one byte carrying its
+// listening socket (SCM_RIGHTS), and the daemon answers with frames: a
+// Published 'r' frame (State PublishForwarding) once it forwards, then a
+// last one (State PublishEnded, with Why), or an Error 'x' frame.
+// Closing the connection ends the forward.
+const (
+	PublishUpgrade    = "vmgate-publish/1"
+	PublishForwarding = "forwarding"
+	PublishEnded      = "ended"
+	// MaxPublished bounds the published ports of one session.
+	MaxPublished = 16
+)
+
+// PublishRequest is the body of POST /v1/sessions/{name}/publish.
+type PublishRequest struct {
+	GuestPort int `json:"guest_port"`
+}
+
+// Published describes a published port: the host address as the
+// listening socket is bound (a TCP address or a Unix socket's path), the
+// guest port, the connections it carries at once; and, ended, why.
+type Published struct {
+	State     string `json:"state"`
+	Session   string `json:"session"`
+	Host      string `json:"host"`
+	GuestPort int    `json:"guest_port"`
+	MaxConns  int    `json:"max_conns,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+	Why       string `json:"why,omitempty"`
+}
 
 // Status is the answer of GET /v1/status. VMs and Sessions are the
 // caller's own, or everyone's when All is set (the caller's profile has

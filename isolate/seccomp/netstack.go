@@ -6,7 +6,8 @@ package seccomp
 // answers its DNS queries through the host's resolver and makes the
 // outbound TCP connections its policy allows. It opens no files but the
 // resolver's configuration, creates no Unix sockets (the ones it uses are
-// inherited), never forks, and needs no ioctl. It execs once: the jail's
+// inherited, or passed by the daemon: an end of a socket pair for each
+// connection into a published port of its guest), never forks, and needs no ioctl. It execs once: the jail's
 // exec of vmgated itself; once its start-up is done it loads the second
 // filter, netstackServingRules, which forbids exec from then on.
 var netstackTable = append(glibcStart[:len(glibcStart):len(glibcStart)], []entry{
@@ -71,7 +72,7 @@ var netstackTable = append(glibcStart[:len(glibcStart):len(glibcStart)], []entry
 	{name: "setsockopt", why: assumed + ": TCP_NODELAY, keep-alive, SO_BROADCAST of the resolver's UDP"},
 	{name: "sendto", why: assumed + ": the resolver's UDP"},
 	{name: "recvfrom", why: assumed + ": the resolver's UDP"},
-	{name: "recvmsg", why: traced + ": the daemon's first message, which carries QEMU's listening socket (SCM_RIGHTS)"},
+	{name: "recvmsg", why: traced + ": the daemon's messages: its first carries QEMU's listening socket, each dial into the guest (a published port) its end of a socket pair (SCM_RIGHTS)"},
 	{name: "shutdown", why: traced + ": half-close of proxied connections"},
 }...)
 

@@ -102,7 +102,7 @@ func child(args []string) error {
 	qemu := make(chan error, 1)
 	go func() { qemu <- serveQEMU(ln, n) }()
 	daemon := make(chan error, 1)
-	go func() { daemon <- followPolicies(ctl, buf, n, policy) }()
+	go func() { daemon <- followPolicies(ctl, buf, n, &dialer{n: n, log: log}, policy) }()
 	select {
 	case err := <-daemon:
 		if err == nil {
@@ -129,16 +129,21 @@ func serveQEMU(ln net.Listener, n *netstack.Network) error {
 	return n.Serve(conn)
 }
 
-// followPolicies gives the network each policy the daemon sends, until
-// the daemon closes the channel (nil) or sends what does not parse.
-func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, policy func(toChild) (netstack.Policy, error)) error {
+// followPolicies gives the network each policy the daemon sends, and
+// serves its dials into the guest, until the daemon closes the channel
+// (nil) or sends what does not parse.
+func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, d *dialer, policy func(toChild) (netstack.Policy, error)) error {
 	for {
-		m, err := readToChild(ctl, buf)
+		m, pair, err := readToChild(ctl, buf)
 		if errors.Is(err, errChannelClosed) {
 			return nil
 		}
 		if err != nil {
 			return err
+		}
+		if m.Dial != nil {
+			d.serve(m.Dial.Port, pair)
+			continue
 		}
 		p, err := policy(m)
 		if err != nil {
@@ -180,17 +185,47 @@ func readStart(ctl *net.UnixConn, buf []byte) (toChild, net.Listener, error) {
 	return m, ln, nil
 }
 
-func readToChild(ctl *net.UnixConn, buf []byte) (toChild, error) {
+// readToChild reads one message of the daemon after the first: a policy,
+// which carries no fd, or a dial, which carries exactly one (returned).
+func readToChild(ctl *net.UnixConn, buf []byte) (toChild, *os.File, error) {
 	var m toChild
-	k, err := ctl.Read(buf)
-	if k == 0 && (err == nil || errors.Is(err, io.EOF)) || errors.Is(err, net.ErrClosed) {
-		return m, errChannelClosed
+	oob := make([]byte, unix.CmsgSpace(4))
+	k, oobn, flags, _, err := ctl.ReadMsgUnix(buf, oob)
+	if k == 0 && oobn == 0 && (err == nil || errors.Is(err, io.EOF)) || errors.Is(err, net.ErrClosed) {
+		return m, nil, errChannelClosed
 	}
 	if err != nil {
-		return m, fmt.Errorf("channel: %w", err)
+		return m, nil, fmt.Errorf("channel: %w", err)
 	}
-	if err := decodeStrict(buf[:k], &m); err != nil {
-		return m, err
+	var fds []int
+	if oobn > 0 {
+		if cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for i := range cmsgs {
+				got, _ := unix.ParseUnixRights(&cmsgs[i])
+				fds = append(fds, got...)
+			}
+		}
 	}
-	return m, nil
+	var pair *os.File
+	if len(fds) == 1 {
+		pair = os.NewFile(uintptr(fds[0]), "guest-dial")
+	} else {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	err = decodeStrict(buf[:k], &m)
+	switch {
+	case err == nil && flags&unix.MSG_CTRUNC != 0:
+		err = errors.New("channel: a message with more than one fd")
+	case err == nil && m.Dial != nil && (pair == nil || m.Policy != nil || m.Gen != 0 || m.Hosts != nil):
+		err = errors.New("channel: a dial carries one fd and nothing else")
+	case err == nil && m.Dial == nil && len(fds) > 0:
+		err = errors.New("channel: a policy carries no fd")
+	}
+	if err != nil && pair != nil {
+		pair.Close()
+		pair = nil
+	}
+	return m, pair, err
 }

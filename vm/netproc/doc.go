@@ -68,14 +68,26 @@
 //   - It can use the kernel's interfaces its filters allow (the network
 //     stack above all) and the memory, threads and descriptors its limits
 //     allow.
+//   - It carries the connections into its guest's published ports
+//     (vm-exec --publish): it reads and writes their bytes, as the guest
+//     would, and can refuse or drop them. It holds only its end of a
+//     socket pair per connection, which the daemon made: never the host
+//     client's socket, its address or credentials, nor the published
+//     listener. The daemon counts the bytes and times the connection
+//     itself, and reads one status byte of the netstack's, whose meaning
+//     it looks up in a table (a byte outside it is an error).
 //
 // # Channel and life
 //
 // The channel is a SOCK_SEQPACKET socket pair (or, under systemd, the
 // accepted connection): one JSON message per packet, at most [MaxMessage]
 // bytes. The daemon sends the VM's pinned hosts and QEMU's listening
-// socket once and then each policy (egress allowlist and limits); the
-// netstack sends one record per DNS query and connection. The netstack
+// socket once and then each policy (egress allowlist and limits), and a
+// dial for each connection into a published port, with its end of a
+// socket pair (DialGuest: the netstack connects from the gateway's
+// address to the guest's port, writes one status byte on the pair and
+// relays it); the netstack sends one record per DNS query and
+// connection. The netstack
 // ends when the daemon closes the channel, or when QEMU's connection ends
 // (the VM is being destroyed, or QEMU died; QEMU never connects again): it
 // then says so in a last message, so that the daemon does not log its end

@@ -14,7 +14,8 @@ import (
 // MaxMessage bounds one message on the channel, in either direction.
 const MaxMessage = 64 << 10
 
-// toChild is a message from the daemon: the start (Hosts), then policies.
+// toChild is a message from the daemon: the start (Hosts), then policies,
+// and dials into the guest (Dial, with no Gen or Policy).
 type toChild struct {
 	// Hosts pins guest DNS names to addresses (vmgated serve
 	// --net-hosts); only in the first message.
@@ -22,7 +23,27 @@ type toChild struct {
 	// Gen numbers the policy; records name the policy they were made under.
 	Gen    uint64      `json:"gen"`
 	Policy *wireEgress `json:"policy,omitempty"`
+	// Dial asks for a connection into the guest (a published port). The
+	// message carries the netstack's end of a socket pair as its one fd:
+	// the netstack writes one dial status byte on it, and on dialOK relays
+	// it to the guest's connection until either side ends.
+	Dial *wireDial `json:"dial,omitempty"`
 }
+
+// wireDial is a dial into the guest.
+type wireDial struct {
+	Port uint16 `json:"port"`
+}
+
+// Dial status: the first byte the netstack writes on a dial's socket
+// pair. Any other byte is a netstack that misbehaves.
+const (
+	dialOK          byte = 0 // connected: the relay begins
+	dialRefused     byte = 1 // the guest reset the connection: nothing listens
+	dialUnreachable byte = 2 // the guest did not answer in time
+	dialBusy        byte = 3 // the netstack carries maxDials connections already
+	dialFailed      byte = 4 // another failure (the network is closing)
+)
 
 // wireEgress is netrule.Egress as sent: rules as their text, parsed again
 // on the other side.

@@ -13,83 +13,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmgate/vmgate/internal/netwire"
 	"github.com/vmgate/vmgate/internal/netwire/netwiretest"
 	"github.com/vmgate/vmgate/policy/netrule"
+	"github.com/vmgate/vmgate/vm/netstack/netstacktest"
 
 	"github.com/miekg/dns"
-	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
-	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
-	"gvisor.dev/gvisor/pkg/tcpip/link/ethernet"
-	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
-	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
 
 // guest is a second, real TCP/IP stack playing the VM: it is wired to the
 // Network through QEMU's stream framing over a socket pair.
-type guest struct {
-	st     *stack.Stack
-	cancel context.CancelFunc
-}
+type guest struct{ st *stack.Stack }
 
 func newGuest(t *testing.T, conn net.Conn) *guest {
 	t.Helper()
-	st := stack.New(stack.Options{
-		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
-		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
-	})
-	link := channel.New(512, 1514, tcpip.LinkAddress("\x52\x54\x00\x12\x34\x56"))
-	if err := st.CreateNIC(1, ethernet.New(link)); err != nil {
-		t.Fatal(err)
-	}
-	addr := tcpip.AddrFromSlice(GuestAddr.AsSlice()).WithPrefix()
-	addr.PrefixLen = 24
-	if err := st.AddProtocolAddress(1, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: addr}, stack.AddressProperties{}); err != nil {
-		t.Fatal(err)
-	}
-	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{10, 0, 2, 0}), tcpip.MaskFromBytes([]byte{255, 255, 255, 0}))
-	st.SetRouteTable([]tcpip.Route{
-		{Destination: sub, NIC: 1},
-		{Destination: header.IPv4EmptySubnet, Gateway: tcpip.AddrFromSlice(GatewayAddr.AsSlice()), NIC: 1},
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		buf := make([]byte, netwire.MaxFrame)
-		for {
-			f, err := netwire.ReadFrame(conn, buf)
-			if err != nil {
-				return
-			}
-			pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(append([]byte(nil), f...))})
-			link.InjectInbound(0, pkt)
-			pkt.DecRef()
-		}
-	}()
-	go func() {
-		for {
-			pkt := link.ReadContext(ctx)
-			if pkt == nil {
-				return
-			}
-			v := pkt.ToView()
-			_, err := conn.Write(netwire.AppendFrame(nil, v.AsSlice()))
-			v.Release()
-			pkt.DecRef()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	g := &guest{st: st, cancel: cancel}
-	t.Cleanup(func() { cancel(); st.Close() })
-	return g
+	return &guest{st: netstacktest.Stack(t, conn)}
 }
 
 func (g *guest) resolve(t *testing.T, name string) (int, []netip.Addr) {

@@ -36,6 +36,8 @@ type vmexecOpts struct {
 	jsonOut, list, forceStdin, noStdin      bool
 	pause                                   bool
 	forks                                   []string
+	publish                                 string
+	pub                                     client.PublishSpec
 	tty, shellMode, help, version           bool
 	env, envFiles                           []string
 	argv                                    []string
@@ -67,6 +69,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.StringVar(&o.endSession, "end-session", "", "end the caller's session `NAME` (running or paused)")
 	fs.BoolVar(&o.pause, "pause", false, "with --session: pause the session to disk (its VM is freed; its next command resumes it)")
 	fs.StringArrayVar(&o.forks, "fork", nil, "with --session: make the new session `NEW`, a copy of the session's state now (repeatable)")
+	fs.StringVar(&o.publish, "publish", "", "with --session: forward host connections on `[ADDR:]PORT:GUESTPORT` (ADDR 127.0.0.1 by default, PORT 0 a free one; or SOCKET_PATH:GUESTPORT) into the guest's port, until the session ends or this is stopped")
 	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
 	fs.BoolVarP(&o.help, "help", "h", false, "show this help")
 	fs.BoolVar(&o.version, "version", false, "print the version")
@@ -112,14 +115,23 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 		if len(o.argv) > 0 || shellSet || o.receipt != "" {
 			return nil, usagef("--list-sessions and --end-session take no command and no --receipt")
 		}
-	case o.pause || len(o.forks) > 0:
+	case o.pause || len(o.forks) > 0 || fs.Changed("publish"):
 		switch {
 		case o.session == "":
-			return nil, usagef("--pause and --fork need --session NAME")
+			return nil, usagef("--pause, --fork and --publish need --session NAME")
 		case len(o.argv) > 0 || shellSet:
-			return nil, usagef("--pause and --fork take no command")
+			return nil, usagef("--pause, --fork and --publish take no command")
 		case o.pause && len(o.forks) > 0:
 			return nil, usagef("--pause and --fork contradict each other: fork first, then pause")
+		case fs.Changed("publish") && (o.pause || len(o.forks) > 0):
+			return nil, usagef("--publish runs on its own: pause or fork with another vm-exec")
+		}
+		if fs.Changed("publish") {
+			pub, err := client.ParsePublish(o.publish)
+			if err != nil {
+				return nil, &usageError{err.Error()}
+			}
+			o.pub = pub
 		}
 	case shellSet:
 		if len(o.argv) > 0 {
@@ -175,6 +187,8 @@ starts with a dash, or is named mcp, ps or cp.
   vm-exec --list-sessions [--json] | --end-session NAME
   vm-exec --session NAME --pause          pause the session to disk; its next command resumes it
   vm-exec --session NAME --fork NEW …     new sessions, each a copy of NAME's state now
+  vm-exec --session NAME --publish [ADDR:]PORT:GUESTPORT    the guest's port on the host (or
+                                          SOCKET_PATH:GUESTPORT), until the session ends
   vm-exec ps [--json]         the caller's live VMs and sessions (vmgated status)
   vm-exec mcp [--socket PATH] an MCP server on stdin/stdout (docs/agents.md)
 
@@ -254,6 +268,8 @@ func Run(args []string) int {
 			return reportErr(err)
 		}
 		return printSessions(ss, o.jsonOut)
+	case o.pub.GuestPort != 0:
+		return runPublish(ctx, c, o)
 	}
 	if err := resolveEnv(o, os.LookupEnv, os.ReadFile); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
@@ -283,6 +299,9 @@ func printSessions(ss []wire.Session, jsonOut bool) int {
 		where := "vm=" + s.VMID
 		if s.State == wire.SessionPaused {
 			where = fmt.Sprintf("paused=%s disk=%dMiB", s.PausedAt.Format(time.RFC3339), s.DiskBytes>>20)
+		}
+		if len(s.Published) > 0 {
+			where += "\tpublished=" + strings.Join(s.Published, ",")
 		}
 		fmt.Printf("%s\t%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, where, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
 	}

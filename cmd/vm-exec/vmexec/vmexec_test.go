@@ -45,6 +45,14 @@ var parseCases = []struct {
 	{[]string{"--receipt", "r.json", "-c", "echo"}, []string{"echo"}, true, false},
 	{[]string{"--list-sessions", "--receipt", "r.json"}, nil, false, true},
 	{[]string{"--receipt"}, nil, false, true},
+	{[]string{"--session", "web", "--publish", "127.0.0.1:0:8000"}, nil, false, false},
+	{[]string{"--session", "web", "--publish", "/tmp/app.sock:8000"}, nil, false, false},
+	{[]string{"--publish", "8080:8000"}, nil, false, true},
+	{[]string{"--session", "web", "--publish", "8080:8000", "ls"}, nil, false, true},
+	{[]string{"--session", "web", "--publish", "8080:8000", "--pause"}, nil, false, true},
+	{[]string{"--session", "web", "--publish", "8080"}, nil, false, true},
+	{[]string{"--session", "web", "--publish", "host:8080:8000"}, nil, false, true},
+	{[]string{"--session", "web", "--publish", ""}, nil, false, true},
 }
 
 func TestParseVMExec(t *testing.T) {
@@ -80,8 +88,12 @@ func FuzzParseVMExec(f *testing.F) {
 		if err != nil || o.help || o.version {
 			return
 		}
-		if !o.list && o.endSession == "" && len(o.argv) == 0 && (o.session == "" || len(o.puts)+len(o.gets) != 1) {
+		sessionOp := o.session != "" && (o.pause || len(o.forks) > 0 || o.pub.GuestPort != 0)
+		if !o.list && o.endSession == "" && !sessionOp && len(o.argv) == 0 && (o.session == "" || len(o.puts)+len(o.gets) != 1) {
 			t.Fatalf("accepted %q without a command", args)
+		}
+		if o.pub.GuestPort != 0 && (o.session == "" || len(o.argv) > 0 || o.pause || len(o.forks) > 0) {
+			t.Fatalf("accepted --publish with more: %q", args)
 		}
 		if o.shellMode && len(o.argv) != 1 {
 			t.Fatalf("shell mode with argv %q", o.argv)

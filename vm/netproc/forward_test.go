@@ -1,0 +1,91 @@
+package netproc
+
+import (
+	"errors"
+	"net"
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/vm/netstack"
+)
+
+// TestReadToChild: the netstack takes a dial only with exactly one fd and
+// nothing else, and a policy only without one.
+func TestReadToChild(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "channel")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	daemon, child := conn(fds[0]), conn(fds[1])
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	buf := make([]byte, MaxMessage+1)
+	for _, c := range []struct {
+		name, msg string
+		fds       int
+		ok, pair  bool
+	}{
+		{"policy", `{"gen":2,"policy":{"rules":[],"max_conns":1,"max_bytes":1,"connect_rate":1}}`, 0, true, false},
+		{"dial", `{"gen":0,"dial":{"port":8000}}`, 1, true, true},
+		{"dial without its fd", `{"gen":0,"dial":{"port":8000}}`, 0, false, false},
+		{"dial with two fds", `{"gen":0,"dial":{"port":8000}}`, 2, false, false},
+		{"dial with a policy", `{"gen":0,"dial":{"port":8000},"policy":{"rules":[],"max_conns":1,"max_bytes":1,"connect_rate":1}}`, 1, false, false},
+		{"dial with a generation", `{"gen":3,"dial":{"port":8000}}`, 1, false, false},
+		{"policy with an fd", `{"gen":2}`, 1, false, false},
+		{"unknown field", `{"gen":0,"dial":{"port":8000,"addr":"10.0.2.15"}}`, 1, false, false},
+	} {
+		var oob []byte
+		if c.fds > 0 {
+			rights := make([]int, c.fds)
+			for i := range rights {
+				rights[i] = int(devNull.Fd())
+			}
+			oob = unix.UnixRights(rights...)
+		}
+		if _, _, err := daemon.WriteMsgUnix([]byte(c.msg), oob, nil); err != nil {
+			t.Fatal(err)
+		}
+		m, pair, err := readToChild(child, buf)
+		if (err == nil) != c.ok || (pair != nil) != c.pair {
+			t.Errorf("%s: message %+v, fd %v, error %v", c.name, m, pair != nil, err)
+		}
+		if pair != nil {
+			pair.Close()
+		}
+	}
+	daemon.Close()
+	if _, _, err := readToChild(child, buf); !errors.Is(err, errChannelClosed) {
+		t.Errorf("after the daemon closed: %v", err)
+	}
+}
+
+// TestDialStatus: every outcome of a dial crosses as a byte the daemon
+// reads back as the same outcome, and a byte no netstack sends is an
+// error.
+func TestDialStatus(t *testing.T) {
+	for _, err := range []error{nil, netstack.ErrGuestRefused, netstack.ErrGuestUnreachable} {
+		if got := dialStatusError(dialStatus(err)); (got == nil) != (err == nil) || err != nil && !errors.Is(got, err) {
+			t.Errorf("%v crosses as %v", err, got)
+		}
+	}
+	for _, b := range []byte{dialBusy, dialFailed, 5, 255} {
+		if dialStatusError(b) == nil {
+			t.Errorf("status %d reads as connected", b)
+		}
+	}
+}
