@@ -2,6 +2,7 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +37,10 @@ const errTooLarge = -32603 // JSON-RPC internal error
 //   - No message written is over MaxMessage: a reply that would be is
 //     replaced by a JSON-RPC error saying so, a notification is dropped
 //     (and logged).
+//   - A call the client cancelled (notifications/cancelled) is no longer
+//     waited for at EOF, and its late answer is best effort: the client
+//     has given it up, so a write that fails because the client has gone
+//     since is no failure of the server (the SDK would end Run with it).
 type drainTransport struct {
 	t   mcp.Transport
 	log *slog.Logger
@@ -48,7 +53,7 @@ func (d *drainTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &drainConn{Connection: c, log: d.log, stop: d.stop, pending: map[jsonrpc.ID]bool{},
+	return &drainConn{Connection: c, log: d.log, stop: d.stop, pending: map[jsonrpc.ID]bool{}, cancelled: map[jsonrpc.ID]bool{},
 		idle: make(chan struct{}), closed: make(chan struct{})}, nil
 }
 
@@ -57,11 +62,12 @@ type drainConn struct {
 	log  *slog.Logger
 	stop context.Context
 
-	mu      sync.Mutex
-	pending map[jsonrpc.ID]bool // calls read and not yet answered
-	idle    chan struct{}       // closed (and replaced) when pending empties
-	closed  chan struct{}
-	once    sync.Once
+	mu        sync.Mutex
+	pending   map[jsonrpc.ID]bool // calls read and not yet answered
+	cancelled map[jsonrpc.ID]bool // calls the client cancelled, not yet answered
+	idle      chan struct{}       // closed (and replaced) when pending empties
+	closed    chan struct{}
+	once      sync.Once
 }
 
 // Read passes on the client's messages, noting each call; at EOF it
@@ -75,12 +81,45 @@ func (c *drainConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		}
 		return nil, err
 	}
-	if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+	if req, ok := msg.(*jsonrpc.Request); ok {
 		c.mu.Lock()
-		c.pending[req.ID] = true
+		switch {
+		case req.IsCall():
+			c.pending[req.ID] = true
+		case req.Method == "notifications/cancelled":
+			if id, ok := cancelledID(req); ok && c.pending[id] {
+				c.cancelled[id] = true
+				c.answeredLocked(id)
+			}
+		}
 		c.mu.Unlock()
 	}
 	return msg, nil
+}
+
+// cancelledID is the id of the call a notifications/cancelled names.
+func cancelledID(req *jsonrpc.Request) (jsonrpc.ID, bool) {
+	var p struct {
+		RequestID any `json:"requestId"`
+	}
+	if json.Unmarshal(req.Params, &p) != nil || p.RequestID == nil {
+		return jsonrpc.ID{}, false
+	}
+	id, err := jsonrpc.MakeID(p.RequestID)
+	return id, err == nil
+}
+
+// answeredLocked notes that call id needs no more waiting for.
+// Precondition: c.mu is held.
+func (c *drainConn) answeredLocked(id jsonrpc.ID) {
+	if !c.pending[id] {
+		return
+	}
+	delete(c.pending, id)
+	if len(c.pending) == 0 {
+		close(c.idle)
+		c.idle = make(chan struct{})
+	}
 }
 
 // drain waits until no call read is unanswered.
@@ -115,14 +154,14 @@ func (c *drainConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	err := c.Connection.Write(ctx, msg)
 	if resp, ok := msg.(*jsonrpc.Response); ok {
 		c.mu.Lock()
-		if c.pending[resp.ID] {
-			delete(c.pending, resp.ID)
-			if len(c.pending) == 0 {
-				close(c.idle)
-				c.idle = make(chan struct{})
-			}
-		}
+		c.answeredLocked(resp.ID)
+		given := c.cancelled[resp.ID]
+		delete(c.cancelled, resp.ID)
 		c.mu.Unlock()
+		if given && err != nil {
+			c.log.Debug("the answer of a call the client cancelled was not written", "id", resp.ID.Raw(), "err", err)
+			return nil
+		}
 	}
 	return err
 }
