@@ -14,6 +14,9 @@
 //   - session_exec (session, command, timeout, max_output_size): as
 //     exec_shell_command, in the session's VM.
 //   - session_end (session).
+//   - session_pause, session_fork (branch.go); session_net_lock (session,
+//     allow): the session's network narrowed for the rest of its life
+//     (netlock.go).
 //   - receipt (optional request_id): the signed receipt of a command the
 //     exec tools ran (receipts.go).
 //
@@ -183,6 +186,7 @@ func New(o Options) *Server {
 	}, s.wrap(s.sessionEnd))
 	s.addFileTools()
 	s.addBranchTools()
+	s.addNetLockTool()
 	s.addReceiptTool()
 	return s
 }
