@@ -124,7 +124,9 @@ func (v *VM) Exited() <-chan struct{} { return v.exited }
 func (v *VM) Pid() int { return v.cmd.Process.Pid }
 
 // GuestNetwork is a VM's user-space network as its user sees it: a
-// policy that can be replaced (netstack.Network.SetPolicy).
+// policy that can be replaced (netstack.Network.SetPolicy). SetPolicy
+// returns once the new policy is in force: the guest's next packet is
+// judged by it (netproc.Proc.SetPolicy).
 type GuestNetwork interface{ SetPolicy(netstack.Policy) }
 
 // Network is the VM's user-space network, or nil when it has no NIC.

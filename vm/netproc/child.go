@@ -102,7 +102,8 @@ func child(args []string) error {
 	qemu := make(chan error, 1)
 	go func() { qemu <- serveQEMU(ln, n) }()
 	daemon := make(chan error, 1)
-	go func() { daemon <- followPolicies(ctl, buf, n, policy) }()
+	applied := func(g uint64) { send(fromChild{Gen: g, Applied: true}) }
+	go func() { daemon <- followPolicies(ctl, buf, n, policy, applied) }()
 	select {
 	case err := <-daemon:
 		if err == nil {
@@ -129,9 +130,10 @@ func serveQEMU(ln net.Listener, n *netstack.Network) error {
 	return n.Serve(conn)
 }
 
-// followPolicies gives the network each policy the daemon sends, until
-// the daemon closes the channel (nil) or sends what does not parse.
-func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, policy func(toChild) (netstack.Policy, error)) error {
+// followPolicies gives the network each policy the daemon sends, and
+// tells it each one is in force, until the daemon closes the channel
+// (nil) or sends what does not parse.
+func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, policy func(toChild) (netstack.Policy, error), applied func(gen uint64)) error {
 	for {
 		m, err := readToChild(ctl, buf)
 		if errors.Is(err, errChannelClosed) {
@@ -145,6 +147,7 @@ func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, policy f
 			return err
 		}
 		n.SetPolicy(p)
+		applied(m.Gen)
 	}
 }
 

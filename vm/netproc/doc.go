@@ -75,7 +75,13 @@
 // accepted connection): one JSON message per packet, at most [MaxMessage]
 // bytes. The daemon sends the VM's pinned hosts and QEMU's listening
 // socket once and then each policy (egress allowlist and limits); the
-// netstack sends one record per DNS query and connection. The netstack
+// netstack sends one record per DNS query and connection, and says when
+// each policy is in force. The daemon's SetPolicy waits for that, so that
+// a command started after it (a narrowed or locked network's above all)
+// never has its first packets judged by the policy before: without the
+// wait the netstack's two readers race, and the guest's next datagram was
+// seen under the old policy at once (TestNetstack_PolicyInForce). A
+// netstack that does not say so within applyTimeout is killed. The netstack
 // ends when the daemon closes the channel, or when QEMU's connection ends
 // (the VM is being destroyed, or QEMU died; QEMU never connects again): it
 // then says so in a last message, so that the daemon does not log its end

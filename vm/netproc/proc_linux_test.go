@@ -303,3 +303,28 @@ func seccompFilters(status string) (int, bool) {
 	}
 	return 0, false
 }
+
+// TestNetstack_PolicyInForce: once SetPolicy returns, the netstack holds
+// the guest to the new policy: the guest's next datagram is recorded
+// under it, every time.
+func TestNetstack_PolicyInForce(t *testing.T) {
+	p, sock, recs := startNetstack(t, "")
+	qemu := guestSends(t, sock, recs)
+	for i := range 20 {
+		mine := make(chan netstack.Record, 4)
+		p.SetPolicy(netstack.Policy{Audit: func(r netstack.Record) { mine <- r }})
+		if _, err := qemu.Write(netwire.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), uint16(10000+i)))); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-mine:
+			if r.Port != uint16(10000+i) {
+				t.Fatalf("policy %d: record %+v", i, r)
+			}
+		case r := <-recs:
+			t.Fatalf("policy %d: the datagram was recorded under the first policy: %+v", i, r)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("policy %d: no record of the datagram", i)
+		}
+	}
+}
