@@ -94,6 +94,7 @@ const (
 const Instructions = `The tools of this server run shell commands in disposable Linux (Debian) virtual machines, never on the user's computer. ` +
 	`exec_shell_command runs each command in a fresh VM that is destroyed afterwards: files, installed packages, the working directory and background processes do not carry over to the next call. ` +
 	`To keep files and installed packages across commands, call session_start, run commands with session_exec and the session name it returns, and call session_end when done; sessions also end when this server stops or after the operator's idle time. ` +
+	`Once a session has what it needs from the network, session_net_lock takes its network away for good. ` +
 	`Output is stdout and stderr combined, then "[exit code: N]". An operator policy decides what may run (it may refuse commands, and the VMs may have no network); a refusal is reported as a tool error that says why.`
 
 // Options configures a Server.

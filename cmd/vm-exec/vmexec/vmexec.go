@@ -189,7 +189,8 @@ starts with a dash, or is named mcp, ps or cp.
   vm-exec --list-sessions [--json] | --end-session NAME
   vm-exec --session NAME --pause          pause the session to disk; its next command resumes it
   vm-exec --session NAME --fork NEW …     new sessions, each a copy of NAME's state now
-  vm-exec --session NAME --net-lock [RULE…]  narrow NAME's network to RULEs (none: no network), for good
+  vm-exec --session NAME --net-lock [RULE …]
+                                          lock NAME's network to RULEs (none: no network) for good
   vm-exec ps [--json]         the caller's live VMs and sessions (vmgated status)
   vm-exec mcp [--socket PATH] an MCP server on stdin/stdout (docs/agents.md)
 
