@@ -153,10 +153,14 @@ func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*a
 // sessionDecider decides a request on session ss itself.
 type sessionDecider func(p *policy.Policy, st *execState, ss *session) policy.Verdict
 
-// decideSession decides a pause, or a fork into newNames.
+// decideSession decides a pause, or a fork into newNames. Its verdict
+// gives no network: the session keeps its own (a fork's copies, their
+// parent's), and its decision record claims none.
 func decideSession(newNames ...string) sessionDecider {
 	return func(p *policy.Policy, st *execState, _ *session) policy.Verdict {
-		return p.DecideSession(st.id, newNames...)
+		v := p.DecideSession(st.id, newNames...)
+		v.Network = nil
+		return v
 	}
 }
 
