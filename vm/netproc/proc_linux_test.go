@@ -28,14 +28,14 @@ import (
 // startNetstack runs a real netstack listening where QEMU would
 // connect, with an audit that collects its records: jailed by this
 // process, or started for a connection to socket (as systemd does).
-func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan netstack.Record) {
+func startNetstack(t testing.TB, socket string) (*netproc.Proc, string, chan netstack.Record) {
 	t.Helper()
 	return startNetstackLog(t, socket, nil)
 }
 
 // startNetstackLog is startNetstack with the daemon side's log going to
 // log.
-func startNetstackLog(t *testing.T, socket string, log *slog.Logger) (*netproc.Proc, string, chan netstack.Record) {
+func startNetstackLog(t testing.TB, socket string, log *slog.Logger) (*netproc.Proc, string, chan netstack.Record) {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	spec, err := vm.NetstackSpec("")
@@ -326,5 +326,16 @@ func TestNetstack_PolicyInForce(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("policy %d: no record of the datagram", i)
 		}
+	}
+}
+
+// BenchmarkNetstack_SetPolicy: what a command's policy costs now that
+// SetPolicy waits for the netstack to say it is in force (a round trip
+// over the channel, on every command with a NIC).
+func BenchmarkNetstack_SetPolicy(b *testing.B) {
+	p, _, _ := startNetstack(b, "")
+	pol := netstack.Policy{Audit: func(netstack.Record) {}}
+	for b.Loop() {
+		p.SetPolicy(pol)
 	}
 }
