@@ -25,6 +25,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/sessions/{name}/pause", s.handlePauseSession)
 	mux.HandleFunc("POST /v1/sessions/{name}/fork", s.handleForkSession)
 	mux.HandleFunc("POST /v1/sessions/{name}/publish", s.handlePublish)
+	mux.HandleFunc("POST /v1/sessions/{name}/net-lock", s.handleNetLockSession)
 	mux.HandleFunc("GET /v1/status", s.handleStatus)
 	mux.HandleFunc("POST /v1/audit/rotate", s.handleAuditRotate)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
@@ -82,15 +83,15 @@ func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session 
 }
 
 // sessionOp runs op on the caller's session named in the path, through
-// the exec core (Server.onSession). op's *RequestError is the answer;
-// otherwise op has written it.
-func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, newNames []string, op func(context.Context, *session, *execState) error) {
+// the exec core (Server.onSession), decided by decide. op's
+// *RequestError is the answer; otherwise op has written it.
+func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, decide sessionDecider, op func(context.Context, *session, *execState) error) {
 	ss := s.callerSession(w, r)
 	if ss == nil {
 		return
 	}
 	id, _ := identityFrom(r.Context())
-	if rerr := s.onSession(r.Context(), id, ss, newNames, op); rerr != nil {
+	if rerr := s.onSession(r.Context(), id, ss, decide, op); rerr != nil {
 		writeError(w, rerr.Kind.Status, rerr.Wire())
 	}
 }
@@ -99,7 +100,7 @@ func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, newNames []st
 // slot are freed, and its next command resumes it. A paused session's
 // answer is the same.
 func (s *Server) handlePauseSession(w http.ResponseWriter, r *http.Request) {
-	s.sessionOp(w, r, nil, func(ctx context.Context, ss *session, st *execState) error {
+	s.sessionOp(w, r, decideSession(), func(ctx context.Context, ss *session, st *execState) error {
 		if !ss.paused() {
 			ss.mu.Lock()
 			ss.limits = st.verdict.Limits.Paused // today's policy
@@ -123,7 +124,7 @@ func (s *Server) handleForkSession(w http.ResponseWriter, r *http.Request) {
 		refuse(w, wire.KindBadRequest, "fork: "+err.Error())
 		return
 	}
-	s.sessionOp(w, r, req.Names, func(ctx context.Context, ss *session, st *execState) error {
+	s.sessionOp(w, r, decideSession(req.Names...), func(ctx context.Context, ss *session, st *execState) error {
 		out, err := s.fork(ctx, ss, st, req.Names)
 		if err != nil {
 			return err

@@ -56,6 +56,9 @@ type execState struct {
 	recorded  *audit.Entry
 	auditNote string
 	net       netSummary
+	// netLock is the session's network lock the decision saw: the
+	// command runs only if the session has the same when it gets it.
+	netLock *policy.NetLimit
 }
 
 // newExecState starts the record of a request from id. The argv decided
@@ -92,6 +95,7 @@ func (s *Server) auditDecision(st *execState) error {
 	setCaller(&rec, st.id)
 	rec.EnvNames, rec.Dir, rec.TTY = envNames(st.req.Env), st.req.Dir, st.req.TTY != nil
 	rec.Transfers = auditTransfers(st.req, nil)
+	rec.Network = auditNetwork(st.verdict)
 	if st.interactive {
 		rec.Message = "interactive shell"
 	}
@@ -146,14 +150,28 @@ func (s *Server) admit(ctx context.Context, log *slog.Logger, st *execState) (*a
 	return &admitted{s: s, log: log, st: st, target: target}, nil
 }
 
+// sessionDecider decides a request on session ss itself.
+type sessionDecider func(p *policy.Policy, st *execState, ss *session) policy.Verdict
+
+// decideSession decides a pause, or a fork into newNames. Its verdict
+// gives no network: the session keeps its own (a fork's copies, their
+// parent's), and its decision record claims none.
+func decideSession(newNames ...string) sessionDecider {
+	return func(p *policy.Policy, st *execState, _ *session) policy.Verdict {
+		v := p.DecideSession(st.id, newNames...)
+		v.Network = nil
+		return v
+	}
+}
+
 // onSession is the exec core's entry for a request on a session itself
-// (pause, fork), as admit is for a command: counted in flight (refused
-// with ErrShutdown once shutdown began), the policy decision of the
-// session request (audited, through the deny flood gate), then op as the
-// session's owner, after a command that runs in it (waited for as long as
-// a VM slot is). ctx ends when the client goes away or the shutdown grace
-// period is over.
-func (s *Server) onSession(ctx context.Context, id policy.Identity, ss *session, newNames []string, op func(context.Context, *session, *execState) error) *RequestError {
+// (pause, fork, network lock), as admit is for a command: counted in
+// flight (refused with ErrShutdown once shutdown began), the policy
+// decision of the session request (decide; audited, through the deny
+// flood gate), then op as the session's owner, after a command that runs
+// in it (waited for as long as a VM slot is). ctx ends when the client
+// goes away or the shutdown grace period is over.
+func (s *Server) onSession(ctx context.Context, id policy.Identity, ss *session, decide sessionDecider, op func(context.Context, *session, *execState) error) *RequestError {
 	st := newExecState(id, &wire.ExecRequest{Session: ss.key.name}, false)
 	if !s.begin() {
 		return &RequestError{Kind: ErrShutdown, Msg: ErrShutdown.Error(), RequestID: st.reqID}
@@ -162,7 +180,8 @@ func (s *Server) onSession(ctx context.Context, id policy.Identity, ss *session,
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(s.execCtx, cancel)()
-	st.verdict = s.policy.Load().DecideSession(id, newNames...)
+	st.policy = s.policy.Load()
+	st.verdict = decide(st.policy, st, ss)
 	if err := s.auditDecision(st); err != nil {
 		return &RequestError{Kind: ErrAuditUnavailable, Msg: "refusing to run unaudited: " + err.Error(), RequestID: st.reqID}
 	}
@@ -199,10 +218,13 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 			st.verdict.Profile = k.Profile
 		}
 	} else {
+		if st.req.Session != "" {
+			st.netLock = s.netLockOf(sessionKey{st.id.Key(), st.req.Session})
+		}
 		st.verdict = st.policy.Decide(st.id, policy.Request{
 			Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 			Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
-			Puts: uploads(st.req.Put), Gets: len(st.req.Get),
+			Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock,
 		})
 	}
 	if err := s.auditDecision(st); err != nil {
@@ -369,9 +391,9 @@ func (s *Server) sessionNetwork(st *execState, t *vmTarget) error {
 	t.session.egress = n
 	t.session.mu.Unlock()
 	switch {
-	case vn == nil && n != nil:
+	case vn == nil && n != nil && len(n.Rules) > 0:
 		return &RequestError{Kind: ErrBadRequest, RequestID: st.reqID, Msg: fmt.Sprintf("session %q has no network (it began before the profile had one): end the session to start it again with one", st.req.Session)}
-	case vn == nil:
+	case vn == nil: // none, or narrowed to nothing
 		return nil
 	case n == nil: // the profile no longer allows any network
 		vn.SetPolicy(netstack.Policy{Audit: s.netAudit(st, t.vm.ID)})
@@ -412,6 +434,10 @@ func (s *Server) sessionVM(ctx context.Context, st *execState) (*vmTarget, error
 		if !time.Now().Before(ss.expiry()) {
 			s.destroySession(ss, "expired")
 			continue
+		}
+		if rerr := checkNetLock(ss, st); rerr != nil {
+			ss.give()
+			return nil, rerr
 		}
 		if ss.paused() {
 			if err := s.resume(ctx, ss, st); err != nil {
@@ -629,6 +655,7 @@ func (s *Server) auditExec(st *execState, o execOutcome) {
 		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdin.Bytes, StdinSHA256: o.stdin.SHA256, StdoutSHA256: o.stdout.SHA256, StderrSHA256: o.stderr.SHA256}
 	setCaller(&rec, st.id)
+	rec.Network = auditNetwork(st.verdict)
 	if t := o.target; t != nil {
 		rec.VMID, rec.BootMS, rec.VMStart, rec.DiskBytes = t.vm.ID, t.boot.Milliseconds(), t.start, o.diskBytes
 		if t.jail != "" {

@@ -57,6 +57,7 @@ type sessionFile struct {
 	State    string              `json:"state"`
 	Save     string              `json:"save_point,omitempty"`
 	PausedAt time.Time           `json:"paused_at,omitzero"`
+	NetLock  *policy.NetLimit    `json:"net_lock,omitempty"`
 }
 
 // errSessionClosed is an operation's on a session that was ended while it
@@ -79,7 +80,8 @@ func (s *Server) writeSession(ss *session, state, sp string, pausedAt time.Time)
 	id := ss.id
 	id.PID = 0
 	f := sessionFile{Version: sessionFileVer, Owner: ss.key.owner, Name: ss.key.name, Caller: id, Profile: ss.profile, Created: ss.created,
-		Idle: ss.idle, Max: ss.max, Paused: ss.limits, Shape: ss.shape, Parent: ss.parent, State: state, Save: sp, PausedAt: pausedAt}
+		Idle: ss.idle, Max: ss.max, Paused: ss.limits, Shape: ss.shape, Parent: ss.parent, State: state, Save: sp, PausedAt: pausedAt,
+		NetLock: ss.netLock}
 	b, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
@@ -92,6 +94,21 @@ func (s *Server) writeSession(ss *session, state, sp string, pausedAt time.Time)
 		return fmt.Errorf("session file: %w", err)
 	}
 	return nil
+}
+
+// rewriteSession records ss again as it is now: running, or paused.
+// Precondition: the caller owns ss.
+func (s *Server) rewriteSession(ss *session) error {
+	ss.mu.Lock()
+	state, sp, at := wire.SessionRunning, "", time.Time{}
+	if ss.sp != nil {
+		sp = filepath.Base(ss.sp.Dir)
+	}
+	if ss.vm == nil {
+		state, at = wire.SessionPaused, ss.pausedAt
+	}
+	ss.mu.Unlock()
+	return s.writeSession(ss, state, sp, at)
 }
 
 // writeSynced writes b to path (0600) and syncs it.
@@ -268,7 +285,7 @@ func (s *Server) loadSession(sid string) (*session, string) {
 		return nil, ""
 	}
 	ss := &session{key: sessionKey{f.Owner, f.Name}, sid: sid, id: f.Caller, profile: f.Profile, shape: f.Shape, created: f.Created,
-		idle: f.Idle, max: f.Max, limits: f.Paused, parent: f.Parent, lastUsed: f.PausedAt, pausedAt: f.PausedAt,
+		idle: f.Idle, max: f.Max, limits: f.Paused, parent: f.Parent, lastUsed: f.PausedAt, pausedAt: f.PausedAt, netLock: f.NetLock,
 		free: make(chan struct{}), ended: make(chan struct{})}
 	if f.State != wire.SessionPaused {
 		return ss, "vmgated stopped while it was running (its VM ended with the daemon)"
@@ -643,7 +660,7 @@ func (s *Server) forkCopy(ctx context.Context, parent *session, st *execState, s
 	// the parent's start, or forks would keep a state past it.
 	c.created = parent.created
 	parent.mu.Lock()
-	c.egress = parent.egress
+	c.egress, c.netLock = parent.egress, parent.netLock // a copy is locked as its parent is
 	parent.mu.Unlock()
 	c.vm, c.release = v, slot
 	if n := v.Network(); n != nil && c.egress != nil {

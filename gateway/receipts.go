@@ -70,6 +70,7 @@ func receiptBody(st *execState, o execOutcome, f receiptFacts) receipt.Body {
 		b.Verdict, b.Reason = receipt.VerdictAllow, ""
 		b.Image = &receipt.Image{Name: v.Image, SHA256: f.imageDigest}
 	}
+	b.Network.Narrowed = v.NetNarrowed
 	setReceiptCaller(&b.Caller, st.id)
 	if t := o.target; t != nil {
 		b.VMID = t.vm.ID

@@ -64,6 +64,12 @@ func TestReceiptBody(t *testing.T) {
 				t.Errorf("audit %+v", b.Audit)
 			}
 		}},
+		{"narrowed to nothing", policy.Verdict{Allowed: true, Profile: "agent", Rule: "default", Reason: "allowed",
+			Network: &policy.NetworkPolicy{}, NetNarrowed: []string{policy.NarrowedByRequest, policy.NarrowedByLock}}, done, facts, func(t *testing.T, b receipt.Body) {
+			if b.Network.Mode != "allowlist" || len(b.Network.Allow) != 0 || fmt.Sprint(b.Network.Narrowed) != "[request session lock]" {
+				t.Errorf("network %+v", b.Network)
+			}
+		}},
 		{"denied", denied, execOutcome{}, receiptFacts{policySource: "p.toml", policyDigest: "pd", record: entry, headSeq: 9, head: "h9", now: now}, func(t *testing.T, b receipt.Body) {
 			if b.Verdict != receipt.VerdictDeny || b.Reason != denied.Reason || b.Rule != denied.Rule || b.Image != nil || b.ExitCode != nil {
 				t.Errorf("denial: %+v", b)

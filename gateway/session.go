@@ -45,6 +45,9 @@ type session struct {
 	sp       *vm.SavePoint // paused: its state; resumed: its disk's backing
 	pausedAt time.Time
 	egress   *netrule.Egress // the network its last command had
+	// netLock is its network lock (netlock.go), nil when unlocked:
+	// replaced by a narrower one, never changed or removed.
+	netLock  *policy.NetLimit
 	busy     bool
 	free     chan struct{} // closed and replaced whenever it stops being busy
 	lastUsed time.Time
@@ -177,7 +180,8 @@ func (ss *session) info() wire.Session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	out := wire.Session{Name: ss.key.name, Profile: ss.profile, Created: ss.created,
-		LastUsed: ss.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.busy, State: wire.SessionRunning, Parent: ss.parent}
+		LastUsed: ss.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.busy, State: wire.SessionRunning, Parent: ss.parent,
+		NetLock: (*wire.NetLimit)(ss.netLock)}
 	for _, p := range ss.pubs {
 		out.Published = append(out.Published, fmt.Sprintf("%s->%d", p.host, p.port))
 	}

@@ -138,6 +138,12 @@ type Request struct {
 	// applies.
 	Puts []Upload
 	Gets int
+	// Net narrows the profile's network for this request; nil: the
+	// profile's (NetLimit).
+	Net *NetLimit
+	// NetLock is the network lock of the session the request runs in, as
+	// the daemon keeps it (never the client's word); nil: none.
+	NetLock *NetLimit
 }
 
 // transferOnly reports whether req copies files and runs nothing.
@@ -223,8 +229,12 @@ type Verdict struct {
 	User string
 	// Image is the guest image name.
 	Image string
-	// Network is the guest's egress policy; nil: no NIC at all.
-	Network *NetworkPolicy
+	// Network is the guest's egress policy; nil: no NIC at all. It is
+	// the profile's, narrowed by the request's Net and the session's
+	// NetLock (never widened): NetNarrowed says by which
+	// (NarrowedByRequest, NarrowedByLock).
+	Network     *NetworkPolicy
+	NetNarrowed []string
 }
 
 // NetworkPolicy is a profile's guest network (network.mode = "allowlist").
@@ -253,7 +263,8 @@ func (v Verdict) Err() error {
 // everything. Decide never panics on any request.
 //
 // Order: the first profile that matches id; then request checks (see the
-// package doc); then deny rules; then allow rules.
+// package doc); then the network's narrowing; then deny rules; then allow
+// rules.
 func (p *Policy) Decide(id Identity, req Request) Verdict {
 	if p == nil {
 		return Verdict{Reason: "no policy loaded"}
@@ -277,9 +288,18 @@ func (prof *profile) decide(req Request) Verdict {
 	if reason != "" {
 		return deny("", reason)
 	}
+	net, narrowed, netRule, reason := narrowNet(prof.net, req.NetLock, req.Net)
+	if reason != "" {
+		return deny(netRule, reason)
+	}
+	allow := func(rule, why string) Verdict {
+		v := prof.allowed(req, rule, why, timeout)
+		v.Network, v.NetNarrowed = net, narrowed
+		return v
+	}
 
 	if req.transferOnly() {
-		return prof.allowed(req, "files", "file transfer in session "+quoteName(req.Session), timeout)
+		return allow("files", "file transfer in session "+quoteName(req.Session))
 	}
 	view := &argvView{argv: req.Argv}
 	for _, r := range prof.deny {
@@ -304,8 +324,7 @@ func (prof *profile) decide(req Request) Verdict {
 			return deny("", fmt.Sprintf("no allow rule matches argv (program %s)", quote(req.Argv[0])))
 		}
 	}
-
-	return prof.allowed(req, rule, why, timeout)
+	return allow(rule, why)
 }
 
 // allowed is the verdict of an allowed request.
@@ -509,6 +528,9 @@ func checkRequest(req *Request) string {
 	}
 	if req.Timeout < 0 {
 		return fmt.Sprintf("timeout %s: must not be negative", formatDuration(req.Timeout))
+	}
+	if reason := checkNetLimit(req.Net); reason != "" {
+		return reason
 	}
 	seen := make(map[string]bool, len(req.Env))
 	for _, e := range req.Env {

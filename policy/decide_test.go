@@ -279,6 +279,16 @@ func checkVerdict(t testing.TB, p *Policy, req Request, v Verdict) {
 	if v.User != prof.user || v.Image != prof.image || v.Rule == "" {
 		t.Fatalf("verdict %+v does not match profile %q", v, prof.name)
 	}
+	if (v.Network == nil) != (prof.net == nil) {
+		t.Fatalf("network %+v, the profile's %+v", v.Network, prof.net)
+	}
+	if v.Network != nil {
+		for _, r := range v.Network.Rules {
+			if _, ok := prof.net.Rules.Covering(r); !ok {
+				t.Fatalf("network rule %s is not within the profile's", r.Text)
+			}
+		}
+	}
 	if req.Shell && !prof.allowShell || req.Session != "" && !l.AllowSessions {
 		t.Fatalf("allowed shell/session the profile refuses: %+v", v)
 	}

@@ -55,6 +55,20 @@
 // shaped ["sh", "-c", STRING]; a session when sessions are not allowed, or a
 // session name that names.Session rejects.
 //
+// A request may narrow its profile's network (Request.Net: vm-exec
+// --no-network, --net-allow), and a session's lock narrows every request
+// in it (Request.NetLock, which the daemon keeps; [Policy.DecideNetLock]
+// decides a lock). Each rule asked for must be within a rule of the
+// profile's network.allow (a name within a name or a *.wildcard on its
+// port, or on any port; a range within a range), and within the lock:
+// one that is not, or does not parse, is denied by rule "network.allow"
+// or "session network lock", naming it; it is never clamped. More than
+// [MaxNetRules] rules, or one over [MaxNetRuleBytes], are denied too.
+// The verdict's network is then the rules asked for, or the profile's
+// under the lock (their exact intersection); its limits stay the
+// profile's, and a narrowed network keeps its NIC, so the VM's shape
+// does not change.
+//
 // Program names (argv[0]) must be either a bare name ("wget") or a clean
 // absolute path ("/usr/bin/wget"): not empty, valid UTF-8, without white
 // space, control characters or invisible format characters (U+200B and the

@@ -460,7 +460,9 @@ var refDescriptions = map[string]string{
 	"profile.network.allow": fmt.Sprintf("Egress rules; required with `mode = %q` and refused without it. ", networkAllowlist) +
 		"`\"name:port\"` allows a name, `\"*.name:port\"` any subdomain (not the name itself), a port `*` any port, " +
 		"and `\"CIDR:port\"` direct connections to a range. Names that resolve to loopback, private, CGNAT, link-local, multicast " +
-		"or other special addresses are refused unless `allow_ranges` covers them.",
+		"or other special addresses are refused unless `allow_ranges` covers them. " +
+		"A request may narrow them (`vm-exec --no-network`, `--net-allow RULE`) and a session be locked to fewer " +
+		"(`vm-exec --session S --net-lock [RULE…]`), each rule within one of these; never widen them (docs/network.md).",
 	"profile.network.allow_ranges": "CIDR ranges of special addresses that allowed names may resolve into, a logged relaxation. " +
 		fmt.Sprintf("Only with `mode = %q`.", networkAllowlist),
 	"profile.network.max_connections": fmt.Sprintf("Connections open at once per VM, 1 to %d.", maxNetConns),

@@ -125,9 +125,11 @@ func (v *VM) Exited() <-chan struct{} { return v.exited }
 func (v *VM) Pid() int { return v.cmd.Process.Pid }
 
 // GuestNetwork is a VM's user-space network as its user sees it: a
-// policy that can be replaced (netstack.Network.SetPolicy), and
-// connections into the guest's ports, made by the network, for a
-// published port (netstack.Network.DialGuest).
+// policy that can be replaced (netstack.Network.SetPolicy), which
+// returns once the new policy is in force: the guest's next packet is
+// judged by it (netproc.Proc.SetPolicy); and connections into the
+// guest's ports, made by the network, for a published port
+// (netstack.Network.DialGuest).
 type GuestNetwork interface {
 	SetPolicy(netstack.Policy)
 	DialGuest(ctx context.Context, port uint16) (net.Conn, error)

@@ -161,6 +161,9 @@ type Record struct {
 
 	// Net describes a KindNet event.
 	Net *NetEvent `json:"net,omitempty"`
+	// Network is the guest network a request's verdict gave it (its
+	// decision and exec records), when its VM has a NIC.
+	Network *NetVerdict `json:"network,omitempty"`
 
 	// Transfers are the request's file copies: as requested in its
 	// decision record, with their outcome in its exec record; at most
@@ -257,6 +260,15 @@ type NetEvent struct {
 	BytesOut   int64  `json:"bytes_out,omitempty"` // guest to the world
 	BytesIn    int64  `json:"bytes_in,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
+}
+
+// NetVerdict is the guest network a request ran with: the egress rules in
+// force (empty: nothing allowed), and what narrowed them below its
+// profile's ("request": vm-exec --no-network or --net-allow; "session
+// lock": vm-exec --net-lock).
+type NetVerdict struct {
+	Allow    []string `json:"allow"`
+	Narrowed []string `json:"narrowed,omitempty"`
 }
 
 // SSHClient is a client of the SSH front door.

@@ -437,6 +437,18 @@ func (c *Client) ForkSession(ctx context.Context, name string, newNames []string
 	return out, nil
 }
 
+// LockSessionNet locks the network of the caller's session name to the
+// egress rules allow (none: no network) for the rest of its life: only a
+// narrower lock may follow. Rules outside the profile's network or the
+// present lock are refused (ErrDenied, naming the rule).
+func (c *Client) LockSessionNet(ctx context.Context, name string, allow []string) (*wire.Session, error) {
+	var out wire.Session
+	if err := c.callBody(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(name)+"/net-lock", wire.NetLimit{Allow: allow}, http.StatusOK, &out); err != nil {
+		return nil, fmt.Errorf("lock session %s's network: %w", name, err)
+	}
+	return &out, nil
+}
+
 // HoldSession ties the caller's session name to this process: the daemon
 // ends the session when the connection it opens closes, which it does when
 // ctx ends or the process dies (even by SIGKILL). It returns once the

@@ -159,6 +159,10 @@ type Transfer struct {
 type Network struct {
 	Mode  string   `json:"mode"`
 	Allow []string `json:"allow,omitempty"`
+	// Narrowed says what narrowed Allow below the profile's rules:
+	// "request" (vm-exec --no-network, --net-allow), "session lock"
+	// (vm-exec --net-lock); with no rules left, nothing was allowed.
+	Narrowed []string `json:"narrowed,omitempty"`
 	// Connections and Refused count allowed and refused connections (TCP
 	// and UDP), DNS the queries answered or refused.
 	Connections int `json:"connections,omitempty"`

@@ -159,6 +159,40 @@ type ExecRequest struct {
 	// "Receipts"): in Result.Receipt, or, for a request refused or failed
 	// after its decision was recorded, in Error.Receipt.
 	Receipt bool `json:"receipt,omitempty"`
+	// Net narrows the profile's network for this command (vm-exec
+	// --no-network, --net-allow): nil, the profile's (or the session's
+	// lock's).
+	Net *NetLimit `json:"net,omitempty"`
+}
+
+// NetLimit is a network narrowed to the egress rules in Allow (the
+// policy's network.allow syntax, "HOST:PORT"); none: no network at all.
+// Each rule must be within the profile's rules and the session's lock:
+// the daemon refuses any other (denied, naming it), never clamps it. It
+// is an exec request's Net, and the body of POST
+// /v1/sessions/{name}/net-lock.
+type NetLimit struct {
+	Allow []string `json:"allow"`
+}
+
+// DecodeNetLimit parses a NetLimit body strictly: unknown fields and
+// trailing data are errors. The policy judges the rules.
+func DecodeNetLimit(r io.Reader) (*NetLimit, error) {
+	dec := json.NewDecoder(io.LimitReader(r, MaxRequestBody))
+	dec.DisallowUnknownFields()
+	var l NetLimit
+	if err := dec.Decode(&l); err != nil {
+		return nil, fmt.Errorf("network limit: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("network limit: trailing data after the JSON object")
+	}
+	for _, a := range l.Allow {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, errors.New("network limit: NUL byte in a rule")
+		}
+	}
+	return &l, nil
 }
 
 // TransferOnly reports whether the request copies files and runs nothing.
@@ -397,6 +431,8 @@ type Session struct {
 	Parent string `json:"parent,omitempty"`
 	// Published lists its published ports: "HOST->GUESTPORT".
 	Published []string `json:"published,omitempty"`
+	// NetLock is the session's network lock, when it is locked.
+	NetLock *NetLimit `json:"net_lock,omitempty"`
 	// Owner is the session's caller, in a status report.
 	Owner string `json:"owner,omitempty"`
 }
@@ -660,7 +696,11 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 			return nil, errors.New("exec request: unreasonable tty size or terminal name")
 		}
 	}
-	for _, s := range append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...) {
+	strs := append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...)
+	if req.Net != nil {
+		strs = append(strs, req.Net.Allow...)
+	}
+	for _, s := range strs {
 		if strings.IndexByte(s, 0) >= 0 {
 			return nil, errors.New("exec request: NUL byte in a string")
 		}

@@ -188,3 +188,102 @@ func (rs Rules) AllowsAddr(a netip.Addr, port uint16) (Rule, bool) {
 	}
 	return Rule{}, false
 }
+
+// String is the rule in its normal form, which ParseRule reads back as
+// the same rule: "example.com:443", "*.example.com:*", "203.0.113.0/24:80",
+// "203.0.113.7:80", "[2001:db8::/32]:443".
+func (r Rule) String() string {
+	port := "*"
+	if r.Port != 0 {
+		port = strconv.Itoa(int(r.Port))
+	}
+	if r.Name != "" {
+		if r.Suffix {
+			return "*." + r.Name + ":" + port
+		}
+		return r.Name + ":" + port
+	}
+	p := r.Prefix
+	host := p.String()
+	if p.IsSingleIP() && !p.Addr().Is4In6() {
+		host = p.Addr().String() // ParseRule reads a single address as its own range
+	}
+	if p.Addr().Is6() {
+		host = "[" + host + "]"
+	}
+	return host + ":" + port
+}
+
+// Within reports whether o allows everything r allows: every name, or
+// every address, on every port. A name rule is never within a range rule,
+// nor a range rule within a name rule (a name allowed is no address
+// allowed, and the other way round).
+func (r Rule) Within(o Rule) bool {
+	if o.Port != 0 && o.Port != r.Port {
+		return false
+	}
+	switch {
+	case r.Name != "" && o.Name != "":
+		if !o.Suffix {
+			return !r.Suffix && r.Name == o.Name
+		}
+		return strings.HasSuffix(r.Name, "."+o.Name) || r.Suffix && r.Name == o.Name
+	case r.Prefix.IsValid() && o.Prefix.IsValid():
+		return r.Prefix.Addr().Is4() == o.Prefix.Addr().Is4() && o.Prefix.Bits() <= r.Prefix.Bits() && o.Prefix.Contains(r.Prefix.Addr())
+	}
+	return false
+}
+
+// Intersect returns the rule that allows what both r and o allow, and
+// false when they share nothing. Names and ranges nest or are disjoint,
+// so the common part of two rules is always one rule: the narrower name
+// or range, on the narrower port.
+func Intersect(r, o Rule) (Rule, bool) {
+	port := r.Port
+	switch {
+	case r.Port == 0:
+		port = o.Port
+	case o.Port != 0 && o.Port != r.Port:
+		return Rule{}, false
+	}
+	rp, op := r, o
+	rp.Port, op.Port = 0, 0
+	var out Rule
+	switch {
+	case rp.Within(op):
+		out = rp
+	case op.Within(rp):
+		out = op
+	default:
+		return Rule{}, false
+	}
+	out.Port = port
+	out.Text = out.String()
+	return out, true
+}
+
+// Covering returns the first rule of rs that r is within.
+func (rs Rules) Covering(r Rule) (Rule, bool) {
+	for _, o := range rs {
+		if r.Within(o) {
+			return o, true
+		}
+	}
+	return Rule{}, false
+}
+
+// Intersect returns rules that allow what both rs and other allow: the
+// common part of each pair, without repeats.
+func (rs Rules) Intersect(other Rules) Rules {
+	var out Rules
+	seen := map[string]bool{}
+	for _, a := range rs {
+		for _, b := range other {
+			if c, ok := Intersect(a, b); ok && !seen[c.Text] {
+				seen[c.Text] = true
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}

@@ -102,7 +102,8 @@ func child(args []string) error {
 	qemu := make(chan error, 1)
 	go func() { qemu <- serveQEMU(ln, n) }()
 	daemon := make(chan error, 1)
-	go func() { daemon <- followPolicies(ctl, buf, n, &dialer{n: n, log: log}, policy) }()
+	applied := func(g uint64) { send(fromChild{Gen: g, Applied: true}) }
+	go func() { daemon <- followPolicies(ctl, buf, n, &dialer{n: n, log: log}, policy, applied) }()
 	select {
 	case err := <-daemon:
 		if err == nil {
@@ -130,9 +131,9 @@ func serveQEMU(ln net.Listener, n *netstack.Network) error {
 }
 
 // followPolicies gives the network each policy the daemon sends, and
-// serves its dials into the guest, until the daemon closes the channel
-// (nil) or sends what does not parse.
-func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, d *dialer, policy func(toChild) (netstack.Policy, error)) error {
+// tells it each one is in force, and serves its dials into the guest,
+// until the daemon closes the channel (nil) or sends what does not parse.
+func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, d *dialer, policy func(toChild) (netstack.Policy, error), applied func(gen uint64)) error {
 	for {
 		m, pair, err := readToChild(ctl, buf)
 		if errors.Is(err, errChannelClosed) {
@@ -150,6 +151,7 @@ func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, d *diale
 			return err
 		}
 		n.SetPolicy(p)
+		applied(m.Gen)
 	}
 }
 

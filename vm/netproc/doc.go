@@ -87,7 +87,13 @@
 // socket pair (DialGuest: the netstack connects from the gateway's
 // address to the guest's port, writes one status byte on the pair and
 // relays it); the netstack sends one record per DNS query and
-// connection. The netstack
+// connection, and says when each policy is in force. The daemon's
+// SetPolicy waits for that, so that a command started after it (a
+// narrowed or locked network's above all) never has its first packets
+// judged by the policy before: without the wait the netstack's two
+// readers race, and the guest's next datagram was seen under the old
+// policy at once (TestNetstack_PolicyInForce). A netstack that does not
+// say so within applyTimeout is killed. The netstack
 // ends when the daemon closes the channel, or when QEMU's connection ends
 // (the VM is being destroyed, or QEMU died; QEMU never connects again): it
 // then says so in a last message, so that the daemon does not log its end

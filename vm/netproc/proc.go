@@ -46,6 +46,11 @@ type Config struct {
 // the policy they were sent under.
 const keptGens = 8
 
+// applyTimeout bounds the wait for a netstack to say a new policy is in
+// force. It reads the policy and replies at once; one that has not after
+// this long is not behaving as the netstack (or is starved beyond use).
+const applyTimeout = 10 * time.Second
+
 // Proc is a running netstack, as the daemon sees it.
 type Proc struct {
 	ctl  *net.UnixConn
@@ -56,6 +61,12 @@ type Proc struct {
 	gen    uint64
 	audits map[uint64]func(netstack.Record)
 	limit  *allowLimit
+	// applied is the newest policy the netstack said is in force;
+	// appliedCh is closed and replaced whenever it grows.
+	applied   uint64
+	appliedCh chan struct{}
+	// applyWait bounds SetPolicy's wait for the netstack (applyTimeout).
+	applyWait time.Duration
 
 	done        chan struct{} // closed when the netstack has exited
 	recordsDone chan struct{} // closed when readRecords returns
@@ -71,7 +82,8 @@ func Start(cfg Config, ln *os.File) (*Proc, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	p := &Proc{log: cfg.Log, audits: map[uint64]func(netstack.Record){}, done: make(chan struct{}), recordsDone: make(chan struct{})}
+	p := &Proc{log: cfg.Log, audits: map[uint64]func(netstack.Record){}, done: make(chan struct{}), recordsDone: make(chan struct{}),
+		appliedCh: make(chan struct{}), applyWait: applyTimeout}
 	var err error
 	if cfg.Socket != "" {
 		err = p.connect(cfg.Socket)
@@ -90,6 +102,9 @@ func Start(cfg Config, ln *os.File) (*Proc, error) {
 		p.Close()
 		return nil, err
 	}
+	// The netstack builds its network with the first policy, before it
+	// serves QEMU: it is in force from the guest's first frame.
+	p.markApplied(first.Gen)
 	return p, nil
 }
 
@@ -165,11 +180,60 @@ func (p *Proc) logEnd(err error) {
 }
 
 // SetPolicy gives the network a new policy (see netstack.Network.SetPolicy);
-// its records go to p.Audit from now on.
+// its records go to p.Audit from now on. It returns once the netstack
+// says the policy is in force, so that a command started afterwards is
+// held to it; a netstack that does not say so within applyTimeout is
+// killed (its VM keeps running without a network), as is one that cannot
+// be sent the policy. A netstack that has ended has no network to apply
+// it to.
 func (p *Proc) SetPolicy(pol netstack.Policy) {
-	if err := p.send(&toChild{}, pol, nil); err != nil {
-		p.log.Error("netstack: set policy", "err", err)
+	m := &toChild{}
+	err := p.send(m, pol, nil)
+	if err == nil {
+		err = p.waitApplied(m.Gen)
 	}
+	if err != nil {
+		p.log.Error("netstack: set policy: killed (the VM keeps running without a network)", "err", err)
+		p.kill()
+	}
+}
+
+// waitApplied waits until the netstack says policy gen is in force, or
+// has ended.
+func (p *Proc) waitApplied(gen uint64) error {
+	t := time.NewTimer(p.applyWait)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		ok, ch := p.applied >= gen, p.appliedCh
+		p.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-p.recordsDone: // it has ended: no network is left
+			return nil
+		case <-t.C:
+			return fmt.Errorf("policy %d not in force after %v", gen, p.applyWait)
+		}
+	}
+}
+
+// markApplied records that policy gen is in force; a netstack that says
+// so of a policy it was not sent misbehaves.
+func (p *Proc) markApplied(gen uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if gen > p.gen {
+		return fmt.Errorf("said policy %d is in force, which it was not sent", gen)
+	}
+	if gen > p.applied {
+		p.applied = gen
+		close(p.appliedCh)
+		p.appliedCh = make(chan struct{})
+	}
+	return nil
 }
 
 // send sends a policy, and with fd a file along with it.
@@ -225,7 +289,10 @@ func (p *Proc) readRecords() {
 			p.qemuGone.Store(true)
 			continue
 		}
-		if err == nil {
+		switch {
+		case err == nil && m.applied:
+			err = p.markApplied(m.gen)
+		case err == nil:
 			err = p.attribute(m.gen, m.record)
 		}
 		if err != nil {

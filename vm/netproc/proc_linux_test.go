@@ -31,14 +31,14 @@ import (
 // startNetstack runs a real netstack listening where QEMU would
 // connect, with an audit that collects its records: jailed by this
 // process, or started for a connection to socket (as systemd does).
-func startNetstack(t *testing.T, socket string) (*netproc.Proc, string, chan netstack.Record) {
+func startNetstack(t testing.TB, socket string) (*netproc.Proc, string, chan netstack.Record) {
 	t.Helper()
 	return startNetstackLog(t, socket, nil)
 }
 
 // startNetstackLog is startNetstack with the daemon side's log going to
 // log.
-func startNetstackLog(t *testing.T, socket string, log *slog.Logger) (*netproc.Proc, string, chan netstack.Record) {
+func startNetstackLog(t testing.TB, socket string, log *slog.Logger) (*netproc.Proc, string, chan netstack.Record) {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	spec, err := vm.NetstackSpec("")
@@ -364,5 +364,41 @@ func dialGuest(t *testing.T, p *netproc.Proc, sock string) {
 	}
 	if _, err := p.DialGuest(ctx, 8001); !errors.Is(err, netstack.ErrGuestRefused) {
 		t.Errorf("dial a closed port: %v, want %v", err, netstack.ErrGuestRefused)
+	}
+}
+
+// TestNetstack_PolicyInForce: once SetPolicy returns, the netstack holds
+// the guest to the new policy: the guest's next datagram is recorded
+// under it, every time.
+func TestNetstack_PolicyInForce(t *testing.T) {
+	p, sock, recs := startNetstack(t, "")
+	qemu := guestSends(t, sock, recs)
+	for i := range 20 {
+		mine := make(chan netstack.Record, 4)
+		p.SetPolicy(netstack.Policy{Audit: func(r netstack.Record) { mine <- r }})
+		if _, err := qemu.Write(netwire.AppendFrame(nil, udpFrame(netip.MustParseAddr("192.0.2.1"), uint16(10000+i)))); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-mine:
+			if r.Port != uint16(10000+i) {
+				t.Fatalf("policy %d: record %+v", i, r)
+			}
+		case r := <-recs:
+			t.Fatalf("policy %d: the datagram was recorded under the first policy: %+v", i, r)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("policy %d: no record of the datagram", i)
+		}
+	}
+}
+
+// BenchmarkNetstack_SetPolicy: what a command's policy costs now that
+// SetPolicy waits for the netstack to say it is in force (a round trip
+// over the channel, on every command with a NIC).
+func BenchmarkNetstack_SetPolicy(b *testing.B) {
+	p, _, _ := startNetstack(b, "")
+	pol := netstack.Policy{Audit: func(netstack.Record) {}}
+	for b.Loop() {
+		p.SetPolicy(pol)
 	}
 }

@@ -72,11 +72,13 @@ func (w *wireEgress) egress() (netrule.Egress, error) {
 }
 
 // fromChild is a message from the netstack: one record, made under the
-// policy numbered Gen; or, as its last message, why it ends (End).
+// policy numbered Gen; or that the policy numbered Gen is in force
+// (Applied); or, as its last message, why it ends (End).
 type fromChild struct {
-	Gen    uint64      `json:"gen"`
-	Record *wireRecord `json:"record,omitempty"`
-	End    string      `json:"end,omitempty"`
+	Gen     uint64      `json:"gen"`
+	Record  *wireRecord `json:"record,omitempty"`
+	Applied bool        `json:"applied,omitempty"`
+	End     string      `json:"end,omitempty"`
 }
 
 // endQEMU is the netstack's last message when QEMU's connection ended: it
@@ -84,11 +86,12 @@ type fromChild struct {
 const endQEMU = "qemu"
 
 // message is a message from the netstack as the daemon read it: a record,
-// or the end.
+// a policy in force (applied), or the end.
 type message struct {
-	gen    uint64
-	record netstack.Record
-	end    string // endQEMU, or empty for a record
+	gen     uint64
+	record  netstack.Record
+	applied bool
+	end     string // endQEMU, or empty for a record
 }
 
 // wireRecord is netstack.Record as sent.
@@ -135,6 +138,10 @@ func parseMessage(b []byte) (message, error) {
 		return message{}, err
 	}
 	switch {
+	case m.Applied && (m.End != "" || m.Record != nil):
+		return message{}, fmt.Errorf("netstack message: a policy in force, and a record or an end")
+	case m.Applied:
+		return message{gen: m.Gen, applied: true}, nil
 	case m.End != "" && m.Record != nil:
 		return message{}, fmt.Errorf("netstack message: a record and an end")
 	case m.End == endQEMU:

@@ -22,6 +22,9 @@ func TestParseRecord(t *testing.T) {
 	if m, err := parseMessage([]byte(`{"gen":4,"end":"qemu"}`)); err != nil || m.end != endQEMU || m.gen != 4 {
 		t.Fatalf("parseMessage(end) = %+v, %v", m, err)
 	}
+	if m, err := parseMessage([]byte(`{"gen":5,"applied":true}`)); err != nil || !m.applied || m.gen != 5 || m.end != "" {
+		t.Fatalf("parseMessage(applied) = %+v, %v", m, err)
+	}
 	for name, bad := range map[string]string{
 		"unknown field":  `{"gen":1,"record":{"proto":"tcp"},"extra":1}`,
 		"unknown proto":  `{"gen":1,"record":{"proto":"icmp"}}`,
@@ -34,6 +37,9 @@ func TestParseRecord(t *testing.T) {
 		"null record":    `{"gen":1,"record":null}`,
 		"unknown end":    `{"gen":1,"end":"later"}`,
 		"record and end": `{"gen":1,"record":{"proto":"tcp"},"end":"qemu"}`,
+		"applied record": `{"gen":1,"record":{"proto":"tcp"},"applied":true}`,
+		"applied end":    `{"gen":1,"applied":true,"end":"qemu"}`,
+		"applied false":  `{"gen":1,"applied":false}`,
 	} {
 		if _, err := parseMessage([]byte(bad)); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -111,9 +117,16 @@ func FuzzParseMessage(f *testing.F) {
 	f.Add([]byte(`{"gen":1,"record":{"proto":"dns","addr":"::1"}}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"gen":2,"end":"qemu"}`))
+	f.Add([]byte(`{"gen":2,"applied":true}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := parseMessage(b)
 		if err != nil {
+			return
+		}
+		if m.applied {
+			if m.end != "" || m.record != (netstack.Record{}) {
+				t.Fatalf("accepted applied %+v", m)
+			}
 			return
 		}
 		if m.end != "" {

@@ -87,6 +87,7 @@ type Network struct {
 
 	mu    sync.Mutex
 	names map[netip.Addr]map[string]bool // answered by DNS
+	live  map[*liveConn]struct{}         // open connections (SetPolicy cuts those it does not allow)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -121,7 +122,9 @@ type policyState struct {
 func connectBurst(perMinute int) float64 { return max(float64(perMinute)/10, 1) }
 
 // SetPolicy replaces the network's policy for new DNS queries and
-// connections; connections already made keep running. The names earlier
+// connections, and cuts the open connections it does not allow (a
+// narrowed or locked network holds for what is already open too); the
+// others keep running. The names earlier
 // answers resolved are forgotten, so that no address a former policy let
 // the guest resolve counts as resolved under the new one. The connect
 // rate limit takes the new rate but keeps what the guest has used of it:
@@ -145,7 +148,57 @@ func (n *Network) SetPolicy(p Policy) {
 	}
 	n.bucket.Retune(p.ConnectRate, connectBurst(p.ConnectRate), time.Now())
 	n.pol.Store(&policyState{Policy: p, dns: &DNS{Rules: p.Rules, Allowed: p.AllowedRanges, Resolve: n.cfg.Resolve}})
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for c := range n.live {
+		if !c.allowedBy(p.Rules) {
+			delete(n.live, c)
+			c.cut()
+		}
+	}
 }
+
+// liveConn is an open connection of the guest, as it was let through:
+// the name it claimed (TLS SNI, HTTP Host), or none under an address
+// rule.
+type liveConn struct {
+	name string
+	dst  netip.Addr
+	port uint16
+	cut  func() // closes both sides, saying why
+}
+
+// allowedBy reports whether rules allow the connection still: its name
+// on its port, or (no name) its address.
+func (c *liveConn) allowedBy(rules netrule.Rules) bool {
+	if c.name != "" {
+		_, ok := rules.AllowsName(c.name, c.port)
+		return ok
+	}
+	_, ok := rules.AllowsAddr(c.dst, c.port)
+	return ok
+}
+
+// track adds c to the open connections, unless the policy in force now
+// does not allow it (one SetPolicy stored as it was let through).
+func (n *Network) track(c *liveConn) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !c.allowedBy(n.p().Rules) {
+		return false
+	}
+	n.live[c] = struct{}{}
+	return true
+}
+
+func (n *Network) untrack(c *liveConn) {
+	n.mu.Lock()
+	delete(n.live, c)
+	n.mu.Unlock()
+}
+
+// policyCut is why SetPolicy cut a connection.
+const policyCut = "the network's new policy does not allow it"
 
 func (n *Network) p() *policyState { return n.pol.Load() }
 
@@ -170,7 +223,7 @@ func New(cfg Config) (*Network, error) {
 		cfg.Log = slog.Default()
 	}
 	// SetPolicy sets the bucket's rate; until then it allows nothing.
-	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}, bucket: NewBucket(0, 0, time.Now())}
+	n := &Network{cfg: cfg, names: map[netip.Addr]map[string]bool{}, live: map[*liveConn]struct{}{}, bucket: NewBucket(0, 0, time.Now())}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.SetPolicy(cfg.Policy)
 	n.st = stack.New(stack.Options{
@@ -451,7 +504,12 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	}
 	defer out.Close()
 	done := make(chan struct{}, 2)
-	var cut atomic.Value // why the guard cut the connection
+	var cut atomic.Value // why the guard, or a new policy, cut the connection
+	lc := &liveConn{name: claimed, dst: dst, port: port, cut: func() { cut.Store(policyCut); out.Close(); guest.Close() }}
+	if !n.track(lc) {
+		return true, "cut: " + policyCut
+	}
+	defer n.untrack(lc)
 	if byName && proto == netwire.ProtoHTTP {
 		// Every request is checked, not only the first.
 		go func() {

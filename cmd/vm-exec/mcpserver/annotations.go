@@ -22,7 +22,9 @@ import (
 //     session_read_file only reads (readOnlyHint); session_end destroys
 //     the session's VM (destructive; ending it twice ends it once);
 //     session_pause keeps everything (not destructive; pausing twice
-//     pauses once), session_fork only adds sessions; receipt only reads
+//     pauses once), session_fork only adds sessions; session_net_lock
+//     takes network away from a session for good but destroys nothing
+//     (locking twice to the same rules locks once); receipt only reads
 //     what this server kept.
 //   - openWorldHint says whether a tool reaches the world outside the
 //     VM: the commands may, when the caller's profile grants the VM a
@@ -49,6 +51,8 @@ var annotations = map[string]*mcp.ToolAnnotations{
 		DestructiveHint: ptr(false), IdempotentHint: true, OpenWorldHint: ptr(false)},
 	ToolSessionFork: {Title: "Fork a session into copies of its state",
 		DestructiveHint: ptr(false), OpenWorldHint: ptr(false)},
+	ToolSessionNetLock: {Title: "Lock a session's network (narrower, for good)",
+		DestructiveHint: ptr(false), IdempotentHint: true, OpenWorldHint: ptr(false)},
 	ToolReceipt: {Title: "Get the signed receipt of a command that ran",
 		ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 }

@@ -149,3 +149,22 @@ func TestParseFork(t *testing.T) {
 		}
 	}
 }
+
+func TestParseNetLock(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"session":"s"}`:                             "",
+		`{"session":"s","allow":[]}`:                  "",
+		`{"session":"s","allow":["a.test:80"]}`:       "",
+		`{"allow":["a.test:80"]}`:                     "not a session name",
+		`{"session":"s","allow":"a.test:80"}`:         "invalid arguments",
+		`{"session":"s","deny":[]}`:                   "invalid arguments",
+		`{"session":"s","allow":[` + manyRules + `]}`: "at most 64 rules",
+	} {
+		_, err := parseNetLock(json.RawMessage(raw))
+		if (err == nil) != (want == "") || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", raw, err, want)
+		}
+	}
+}
+
+var manyRules = strings.TrimSuffix(strings.Repeat(`"a.test:80",`, maxLockRules+1), ",")

@@ -14,6 +14,9 @@
 //   - session_exec (session, command, timeout, max_output_size): as
 //     exec_shell_command, in the session's VM.
 //   - session_end (session).
+//   - session_pause, session_fork (branch.go); session_net_lock (session,
+//     allow): the session's network narrowed for the rest of its life
+//     (netlock.go).
 //   - receipt (optional request_id): the signed receipt of a command the
 //     exec tools ran (receipts.go).
 //
@@ -91,6 +94,7 @@ const (
 const Instructions = `The tools of this server run shell commands in disposable Linux (Debian) virtual machines, never on the user's computer. ` +
 	`exec_shell_command runs each command in a fresh VM that is destroyed afterwards: files, installed packages, the working directory and background processes do not carry over to the next call. ` +
 	`To keep files and installed packages across commands, call session_start, run commands with session_exec and the session name it returns, and call session_end when done; sessions also end when this server stops or after the operator's idle time. ` +
+	`Once a session has what it needs from the network, session_net_lock takes its network away for good. ` +
 	`Output is stdout and stderr combined, then "[exit code: N]". An operator policy decides what may run (it may refuse commands, and the VMs may have no network); a refusal is reported as a tool error that says why.`
 
 // Options configures a Server.
@@ -183,6 +187,7 @@ func New(o Options) *Server {
 	}, s.wrap(s.sessionEnd))
 	s.addFileTools()
 	s.addBranchTools()
+	s.addNetLockTool()
 	s.addReceiptTool()
 	return s
 }

@@ -183,6 +183,14 @@ func TestMCP_Gateway(t *testing.T) {
 		// Policy refusals inside a session are tool errors too.
 		text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": name, "command": "echo forbidden-word"})
 		wantText(t, "denied in session", text, isErr, true, `denied by policy.*no-forbidden`)
+		// A session without network may be locked to none, and no rule
+		// can be added (gateway.TestGateway_NetLock locks a networked one).
+		text, isErr = tc.call(t, ToolSessionNetLock, map[string]any{"session": name})
+		wantText(t, "net lock", text, isErr, false, `has no network from now on`)
+		text, isErr = tc.call(t, ToolSessionNetLock, map[string]any{"session": name, "allow": []string{"example.com:443"}})
+		wantText(t, "net lock wider", text, isErr, true, `denied by policy profile mcp-test: rule network.allow: network rule "example.com:443": the profile has no network`)
+		text, isErr = tc.call(t, ToolSessionExec, map[string]any{"session": name, "command": "cat /tmp/f"})
+		wantText(t, "after the lock", text, isErr, false, `^kept\n\n\[exit code: 0\]$`)
 
 		text, isErr = tc.call(t, ToolSessionEnd, map[string]any{"session": name})
 		wantText(t, "session_end", text, isErr, false, `ended`)

@@ -139,7 +139,7 @@ func checkToolList(t *testing.T, cs *mcp.ClientSession) {
 	want := map[string]any{
 		shelltool.Name:   asJSON(t, shelltool.Schema()),
 		ToolSessionExec:  asJSON(t, sessionExecSchema()),
-		ToolSessionStart: nil, ToolSessionEnd: nil, ToolSessionWriteFile: nil, ToolSessionReadFile: nil, ToolSessionPause: nil, ToolSessionFork: nil, ToolReceipt: nil,
+		ToolSessionStart: nil, ToolSessionEnd: nil, ToolSessionWriteFile: nil, ToolSessionReadFile: nil, ToolSessionPause: nil, ToolSessionFork: nil, ToolSessionNetLock: nil, ToolReceipt: nil,
 	}
 	if len(schemas) != len(want) {
 		t.Errorf("tools %v, want %d", schemas, len(want))

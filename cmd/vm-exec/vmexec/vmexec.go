@@ -35,6 +35,8 @@ type vmexecOpts struct {
 	timeout                                 time.Duration
 	jsonOut, list, forceStdin, noStdin      bool
 	pause                                   bool
+	noNetwork, netLock                      bool
+	netAllow                                []string
 	forks                                   []string
 	publish                                 string
 	pub                                     client.PublishSpec
@@ -63,6 +65,9 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
 	fs.StringArrayVar(puts, "put", nil, "copy a file or directory into the VM before the command: `LOCAL:GUESTPATH` (repeatable)")
 	fs.StringArrayVar(gets, "get", nil, "copy a file or directory out of the VM after it: `GUESTPATH:LOCAL` (repeatable)")
+	fs.BoolVar(&o.noNetwork, "no-network", false, "run without network, whatever the profile allows")
+	fs.StringArrayVar(&o.netAllow, "net-allow", nil, "allow only the network rule `HOST:PORT` (*.DOMAIN:PORT, CIDR:PORT; PORT may be *), which must be within the profile's: anything else is refused (repeatable)")
+	fs.BoolVar(&o.netLock, "net-lock", false, "with --session: lock the session's network to the RULES given as arguments (none: no network) for the rest of its life")
 	fs.StringVar(&o.receipt, "receipt", "", "write the daemon's signed receipt of the command to `FILE` once it agrees with what was received (also of a denial; docs/security.md, \"Receipts\")")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON result (with stdout and stderr) instead of streaming; with --list-sessions, JSON sessions")
 	fs.BoolVar(&o.list, "list-sessions", false, "list the caller's sessions")
@@ -115,6 +120,13 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 		if len(o.argv) > 0 || shellSet || o.receipt != "" {
 			return nil, usagef("--list-sessions and --end-session take no command and no --receipt")
 		}
+	case o.netLock:
+		switch {
+		case o.session == "" || shellSet || o.noNetwork || o.pause || len(o.forks) > 0 || fs.Changed("publish") || o.receipt != "" || len(puts)+len(gets) > 0:
+			return nil, usagef("--net-lock needs --session NAME and takes network rules: no command, --no-network, --pause, --fork, --publish, --receipt or files")
+		}
+		o.netAllow, o.argv = append(o.netAllow, o.argv...), nil
+		return o, nil
 	case o.pause || len(o.forks) > 0 || fs.Changed("publish"):
 		switch {
 		case o.session == "":
@@ -147,6 +159,8 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 		return nil, usagef("--timeout must not be negative")
 	case o.noStdin && o.forceStdin:
 		return nil, usagef("-n and -i contradict each other")
+	case o.noNetwork && len(o.netAllow) > 0:
+		return nil, usagef("--no-network and --net-allow contradict each other")
 	}
 	// `cp` with one guest side is vmgate's copy (`vm-exec -- cp` never is).
 	if fs.ArgsLenAtDash() != 0 && !o.shellMode {
@@ -189,6 +203,8 @@ starts with a dash, or is named mcp, ps or cp.
   vm-exec --session NAME --fork NEW …     new sessions, each a copy of NAME's state now
   vm-exec --session NAME --publish [ADDR:]PORT:GUESTPORT    the guest's port on the host (or
                                           SOCKET_PATH:GUESTPORT), until the session ends
+  vm-exec --session NAME --net-lock [RULE …]
+                                          lock NAME's network to RULEs (none: no network) for good
   vm-exec ps [--json]         the caller's live VMs and sessions (vmgated status)
   vm-exec mcp [--socket PATH] an MCP server on stdin/stdout (docs/agents.md)
 
@@ -270,6 +286,12 @@ func Run(args []string) int {
 		return printSessions(ss, o.jsonOut)
 	case o.pub.GuestPort != 0:
 		return runPublish(ctx, c, o)
+	case o.netLock:
+		ss, err := c.LockSessionNet(ctx, o.session, o.netAllow)
+		if err != nil {
+			return reportErr(err)
+		}
+		return printSessions([]wire.Session{*ss}, o.jsonOut)
 	}
 	if err := resolveEnv(o, os.LookupEnv, os.ReadFile); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
@@ -302,6 +324,9 @@ func printSessions(ss []wire.Session, jsonOut bool) int {
 		}
 		if len(s.Published) > 0 {
 			where += "\tpublished=" + strings.Join(s.Published, ",")
+		}
+		if l := s.NetLock; l != nil {
+			where += fmt.Sprintf("\tnet-lock=[%s]", strings.Join(l.Allow, " "))
 		}
 		fmt.Printf("%s\t%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, where, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
 	}
@@ -370,6 +395,9 @@ func vmexecMCP(args []string) int {
 func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode,
 		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds(), Receipt: o.receipt != ""}
+	if o.noNetwork || len(o.netAllow) > 0 {
+		req.Net = &wire.NetLimit{Allow: o.netAllow}
+	}
 	var sio client.ExecIO
 	if err := addTransfers(o, &req, &sio); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)

@@ -1,0 +1,93 @@
+package netproc
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/vm/netstack"
+)
+
+// TestSetPolicyWaits: SetPolicy returns once the netstack says the policy
+// is in force, and kills a netstack that does not say so in time; a
+// netstack that says so of a policy it was never sent misbehaves.
+func TestSetPolicyWaits(t *testing.T) {
+	newProc := func(t *testing.T) (*Proc, *net.UnixConn) {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := func(fd int) *net.UnixConn {
+			f := os.NewFile(uintptr(fd), "channel")
+			defer f.Close()
+			c, err := net.FileConn(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c.(*net.UnixConn)
+		}
+		p := &Proc{ctl: conn(fds[0]), log: slog.New(slog.DiscardHandler), audits: map[uint64]func(netstack.Record){},
+			done: make(chan struct{}), recordsDone: make(chan struct{}), appliedCh: make(chan struct{}), applyWait: 2 * time.Second}
+		go p.readRecords()
+		return p, conn(fds[1])
+	}
+	t.Run("in force", func(t *testing.T) {
+		p, child := newProc(t)
+		go func() { // a netstack: it applies each policy and says so
+			buf := make([]byte, MaxMessage)
+			for {
+				k, err := child.Read(buf)
+				if err != nil {
+					return
+				}
+				var m toChild
+				if decodeStrict(buf[:k], &m) != nil {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+				b, _ := json.Marshal(fromChild{Gen: m.Gen, Applied: true})
+				_, _ = child.Write(b)
+			}
+		}()
+		t0 := time.Now()
+		for range 3 {
+			p.SetPolicy(netstack.Policy{})
+		}
+		if d := time.Since(t0); d < 300*time.Millisecond {
+			t.Errorf("SetPolicy returned before the policies were in force (%v)", d)
+		}
+		p.mu.Lock()
+		applied, gen := p.applied, p.gen
+		p.mu.Unlock()
+		if applied != 3 || gen != 3 {
+			t.Errorf("applied %d of %d policies", applied, gen)
+		}
+	})
+	t.Run("never", func(t *testing.T) {
+		p, _ := newProc(t)
+		p.SetPolicy(netstack.Policy{})
+		select {
+		case <-p.recordsDone: // killed: its channel is closed
+		case <-time.After(5 * time.Second):
+			t.Fatal("a netstack that never applied its policy was kept")
+		}
+	})
+	t.Run("a policy never sent", func(t *testing.T) {
+		p, child := newProc(t)
+		b, _ := json.Marshal(fromChild{Gen: 9, Applied: true})
+		if _, err := child.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.recordsDone:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a netstack that applied a policy it was never sent was kept")
+		}
+	})
+}
