@@ -69,6 +69,9 @@ func (s *Server) status(id policy.Identity) wire.Status {
 	if e := s.reloadErr.Load(); e != nil {
 		st.PolicyError = (*e).Error()
 	}
+	if g, ok := s.policy.Load().GrantOf(id); ok {
+		st.Caller = &wire.Grant{Profile: g.Profile, Shell: g.Shell, Sessions: g.Sessions, Network: g.Network, Allow: g.Allow}
+	}
 	for _, ss := range s.host.Stats() {
 		p := ss.Pool
 		st.Pools = append(st.Pools, wire.Pool{Image: ss.Image, MemoryMiB: ss.MemoryMiB, CPUs: ss.CPUs, DiskMiB: ss.DiskMiB, Seccomp: ss.Seccomp, Network: ss.Network,

@@ -106,6 +106,13 @@ func TestGateway_Status(t *testing.T) {
 	if nobody.All || len(nobody.VMs) != 1 || nobody.VMs[0].Caller != "uid 65534 (nobody)" || len(nobody.Sessions) != 0 {
 		t.Errorf("nobody's status: all=%v vms %+v sessions %+v", nobody.All, nobody.VMs, nobody.Sessions)
 	}
+	// Each learns what its own profile grants.
+	if g := root.Caller; g == nil || g.Profile != "admins" || !g.Shell || !g.Sessions || g.Network {
+		t.Errorf("root's grant: %+v", g)
+	}
+	if g := nobody.Caller; g == nil || g.Profile != "others" || g.Network {
+		t.Errorf("nobody's grant: %+v", g)
+	}
 	// Metrics, on the socket and on the loopback listener.
 	viaSocket, err := d.Client.Metrics(context.Background())
 	if err != nil {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -692,5 +693,41 @@ func TestDecideSession(t *testing.T) {
 	noSessions := mustParse(t, "n.toml", "version = 1\n[[profile]]\nname = \"n\"\nmatch = { any = true }\nsessions.allowed = false\n")
 	if v := noSessions.DecideSession(idAdmin); v.Allowed || !strings.Contains(v.Reason, "not allowed") {
 		t.Errorf("a profile without sessions: %+v", v)
+	}
+}
+
+// TestGrantOf: what a caller may learn of its profile: its name, shell
+// strings, sessions, and its network with its rules; nothing for a caller
+// no profile takes.
+func TestGrantOf(t *testing.T) {
+	p := mustParse(t, "g.toml", `version = 1
+[[profile]]
+name = "web"
+match = { uids = [1000] }
+allow_shell = true
+sessions = { allowed = true }
+[profile.network]
+mode = "allowlist"
+allow = ["example.com:443", "*.debian.org:80"]
+[[profile]]
+name = "plain"
+match = { uids = [1001] }
+`)
+	for _, c := range []struct {
+		uid  uint32
+		want Grant
+		ok   bool
+	}{
+		{1000, Grant{Profile: "web", Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443", "*.debian.org:80"}}, true},
+		{1001, Grant{Profile: "plain"}, true},
+		{1002, Grant{}, false},
+	} {
+		g, ok := p.GrantOf(Identity{UID: c.uid, GID: c.uid, User: "u"})
+		if ok != c.ok || !reflect.DeepEqual(g, c.want) {
+			t.Errorf("uid %d: %+v %v, want %+v %v", c.uid, g, ok, c.want, c.ok)
+		}
+	}
+	if _, ok := (*Policy)(nil).GrantOf(Identity{UID: 1}); ok {
+		t.Error("a nil policy granted something")
 	}
 }

@@ -507,11 +507,27 @@ type Status struct {
 	// (PEM).
 	ReceiptKey               string     `json:"receipt_key,omitempty"`
 	ReceiptPublicKey         string     `json:"receipt_public_key,omitempty"`
+	// Caller is what the asking caller's profile grants it (nil: no
+	// profile takes it).
+	Caller *Grant `json:"caller,omitempty"`
 	Pools                    []Pool     `json:"pools"`
 	RestoreHandshakeFailures int64      `json:"restore_handshake_failures"`
 	All                      bool       `json:"all"`
 	VMs                      []LiveExec `json:"vms"`
 	Sessions                 []Session  `json:"sessions"`
+}
+
+// Grant is what a caller's profile grants it, in a status report: so
+// that a front end (vm-exec mcp's tool annotations) can say whether its
+// commands reach a network before it runs one.
+type Grant struct {
+	Profile  string `json:"profile"`
+	Shell    bool   `json:"shell"`    // shell strings (-c) allowed
+	Sessions bool   `json:"sessions"` // sessions allowed
+	// Network says whether its VMs have a network; Allow lists that
+	// network's rules (network.allow).
+	Network bool     `json:"network"`
+	Allow   []string `json:"allow,omitempty"`
 }
 
 // Rotation is the answer to POST /v1/audit/rotate: where the old file

@@ -27,13 +27,15 @@ import (
 //     (locking twice to the same rules locks once); receipt only reads
 //     what this server kept.
 //   - openWorldHint says whether a tool reaches the world outside the
-//     VM: the commands may, when the caller's profile grants the VM a
-//     network. The server cannot learn that grant: the daemon tells a
-//     caller neither its profile's network (GET /v1/status lists pools,
-//     not the caller's profile) nor a verdict without running a command,
-//     and the tools are listed before the daemon is reached. So the
-//     command tools say true, the safe side of the hint; the session
-//     management and file tools touch only the VM (false).
+//     VM: the commands do when the caller's profile grants its VMs a
+//     network. The server learns that from the daemon's status (its
+//     "caller" grant), asked beside serving: until it knows, and when the
+//     daemon cannot be reached, the command tools say true, the safe side
+//     of the hint; once the daemon says the profile has no network they
+//     say false, and clients are told the tool list changed. (A command
+//     may still ask for less network than its profile: the hint is the
+//     most it can reach.) The session management and file tools touch
+//     only the VM (false).
 var annotations = map[string]*mcp.ToolAnnotations{
 	shelltool.Name: {Title: "Run a shell command in a fresh disposable VM",
 		DestructiveHint: ptr(false), OpenWorldHint: ptr(true)},
@@ -58,6 +60,13 @@ var annotations = map[string]*mcp.ToolAnnotations{
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// withOpenWorld is a copy of a with openWorldHint set to open.
+func withOpenWorld(a *mcp.ToolAnnotations, open bool) *mcp.ToolAnnotations {
+	c := *a
+	c.OpenWorldHint = ptr(open)
+	return &c
+}
 
 // listTTL is the ttlMs of tools/list and server/discover (MCP
 // 2026-07-28): how long a client may cache them. Both are fixed for the

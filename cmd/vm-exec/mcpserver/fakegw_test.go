@@ -31,6 +31,8 @@ type fakeGateway struct {
 	files map[string][]byte
 	// events receives what scripts report (see the scripts).
 	events chan fakeEvent
+	// grant is what the status says the caller's profile grants.
+	grant *wire.Grant
 }
 
 // fakeEvent is something a script saw, and when.
@@ -47,7 +49,7 @@ func startFakeGateway(t *testing.T) *fakeGateway {
 		t.Fatal(err)
 	}
 	g := &fakeGateway{t: t, Client: client.New(sock), sessions: map[string]bool{}, files: map[string][]byte{},
-		events: make(chan fakeEvent, 64)}
+		events: make(chan fakeEvent, 64), grant: &wire.Grant{Profile: "fake", Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443"}}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/exec", g.exec)
 	mux.HandleFunc("GET /v1/sessions", func(w http.ResponseWriter, _ *http.Request) {
@@ -76,7 +78,10 @@ func startFakeGateway(t *testing.T) *fakeGateway {
 		<-r.Context().Done()
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
-		_ = json.NewEncoder(w).Encode(wire.Status{Version: "fake"})
+		g.mu.Lock()
+		grant := g.grant
+		g.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(wire.Status{Version: "fake", Caller: grant})
 	})
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()

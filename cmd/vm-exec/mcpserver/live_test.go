@@ -18,6 +18,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
+	"github.com/vmgate/vmgate/gateway/wire"
 )
 
 // rawConn is a client that speaks JSON-RPC lines to a Server as a stdio
@@ -614,4 +615,55 @@ func TestLiveOutput(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestOpenWorldFromProfile: the command tools' openWorldHint says whether
+// the caller's profile grants its VMs a network, as the daemon's status
+// tells: true for a profile with a network (and until the daemon has
+// answered), false for one without, which clients that listed the tools
+// before learn from a list-changed notification.
+func TestOpenWorldFromProfile(t *testing.T) {
+	hints := func(tc *testConn) map[string]bool {
+		t.Helper()
+		res, err := tc.cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, tool := range res.Tools {
+			if a := tool.Annotations; a != nil && a.OpenWorldHint != nil {
+				out[tool.Name] = *a.OpenWorldHint
+			}
+		}
+		return out
+	}
+	t.Run("with a network", func(t *testing.T) {
+		g := startFakeGateway(t)
+		tc := connect(t, g.Client, nil)
+		if h := hints(tc); !h[shelltool.Name] || !h[ToolSessionExec] || h[ToolSessionReadFile] {
+			t.Errorf("hints %v", h)
+		}
+	})
+	t.Run("without", func(t *testing.T) {
+		g := startFakeGateway(t)
+		g.mu.Lock()
+		g.grant = &wire.Grant{Profile: "offline", Shell: true}
+		g.mu.Unlock()
+		changed := make(chan struct{}, 8)
+		tc := connectOpts(t, g.Client, &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			changed <- struct{}{}
+		}}, nil)
+		h := hints(tc)
+		if h[shelltool.Name] {
+			select {
+			case <-changed: // the daemon answered after the client listed
+			case <-time.After(10 * time.Second):
+				t.Fatal("no list-changed notification after the daemon said the profile has no network")
+			}
+			h = hints(tc)
+		}
+		if h[shelltool.Name] || h[ToolSessionExec] {
+			t.Errorf("hints of a profile without a network: %v", h)
+		}
+	})
 }

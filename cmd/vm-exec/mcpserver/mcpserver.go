@@ -146,16 +146,9 @@ func New(o Options) *Server {
 	}
 	s := &Server{c: o.Client, log: o.Log, endTimeout: o.EndTimeout, sessions: map[string]context.CancelFunc{}, runCtx: context.Background()}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: Name, Title: "vmgate: commands in disposable VMs", Version: o.Version},
-		&mcp.ServerOptions{Instructions: Instructions, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
+		&mcp.ServerOptions{Instructions: Instructions, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 			SetCacheable: setCacheable})
-	s.mcp.AddTool(&mcp.Tool{
-		Name: shelltool.Name,
-		Description: shelltool.Description + " The command runs as `sh -c` in a fresh disposable Linux VM, destroyed afterwards: " +
-			"nothing carries over to the next call (use the session tools for that).",
-		InputSchema:  shelltool.Schema(),
-		OutputSchema: execOutputSchema(),
-		Annotations:  annotations[shelltool.Name],
-	}, s.wrap(s.execShellCommand))
+	s.addExecTools(true)
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionStart,
 		Description: "Start a session: a disposable Linux VM kept across session_exec calls (files and installed packages stay; " +
@@ -168,13 +161,6 @@ func New(o Options) *Server {
 		},
 		Annotations: annotations[ToolSessionStart],
 	}, s.wrap(s.sessionStart))
-	s.mcp.AddTool(&mcp.Tool{
-		Name:         ToolSessionExec,
-		Description:  shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
-		InputSchema:  sessionExecSchema(),
-		OutputSchema: execOutputSchema(),
-		Annotations:  annotations[ToolSessionExec],
-	}, s.wrap(s.sessionExec))
 	s.mcp.AddTool(&mcp.Tool{
 		Name:        ToolSessionEnd,
 		Description: "End a session started with session_start: its VM is destroyed, with everything in it.",
@@ -190,6 +176,46 @@ func New(o Options) *Server {
 	s.addNetLockTool()
 	s.addReceiptTool()
 	return s
+}
+
+// addExecTools adds (or replaces) the two tools that run commands, with
+// openWorld as their openWorldHint: whether the caller's VMs have a
+// network (see annotations).
+func (s *Server) addExecTools(openWorld bool) {
+	s.mcp.AddTool(&mcp.Tool{
+		Name: shelltool.Name,
+		Description: shelltool.Description + " The command runs as `sh -c` in a fresh disposable Linux VM, destroyed afterwards: " +
+			"nothing carries over to the next call (use the session tools for that).",
+		InputSchema:  shelltool.Schema(),
+		OutputSchema: execOutputSchema(),
+		Annotations:  withOpenWorld(annotations[shelltool.Name], openWorld),
+	}, s.wrap(s.execShellCommand))
+	s.mcp.AddTool(&mcp.Tool{
+		Name:         ToolSessionExec,
+		Description:  shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
+		InputSchema:  sessionExecSchema(),
+		OutputSchema: execOutputSchema(),
+		Annotations:  withOpenWorld(annotations[ToolSessionExec], openWorld),
+	}, s.wrap(s.sessionExec))
+}
+
+// probe asks the daemon, beside serving, what the caller's profile grants,
+// and gives the command tools the openWorldHint it says: clients that
+// listed the tools before are told the list changed.
+func (s *Server) probe(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := s.c.Status(pctx)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			s.log.Warn("vmgated is not reachable now; tool calls will fail until it is", "err", err)
+		}
+	case st.Caller == nil:
+		s.log.Warn("no profile of vmgated's policy takes this caller: tool calls will be refused")
+	case !st.Caller.Network:
+		s.addExecTools(false)
+	}
 }
 
 // ServeStdio serves the client on stdin/stdout (see Run).
@@ -215,13 +241,7 @@ func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 	// The daemon is probed beside serving, never before: a client that
 	// lists tools once at start with a short limit (llama-server: 10 s)
 	// must get its answers while the daemon is still starting.
-	go func() {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if _, err := s.c.Status(pctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("vmgated is not reachable now; tool calls will fail until it is", "err", err)
-		}
-	}()
+	go s.probe(ctx)
 	err := s.mcp.Run(ctx, t)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		err = nil // asked to stop (signal): not a failure
