@@ -107,6 +107,9 @@ func TestGateway_ExecPaths(t *testing.T) {
 			"unknown field": `{"argv":["true"],"evil":1}`,
 			"empty argv":    `{"argv":[]}`,
 			"nul":           "{\"argv\":[\"a\\u0000b\"]}",
+			"bad base64":    `{"argv":[{"b64":"%%%"}]}`,
+			"nul in base64": `{"argv":["printf",{"b64":"YQBi"}]}`,
+			"nul in env":    `{"argv":["env"],"env":[{"b64":"Sz1hAGI="}]}`,
 			"huge":          `{"argv":["` + strings.Repeat("a", 2<<20) + `"]}`,
 			"trailing":      `{"argv":["true"]} {}`,
 		} {
@@ -117,6 +120,10 @@ func TestGateway_ExecPaths(t *testing.T) {
 		}
 		if status := rawPost(t, d.Socket, "/v1/exec", `{"argv":["true"]}`, false); status != http.StatusBadRequest {
 			t.Errorf("no upgrade header: %d", status)
+		}
+		// An empty program is the policy's to refuse (201), with why.
+		if _, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{""}}, nil); !errors.Is(err, client.ErrDenied) || !strings.Contains(err.Error(), "empty program") {
+			t.Errorf("an empty program: %v", err)
 		}
 		if _, err := d.Client.Status(context.Background()); err != nil {
 			t.Fatalf("daemon down after malformed requests: %v", err)

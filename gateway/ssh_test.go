@@ -237,6 +237,12 @@ func TestSSHFront_Unit(t *testing.T) {
 			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
 		}
 	})
+	t.Run("a NUL in the command refused", func(t *testing.T) {
+		so, se, code := runSSH(t, c, strp("echo a\x00b"), nil)
+		if code != wire.ExitDenied || so != "" || !strings.Contains(se, "vmgate: the command contains a NUL byte") {
+			t.Fatalf("code %d stdout %q stderr %q", code, so, se)
+		}
+	})
 	t.Run("interactive shell denied without sessions", func(t *testing.T) {
 		_, se, code := runSSH(t, cn, nil, nil)
 		if code != wire.ExitDenied || !strings.Contains(se, "shell strings") && !strings.Contains(se, "interactive shells are not allowed") {

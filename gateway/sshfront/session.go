@@ -225,7 +225,7 @@ func (f *Front) run(log *slog.Logger, id policy.Identity, lg login, ch ssh.Chann
 		report(reqExitStatus, exitStatusMsg{Status: uint32(code)})
 	}
 	if strings.ContainsRune(job.command, 0) {
-		fail(wire.ExitInternal, "the command contains a NUL byte")
+		fail(wire.ExitDenied, "the command contains a NUL byte")
 		return
 	}
 	r := Request{ID: id, Exec: req, Interactive: job.interactive, Stdin: ch, Stdout: ch, Stderr: ch.Stderr(),

@@ -100,7 +100,7 @@ func TestRefusal(t *testing.T) {
 		{wire.Error{Code: wire.CodeVM, Error: "start vm: boom"}, wire.ExitVMFailed, "start vm: boom"},
 		{wire.Error{Code: wire.CodeAudit, Error: "refusing to run unaudited"}, wire.ExitInternal, "refusing to run unaudited"},
 		{wire.Error{Code: wire.CodeShutdown, Error: "stopping"}, wire.ExitInternal, "stopping"},
-		{wire.Error{Code: wire.CodeBadRequest, Error: "named sessions are for local callers"}, wire.ExitInternal, "named sessions are for local callers"},
+		{wire.Error{Code: wire.CodeBadRequest, Error: "named sessions are for local callers"}, wire.ExitDenied, "named sessions are for local callers"},
 	}
 	for _, tt := range tests {
 		code, msg := refusal(tt.e)

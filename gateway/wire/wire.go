@@ -298,7 +298,7 @@ var ExitCodes = []struct {
 	Meaning string
 }{
 	{ExitInternal, "vmgate itself failed (I/O error, bad answer)"},
-	{ExitDenied, "denied by policy (the message names the profile and rule)"},
+	{ExitDenied, "refused: denied by policy (the message names the profile and rule), or a request the daemon will not take as given (`bad_request`: bad base64 in argv or env, a NUL byte, a body over 1 MiB; the message says which)"},
 	{ExitBusy, "busy: no VM slot in time, or the caller's share is in use"},
 	{ExitTimedOut, "the command ran past its time limit and was killed"},
 	{ExitUnreachable, "the gateway socket could not be reached"},
@@ -352,7 +352,7 @@ func (k *Kind) Error() string { return k.Name }
 
 // The kinds, in the order docs/protocol.md lists them.
 var (
-	KindBadRequest = &Kind{"bad request", CodeBadRequest, 400, ExitInternal,
+	KindBadRequest = &Kind{"bad request", CodeBadRequest, 400, ExitDenied,
 		"malformed JSON, unknown field, empty argv, bad base64 in argv or env, NUL bytes, body > 1 MiB, no `Upgrade` header"}
 	KindUnidentified = &Kind{"caller not identified", CodeDenied, 401, ExitDenied, "the peer could not be identified"}
 	KindDenied       = &Kind{"denied by policy", CodeDenied, 403, ExitDenied, "the policy refused the request (`profile`, `rule` say why)"}
@@ -505,11 +505,11 @@ type Status struct {
 	// ReceiptKey is the fingerprint of the key that signs receipts and
 	// the audit chain's checkpoints, ReceiptPublicKey its public half
 	// (PEM).
-	ReceiptKey               string     `json:"receipt_key,omitempty"`
-	ReceiptPublicKey         string     `json:"receipt_public_key,omitempty"`
+	ReceiptKey       string `json:"receipt_key,omitempty"`
+	ReceiptPublicKey string `json:"receipt_public_key,omitempty"`
 	// Caller is what the asking caller's profile grants it (nil: no
 	// profile takes it).
-	Caller *Grant `json:"caller,omitempty"`
+	Caller                   *Grant     `json:"caller,omitempty"`
 	Pools                    []Pool     `json:"pools"`
 	RestoreHandshakeFailures int64      `json:"restore_handshake_failures"`
 	All                      bool       `json:"all"`

@@ -200,7 +200,7 @@ func TestExitCodes(t *testing.T) {
 	}
 	for code, want := range map[string]int{
 		CodeDenied: ExitDenied, CodeBusy: ExitBusy, CodeVM: ExitVMFailed, CodeTransfer: ExitTransfer,
-		CodeAudit: ExitInternal, CodeBadRequest: ExitInternal, "": ExitInternal,
+		CodeAudit: ExitInternal, CodeBadRequest: ExitDenied, "": ExitInternal,
 	} {
 		if got := (Error{Code: code}).ExitCode(); got != want {
 			t.Errorf("code %q: exit %d, want %d", code, got, want)

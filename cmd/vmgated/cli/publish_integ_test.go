@@ -153,7 +153,7 @@ func TestServe_Publish(t *testing.T) {
 		t.Fatalf("a session without a NIC: %d %q", code, se)
 	}
 	reload(t, s, publishPolicy)
-	if _, se, code := vmExec(t, s.socket, "--session", "plain", "--publish", "127.0.0.1:0:8000"); code != 200 || !strings.Contains(se, `session "plain" has no network`) {
+	if _, se, code := vmExec(t, s.socket, "--session", "plain", "--publish", "127.0.0.1:0:8000"); code != wire.ExitDenied || !strings.Contains(se, `session "plain" has no network`) {
 		t.Errorf("publish a session without a NIC: %d %q", code, se)
 	}
 	if _, se, code := vmExec(t, s.socket, "--end-session", "plain"); code != 0 {
