@@ -164,35 +164,50 @@ func (c *Client) Exec(ctx context.Context, req wire.ExecRequest, sio ExecIO) (*w
 	return res, err
 }
 
-// exec sends the request body and relays the exec stream.
-func (c *Client) exec(ctx context.Context, body []byte, sio ExecIO) (*wire.Result, error) {
+// upgrade dials the daemon and posts body to path asking to switch to
+// proto; once the daemon has answered 101 it returns the connection and
+// its reader, and done, which the caller calls when finished with them.
+// Cancelling ctx closes the connection. A refusal is an *APIError.
+func (c *Client) upgrade(ctx context.Context, op, path, proto string, body []byte) (net.Conn, *bufio.Reader, func(), error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-
-	hreq, err := http.NewRequest(http.MethodPost, "http://vmgated/v1/exec", bytes.NewReader(body))
+	done := func() { stop(); conn.Close() }
+	fail := func(err error) (net.Conn, *bufio.Reader, func(), error) {
+		done()
+		return nil, nil, nil, err
+	}
+	hreq, err := http.NewRequest(http.MethodPost, "http://vmgated"+path, bytes.NewReader(body))
 	if err != nil {
-		return nil, fmt.Errorf("exec: %w", err)
+		return fail(fmt.Errorf("%s: %w", op, err))
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Connection", "Upgrade")
-	hreq.Header.Set("Upgrade", wire.Upgrade)
+	hreq.Header.Set("Upgrade", proto)
 	if err := hreq.Write(conn); err != nil {
-		return nil, ctxOr(ctx, fmt.Errorf("exec: send request: %w", err))
+		return fail(ctxOr(ctx, fmt.Errorf("%s: send request: %w", op, err)))
 	}
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, hreq)
 	if err != nil {
-		return nil, ctxOr(ctx, fmt.Errorf("exec: read response: %w", err))
+		return fail(ctxOr(ctx, fmt.Errorf("%s: read response: %w", op, err)))
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		defer resp.Body.Close()
-		return nil, apiError(resp)
+		return fail(apiError(resp))
 	}
+	return conn, br, done, nil
+}
+
+// exec sends the request body and relays the exec stream.
+func (c *Client) exec(ctx context.Context, body []byte, sio ExecIO) (*wire.Result, error) {
+	conn, br, done, err := c.upgrade(ctx, "exec", "/v1/exec", wire.Upgrade, body)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	in := &inputs{conn: conn}
 	go in.send(ctx, sio)
 	res, err := readFrames(br, sio)

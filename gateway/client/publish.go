@@ -1,14 +1,11 @@
 package client
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -254,32 +251,11 @@ func (c *Client) Publish(ctx context.Context, session string, guestPort int, h *
 	if err != nil {
 		return nil, fmt.Errorf("publish: %w", err)
 	}
-	conn, err := c.dial(ctx)
+	conn, br, done, err := c.upgrade(ctx, "publish", "/v1/sessions/"+url.PathEscape(session)+"/publish", wire.PublishUpgrade, body)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	hreq, err := http.NewRequest(http.MethodPost, "http://vmgated/v1/sessions/"+url.PathEscape(session)+"/publish", bytes.NewReader(body))
-	if err != nil {
-		return nil, fmt.Errorf("publish: %w", err)
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Connection", "Upgrade")
-	hreq.Header.Set("Upgrade", wire.PublishUpgrade)
-	if err := hreq.Write(conn); err != nil {
-		return nil, ctxOr(ctx, fmt.Errorf("publish: send request: %w", err))
-	}
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, hreq)
-	if err != nil {
-		return nil, ctxOr(ctx, fmt.Errorf("publish: read response: %w", err))
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		defer resp.Body.Close()
-		return nil, apiError(resp)
-	}
+	defer done()
 	if err := sendListener(conn, h); err != nil {
 		return nil, ctxOr(ctx, err)
 	}
