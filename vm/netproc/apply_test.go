@@ -4,12 +4,10 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net"
-	"os"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
@@ -18,24 +16,11 @@ import (
 // netstack that says so of a policy it was never sent misbehaves.
 func TestSetPolicyWaits(t *testing.T) {
 	newProc := func(t *testing.T) (*Proc, *net.UnixConn) {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn := func(fd int) *net.UnixConn {
-			f := os.NewFile(uintptr(fd), "channel")
-			defer f.Close()
-			c, err := net.FileConn(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			return c.(*net.UnixConn)
-		}
-		p := &Proc{ctl: conn(fds[0]), log: slog.New(slog.DiscardHandler), audits: map[uint64]func(netstack.Record){},
+		daemon, child := testutil.SeqpacketPair(t)
+		p := &Proc{ctl: daemon, log: slog.New(slog.DiscardHandler), audits: map[uint64]func(netstack.Record){},
 			done: make(chan struct{}), recordsDone: make(chan struct{}), appliedCh: make(chan struct{}), applyWait: 2 * time.Second}
 		go p.readRecords()
-		return p, conn(fds[1])
+		return p, child
 	}
 	t.Run("in force", func(t *testing.T) {
 		p, child := newProc(t)

@@ -2,33 +2,19 @@ package netproc
 
 import (
 	"errors"
-	"net"
 	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // TestReadToChild: the netstack takes a dial only with exactly one fd and
 // nothing else, and a policy only without one.
 func TestReadToChild(t *testing.T) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "channel")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*net.UnixConn)
-	}
-	daemon, child := conn(fds[0]), conn(fds[1])
+	daemon, child := testutil.SeqpacketPair(t)
 	devNull, err := os.Open(os.DevNull)
 	if err != nil {
 		t.Fatal(err)

@@ -339,14 +339,7 @@ func dialGuest(t *testing.T, p *netproc.Proc, sock string) {
 	}
 	t.Cleanup(func() { qemu.Close() })
 	ln := netstacktest.Listen(t, netstacktest.Stack(t, qemu), 8000)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.Copy(c, c)
-	}()
+	netstacktest.Echo(ln)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := p.DialGuest(ctx, 8000)
@@ -354,14 +347,7 @@ func dialGuest(t *testing.T, p *netproc.Proc, sock string) {
 		t.Fatalf("dial a listening port: %v", err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, "ping"); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4)
-	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
-		t.Fatalf("echo through the netstack: %q %v", buf, err)
-	}
+	netstacktest.Ping(t, c)
 	if _, err := p.DialGuest(ctx, 8001); !errors.Is(err, netstack.ErrGuestRefused) {
 		t.Errorf("dial a closed port: %v, want %v", err, netstack.ErrGuestRefused)
 	}

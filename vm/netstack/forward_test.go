@@ -3,7 +3,6 @@ package netstack
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/netip"
 	"testing"
@@ -27,16 +26,7 @@ func TestDialGuest(t *testing.T) {
 	g := newGuest(t, b)
 
 	ln := netstacktest.Listen(t, g.st, 8000)
-	from := make(chan string, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		from <- c.RemoteAddr().String()
-		_, _ = io.Copy(c, c)
-	}()
+	from := netstacktest.Echo(ln)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -45,14 +35,7 @@ func TestDialGuest(t *testing.T) {
 		t.Fatalf("dial a listening port: %v", err)
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, "ping"); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4)
-	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
-		t.Fatalf("echo: %q %v", buf, err)
-	}
+	netstacktest.Ping(t, c)
 	if src := netip.MustParseAddrPort(<-from).Addr(); src != GatewayAddr {
 		t.Errorf("the guest saw the connection from %s, want the gateway %s", src, GatewayAddr)
 	}

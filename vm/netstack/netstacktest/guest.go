@@ -5,9 +5,11 @@ package netstacktest
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -97,3 +99,34 @@ func Listen(t testing.TB, st *stack.Stack, port uint16) net.Listener {
 
 // Addr is a's address in the guest stack's terms.
 func Addr(a netip.Addr) tcpip.Address { return tcpip.AddrFromSlice(a.AsSlice()) }
+
+// Echo serves one connection on ln, in the background: it sends back what
+// it reads, and the returned channel gets the client's address.
+func Echo(ln net.Listener) <-chan string {
+	from := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		from <- c.RemoteAddr().String()
+		_, _ = io.Copy(c, c)
+	}()
+	return from
+}
+
+// Ping writes "ping" on c and fails the test unless it reads it back (from
+// an Echo) within 10 s.
+func Ping(t testing.TB, c net.Conn) {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "ping"); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo: %q %v", buf, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+}
