@@ -2,8 +2,10 @@ package netproc
 
 import (
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -75,4 +77,30 @@ func TestSetPolicyWaits(t *testing.T) {
 			t.Fatal("a netstack that applied a policy it was never sent was kept")
 		}
 	})
+}
+
+// TestWriteToStalledNetstack: a netstack that stops reading its channel
+// cannot block the daemon: once the channel is full, a write (a policy, a
+// dial into a published port) fails at the wait's end, and the netstack
+// is killed. Before, the write blocked for ever, and with it the command
+// or the session's end that made it.
+func TestWriteToStalledNetstack(t *testing.T) {
+	daemon, _ := testutil.SeqpacketPair(t) // the other end never reads
+	p := &Proc{ctl: daemon, log: slog.New(slog.DiscardHandler), audits: map[uint64]func(netstack.Record){},
+		done: make(chan struct{}), recordsDone: make(chan struct{}), appliedCh: make(chan struct{}), applyWait: 200 * time.Millisecond}
+	msg := make([]byte, 32<<10)
+	t0 := time.Now()
+	var err error
+	for i := 0; i < 1000 && err == nil; i++ {
+		err = p.write(msg, nil)
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("writes to a netstack that does not read: %v, want a deadline", err)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Errorf("the write failed after %v", d)
+	}
+	if err := p.write([]byte("{}"), nil); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("a write after the kill: %v, want the channel closed", err)
+	}
 }

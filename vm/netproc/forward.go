@@ -55,7 +55,7 @@ func (p *Proc) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {
 	}
 	b, err := json.Marshal(toChild{Dial: &wireDial{Port: port}})
 	if err == nil {
-		_, _, err = p.ctl.WriteMsgUnix(b, unix.UnixRights(int(theirs.Fd())), nil)
+		err = p.write(b, unix.UnixRights(int(theirs.Fd())))
 	}
 	if err != nil {
 		c.Close()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -65,8 +66,13 @@ type Proc struct {
 	// appliedCh is closed and replaced whenever it grows.
 	applied   uint64
 	appliedCh chan struct{}
-	// applyWait bounds SetPolicy's wait for the netstack (applyTimeout).
+	// applyWait bounds SetPolicy's wait for the netstack, and each write
+	// to its channel (applyTimeout).
 	applyWait time.Duration
+
+	// writeMu orders the writes to ctl, each under its own deadline
+	// (write).
+	writeMu sync.Mutex
 
 	done        chan struct{} // closed when the netstack has exited
 	recordsDone chan struct{} // closed when readRecords returns
@@ -264,10 +270,28 @@ func (p *Proc) send(m *toChild, pol netstack.Policy, fd *os.File) error {
 	if fd != nil {
 		oob = unix.UnixRights(int(fd.Fd()))
 	}
-	if _, _, err := p.ctl.WriteMsgUnix(b, oob, nil); err != nil {
+	if err := p.write(b, oob); err != nil {
 		return fmt.Errorf("netstack: send policy: %w", err)
 	}
 	return nil
+}
+
+// write sends one message on the channel, with oob (an fd) along. A
+// netstack reads its channel at once; one that leaves it full for
+// applyWait (applyTimeout) would otherwise block the daemon's caller (a command's
+// SetPolicy, a published port's dial) for ever: it is killed, and the
+// write fails.
+func (p *Proc) write(b, oob []byte) error {
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
+	_ = p.ctl.SetWriteDeadline(time.Now().Add(p.applyWait))
+	_, _, err := p.ctl.WriteMsgUnix(b, oob, nil)
+	_ = p.ctl.SetWriteDeadline(time.Time{})
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		p.log.Error("netstack does not read its channel: killed (the VM keeps running without a network)", "waited", p.applyWait)
+		p.kill()
+	}
+	return err
 }
 
 // readRecords audits what the netstack reports until it ends. A message
