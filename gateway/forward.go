@@ -37,9 +37,10 @@ type publication struct {
 	ctx    context.Context // ends with stop: dials in progress give up
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{} // the host and guest sides being relayed
-	cutWhy  string                // why the open connections were cut
+	mu sync.Mutex
+	// conns are the host and guest sides being relayed, each with why it
+	// was cut ("" while it was not).
+	conns   map[net.Conn]string
 	stopped bool
 	why     string
 	wg      sync.WaitGroup // one per accepted connection
@@ -48,7 +49,7 @@ type publication struct {
 
 func newPublication(s *Server, ss *session, id policy.Identity, reqID string, v policy.Verdict, host policy.HostAddr, port uint16, ln net.Listener) *publication {
 	p := &publication{s: s, ss: ss, id: id, reqID: reqID, profile: v.Profile, host: host, port: port, ln: ln,
-		slots: make(chan struct{}, max(v.Limits.Publish.MaxConns, 1)), conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+		slots: make(chan struct{}, max(v.Limits.Publish.MaxConns, 1)), conns: map[net.Conn]string{}, done: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
 }
@@ -89,10 +90,8 @@ func (p *publication) cut(why string) {
 }
 
 func (p *publication) cutLocked(why string) {
-	if len(p.conns) > 0 {
-		p.cutWhy = why
-	}
 	for c := range p.conns {
+		p.conns[c] = why
 		c.Close()
 	}
 }
@@ -105,7 +104,7 @@ func (p *publication) track(c net.Conn, accepted bool) bool {
 	if p.stopped {
 		return false
 	}
-	p.conns[c] = struct{}{}
+	p.conns[c] = ""
 	if accepted {
 		p.wg.Add(1)
 	}
@@ -118,11 +117,12 @@ func (p *publication) untrack(c net.Conn) {
 	delete(p.conns, c)
 }
 
-// cutReason is why a relay ended early, or "" when its sides ended it.
-func (p *publication) cutReason() string {
+// cutReason is why the relay of c was ended early, or "" when its sides
+// ended it.
+func (p *publication) cutReason(c net.Conn) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.cutWhy
+	return p.conns[c]
 }
 
 // acceptLoop accepts connections until the listening socket is closed
@@ -205,7 +205,7 @@ func (p *publication) serve(c net.Conn, slot bool) {
 	p.ss.forwardStarts()
 	in, out := relay.Conns(c, g)
 	p.ss.forwardEnds()
-	why := p.cutReason()
+	why := p.cutReason(g)
 	if why != "" {
 		why = "cut: " + why
 	}

@@ -284,6 +284,28 @@ func (ss *session) stopPublications(why string) {
 	wg.Wait()
 }
 
+// recheckPublications decides every published port again under pol (a
+// reload): one the policy no longer allows (sessions.publish turned off,
+// publish_any_address taken away) stops, and says why, as a session's end
+// stops it. The stops run in the background: each waits for its
+// connections to be audited.
+func (s *Server) recheckPublications(pol *policy.Policy) {
+	for _, ss := range s.allSessions() {
+		ss.mu.Lock()
+		pubs := append([]*publication(nil), ss.pubs...)
+		ss.mu.Unlock()
+		for _, p := range pubs {
+			v := pol.DecidePublish(p.id, policy.PublishRequest{Session: ss.key.name, GuestPort: int(p.port), Host: p.host})
+			if v.Allowed {
+				continue
+			}
+			why := "the reloaded policy no longer allows it (" + v.Rule + "): " + v.Reason
+			s.log.Warn("published port stopped", "session", ss.key.name, "host", p.host.String(), "guest_port", p.port, "why", why)
+			go p.stop(why)
+		}
+	}
+}
+
 // cutForwards ends the connections the session's published ports carry
 // (a pause: its VM goes), and keeps the ports.
 func (ss *session) cutForwards(why string) {

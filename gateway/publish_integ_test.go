@@ -106,20 +106,35 @@ s.serve_forever()'`
 		}
 	}
 
-	held, err := net.Dial("tcp", pub.Host)
-	if err != nil {
+	// hold opens a connection whose relay is up: the guest's server has
+	// answered a request on it, and it is kept alive.
+	hold := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", pub.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, "GET /index.html HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, err := c.Read(make([]byte, 512)); n == 0 {
+			t.Fatalf("held connection: %v", err)
+		}
+		return c
+	}
+	// A pause cuts what is open; a connection after the resume is
+	// carried whole, and its record does not say the pause cut it.
+	paused := hold()
+	if _, err := d.Client.PauseSession(context.Background(), "web"); err != nil {
 		t.Fatal(err)
 	}
-	defer held.Close()
-	// The first byte of a request: the relay is up once the guest's
-	// server answers a request, so one is sent whole, kept alive.
-	if _, err := io.WriteString(held, "GET /index.html HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	_ = held.SetReadDeadline(time.Now().Add(30 * time.Second))
-	if n, err := held.Read(make([]byte, 512)); n == 0 {
-		t.Fatalf("held connection: %v", err)
-	}
+	d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "web"}, nil)
+	after := hold()
+	after.Close()
+
+	held := hold()
 	if err := d.Client.EndSession(context.Background(), "web"); err != nil {
 		t.Fatal(err)
 	}
@@ -142,19 +157,67 @@ s.serve_forever()'`
 	// whole page and closed, but the relay's end can come after the
 	// session's (then its record says cut, with the page's bytes).
 	recs := testutil.JSONLines[audit.Record](t, d.AuditPath)
-	allowed, heldCut := 0, false
+	allowed := 0
+	why := map[string]string{}
 	for _, r := range recs {
 		if r.Kind != audit.KindNet || r.Net == nil || r.Net.Proto != "forward" || r.Verdict != audit.VerdictAllow {
 			continue
 		}
 		allowed++
-		if r.Net.Peer == held.LocalAddr().String() {
-			heldCut = strings.Contains(r.Reason, "cut: the session ended")
-		} else if strings.Contains(r.Reason, "cut") && r.Net.BytesOut == 0 {
-			t.Errorf("a concurrent request's connection was cut before its page: %+v %+v", r, r.Net)
+		why[r.Net.Peer] = r.Reason
+		if strings.Contains(r.Reason, "cut") && r.Net.BytesOut == 0 {
+			t.Errorf("a connection was cut before its page: %+v %+v", r, r.Net)
 		}
 	}
-	if allowed != 9 || !heldCut {
-		t.Errorf("forward records: %d allowed, the held one cut by the end: %v; want 9, true", allowed, heldCut)
+	if allowed != 11 {
+		t.Errorf("%d forward records, want 11", allowed)
 	}
+	for c, want := range map[net.Conn]string{paused: "cut: the session was paused", held: "cut: the session ended"} {
+		if got := why[c.LocalAddr().String()]; !strings.HasPrefix(got, want) {
+			t.Errorf("the record of %s says %q, want %q", c.LocalAddr(), got, want)
+		}
+	}
+	// (It may have been cut by the end, closing as the session ended;
+	// never by the pause before it began.)
+	if got := why[after.LocalAddr().String()]; strings.Contains(got, "paused") {
+		t.Errorf("a connection made after the resume is recorded as %q", got)
+	}
+}
+
+// TestGateway_PublishRevoked: a reload whose policy no longer allows a
+// published port stops it, as a session's end does: the publisher is told
+// why and the port refuses connections; the session lives on.
+func TestGateway_PublishRevoked(t *testing.T) {
+	d := gatewaytest.Start(t, publishTestPolicy, func(c *gateway.Config) {
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir = false, 0, testutil.TemplateDir(t)
+	})
+	d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "web"}, nil)
+	h, err := client.PublishSpec{Addr: netip.MustParseAddrPort("127.0.0.1:0"), GuestPort: 8000}.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ready := make(chan wire.Published, 1)
+	end := make(chan *wire.Published, 1)
+	go func() {
+		pub, err := d.Client.Publish(context.Background(), "web", 8000, h, func(p wire.Published) { ready <- p })
+		if err != nil {
+			t.Errorf("publish: %v", err)
+		}
+		end <- pub
+	}()
+	pub := <-ready
+	setPolicy(t, d, strings.Replace(publishTestPolicy, "publish = true", "publish = false", 1))
+	select {
+	case e := <-end:
+		if e == nil || e.State != wire.PublishEnded || !strings.Contains(e.Why, "no longer allows it (sessions.publish)") {
+			t.Errorf("the forward ended with %+v", e)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the forward outlived the policy that allowed it")
+	}
+	if _, err := net.Dial("tcp", pub.Host); err == nil {
+		t.Error("the port still accepts after the reload")
+	}
+	d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "web"}, nil)
 }

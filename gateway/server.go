@@ -541,6 +541,7 @@ func (s *Server) Reload() {
 	if s.ssh != nil {
 		s.ssh.Reload(p)
 	}
+	s.recheckPublications(p)
 }
 
 func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {
