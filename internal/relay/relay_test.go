@@ -90,3 +90,36 @@ func TestConns_Cut(t *testing.T) {
 		t.Fatal("the relay did not end when one side was closed")
 	}
 }
+
+// TestConns_Linger: once one direction has ended, a peer that keeps the
+// other open and silent holds the relay no longer than the linger, while
+// one that still sends keeps it: only idleness ends it.
+func TestConns_Linger(t *testing.T) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	done := make(chan time.Time, 1)
+	go func() {
+		conns(a, b, 300*time.Millisecond)
+		done <- time.Now()
+	}()
+	_ = client.(*net.TCPConn).CloseWrite() // the client is done; the server answers slowly
+	go func() {
+		for range 6 {
+			if _, err := io.WriteString(server, "x"); err != nil {
+				return
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+		// and then keeps its side open, silent
+	}()
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, _ := io.ReadAll(client)
+	if string(got) != "xxxxxx" {
+		t.Errorf("the client got %q while the server still sent, want all six bytes", got)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a silent peer held the relay after the other direction ended")
+	}
+}
