@@ -139,6 +139,12 @@ func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, d *diale
 		if errors.Is(err, errChannelClosed) {
 			return nil
 		}
+		if errors.Is(err, errDialDropped) {
+			// Its end of the pair never came; the daemon's end sees the
+			// pair closed and refuses that one connection.
+			d.log.Warn("a dial into the guest lost its descriptor (the netstack's descriptors are all in use?)", "port", m.Dial.Port)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -155,7 +161,11 @@ func followPolicies(ctl *net.UnixConn, buf []byte, n *netstack.Network, d *diale
 	}
 }
 
-var errChannelClosed = errors.New("channel closed")
+var (
+	errChannelClosed = errors.New("channel closed")
+	// errDialDropped is a dial whose fd the kernel did not deliver.
+	errDialDropped = errors.New("channel: a dial's descriptor was dropped")
+)
 
 // readStart reads the daemon's first message, which carries the listening
 // socket QEMU connects to as its one fd.
@@ -218,6 +228,10 @@ func readToChild(ctl *net.UnixConn, buf []byte) (toChild, *os.File, error) {
 	}
 	err = decodeStrict(buf[:k], &m)
 	switch {
+	case err == nil && flags&unix.MSG_CTRUNC != 0 && m.Dial != nil && len(fds) == 0:
+		// The kernel dropped the dial's fd: this process holds all the
+		// descriptors it may (or the daemon sent more than one).
+		err = errDialDropped
 	case err == nil && flags&unix.MSG_CTRUNC != 0:
 		err = errors.New("channel: a message with more than one fd")
 	case err == nil && m.Dial != nil && (pair == nil || m.Policy != nil || m.Gen != 0 || m.Hosts != nil):

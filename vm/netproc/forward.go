@@ -31,8 +31,10 @@ const (
 	// handshake's bound and a margin.
 	statusWait = guestDialTimeout + 2*time.Second
 	// maxDials bounds the connections into the guest one netstack
-	// relays at once; the daemon bounds each published port's well
-	// below it.
+	// relays at once. A VM's published ports together may ask for more
+	// (up to 16 ports of sessions.publish_max_conns each): the netstack
+	// answers a dial beyond it dialBusy, and the daemon refuses that one
+	// connection.
 	maxDials = 256
 )
 

@@ -75,3 +75,57 @@ func TestDialStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestReadToChild_DialDropped: a dial whose descriptor the kernel could
+// not deliver (this process holds every descriptor it may) is that one
+// dial lost, not a broken channel: the netstack goes on serving.
+func TestReadToChild_DialDropped(t *testing.T) {
+	daemon, child := testutil.SeqpacketPair(t)
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devNull.Close()
+	if _, _, err := daemon.WriteMsgUnix([]byte(`{"gen":0,"dial":{"port":8000}}`), unix.UnixRights(int(devNull.Fd())), nil); err != nil {
+		t.Fatal(err)
+	}
+	// No descriptor left: fill every free number below a new limit.
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	var fill []int
+	defer func() {
+		for _, fd := range fill {
+			unix.Close(fd)
+		}
+	}()
+	top := 0
+	for range 64 {
+		fd, err := unix.Dup(int(devNull.Fd()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill = append(fill, fd)
+		top = max(top, fd)
+	}
+	low := lim
+	low.Cur = uint64(top + 1)
+	holes := 0
+	for fd := 0; fd <= top; fd++ {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+			holes++
+		}
+	}
+	if holes > 0 {
+		t.Skipf("%d descriptor numbers below %d are free after 64 dups", holes, top)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	m, pair, err := readToChild(child, make([]byte, MaxMessage+1))
+	_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	if !errors.Is(err, errDialDropped) || pair != nil || m.Dial == nil || m.Dial.Port != 8000 {
+		t.Fatalf("a dial without its descriptor: %+v %v %v, want the dial and errDialDropped", m, pair, err)
+	}
+}
