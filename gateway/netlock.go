@@ -87,8 +87,9 @@ func (s *Server) handleNetLockSession(w http.ResponseWriter, r *http.Request) {
 }
 
 // lockNet locks ss's network to want, as st's verdict decided: a running
-// session's network takes the locked one now (its connections made
-// before go on), its file keeps the lock, and the lock is audited.
+// session's network takes the locked one now (the open connections it
+// does not allow are cut), its file keeps the lock, and the lock is
+// audited (its decision was, before).
 //
 // Precondition: the caller owns ss; st.verdict allowed the lock.
 func (s *Server) lockNet(ss *session, st *execState, want policy.NetLimit) error {
@@ -113,7 +114,11 @@ func (s *Server) lockNet(ss *session, st *execState, want policy.NetLimit) error
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: ss.key.name, VMID: vmID, Profile: ss.profile,
 		Message: "network locked: allow [" + strings.Join(want.Allow, " ") + "]", Network: auditNetwork(st.verdict)}
 	setCaller(&rec, st.id)
-	_ = s.audit.Write(rec)
+	if err := s.audit.Write(rec); err != nil {
+		// The lock only takes away: it holds unaudited, its decision's
+		// record stands.
+		s.log.Error("audit a session's network lock", "session", ss.key.name, "err", err)
+	}
 	if err := s.rewriteSession(ss); err != nil {
 		s.log.Error("a session's network lock not saved: it holds until vmgated stops", "session", ss.key.name, "err", err)
 		return &RequestError{Kind: wire.KindInternal, Msg: fmt.Sprintf("session %q is locked, but its lock could not be saved (%v): it holds until vmgated stops", ss.key.name, err)}
