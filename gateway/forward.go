@@ -178,6 +178,11 @@ func (p *publication) serve(c net.Conn, slot bool) {
 		return
 	}
 	defer func() { <-p.slots }()
+	if err := p.s.audit.Healthy(); err != nil {
+		// Nothing is carried unaudited, as nothing runs unaudited.
+		p.refuse(c, peer, "", "the audit log cannot be written: "+err.Error())
+		return
+	}
 	p.ss.mu.Lock()
 	v := p.ss.vm
 	p.ss.mu.Unlock()
