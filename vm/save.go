@@ -81,6 +81,10 @@ func (v *VM) save(ctx context.Context) error {
 // reports. Waiting for the close and then the reopen as two events missed
 // the close whenever an event (a restore's) had come less than a second
 // before, and always cost the second the reopen's event was held back.
+// The stamp, not the arrival, tells: an event QEMU held back from before
+// the hang-up (a previous hand-back's reopen) can arrive after it. Both
+// stamps are the host's wall clock; should it step back in between, the
+// wait ends at its limit with an error and the VM runs on.
 func (v *VM) handBack(ctx context.Context, q *qmp) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
