@@ -361,7 +361,7 @@ func (s *Server) pause(ctx context.Context, ss *session, why string, budget bool
 	}
 	t0 := time.Now()
 	name := "sp-" + newRequestID()[:8]
-	sp, err := v.Save(ctx, filepath.Join(s.sessionDir(ss.sid), name), false)
+	sp, err := v.Save(ctx, filepath.Join(s.sessionDir(ss.sid), name), vm.SaveOptions{})
 	if err == nil {
 		if err = s.writeSession(ss, wire.SessionPaused, name, time.Now()); err != nil {
 			_ = sp.Discard()
@@ -487,6 +487,11 @@ func (s *Server) resume(ctx context.Context, ss *session, st *execState) error {
 		return &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("resume session %q: %v; this command did not run", ss.key.name, errSessionClosed)}
 	}
 	s.metrics.resumed(time.Since(t0))
+	// The VM holds the RAM now; the save point stays as its disk's
+	// backing.
+	if err := sp.DropRAMFile(); err != nil {
+		s.log.Warn("free a resumed session's saved RAM", "session", ss.key.name, "err", err)
+	}
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: ss.key.name, VMID: v.ID, Profile: ss.profile, Message: "resumed",
 		Snapshot: sp.Meta.Digest(), DurationMS: time.Since(t0).Milliseconds()}
 	setCaller(&rec, st.id)
@@ -576,7 +581,7 @@ func (s *Server) fork(ctx context.Context, ss *session, st *execState, newNames 
 			return nil, fmt.Errorf("fork: %w", err)
 		}
 		var err error
-		if sp, err = v.Save(ctx, dir, true); err != nil {
+		if sp, err = v.Save(ctx, dir, vm.SaveOptions{Keep: true, InMemory: true}); err != nil {
 			s.log.Warn("fork failed", "session", ss.key.name, "err", vm.Details(err))
 			return nil, &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("fork session %q: %s; the session keeps running", ss.key.name, clientMessage(err))}
 		}

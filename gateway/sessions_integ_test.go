@@ -189,8 +189,13 @@ func TestGateway_Sessions(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("the command the fork waited for: %v", err)
 		}
-		if n := checkPrivate(t, filepath.Join(state, "forks")); n < 6 {
+		// The fork point: its directory, disk, state and metadata; its RAM
+		// is in memory.
+		if n := checkPrivate(t, filepath.Join(state, "forks")); n < 5 {
 			t.Errorf("the fork point holds %d entries, want a whole save point", n)
+		}
+		if m, _ := filepath.Glob(filepath.Join(state, "forks", "*", vm.RAMFile)); len(m) != 0 {
+			t.Errorf("a fork point's RAM on disk: %v", m)
 		}
 		// A copy's state is as old as its parent's: its max_lifetime
 		// counts from the parent's start.

@@ -51,29 +51,18 @@ func copySparse(src, dst string) error {
 	if err := out.Truncate(st.Size()); err != nil {
 		return err
 	}
-	fd := int(in.Fd())
-	for off := int64(0); off < st.Size(); {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // only a hole from off to the end
-		}
-		if err != nil {
-			return fmt.Errorf("seek data: %w", err)
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole: %w", err)
-		}
-		if _, err := in.Seek(data, io.SeekStart); err != nil {
+	err = dataExtents(in, func(off, n int64) error {
+		if _, err := in.Seek(off, io.SeekStart); err != nil {
 			return err
 		}
-		if _, err := out.Seek(data, io.SeekStart); err != nil {
+		if _, err := out.Seek(off, io.SeekStart); err != nil {
 			return err
 		}
-		if _, err := io.CopyN(out, in, hole-data); err != nil {
-			return err
-		}
-		off = hole
+		_, err := io.CopyN(out, in, n)
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if err := out.Sync(); err != nil {
 		return err
@@ -96,6 +85,16 @@ func writeFileSync(path string, b []byte) error {
 		return err
 	}
 	return f.Close()
+}
+
+// syncFile makes the file at path durable.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // fileSHA256 is the hex SHA-256 of the file at path.
@@ -137,47 +136,108 @@ func sealedCopy(path string, size int64) (*os.File, error) {
 	if st, err := src.Stat(); err != nil || st.Size() != size {
 		return nil, fmt.Errorf("template ram: %s is not %d bytes (%v)", path, size, err)
 	}
-	fd, err := unix.MemfdCreate("vmgate-template-ram", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	dst, err := memFile("vmgate-template-ram", size)
 	if err != nil {
-		return nil, fmt.Errorf("template ram: memfd: %w", err)
+		return nil, fmt.Errorf("template ram: %w", err)
 	}
-	dst := os.NewFile(uintptr(fd), "vmgate-template-ram")
 	fail := func(err error) (*os.File, error) {
 		dst.Close()
 		return nil, fmt.Errorf("template ram: %w", err)
 	}
-	if err := dst.Truncate(size); err != nil {
+	buf := make([]byte, 1<<20)
+	err = dataExtents(src, func(off, n int64) error {
+		for end := off + n; off < end; {
+			k := min(int64(len(buf)), end-off)
+			if _, err := src.ReadAt(buf[:k], off); err != nil && !errors.Is(err, io.EOF) {
+				return err
+			}
+			if _, err := dst.WriteAt(buf[:k], off); err != nil {
+				return err
+			}
+			off += k
+		}
+		return nil
+	})
+	if err != nil {
 		return fail(err)
 	}
-	buf := make([]byte, 1<<20)
-	sfd := int(src.Fd())
-	for off := int64(0); off < size; {
-		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
+	if err := seal(dst); err != nil {
+		return fail(err)
+	}
+	return dst, nil
+}
+
+// memFile is a new memory file (memfd) of size bytes, all zeros, that
+// can be sealed.
+func memFile(name string, size int64) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// writeBehind writes to a file and starts the write-back of each write at
+// once (sync_file_range), so that the disk works while the writer goes
+// on, and a final Sync has little left to wait for.
+type writeBehind struct{ f *os.File }
+
+func (w writeBehind) WriteAt(p []byte, off int64) (int, error) {
+	n, err := w.f.WriteAt(p, off)
+	if n > 0 {
+		_ = unix.SyncFileRange(int(w.f.Fd()), off, int64(n), unix.SYNC_FILE_RANGE_WRITE)
+	}
+	return n, err
+}
+
+// dupFile is a new descriptor of f's open file.
+func dupFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dup: %w", err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// seal makes a memory file unchangeable: no write, no change of size, no
+// new seal. VMs map it private copy-on-write.
+func seal(f *os.File) error {
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		return fmt.Errorf("seal: %w", err)
+	}
+	return nil
+}
+
+// dataExtents calls fn for each data extent of f (offset, length), in
+// order, as SEEK_DATA and SEEK_HOLE find them.
+func dataExtents(f *os.File, fn func(off, n int64) error) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	fd := int(f.Fd())
+	for off := int64(0); off < st.Size(); {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			break // only a hole is left
+			return nil
 		}
 		if err != nil {
-			return fail(err)
+			return fmt.Errorf("seek data: %w", err)
 		}
-		hole, err := unix.Seek(sfd, data, unix.SEEK_HOLE)
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
 		if err != nil {
-			return fail(err)
+			return fmt.Errorf("seek hole: %w", err)
 		}
-		for p := data; p < hole; {
-			n := min(int64(len(buf)), hole-p)
-			if _, err := src.ReadAt(buf[:n], p); err != nil && !errors.Is(err, io.EOF) {
-				return fail(err)
-			}
-			if _, err := dst.WriteAt(buf[:n], p); err != nil {
-				return fail(err)
-			}
-			p += n
+		if err := fn(data, hole-data); err != nil {
+			return err
 		}
 		off = hole
 	}
-	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
-	if _, err := unix.FcntlInt(dst.Fd(), unix.F_ADD_SEALS, seals); err != nil {
-		return fail(fmt.Errorf("seal: %w", err))
-	}
-	return dst, nil
+	return nil
 }

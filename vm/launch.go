@@ -101,15 +101,9 @@ type launchMode struct {
 	ram      ramMode    // where guest RAM lives
 	files    []*os.File // passed to QEMU as fds 4, 5, …
 	// restore: QEMU starts with -incoming defer and loads the migration
-	// stream (load_state) from incoming (default "fd:5", the state file
-	// after the RAM's fd), with x-ignore-shared unless fullStream (a
-	// recorder receiving a running VM's RAM in the stream).
-	restore    bool
-	incoming   string
-	fullStream bool
-	// netDummy gives a VM with a NIC a socket that only listens: the
-	// recorder's guest never runs, and needs no netstack.
-	netDummy bool
+	// stream (load_state) from fd 5, the state file after the RAM's fd,
+	// with x-ignore-shared.
+	restore bool
 	// untrustedBacking: the backing file was written by a VM's QEMU (a
 	// save point's disk); the host's qemu-img never opens it.
 	untrustedBacking bool
@@ -260,12 +254,7 @@ func (l *launch) startQEMU(context.Context) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case opts.Network != nil && m.netDummy:
-		if err := v.listenOnly(); err != nil {
-			return err
-		}
-	case opts.Network != nil:
+	if opts.Network != nil {
 		if err := l.startNetwork(*opts.Network); err != nil {
 			return err
 		}
@@ -389,17 +378,6 @@ func (l *launch) startNetwork(cfg netstack.Config) error {
 	return nil
 }
 
-// listenOnly gives the VM's NIC a socket that is listened on and never
-// served: QEMU connects (the backlog takes it), and no frame is answered.
-func (v *VM) listenOnly() error {
-	ln, err := net.Listen("unix", filepath.Join(v.Dir, NetSocket))
-	if err != nil {
-		return fmt.Errorf("start vm: network socket: %w", err)
-	}
-	v.push(ln.Close)
-	return nil
-}
-
 // startNetworkHere runs the VM's network in this process.
 func (v *VM) startNetworkHere(cfg netstack.Config) error {
 	n, err := netstack.New(cfg)
@@ -441,11 +419,9 @@ func (l *launch) openIncoming(ctx context.Context) error {
 	if err != nil {
 		return l.vm.failedRestore(err)
 	}
-	if !l.mode.fullStream {
-		if _, err := q.run(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
-			q.Close()
-			return l.vm.failedRestore(err)
-		}
+	if _, err := q.run(ctx, "migrate-set-capabilities", ignoreShared); err != nil {
+		q.Close()
+		return l.vm.failedRestore(err)
 	}
 	l.qmp = q
 	return nil
@@ -474,11 +450,7 @@ func (l *launch) loadState(ctx context.Context) error {
 	}
 	l.qmp = nil
 	defer q.Close()
-	uri := l.mode.incoming
-	if uri == "" {
-		uri = "fd:5"
-	}
-	if err := q.runMigration(ctx, "migrate-incoming", map[string]any{"uri": uri}); err != nil {
+	if err := q.runMigration(ctx, "migrate-incoming", map[string]any{"uri": "fd:5"}); err != nil {
 		return v.failedRestore(err)
 	}
 	// QEMU sets the run state the migration brought (paused, for a

@@ -89,7 +89,7 @@ func createOverlayOf(ctx context.Context, base, overlay string, sizeMiB int) err
 		blankOverlays.m[k] = blank
 		blankOverlays.Unlock()
 	}
-	f, err := os.OpenFile(overlay, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := os.OpenFile(overlay, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("create overlay: %w", err)
 	}

@@ -172,8 +172,8 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	if !s.Probe {
 		// Guest RAM is always the memory backend "ram" (anonymous for a
 		// cold boot, a file for a template or a clone), so that the RAM
-		// block has one name whatever the VM's origin: a running VM can
-		// migrate into a recorder with its RAM in a file (savepoint.go).
+		// block has one name whatever the VM's origin: a save splits
+		// that block out of the VM's migration stream (saving.go).
 		machine += ",memory-backend=ram"
 	}
 	consolePath := j(ConsoleLog)

@@ -5,26 +5,36 @@ package vm
 // ram (its guest RAM, a sparse file), state (its device state without
 // RAM) and savepoint.json (what it was saved from, and the digests of
 // those files). VMs are restored from it as clones are from a template:
-// a new overlay on its disk, its RAM mapped private copy-on-write, the
-// state loaded, the clock and entropy refreshed. A paused session is one
-// save point; a fork is one save point with a VM restored from it per
-// copy, each mapping one sealed copy of its RAM, so that the copies share
-// the pages none of them wrote.
+// a new overlay on its disk, its RAM mapped private copy-on-write from a
+// sealed memory copy of the file, the state loaded, the clock and entropy
+// refreshed. A paused session is one save point; a fork is one save
+// point, whose RAM stays in a sealed memory file instead of a file, with
+// a VM restored from it per copy, all mapping that memory file, so that
+// the copies share the pages none of them wrote.
+//
+// How a VM is saved (saving.go): its QEMU migrates it into a pipe, and
+// vmgated splits that stream into the RAM image and the device state
+// (package migstream), which QEMU loads as it loads a template's.
 //
 // Threat model. The VM saved may be hostile: its guest wrote its disk
 // and RAM, and a guest that took over its QEMU wrote every byte of the
-// overlay's qcow2 metadata. The host never parses them: the disk is
-// folded (block-stream) and copied by the VM's own QEMU in its jail and
-// by a byte copy, a new overlay on it is made without opening it
-// (createOverlayOf), and only a jailed QEMU loads a save point. The files
-// are 0600 in a 0700 directory of vmgated's state directory; their
-// digests, taken when saved, are checked before a VM is restored, so a
-// file changed or cut afterwards (a damaged disk, a full one) is found
-// and refused (ErrSavePointDamaged). A save point is restored only into
-// the machine it was saved from: the same image, QEMU, accelerator and
-// shape (ErrSavePointStale otherwise).
+// overlay's qcow2 metadata and of the migration stream. The host never
+// parses the disk: it is folded (block-stream) by the VM's own QEMU in
+// its jail and linked or copied as bytes, and a new overlay on it is made
+// without opening it (createOverlayOf). The stream is read by migstream,
+// which bounds every length and offset and interprets nothing but the
+// framing of the RAM's pages (its threat model); only a jailed QEMU loads
+// what it wrote. The files are 0600 in a 0700 directory of vmgated's
+// state directory; their digests, taken when saved, are checked before a
+// VM is restored, so a file changed or cut afterwards (a damaged disk, a
+// full one) is found and refused (ErrSavePointDamaged). A fork's save
+// point, whose copies are restored from it at once, is not checked
+// again: its files are the daemon's of a moment ago. A save point is
+// restored only into the machine it was saved from: the same image, QEMU,
+// accelerator and shape (ErrSavePointStale otherwise).
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -38,15 +48,16 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vmgate/vmgate/vm/image"
+	"github.com/vmgate/vmgate/vm/migstream"
 )
 
 // Files of a save point (with OverlayFile, RAMFile, TemplateStateFile).
 const (
 	SavePointMetaFile = "savepoint.json"
-	savePointFormat   = 1
+	// savePointFormat 2: the RAM's digest is migstream.PageDigest's (1:
+	// extentSHA256's, still read).
+	savePointFormat = 2
 )
 
 // ErrSavePointStale reports a save point that this host cannot restore
@@ -74,8 +85,12 @@ type SavePointMeta struct {
 	Launch  int       `json:"launch_format"`
 	SavedAt time.Time `json:"saved_at"`
 	Phases  []Phase   `json:"phases"`
-	// Digests of the files (RAM: of its data extents and their offsets,
-	// see extentSHA256), and their sizes on disk.
+	// RAMInMemory: the RAM is in a memory file the save point holds (a
+	// fork's), not in RAMFile.
+	RAMInMemory bool `json:"ram_in_memory,omitempty"`
+	// Digests of the files (RAM: of its pages that are not all zeros and
+	// their offsets, migstream.PageDigest; in format 1 of its data extents
+	// and their offsets, extentSHA256), and their sizes on disk.
 	OverlaySHA256 string `json:"overlay_sha256"`
 	StateSHA256   string `json:"state_sha256"`
 	RAMSHA256     string `json:"ram_sha256"`
@@ -107,6 +122,8 @@ type SavePoint struct {
 	refs    int
 	discard bool
 	ram     *os.File // the sealed copy of its RAM that shared restores map
+	// ramDropped: its RAM file was removed (DropRAMFile).
+	ramDropped bool
 }
 
 // OpenSavePoint reads the save point in dir and checks that its files are
@@ -121,8 +138,11 @@ func OpenSavePoint(dir string) (*SavePoint, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, SavePointMetaFile, err)
 	}
-	if m.Format != savePointFormat {
-		return nil, fmt.Errorf("%w: saved in format %d, this vmgated reads %d", ErrSavePointStale, m.Format, savePointFormat)
+	if m.Format != savePointFormat && m.Format != 1 {
+		return nil, fmt.Errorf("%w: saved in format %d, this vmgated reads 1 and %d", ErrSavePointStale, m.Format, savePointFormat)
+	}
+	if m.RAMInMemory {
+		return nil, fmt.Errorf("%w: its RAM was kept in memory by the daemon that saved it", ErrSavePointDamaged)
 	}
 	for _, c := range []struct {
 		file string
@@ -183,14 +203,34 @@ func (sp *SavePoint) Discard() error {
 func (sp *SavePoint) DropShared() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	if sp.ram != nil {
+	if sp.ram != nil && !sp.Meta.RAMInMemory {
 		_ = sp.ram.Close()
 		sp.ram = nil
 	}
 }
 
+// DropRAMFile removes the RAM file of a save point whose VM was resumed
+// and is its only one: the VM maps a memory copy of it, and the save point
+// lives on only as its disk's backing, until the VM is saved again or
+// ends. It can no longer be restored from. The disk it frees is the RAM's
+// data: the session it belongs to does not hold its RAM twice.
+func (sp *SavePoint) DropRAMFile() error {
+	sp.mu.Lock()
+	sp.ramDropped = true
+	sp.mu.Unlock()
+	if err := os.Remove(filepath.Join(sp.Dir, RAMFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("drop save point RAM: %w", err)
+	}
+	return nil
+}
+
 func (sp *SavePoint) remove() error {
-	sp.DropShared()
+	sp.mu.Lock()
+	if sp.ram != nil {
+		_ = sp.ram.Close()
+		sp.ram = nil
+	}
+	sp.mu.Unlock()
 	if err := os.RemoveAll(sp.Dir); err != nil {
 		return fmt.Errorf("remove save point: %w", err)
 	}
@@ -261,6 +301,12 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 		opts.BootTimeout = RestoreTimeout
 	}
 	opts.setDefaults()
+	sp.mu.Lock()
+	dropped := sp.ramDropped && sp.ram == nil
+	sp.mu.Unlock()
+	if dropped {
+		return nil, errors.New("restore: the save point's RAM was dropped once its VM ran")
+	}
 	img, accel, err := prepare(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -272,22 +318,47 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
 	}
-	var ram *os.File
-	if shared {
-		ram, err = sp.sealedRAM() // checked as it is loaded
-	} else if ram, err = os.Open(filepath.Join(sp.Dir, RAMFile)); err != nil {
-		err = fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+	// The RAM is mapped from a sealed memory copy, checked as it is
+	// made: QEMU reading a file's holes (the guest's zero pages) through
+	// its mapping costs more than the copy when the VM is saved again
+	// (docs/benchmarks.md). A VM of its own has its copy filled while
+	// QEMU starts: QEMU, waiting for its state, does not touch the guest's
+	// RAM before the state loads, which waits for the fill (load_state
+	// after verify).
+	var ram, fill *os.File
+	if shared || sp.Meta.RAMInMemory {
+		shared = true
+		ram, err = sp.sealedRAM()
+	} else if ram, err = memFile("vmgate-savepoint-ram", int64(sp.Meta.MemoryMiB)<<20); err == nil {
+		fill, err = dupFile(ram)
+		if err != nil {
+			ram.Close()
+		}
 	}
 	if err != nil {
 		state.Close()
 		return nil, err
 	}
-	// The files are checked while QEMU starts; the state loads only once
-	// they passed. checked is closed when the check is over.
+	// The files are checked (and the RAM copied) while QEMU starts; the
+	// state loads only once they passed. checked is closed when the check
+	// is over.
 	verified, checked := make(chan error, 1), make(chan struct{})
 	go func() {
 		defer close(checked)
-		verified <- sp.verify(!shared)
+		var ferr error
+		var wg sync.WaitGroup
+		if fill != nil {
+			wg.Go(func() {
+				ferr = sp.fillRAM(fill)
+				fill.Close()
+			})
+		}
+		var err error
+		if !sp.Meta.RAMInMemory {
+			err = sp.verify()
+		}
+		wg.Wait()
+		verified <- cmp.Or(err, ferr)
 	}()
 	m := launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
 		ram: ramPrivateFD, files: []*os.File{ram, state}, restore: true}
@@ -295,7 +366,7 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	l.verified = verified
 	l.owned = append(l.owned, state)
 	if !shared {
-		l.owned = append(l.owned, ram)
+		l.owned = append(l.owned, ram) // QEMU's mapping keeps it
 	}
 	sp.acquire()
 	l.vm.from = sp
@@ -308,32 +379,39 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	return v, nil
 }
 
-// verify checks the digests of the save point's state and disk and, with
-// ram, of its RAM file, reading them through files of its own.
-func (sp *SavePoint) verify(ram bool) error {
+// verify checks the digests of the save point's state and disk, reading
+// them through files of their own (the RAM's is checked as it is copied).
+func (sp *SavePoint) verify() error {
 	whole := func(f *os.File) (string, error) { return readerSHA256(f) }
-	checks := []struct {
+	type check struct {
 		file, want string
 		sum        func(*os.File) (string, error)
-	}{{OverlayFile, sp.Meta.OverlaySHA256, whole}, {TemplateStateFile, sp.Meta.StateSHA256, whole}}
-	if ram {
-		checks = append(checks, struct {
-			file, want string
-			sum        func(*os.File) (string, error)
-		}{RAMFile, sp.Meta.RAMSHA256, extentSHA256})
 	}
-	for _, c := range checks {
-		f, err := os.Open(filepath.Join(sp.Dir, c.file))
+	checks := []check{{OverlayFile, sp.Meta.OverlaySHA256, whole}, {TemplateStateFile, sp.Meta.StateSHA256, whole}}
+	// The files are read at once: a restore waits for the longest.
+	errs := make([]error, len(checks))
+	var wg sync.WaitGroup
+	for i, c := range checks {
+		wg.Go(func() {
+			f, err := os.Open(filepath.Join(sp.Dir, c.file))
+			if err != nil {
+				errs[i] = fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+				return
+			}
+			got, err := c.sum(f)
+			f.Close()
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, c.file, err)
+			case got != c.want:
+				errs[i] = fmt.Errorf("%w: %s has changed since it was saved (sha256 %s, saved as %s)", ErrSavePointDamaged, c.file, short(got), short(c.want))
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
-		}
-		got, err := c.sum(f)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, c.file, err)
-		}
-		if got != c.want {
-			return fmt.Errorf("%w: %s has changed since it was saved (sha256 %s, saved as %s)", ErrSavePointDamaged, c.file, short(got), short(c.want))
+			return err
 		}
 	}
 	return nil
@@ -347,20 +425,7 @@ func (sp *SavePoint) sealedRAM() (*os.File, error) {
 	if sp.ram != nil {
 		return sp.ram, nil
 	}
-	path := filepath.Join(sp.Dir, RAMFile)
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
-	}
-	sum, err := extentSHA256(f)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, RAMFile, err)
-	}
-	if sum != sp.Meta.RAMSHA256 {
-		return nil, fmt.Errorf("%w: %s has changed since it was saved", ErrSavePointDamaged, RAMFile)
-	}
-	ram, err := sealedCopy(path, int64(sp.Meta.MemoryMiB)<<20)
+	ram, err := sp.copyRAM()
 	if err != nil {
 		return nil, err
 	}
@@ -368,37 +433,99 @@ func (sp *SavePoint) sealedRAM() (*os.File, error) {
 	return ram, nil
 }
 
+// copyRAM copies the save point's RAM file into a new sealed memory file,
+// checking its digest as it reads it (one pass).
+func (sp *SavePoint) copyRAM() (*os.File, error) {
+	dst, err := memFile("vmgate-savepoint-ram", int64(sp.Meta.MemoryMiB)<<20)
+	if err != nil {
+		return nil, err
+	}
+	if err := sp.fillRAM(dst); err != nil {
+		dst.Close()
+		return nil, err
+	}
+	return dst, nil
+}
+
+// fillRAM copies the save point's RAM file into dst, a new memory file of
+// its size, checking the file's digest as it reads it (one pass), and
+// seals dst.
+func (sp *SavePoint) fillRAM(dst *os.File) error {
+	src, err := os.Open(filepath.Join(sp.Dir, RAMFile))
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
+	}
+	defer src.Close()
+	size := int64(sp.Meta.MemoryMiB) << 20
+	if st, err := src.Stat(); err != nil || st.Size() != size {
+		return fmt.Errorf("%w: %s is not %d bytes (%v)", ErrSavePointDamaged, RAMFile, size, err)
+	}
+	var sum string
+	if sp.Meta.Format == 1 {
+		// Its digest is of the file's extents.
+		if sum, err = extentSHA256(src); err == nil {
+			err = readPages(src, func(off int64, p []byte) error { _, err := dst.WriteAt(p, off); return err })
+		}
+	} else {
+		d := migstream.NewPageDigest()
+		err = readPages(src, func(off int64, p []byte) error {
+			if err := d.Add(off, p); err != nil {
+				return err
+			}
+			_, err := dst.WriteAt(p, off)
+			return err
+		})
+		sum = d.Sum()
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, RAMFile, err)
+	case sum != sp.Meta.RAMSHA256:
+		return fmt.Errorf("%w: %s has changed since it was saved (sha256 %s, saved as %s)", ErrSavePointDamaged, RAMFile, short(sum), short(sp.Meta.RAMSHA256))
+	}
+	return seal(dst)
+}
+
+// readPages reads f's data extents (SEEK_DATA/SEEK_HOLE) in whole pages,
+// in order, up to 1 MiB at a time, and gives each run to fn (its
+// offset and bytes; the bytes are reused after fn returns).
+func readPages(f *os.File, fn func(off int64, p []byte) error) error {
+	buf := make([]byte, 1<<20)
+	done := int64(0) // what was read: extents are read in whole pages
+	return dataExtents(f, func(off, n int64) error {
+		end := (off + n + migstream.PageSize - 1) &^ (migstream.PageSize - 1)
+		off = max(off&^(migstream.PageSize-1), done)
+		done = max(done, end)
+		for off < end {
+			k := min(int64(len(buf)), end-off)
+			if _, err := f.ReadAt(buf[:k], off); err != nil && !errors.Is(err, io.EOF) {
+				return err
+			}
+			if err := fn(off, buf[:k]); err != nil {
+				return err
+			}
+			off += k
+		}
+		return nil
+	})
+}
+
 // extentSHA256 digests a sparse file by its data extents: for each, its
 // offset, its length and its bytes. Holes are not read, so a RAM file's
 // digest costs what its data does.
 func extentSHA256(f *os.File) (string, error) {
-	st, err := f.Stat()
-	if err != nil {
-		return "", err
-	}
 	h := sha256.New()
-	fd := int(f.Fd())
 	buf := make([]byte, 1<<20)
 	var hdr [16]byte
-	for off := int64(0); off < st.Size(); {
-		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break
-		}
-		if err != nil {
-			return "", fmt.Errorf("seek data: %w", err)
-		}
-		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
-		if err != nil {
-			return "", fmt.Errorf("seek hole: %w", err)
-		}
-		binary.BigEndian.PutUint64(hdr[:8], uint64(data))
-		binary.BigEndian.PutUint64(hdr[8:], uint64(hole-data))
+	err := dataExtents(f, func(off, n int64) error {
+		binary.BigEndian.PutUint64(hdr[:8], uint64(off))
+		binary.BigEndian.PutUint64(hdr[8:], uint64(n))
 		h.Write(hdr[:])
-		if _, err := io.CopyBuffer(h, io.NewSectionReader(f, data, hole-data), buf); err != nil {
-			return "", err
-		}
-		off = hole
+		_, err := io.CopyBuffer(h, io.NewSectionReader(f, off, n), buf)
+		return err
+	})
+	if err != nil {
+		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -43,13 +43,17 @@ func TestSavePoint(t *testing.T) {
 	// A background process counts; files on disk and in tmpfs.
 	sh(p, "head -c 1048576 /dev/urandom > /root/data; sha256sum /root/data > /root/data.sum; echo shm > /dev/shm/s; "+
 		"setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; sleep 0.2; done' </dev/null >/dev/null 2>&1 &")
-	sp, err := p.Save(ctx, filepath.Join(state, "sp1"), true)
+	sp, err := p.Save(ctx, filepath.Join(state, "sp1"), SaveOptions{Keep: true, InMemory: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("saved: %s; RAM %d MiB, disk %d MiB", phasesString(sp.Meta.Phases), sp.Meta.RAMDataBytes>>20, sp.Meta.OverlayBytes>>20)
 	if d := sp.Meta.DiskBytes(); d > int64(sp.Meta.MemoryMiB)<<20+sp.Meta.OverlayBytes+sp.Meta.StateBytes {
 		t.Errorf("save point takes %d bytes", d)
+	}
+	// A fork's save point keeps its RAM in memory, not on disk.
+	if _, err := os.Stat(filepath.Join(sp.Dir, RAMFile)); !errors.Is(err, os.ErrNotExist) || !sp.Meta.RAMInMemory || sp.Meta.RAMDataBytes < 1<<20 {
+		t.Errorf("in-memory save point: RAM file %v, meta %+v", err, sp.Meta)
 	}
 	// The VM kept runs on, with a working agent, and writes after the save.
 	if o := sh(p, "echo after > /root/after; cat /dev/shm/s"); o.stdout != "shm\n" {
@@ -108,7 +112,7 @@ func TestSavePoint(t *testing.T) {
 
 	// Saved without keep: the VM stays stopped; its save point alone
 	// brings it back, the later work included.
-	sp2, err := p.Save(ctx, filepath.Join(state, "sp2"), false)
+	sp2, err := p.Save(ctx, filepath.Join(state, "sp2"), SaveOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +134,7 @@ func TestSavePoint(t *testing.T) {
 	}
 	// Saving a VM restored from a save point folds that save point's
 	// disk into its own.
-	sp3, err := r.Save(ctx, filepath.Join(state, "sp3"), true)
+	sp3, err := r.Save(ctx, filepath.Join(state, "sp3"), SaveOptions{Keep: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,6 +159,31 @@ func TestSavePoint(t *testing.T) {
 	for name, damage := range map[string]func(dir string) error{
 		"RAM cut in half": func(dir string) error {
 			return os.Truncate(filepath.Join(dir, RAMFile), int64(sp3.Meta.MemoryMiB)<<19)
+		},
+		"RAM changed": func(dir string) error {
+			f, err := os.OpenFile(filepath.Join(dir, RAMFile), os.O_RDWR, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			// A byte of the first page with data.
+			var off int64
+			err = dataExtents(f, func(o, _ int64) error {
+				if off == 0 {
+					off = o + 100
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			b := make([]byte, 1)
+			if _, err := f.ReadAt(b, off); err != nil {
+				return err
+			}
+			b[0] ^= 0xff
+			_, err = f.WriteAt(b, off)
+			return err
 		},
 		"state changed": func(dir string) error {
 			f, err := os.OpenFile(filepath.Join(dir, TemplateStateFile), os.O_WRONLY, 0)

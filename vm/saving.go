@@ -1,16 +1,27 @@
 package vm
 
 import (
+	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/vm/migstream"
 )
+
+// ramBlock is the id of the guest RAM's block in QEMU (the memory
+// backend's, qemu.go).
+const ramBlock = "ram"
 
 // Saving a VM into a save point is a list of named steps over one value,
 // as a launch is: each step's time is a phase of the save point
@@ -20,10 +31,9 @@ var saveSteps = []saveStep{
 	{"flatten", (*saving).flatten},
 	{"stop", (*saving).stop},
 	{"disk", (*saving).copyDisk},
-	{"recorder", (*saving).startRecorder},
-	{"migrate", (*saving).migrate},
+	{"stream", (*saving).stream},
+	{"sync", (*saving).sync},
 	{"resume", (*saving).resume},
-	{"state", (*saving).saveState},
 	{"seal", (*saving).seal},
 }
 
@@ -34,20 +44,17 @@ type saveStep struct {
 
 // saving is one save of a running VM.
 type saving struct {
-	v    *VM
-	dir  string // the save point's directory, once whole
-	tmp  string // where it is written
-	keep bool
+	v   *VM
+	dir string // the save point's directory, once whole
+	tmp string // where it is written
+	o   SaveOptions
 
-	q       *qmp // the VM's monitor
-	stopped bool // the guest is stopped (and runs again on failure)
-	away    bool // the agent connection was handed back
-	rec     *VM  // the recorder
-	recQ    *qmp
-	recQuit bool     // the recorder was told to quit: its exit is no failure
-	out     *os.File // the VM's end of the socket pair to the recorder
+	q       *qmp     // the VM's monitor
+	stopped bool     // the guest is stopped (and runs again on failure)
+	away    bool     // the agent connection was handed back
+	ram     *os.File // the RAM image: a file in tmp, or a memory file (InMemory)
 	meta    SavePointMeta
-	overlay chan digest // the disk's digest, taken while the recorder runs
+	overlay chan digest // the disk's digest, taken while the RAM is saved
 }
 
 type digest struct {
@@ -55,40 +62,53 @@ type digest struct {
 	err error
 }
 
-// saveTimeout bounds a save: QEMU's start, a migration of the guest's
-// RAM through a socket, a copy of its disk.
+// saveTimeout bounds a save: a migration of the guest's RAM through a
+// pipe, a copy of its disk.
 const saveTimeout = 2 * time.Minute
+
+// SaveOptions says what a save keeps.
+type SaveOptions struct {
+	// Keep lets the VM run on after the save (a fork's parent);
+	// otherwise it is left stopped, for the caller to close (a pause).
+	Keep bool
+	// InMemory keeps the RAM in a sealed memory file that the save point
+	// holds, not on disk, for a save point that does not outlive the
+	// daemon (a fork's: its copies map that file). Its other files are
+	// on disk as always.
+	InMemory bool
+}
 
 // Save writes the running VM to a new save point in dir (which must not
 // exist; its parent must). Its guest is stopped for the time of it and
-// runs again afterwards when keep; otherwise it is left stopped, for the
-// caller to close. The VM must be idle: no command runs in it.
+// runs again afterwards with o.Keep; otherwise it is left stopped, for
+// the caller to close. The VM must be idle: no command runs in it.
 //
 // How: the agent's connection is handed back, so that the guest agent
 // waits for a new host on a reopened port, as in a template; the VM's
 // disk is flattened onto the image's base (block-stream: a template's or
 // save point's disk folded in, so that the save point needs nothing but
-// the image); the guest stops and its overlay is copied; a recorder QEMU,
-// jailed like any VM and never running its guest, takes the VM's state by
-// migration with its RAM in a file, and writes the device state without
-// RAM, as a template build does.
+// the image); the guest stops and its overlay is copied; its QEMU
+// migrates it into a pipe, from which vmgated splits the guest's RAM into
+// a RAM image (package migstream: a sparse file, or a memory file) and
+// keeps the rest as the device state, which loads as a template's does.
 //
 // Postcondition: on error nothing of the save point is left, and a VM
 // that ran runs again (with a new agent connection).
-func (v *VM) Save(ctx context.Context, dir string, keep bool) (*SavePoint, error) {
+func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, saveTimeout)
 	defer cancel()
-	s := &saving{v: v, dir: dir, tmp: dir + ".partial", keep: keep}
+	s := &saving{v: v, dir: dir, tmp: dir + ".partial", o: o}
 	if err := os.Mkdir(s.tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("save: %w", err)
 	}
-	s.meta = SavePointMeta{Format: savePointFormat, MemoryMiB: v.opts.MemoryMiB, CPUs: v.opts.CPUs, Accel: v.Accel, Network: v.opts.Network != nil, Launch: templateFormat}
+	s.meta = SavePointMeta{Format: savePointFormat, MemoryMiB: v.opts.MemoryMiB, CPUs: v.opts.CPUs, Accel: v.Accel, Network: v.opts.Network != nil, Launch: templateFormat,
+		RAMInMemory: o.InMemory}
 	t0 := time.Now()
 	mark := t0
 	var err error
 	for _, st := range saveSteps {
 		if err = st.run(s, ctx); err != nil {
-			err = fmt.Errorf("save %s: %w", st.name, s.explain(ctx, err))
+			err = fmt.Errorf("save %s: %w", st.name, err)
 			break
 		}
 		now := time.Now()
@@ -97,6 +117,9 @@ func (v *VM) Save(ctx context.Context, dir string, keep bool) (*SavePoint, error
 	}
 	s.close()
 	if err != nil {
+		if s.ram != nil {
+			s.ram.Close()
+		}
 		_ = os.RemoveAll(s.tmp)
 		if rerr := s.undo(); rerr != nil {
 			v.log.Error("save failed, and the VM could not run again", "err", rerr)
@@ -105,8 +128,14 @@ func (v *VM) Save(ctx context.Context, dir string, keep bool) (*SavePoint, error
 		return nil, err
 	}
 	v.log.Info("vm saved", "dir", dir, "ms", time.Since(t0).Milliseconds(), "phases", phasesString(s.meta.Phases),
-		"ram_data_mib", s.meta.RAMDataBytes>>20, "overlay_mib", s.meta.OverlayBytes>>20, "keep", keep)
-	return &SavePoint{Meta: s.meta, Dir: dir}, nil
+		"ram_data_mib", s.meta.RAMDataBytes>>20, "overlay_mib", s.meta.OverlayBytes>>20, "keep", o.Keep, "in_memory", o.InMemory)
+	sp := &SavePoint{Meta: s.meta, Dir: dir}
+	if o.InMemory {
+		sp.ram = s.ram
+	} else {
+		s.ram.Close()
+	}
+	return sp, nil
 }
 
 // Continue lets a VM that Save left stopped (without keep) run again, with
@@ -125,41 +154,8 @@ func (v *VM) Continue(ctx context.Context) error {
 	return v.connect(ctx)
 }
 
-// recorderExitWait bounds how long a failed step waits for the recorder's
-// exit, to tell whether the recorder's death was its cause: a recorder
-// that dies closes its end of the migration before it is reaped.
-const recorderExitWait = 2 * time.Second
-
-// explain gives a failed step the recorder's death as its cause when the
-// recorder died: the VM's side of the migration sees only a broken pipe.
-// A recorder whose RAM file could not grow (the state directory's disk is
-// full) died of SIGBUS, which its death says (ErrStateDiskFull).
-// Precondition: the recorder is not closed yet.
-func (s *saving) explain(ctx context.Context, err error) error {
-	if s.rec == nil || s.recQuit || ctx.Err() != nil {
-		return err
-	}
-	select {
-	case <-s.rec.exited:
-	case <-time.After(recorderExitWait):
-		return err
-	}
-	return fmt.Errorf("recorder: %w (%v)", s.rec.died("while taking the VM's state"), err)
-}
-
-// close releases the monitors and the recorder.
+// close releases the monitor.
 func (s *saving) close() {
-	if s.out != nil {
-		s.out.Close()
-	}
-	if s.recQ != nil {
-		s.recQ.Close()
-	}
-	if s.rec != nil {
-		if err := s.rec.Close(); err != nil {
-			s.v.log.Warn("close the recorder", "err", err)
-		}
-	}
 	if s.q != nil {
 		s.q.Close()
 	}
@@ -254,105 +250,162 @@ func (s *saving) stop(ctx context.Context) error {
 	return nil
 }
 
-// copyDisk copies the stopped VM's overlay into the save point, and takes
-// its digest meanwhile.
+// copyDisk puts the stopped VM's overlay into the save point: a second
+// name of the file for a VM that is left stopped (the caller closes it),
+// a copy for one that runs on, whose digest is taken meanwhile. A linked
+// overlay's digest is taken once the migration is over (hashDisk): QEMU
+// may write its metadata when it hands the disk over at the end.
 func (s *saving) copyDisk(context.Context) error {
-	dst := filepath.Join(s.tmp, OverlayFile)
-	if err := copySparse(filepath.Join(s.v.Dir, OverlayFile), dst); err != nil {
+	src, dst := filepath.Join(s.v.Dir, OverlayFile), filepath.Join(s.tmp, OverlayFile)
+	if !s.o.Keep {
+		err := os.Link(src, dst)
+		if err == nil {
+			return os.Chmod(dst, 0o600)
+		}
+		if !errors.Is(err, unix.EXDEV) {
+			return err
+		}
+	}
+	if err := copySparse(src, dst); err != nil {
 		return err
+	}
+	s.hashDisk()
+	return nil
+}
+
+// hashDisk takes the digest of the save point's overlay in the
+// background, once.
+func (s *saving) hashDisk() {
+	if s.overlay != nil {
+		return
 	}
 	s.overlay = make(chan digest, 1)
 	go func() {
-		sum, err := fileSHA256(dst)
+		sum, err := fileSHA256(filepath.Join(s.tmp, OverlayFile))
 		s.overlay <- digest{sum, err}
 	}()
-	return nil
 }
 
-// startRecorder starts the recorder, with the VM's shape and devices, its
-// RAM in a file it shares with the host, its disk a throwaway overlay on
-// the save point's, waiting for the VM's state on one end of a socket
-// pair.
-func (s *saving) startRecorder(ctx context.Context) error {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socketpair: %w", err)
-	}
-	theirs := os.NewFile(uintptr(fds[0]), "recorder-in")
-	s.out = os.NewFile(uintptr(fds[1]), "recorder-out")
-	opts := s.v.opts
-	opts.Background, opts.BootTimeout = false, saveTimeout
-	m := launchMode{backing: filepath.Join(s.tmp, OverlayFile), untrustedBacking: true, readOnly: append(s.v.img.qemuFiles(), s.tmp),
-		ram: ramSharedFile, files: []*os.File{theirs}, restore: true, incoming: "fd:4", fullStream: true, netDummy: true}
-	l := newLaunch(opts, s.v.img, s.v.Accel, m)
-	l.owned = append(l.owned, theirs)
-	if err := l.run(ctx, aheadSteps); err != nil {
-		l.abort()
-		return fmt.Errorf("recorder: %w", err)
-	}
-	s.rec, s.recQ, l.qmp = l.vm, l.qmp, nil
-	// No state can arrive before migrate sends it: the recorder's end of
-	// the migration is awaited there.
-	for _, cmd := range []struct {
-		name string
-		args any
-	}{{"migrate-set-capabilities", migrationEvents}, {"migrate-incoming", map[string]any{"uri": "fd:4"}}} {
-		if _, err := s.recQ.run(ctx, cmd.name, cmd.args); err != nil {
-			return fmt.Errorf("recorder: %w", err)
+// stream migrates the stopped VM into a pipe and splits the stream
+// (migstream.Split) into the RAM image and the device state: with
+// x-ignore-shared on, as a clone restores, so that the state loads as a
+// template's, its RAM from the image.
+func (s *saving) stream(ctx context.Context) error {
+	size := int64(s.v.opts.MemoryMiB) << 20
+	var err error
+	if s.o.InMemory {
+		s.ram, err = memFile("vmgate-savepoint-ram", size)
+	} else {
+		s.ram, err = os.OpenFile(filepath.Join(s.tmp, RAMFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			err = s.ram.Truncate(size)
 		}
 	}
-	return nil
-}
-
-// migrate migrates the stopped VM into the recorder.
-func (s *saving) migrate(ctx context.Context) error {
-	ours := s.out
-	// The VM's migration capabilities are those of its own restore (a
-	// clone's x-ignore-shared): this stream carries its RAM.
+	if err != nil {
+		return fmt.Errorf("RAM image: %w", err)
+	}
+	sf, err := os.OpenFile(filepath.Join(s.tmp, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer sf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer pr.Close()
+	// A bigger pipe: fewer wake-ups of either side (best effort: the
+	// default is 64 KiB).
+	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
 	steps := []struct {
 		cmd  string
 		args any
 		fds  []int
 	}{
-		{"migrate-set-capabilities", map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": false}}}, nil},
+		{"migrate-set-capabilities", ignoreShared, nil},
 		{"migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30}, nil},
-		{"getfd", map[string]any{"fdname": "recorder"}, []int{int(ours.Fd())}},
+		{"getfd", map[string]any{"fdname": "savepoint"}, []int{int(pw.Fd())}},
 	}
 	for _, st := range steps {
 		if _, err := s.q.run(ctx, st.cmd, st.args, st.fds...); err != nil {
+			pw.Close()
 			return err
 		}
 	}
-	if err := s.q.runMigration(ctx, "migrate", map[string]any{"uri": "fd:recorder"}); err != nil {
+	pw.Close() // QEMU has its own: the stream ends when QEMU closes it
+	h := sha256.New()
+	bw := bufio.NewWriterSize(io.MultiWriter(sf, h), 256<<10)
+	type split struct {
+		res migstream.Result
+		err error
+	}
+	done := make(chan split, 1)
+	var ram io.WriterAt = s.ram
+	if !s.o.InMemory {
+		ram = writeBehind{s.ram}
+	}
+	go func() {
+		res, err := migstream.Split(pr, bw, ram, migstream.Options{Block: ramBlock, BlockBytes: size})
+		if err != nil {
+			pr.Close() // QEMU's writes fail: the migration ends
+		}
+		done <- split{res, err}
+	}()
+	merr := s.q.runMigration(ctx, "migrate", map[string]any{"uri": "fd:savepoint"})
+	var sp split
+	select {
+	case sp = <-done:
+	case <-ctx.Done():
+		pr.Close()
+		sp = <-done
+	}
+	switch {
+	case sp.err != nil:
+		if errors.Is(sp.err, syscall.ENOSPC) || errors.Is(sp.err, syscall.EDQUOT) {
+			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, sp.err)
+		}
+		return fmt.Errorf("split the migration stream: %w", sp.err)
+	case merr != nil:
+		return merr
+	case sp.res.DataPages == 0:
+		return errors.New("the migration stream carried none of the guest's RAM")
+	}
+	if err := bw.Flush(); err != nil {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return fmt.Errorf("%w (writing the device state: %v)", ErrStateDiskFull, err)
+		}
 		return err
 	}
-	if err := s.recQ.awaitMigration(ctx); err != nil {
-		return fmt.Errorf("recorder: %w", err)
+	m := &s.meta
+	m.RAMSHA256, m.RAMDataBytes = sp.res.RAMDigest, sp.res.DataPages*migstream.PageSize
+	m.StateSHA256, m.StateBytes = hex.EncodeToString(h.Sum(nil)), sp.res.StateBytes
+	return nil
+}
+
+// sync makes the state and the RAM image durable (a file), or seals the
+// RAM image (a memory file); the disk's digest is taken meanwhile.
+func (s *saving) sync(context.Context) error {
+	s.hashDisk()
+	if err := syncFile(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
+		return err
 	}
-	// The stopped VM's state arrives stopped: the recorder never runs its
-	// guest. QEMU sets the run state just after the end's event.
-	st, err := s.recQ.status(ctx)
-	for err == nil && st == "inmigrate" {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("recorder: %w", ctx.Err())
-		case <-time.After(2 * time.Millisecond):
+	if s.o.InMemory {
+		return seal(s.ram)
+	}
+	if err := s.ram.Sync(); err != nil {
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
 		}
-		st, err = s.recQ.status(ctx)
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("recorder: %w", err)
-	}
-	if st != "paused" {
-		return fmt.Errorf("recorder: in state %q after the migration, want paused", st)
-	}
+	s.meta.RAMDataBytes = allocatedBytes(filepath.Join(s.tmp, RAMFile))
 	return nil
 }
 
 // resume lets the VM run again when it is kept, with a new agent
 // connection.
 func (s *saving) resume(ctx context.Context) error {
-	if !s.keep {
+	if !s.o.Keep {
 		return nil
 	}
 	// After a completed migration QEMU has handed its disk over; cont
@@ -368,57 +421,7 @@ func (s *saving) resume(ctx context.Context) error {
 	return nil
 }
 
-// saveState has the recorder write the device state without RAM into the
-// save point, quit, and hand its RAM file over.
-func (s *saving) saveState(ctx context.Context) error {
-	sf, err := os.OpenFile(filepath.Join(s.tmp, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	defer sf.Close()
-	steps := []struct {
-		cmd  string
-		args any
-		fds  []int
-	}{
-		{"migrate-set-capabilities", ignoreShared, nil},
-		{"getfd", map[string]any{"fdname": "state"}, []int{int(sf.Fd())}},
-	}
-	for _, st := range steps {
-		if _, err := s.recQ.run(ctx, st.cmd, st.args, st.fds...); err != nil {
-			return fmt.Errorf("recorder: %w", err)
-		}
-	}
-	if err := s.recQ.runMigration(ctx, "migrate", map[string]any{"uri": "fd:state"}); err != nil {
-		return fmt.Errorf("recorder: %w", err)
-	}
-	if err := sf.Sync(); err != nil {
-		return err
-	}
-	s.recQuit = true
-	_, _ = s.recQ.run(ctx, "quit", nil)
-	select {
-	case <-s.rec.exited:
-	case <-time.After(killWait):
-		_ = s.rec.Kill()
-		<-s.rec.exited
-	}
-	ram := filepath.Join(s.tmp, RAMFile)
-	if err := os.Rename(filepath.Join(s.rec.Dir, RAMFile), ram); err != nil {
-		return err
-	}
-	f, err := os.Open(ram)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	return f.Chmod(0o600)
-}
-
-// seal takes the files' digests and sizes, writes the metadata, and makes
+// seal takes the disk's digest and size, writes the metadata, and makes
 // the save point whole under its name.
 func (s *saving) seal(context.Context) error {
 	m := &s.meta
@@ -427,30 +430,16 @@ func (s *saving) seal(context.Context) error {
 		return d.err
 	}
 	m.OverlaySHA256 = d.sum
-	var err error
-	if m.StateSHA256, err = fileSHA256(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
-		return err
-	}
-	ram, err := os.Open(filepath.Join(s.tmp, RAMFile))
-	if err != nil {
-		return err
-	}
-	m.RAMSHA256, err = extentSHA256(ram)
-	ram.Close()
-	if err != nil {
-		return err
-	}
 	m.OverlayBytes = allocatedBytes(filepath.Join(s.tmp, OverlayFile))
-	m.RAMDataBytes = allocatedBytes(filepath.Join(s.tmp, RAMFile))
-	if st, err := os.Stat(filepath.Join(s.tmp, TemplateStateFile)); err == nil {
-		m.StateBytes = st.Size()
-	}
 	if err := s.machine(); err != nil {
 		return err
 	}
 	m.SavedAt = time.Now().UTC()
 	b, _ := json.MarshalIndent(m, "", "  ")
 	if err := writeFileSync(filepath.Join(s.tmp, SavePointMetaFile), append(b, '\n')); err != nil {
+		return err
+	}
+	if err := syncDir(s.tmp); err != nil {
 		return err
 	}
 	if err := os.Rename(s.tmp, s.dir); err != nil {
