@@ -591,24 +591,38 @@ func (s *Server) fork(ctx context.Context, ss *session, st *execState, newNames 
 		// sealed RAM they map, the daemon need not.
 		defer sp.DropShared()
 	}
-	copies := make([]*session, 0, len(newNames))
-	var err error
+	// The copies are restored forkParallel at a time: a restore waits on
+	// QEMU's start and the guest's first steps, which a second one
+	// overlaps.
+	made := make([]*session, len(newNames))
+	errs := make([]error, len(newNames))
+	sem := make(chan struct{}, forkParallel)
+	var wg sync.WaitGroup
 	for i, name := range newNames {
-		var c *session
-		if c, err = s.forkCopy(ctx, ss, st, sp, name, slots[i]); err != nil {
-			break
-		}
-		copies = append(copies, c)
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			made[i], errs[i] = s.forkCopy(ctx, ss, st, sp, name, slots[i])
+		})
 	}
-	if err != nil {
+	wg.Wait()
+	copies := make([]*session, 0, len(newNames))
+	var left []func()
+	for i, c := range made {
+		if c != nil {
+			copies = append(copies, c)
+		} else {
+			left = append(left, slots[i])
+		}
+	}
+	slots = left // the slots of the copies made go with them
+	if err := errors.Join(errs...); err != nil {
 		for _, c := range copies {
 			s.destroySession(c, "its fork failed")
 		}
-		slots = slots[len(copies):] // the copies' slots went with them
 		s.log.Warn("fork failed", "session", ss.key.name, "err", vm.Details(err))
 		return nil, &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("fork session %q: %s; no copy was made", ss.key.name, clientMessage(err))}
 	}
-	slots = nil
 	out := make([]wire.Session, 0, len(copies))
 	children := make([]string, 0, len(copies))
 	for _, c := range copies {
@@ -624,6 +638,9 @@ func (s *Server) fork(ctx context.Context, ss *session, st *execState, newNames 
 	s.log.Info("session forked", "session", ss.key.name, "copies", children, "ms", time.Since(t0).Milliseconds())
 	return out, nil
 }
+
+// forkParallel is how many copies of a fork are restored at once.
+const forkParallel = 2
 
 // checkForkNames refuses names that are not session names, repeat, or
 // name a session of the caller that exists.
