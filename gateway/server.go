@@ -305,7 +305,7 @@ func New(cfg Config) (_ *Server, err error) {
 	}
 	s.policy.Store(pol)
 	hc := cfg.VM
-	hc.Cgroups, hc.Network = pol.Cgroups(), s.netBase()
+	hc.Cgroups, hc.Network, hc.GuestASLR = pol.Cgroups(), s.netBase(), pol.GuestASLR()
 	s.host, err = vm.NewHost(hc)
 	if err != nil {
 		return nil, err

@@ -25,8 +25,9 @@ type document struct {
 
 // isolateDoc is the [isolate] table: how the daemon jails QEMU.
 type isolateDoc struct {
-	Seccomp *string `toml:"seccomp"`
-	Cgroups *string `toml:"cgroups"`
+	Seccomp   *string `toml:"seccomp"`
+	Cgroups   *string `toml:"cgroups"`
+	GuestASLR *string `toml:"guest_aslr"`
 }
 
 // settingsDoc holds the keys shared by [defaults] and [[profile]].

@@ -199,8 +199,13 @@
 //	                       # when vmgated has a delegated cgroup, else
 //	                       # rlimits only (logged); "required" refuses to
 //	                       # start without one; "off" is a logged relaxation
+//	guest_aslr = "auto"    # default: guests without address space
+//	                       # randomisation under TCG with QEMU < 8.0
+//	                       # (a logged relaxation; execs 3-4x faster);
+//	                       # "on" keeps it
 //
 // It configures how vmgated jails QEMU for every VM; requests cannot change
-// it. vmgated serve --seccomp overrides the seccomp key. The cgroups key is
-// read when the daemon starts (a reload does not change it).
+// it. vmgated serve --seccomp overrides the seccomp key. The cgroups and
+// guest_aslr keys are read when the daemon starts (a reload does not change
+// them).
 package policy

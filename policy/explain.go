@@ -34,6 +34,11 @@ func (p *Policy) Explain() string {
 	default:
 		b.WriteString("Each VM's jail gets a cgroup with memory, pids and cpu limits when vmgated has a delegated cgroup; otherwise rlimits only, logged at start (isolate.cgroups = \"auto\").\n")
 	}
+	if p.GuestASLR() == "on" {
+		b.WriteString("Guests keep their address space randomisation (isolate.guest_aslr = \"on\").\n")
+	} else {
+		b.WriteString("RELAXATION (under TCG with QEMU before 8.0 only): guests run without address space randomisation, which makes each exec translate its code again there (isolate.guest_aslr = \"auto\").\n")
+	}
 	for i, prof := range p.profiles {
 		b.WriteString("\n")
 		prof.explain(&b, i, n)

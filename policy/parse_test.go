@@ -370,3 +370,23 @@ func TestDigest(t *testing.T) {
 		t.Fatal("the built-in policy has no digest")
 	}
 }
+
+func TestIsolateGuestASLR(t *testing.T) {
+	base := "version = 1\n[[profile]]\nname = \"a\"\nmatch = { any = true }\n"
+	for _, c := range []struct{ doc, want, explain string }{
+		{base, "auto", "RELAXATION (under TCG with QEMU before 8.0 only)"},
+		{base + "[isolate]\nguest_aslr = \"auto\"\n", "auto", "isolate.guest_aslr = \"auto\""},
+		{base + "[isolate]\nguest_aslr = \"on\"\n", "on", "keep their address space randomisation"},
+	} {
+		p, err := Parse("p.toml", []byte(c.doc))
+		if err != nil || p.GuestASLR() != c.want || !strings.Contains(p.Explain(), c.explain) {
+			t.Errorf("%q: got %q, %v", c.doc, p.GuestASLR(), err)
+		}
+	}
+	if _, err := Parse("p.toml", []byte(base+"[isolate]\nguest_aslr = \"off\"\n")); err == nil || !strings.Contains(err.Error(), "isolate.guest_aslr") {
+		t.Errorf("bad value: %v", err)
+	}
+	if Default().GuestASLR() != "auto" {
+		t.Error("embedded default must be auto")
+	}
+}

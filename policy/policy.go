@@ -21,6 +21,19 @@ type Policy struct {
 	profiles []*profile
 	seccomp  string // [isolate] seccomp: "required" or "off"
 	cgroups  string // [isolate] cgroups: "auto", "required" or "off"
+	// [isolate] guest_aslr: "auto" or "on"
+	guestASLR string
+}
+
+// GuestASLR is the guests' address space randomisation from [isolate]
+// guest_aslr: "auto" (the default: off under TCG with a QEMU before 8.0,
+// where it makes every exec translate its code again, a logged
+// relaxation; on otherwise) or "on". It is read when the daemon starts.
+func (p *Policy) GuestASLR() string {
+	if p == nil || p.guestASLR == "" {
+		return builtinGuestASLR
+	}
+	return p.guestASLR
 }
 
 // Cgroups is the jail's cgroup mode from [isolate] cgroups: "auto" (the

@@ -340,8 +340,9 @@ var refDefaults = map[string]string{
 	"profile.deny.args_any":   "",
 	"profile.deny.args_regex": "",
 
-	"isolate.seccomp": strconv.Quote(builtinSeccomp),
-	"isolate.cgroups": strconv.Quote(builtinCgroups),
+	"isolate.seccomp":    strconv.Quote(builtinSeccomp),
+	"isolate.cgroups":    strconv.Quote(builtinCgroups),
+	"isolate.guest_aslr": strconv.Quote(builtinGuestASLR),
 }
 
 // tomlSize writes n as a size value: in the largest binary unit that
@@ -499,4 +500,8 @@ var refDescriptions = map[string]string{
 	"isolate.cgroups": fmt.Sprintf("`%q`: each VM's jail gets a cgroup with memory, pids and cpu limits when vmgated has a delegated cgroup (systemd `Delegate=yes`), ", builtinCgroups) +
 		"else rlimits only, logged when the daemon starts. `\"required\"`: vmgated does not start without one. " +
 		"`\"off\"`: rlimits only, a logged relaxation. Read when the daemon starts; a reload does not change it.",
+	"isolate.guest_aslr": fmt.Sprintf("`%q`: guests run without address space randomisation (the kernel's `norandmaps`) under TCG with a QEMU before 8.0, ", builtinGuestASLR) +
+		"whose translations are tied to the guest's addresses: there every exec translates its libraries anew, 3-4 times slower, and QEMU's translation cache grows with each. " +
+		"A logged relaxation of the guest's own hardening; the VM and its jail are the boundary (docs/security.md). `\"on\"`: always randomised. " +
+		"Read when the daemon starts (and by `vmgated image warm`): templates are made for it.",
 }

@@ -50,6 +50,7 @@ const (
 	builtinFileCount    = 10000    // files.put_max_files, get_max_files
 	builtinSeccomp      = "required"
 	builtinCgroups      = "auto"
+	builtinGuestASLR    = "auto"
 )
 
 // DefaultDiskMiB is disk_mib when neither a profile nor [defaults] sets
@@ -112,9 +113,17 @@ var docChecks = []docCheck{
 
 // checkIsolate validates the [isolate] table.
 func checkIsolate(c *compiler, d *document, p *Policy) {
-	p.seccomp, p.cgroups = builtinSeccomp, builtinCgroups
+	p.seccomp, p.cgroups, p.guestASLR = builtinSeccomp, builtinCgroups, builtinGuestASLR
 	if d.Isolate == nil {
 		return
+	}
+	if d.Isolate.GuestASLR != nil {
+		switch v := *d.Isolate.GuestASLR; v {
+		case "auto", "on":
+			p.guestASLR = v
+		default:
+			c.errorf("isolate.guest_aslr %q: want \"auto\" or \"on\"", v)
+		}
 	}
 	if d.Isolate.Seccomp != nil {
 		switch v := *d.Isolate.Seccomp; v {

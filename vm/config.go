@@ -32,6 +32,10 @@ type Runtime struct {
 	// TCGTBSizeMiB sizes TCG's translation buffer; 0 is QEMU's default
 	// (docs/benchmarks.md has what it costs and saves).
 	TCGTBSizeMiB int
+	// GuestASLR is the guests' address space randomisation: GuestASLRAuto
+	// (the default: off where TCG would translate each process's code
+	// again, GuestASLROff) or GuestASLROn (always on).
+	GuestASLR string
 	// NetstackSocket, when set, is where systemd starts the guest
 	// networks' netstacks (vm/netproc Config.Socket); empty: each VM's
 	// netstack is jailed from here.
@@ -43,6 +47,9 @@ type Runtime struct {
 func (r *Runtime) setDefaults() {
 	if r.Accel == "" {
 		r.Accel = AccelAuto
+	}
+	if r.GuestASLR == "" {
+		r.GuestASLR = GuestASLRAuto
 	}
 	if r.QEMU == "" {
 		r.QEMU = "qemu-system-x86_64"

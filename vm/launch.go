@@ -239,7 +239,8 @@ func (l *launch) startQEMU(context.Context) error {
 	spec := LaunchSpec{
 		QEMU: opts.QEMU, Dir: v.Dir, Kernel: l.img.kernel, Initrd: l.img.initrd,
 		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, Accel: l.accel, TSCkHz: HostTSCkHz(), TCGTBSizeMiB: opts.TCGTBSizeMiB,
-		Incoming: m.restore, Network: opts.Network != nil,
+		NoRandMaps: opts.noRandMaps(l.accel),
+		Incoming:   m.restore, Network: opts.Network != nil,
 		// The jail passes its spec pipe as fd 3, then m.files, then the
 		// console pipe.
 		ConsoleFD: 4 + len(m.files),

@@ -61,6 +61,9 @@ type LaunchSpec struct {
 	TCGTBSizeMiB int
 	// KernelArgs are appended to the generated kernel command line.
 	KernelArgs []string
+	// NoRandMaps turns the guest's address space randomisation off
+	// (norandmaps; GuestASLROff says when).
+	NoRandMaps bool
 	// Probe boots the kernel with vmgate.probe=1 and no disk or agent: the
 	// initramfs powers off as soon as it runs (accelerator probe).
 	Probe bool
@@ -153,6 +156,9 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 	kargs := []string{"console=ttyS0", "reboot=t", "panic=-1", "quiet", "loglevel=4", "tsc=reliable"}
 	if s.TSCkHz > 0 {
 		kargs = append(kargs, "tsc_early_khz="+strconv.Itoa(s.TSCkHz))
+	}
+	if s.NoRandMaps {
+		kargs = append(kargs, "norandmaps")
 	}
 	if s.Probe {
 		kargs = append(kargs, "vmgate.probe=1")

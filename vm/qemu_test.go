@@ -23,7 +23,7 @@ func TestCmdlineGolden(t *testing.T) {
 	probe := baseSpec()
 	probe.Probe, probe.TSCkHz, probe.ConsoleFD = true, 0, 0
 	template := baseSpec()
-	template.RAMPath, template.RAMShared = filepath.Join(template.Dir, "ram"), true
+	template.RAMPath, template.RAMShared, template.NoRandMaps = filepath.Join(template.Dir, "ram"), true, true
 	clone := baseSpec()
 	clone.RAMPath, clone.Incoming, clone.ConsoleFD = "/proc/self/fd/4", true, 6
 	netSpec := baseSpec()
@@ -230,5 +230,36 @@ func TestCmdlineTBSize(t *testing.T) {
 		if machine != tc.machine || accelOp != tc.accelOp {
 			t.Errorf("%s tb %d: -machine %q -accel %q", tc.accel, tc.tb, machine, accelOp)
 		}
+	}
+}
+
+func TestGuestASLROff(t *testing.T) {
+	const v72 = "QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)"
+	for _, c := range []struct {
+		mode  string
+		accel Accel
+		qemu  string
+		want  bool
+	}{
+		{GuestASLRAuto, AccelTCG, v72, true},
+		{GuestASLRAuto, AccelTCG, "QEMU emulator version 6.2.0", true},
+		{GuestASLRAuto, AccelTCG, "QEMU emulator version 8.0.0", false},
+		{GuestASLRAuto, AccelTCG, "QEMU emulator version 10.1.2 (Debian)", false},
+		{GuestASLRAuto, AccelKVM, v72, false},
+		{GuestASLROn, AccelTCG, v72, false},
+		{GuestASLRAuto, AccelTCG, "qemu from somewhere", false},
+		{GuestASLRAuto, AccelTCG, "", false},
+	} {
+		if got := GuestASLROff(c.mode, c.accel, c.qemu); got != c.want {
+			t.Errorf("GuestASLROff(%q, %s, %q) = %v, want %v", c.mode, c.accel, c.qemu, got, c.want)
+		}
+	}
+	for in, want := range map[string]string{"": "auto", "auto": "auto", "on": "on"} {
+		if got, err := ParseGuestASLR(in); err != nil || got != want {
+			t.Errorf("ParseGuestASLR(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseGuestASLR("off"); err == nil {
+		t.Error(`ParseGuestASLR("off") accepted`)
 	}
 }

@@ -54,17 +54,20 @@ const (
 
 // TemplateMeta describes a built template.
 type TemplateMeta struct {
-	Format       int       `json:"format"`
-	Key          string    `json:"key"`
-	ImageDigest  string    `json:"image_digest"` // base.qcow2 sha256
-	KernelDigest string    `json:"kernel_digest"`
-	InitrdDigest string    `json:"initrd_digest"`
-	MemoryMiB    int       `json:"memory_mib"`
-	CPUs         int       `json:"cpus"`
-	DiskMiB      int       `json:"disk_mib"` // the guest's disk limit (its reserve)
-	Accel        Accel     `json:"accel"`
-	QEMUVersion  string    `json:"qemu_version"`
-	Network      bool      `json:"network"` // the VM has a NIC
+	Format       int    `json:"format"`
+	Key          string `json:"key"`
+	ImageDigest  string `json:"image_digest"` // base.qcow2 sha256
+	KernelDigest string `json:"kernel_digest"`
+	InitrdDigest string `json:"initrd_digest"`
+	MemoryMiB    int    `json:"memory_mib"`
+	CPUs         int    `json:"cpus"`
+	DiskMiB      int    `json:"disk_mib"` // the guest's disk limit (its reserve)
+	Accel        Accel  `json:"accel"`
+	QEMUVersion  string `json:"qemu_version"`
+	Network      bool   `json:"network"` // the VM has a NIC
+	// GuestASLR: the guest kept its address space randomisation
+	// (GuestASLROff).
+	GuestASLR    bool      `json:"guest_aslr"`
 	BuiltAt      time.Time `json:"built_at"`
 	BootMillis   int64     `json:"boot_ms"`
 	SaveMillis   int64     `json:"save_ms"`
@@ -82,8 +85,8 @@ type TemplateMeta struct {
 // is pure.
 func templateKey(m TemplateMeta) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\ndisk=%d\naccel=%s\nqemu=%s\nnetwork=%v\n",
-		templateFormat, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.DiskMiB, m.Accel, m.QEMUVersion, m.Network)
+	fmt.Fprintf(h, "format=%d\nimage=%s\nkernel=%s\ninitrd=%s\nmem=%d\ncpus=%d\ndisk=%d\naccel=%s\nqemu=%s\nnetwork=%v\naslr=%v\n",
+		templateFormat, m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.MemoryMiB, m.CPUs, m.DiskMiB, m.Accel, m.QEMUVersion, m.Network, m.GuestASLR)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -237,6 +240,7 @@ func wantTemplate(opts Options, accel Accel) (TemplateMeta, error) {
 		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
 		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
 		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, DiskMiB: opts.DiskMiB, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
+		GuestASLR: !GuestASLROff(opts.GuestASLR, accel, qv),
 	}
 	want.Key = templateKey(want)
 	return want, nil

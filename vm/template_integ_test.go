@@ -108,6 +108,28 @@ func TestTemplate_RestoreClones(t *testing.T) {
 			t.Errorf("guest clock off by %d s", d)
 		}
 	})
+	t.Run("address space randomisation", func(t *testing.T) {
+		// Off where TCG would translate each process's code again
+		// (GuestASLROff), as the template says; the same library at the
+		// same address in two processes then, at two otherwise.
+		qv := tmpl.Meta.QEMUVersion
+		off := GuestASLROff(GuestASLRAuto, a.Accel, qv)
+		if tmpl.Meta.GuestASLR == off {
+			t.Errorf("template meta guest_aslr %v under %s, %s", tmpl.Meta.GuestASLR, a.Accel, qv)
+		}
+		o := run(t, a, ExecRequest{Argv: []string{"sh", "-c", "cat /proc/sys/kernel/randomize_va_space; grep -m1 libc /proc/self/maps | cut -d- -f1; grep -m1 libc /proc/self/maps | cut -d- -f1"}})
+		lines := strings.Fields(o.stdout)
+		if len(lines) != 3 {
+			t.Fatalf("got %+v %q %q", o.res, o.stdout, o.stderr)
+		}
+		want := "2"
+		if off {
+			want = "0"
+		}
+		if lines[0] != want || (lines[1] == lines[2]) != off {
+			t.Errorf("randomize_va_space %s, libc at %s and %s; want %s (%s, %s)", lines[0], lines[1], lines[2], want, a.Accel, qv)
+		}
+	})
 	t.Run("random numbers differ", func(t *testing.T) {
 		cmd := ExecRequest{Argv: []string{"sh", "-c", "head -c 32 /dev/urandom | od -An -tx1; cat /proc/sys/kernel/random/uuid"}}
 		ra, rb := run(t, a, cmd), run(t, b, cmd)

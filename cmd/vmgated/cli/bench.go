@@ -133,16 +133,19 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 			*imgDir = defaultImageDir(*state)
 		}
 		var shapes []policy.Shape
-		if *mem != 0 || *cpus != 0 || *disk != 0 || *network {
-			if *config != "" || *builtin {
-				return fmt.Errorf("%w: --memory/--cpus/--disk-mib/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
-			}
+		one := *mem != 0 || *cpus != 0 || *disk != 0 || *network
+		if one && (*config != "" || *builtin) {
+			return fmt.Errorf("%w: --memory/--cpus/--disk-mib/--network name one shape; --config and --builtin-policy warm the policy's shapes", errUsage)
+		}
+		// The policy (the daemon's) says how templates are made (its
+		// isolate.guest_aslr) and, unless one shape is named, which.
+		pol, err := loadPolicyFile(*config, *builtin)
+		if err != nil {
+			return err
+		}
+		if one {
 			shapes = []policy.Shape{{MemoryMiB: cmp.Or(*mem, vm.DefaultMemoryMiB), CPUs: cmp.Or(*cpus, vm.DefaultCPUs), DiskMiB: cmp.Or(*disk, policy.DefaultDiskMiB), Network: *network}}
 		} else {
-			pol, err := loadPolicyFile(*config, *builtin)
-			if err != nil {
-				return err
-			}
 			shapes = pol.Shapes()
 		}
 		log := newLogger(os.Stderr, lvl)
@@ -157,7 +160,7 @@ func imageWarm(fs *pflag.FlagSet) runFunc {
 		if cgm != nil {
 			defer cgm.Close()
 		}
-		hc := vm.HostConfig{Runtime: vm.Runtime{StateDir: dirs.StateDir, TemplateDir: dirs.TemplateDir, Accel: a, Log: log}, ImageDir: dirs.ImageDir}
+		hc := vm.HostConfig{Runtime: vm.Runtime{StateDir: dirs.StateDir, TemplateDir: dirs.TemplateDir, Accel: a, GuestASLR: pol.GuestASLR(), Log: log}, ImageDir: dirs.ImageDir}
 		for _, sh := range shapes {
 			// Each shape on its own image, as the daemon makes its VMs.
 			dir, err := hc.ImageDirOf(sh.Image)
