@@ -92,3 +92,25 @@ func TestPairedMedian(t *testing.T) {
 		}
 	}
 }
+
+func TestPartsAndASLR(t *testing.T) {
+	if err := CheckParts([]string{"sessions", "cold"}); err != nil {
+		t.Error(err)
+	}
+	if err := CheckParts([]string{"sesions"}); err == nil || !strings.Contains(err.Error(), `"sesions"`) {
+		t.Errorf("a misspelt part: %v", err)
+	}
+	o := ExecOptions{Only: []string{"sessions"}}
+	if o.runs("cold") || !o.runs("sessions") || !(&ExecOptions{}).runs("cold") {
+		t.Error("runs does not follow Only")
+	}
+	for _, aslr := range []string{"", "auto", "on"} {
+		p, err := policy.Parse("bench", withASLR(sessionPolicy(4), aslr))
+		if err != nil {
+			t.Fatalf("%q: %v", aslr, err)
+		}
+		if want := map[string]string{"": "auto"}[aslr]; p.GuestASLR() != aslr && p.GuestASLR() != want {
+			t.Errorf("withASLR(%q): policy says %q", aslr, p.GuestASLR())
+		}
+	}
+}

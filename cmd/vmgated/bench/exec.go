@@ -8,6 +8,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -46,6 +47,9 @@ type ExecOptions struct {
 	Accel       vm.Accel
 	// TBSizeMiB is TCG's translation buffer per VM (0: QEMU's default).
 	TBSizeMiB int
+	// GuestASLR is the guests' address space randomisation
+	// (vm.Runtime.GuestASLR; "": auto, as the daemon's default).
+	GuestASLR string
 	// Ahead is the daemons' clones launched ahead per shape (vm.Pool).
 	Ahead int
 	// SessionFileMiB is what the session of the pause and fork figures
@@ -53,7 +57,10 @@ type ExecOptions struct {
 	// point are measured (default 8).
 	SessionFileMiB int
 	ForkIdle       int
-	Log            *slog.Logger
+	// Only names the parts to measure (Parts; empty: all of them). A part
+	// left out leaves its figures zero.
+	Only []string
+	Log  *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -217,6 +224,27 @@ func (o *ExecOptions) defaults() {
 	}
 }
 
+// Parts are the benchmark's parts, in the order they run: cold boots;
+// restores from a template, with the idle memory and a kept VM's
+// commands; the daemons' one-shots, throughput and receipts; and
+// sessions that pause and fork.
+var Parts = []string{"cold", "restore", "daemon", "sessions"}
+
+// runs tells whether part is measured in this run.
+func (o *ExecOptions) runs(part string) bool {
+	return len(o.Only) == 0 || slices.Contains(o.Only, part)
+}
+
+// CheckParts returns an error naming the first of only that is no part.
+func CheckParts(only []string) error {
+	for _, p := range only {
+		if !slices.Contains(Parts, p) {
+			return fmt.Errorf("%q is not a part of the benchmark (%s)", p, strings.Join(Parts, ", "))
+		}
+	}
+	return nil
+}
+
 // Exec runs the exec-path benchmark.
 func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	o.defaults()
@@ -240,37 +268,55 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	} else {
 		r.rep.Machine.Cgroups = "none (rlimits only)"
 	}
-	r.base = vm.Options{Runtime: vm.Runtime{StateDir: work, TemplateDir: o.TemplateDir, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, Log: o.Log},
+	r.base = vm.Options{Runtime: vm.Runtime{StateDir: work, TemplateDir: o.TemplateDir, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB, GuestASLR: o.GuestASLR, Log: o.Log},
 		ImageDir: o.ImageDir, Cgroups: cgm}
-	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB, "ahead": o.Ahead,
+	r.rep.Levers = map[string]any{"overlay_from_cache": true, "tcg_tb_size_mib": o.TBSizeMiB, "ahead": o.Ahead, "guest_aslr": cmp.Or(o.GuestASLR, vm.GuestASLRAuto),
 		"agent_protocol": agentproto.Protocol}
-	if err := r.cold(ctx); err != nil {
-		return nil, err
+	if o.runs("cold") {
+		if err := r.cold(ctx); err != nil {
+			return nil, err
+		}
 	}
+	if o.runs("restore") {
+		if err := r.template(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if o.runs("daemon") {
+		if err := r.daemons(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if o.runs("sessions") {
+		if err := r.sessions(ctx); err != nil {
+			return nil, fmt.Errorf("sessions: %w", err)
+		}
+	}
+	r.ratios()
+	return r.rep, nil
+}
+
+// template measures the restores from a template (built or reused), the
+// idle memory of restored VMs and a kept VM's commands.
+func (r *execRun) template(ctx context.Context) error {
 	r.step("template")
 	t0 := time.Now()
 	tmpl, err := vm.EnsureTemplate(ctx, r.base)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer tmpl.Close()
 	r.rep.TemplateMS = ms(time.Since(t0))
 	r.rep.TemplateBuilt = tmpl.Built
+	r.rep.Machine.Accel = string(tmpl.Meta.Accel)
 	r.rep.TemplateRAMMiB = float64(tmpl.Meta.RAMDataBytes) / (1 << 20)
 	for _, phase := range []func(context.Context, *vm.Template) error{r.restores, r.restoresAhead, r.idleAndSession} {
 		if err := phase(ctx, tmpl); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	r.rep.RestoreHandshakeFailures += tmpl.HandshakeFailures()
-	if err := r.daemons(ctx); err != nil {
-		return nil, err
-	}
-	if err := r.sessions(ctx); err != nil {
-		return nil, fmt.Errorf("sessions: %w", err)
-	}
-	r.ratios()
-	return r.rep, nil
+	return nil
 }
 
 // execRun is one run of the exec benchmark: one phase per method, each
@@ -722,7 +768,7 @@ func throughput(ctx context.Context, c *client.Client, conc, n int) (Throughput,
 // handshake failures are added to rep.
 func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, network bool, rep *ExecReport, fn func(*client.Client, func() error) error) error {
 	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: filepath.Join(work, name), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
-		Policy: benchPolicy(maxVMs(o), network), MaxVMs: maxVMs(o), PoolSize: pool, Ahead: o.Ahead, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
+		Policy: withASLR(benchPolicy(maxVMs(o), network), o.GuestASLR), MaxVMs: maxVMs(o), PoolSize: pool, Ahead: o.Ahead, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
 	if err != nil {
 		return err
 	}
@@ -735,6 +781,14 @@ func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int,
 // benchPolicy is the built-in policy with room for maxVMs VMs, all for
 // the one caller (it allows two per profile, one per caller), and with network a network allowlist of one name: the
 // benchmark's commands make no connection, so nothing is looked up.
+// withASLR sets the policy's isolate.guest_aslr to aslr ("": its default).
+func withASLR(text []byte, aslr string) []byte {
+	if aslr == "" {
+		return text
+	}
+	return append(text, fmt.Sprintf("\n[isolate]\nguest_aslr = %q\n", aslr)...)
+}
+
 func benchPolicy(maxVMs int, network bool) []byte {
 	// One caller, the benchmark, may use every VM.
 	text := bytes.Replace(policy.DefaultTOML(), []byte("\nmax_vms = 2\n"), []byte(fmt.Sprintf("\nmax_vms = %d\n", maxVMs)), 1)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/client"
@@ -38,7 +39,7 @@ func (r *execRun) sessions(ctx context.Context) error {
 	o, rep := r.o, r.rep
 	n := max(o.ForkIdle, 4) + 2 // the copies, their parent, a spare
 	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: filepath.Join(r.work, "sessions"), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
-		Policy: sessionPolicy(n), MaxVMs: n, PoolSize: 1, Ahead: o.Ahead, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
+		Policy: withASLR(sessionPolicy(n), o.GuestASLR), MaxVMs: n, PoolSize: 1, Ahead: o.Ahead, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
 	if err != nil {
 		return err
 	}
@@ -55,7 +56,7 @@ func (r *execRun) sessions(ctx context.Context) error {
 		return err
 	}
 	r.step("session: %d MiB of files and a background process", o.SessionFileMiB)
-	if err := run("base", fmt.Sprintf("head -c %dM /dev/urandom > /root/data; sync; setsid sh -c 'while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &", o.SessionFileMiB)); err != nil {
+	if err := fill(ctx, c, "base", o.SessionFileMiB); err != nil {
 		return err
 	}
 	runs := min(o.Runs, 5)
@@ -140,6 +141,23 @@ func (r *execRun) sessions(ctx context.Context) error {
 	rep.ForkIdle = idleMemory(ctx, qemus)
 	rep.ForkIdlePSS = rep.ForkIdle.PSSMiB
 	return end(o.ForkIdle)
+}
+
+// fill has session write mib MiB of random data into a file of its
+// user's home and start a background process, and checks that the file
+// has that size (the command runs as the profile's unprivileged user: a
+// path it cannot write fails the benchmark, not the figures).
+func fill(ctx context.Context, c *client.Client, session string, mib int) error {
+	var out bytes.Buffer
+	cmd := fmt.Sprintf(`set -e; head -c %dM /dev/urandom > "$HOME/data"; sync; stat -c %%s "$HOME/data"; setsid sh -c 'while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &`, mib)
+	res, err := c.Exec(ctx, wire.ExecRequest{Argv: []string{cmd}, Shell: true, Session: session}, client.ExecIO{Stdout: &out})
+	if err != nil {
+		return err
+	}
+	if got, want := strings.TrimSpace(out.String()), strconv.Itoa(mib<<20); res.ExitCode != 0 || got != want {
+		return fmt.Errorf("session %s: writing %d MiB of files: exit %d, file size %q, want %s", session, mib, res.ExitCode, got, want)
+	}
+	return nil
 }
 
 // qemuOf finds the QEMU process of VM id: the one whose command line

@@ -31,9 +31,11 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 	pool := fs.Int("pool", 2, "pool size for the pooled figures")
 	accel := fs.String("accel", "auto", "accelerator: auto, kvm or tcg")
 	tbSize := fs.Int("tcg-tb-size", 0, "TCG translation buffer per VM in MiB (0: QEMU's default)")
+	aslr := fs.String("guest-aslr", vm.GuestASLRAuto, "guests' address space randomisation, as the policy's isolate.guest_aslr: auto or on")
 	ahead := fs.Int("ahead", gateway.DefaultAhead, "clones launched ahead per shape in the daemons (as vmgated serve --ahead)")
 	sessionMiB := fs.Int("session-mib", 100, "MiB of files the session of the pause and fork figures writes")
 	forkIdle := fs.Int("fork-idle", 8, "idle copies of one fork point whose memory is measured")
+	only := fs.StringSlice("only", nil, "measure only these parts, comma-separated: "+strings.Join(bench.Parts, ", ")+" (default all)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	from := fs.String("report", "", "print the text table of a JSON report saved earlier (--json) and exit")
 	level := fs.String("log-level", "warn", "log level")
@@ -65,6 +67,12 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		if *runs < 1 || *coldRuns < 1 || *pool < 1 || *sessionMiB < 1 || *forkIdle < 1 {
 			return fmt.Errorf("%w: --runs, --cold-runs, --pool, --session-mib and --fork-idle must be at least 1", errUsage)
 		}
+		if _, err := vm.ParseGuestASLR(*aslr); err != nil {
+			return fmt.Errorf("%w: --guest-aslr: %v", errUsage, err)
+		}
+		if err := bench.CheckParts(*only); err != nil {
+			return fmt.Errorf("%w: --only: %v", errUsage, err)
+		}
 		if *imgDir == "" {
 			*imgDir = defaultImageDir(*state)
 		}
@@ -75,7 +83,7 @@ func benchExec(fs *pflag.FlagSet) runFunc {
 		}
 		rep, err := bench.Exec(ctx, bench.ExecOptions{
 			ImageDir: dirs.ImageDir, WorkDir: dirs.StateDir, TemplateDir: dirs.TemplateDir, Runs: *runs, ColdRuns: *coldRuns,
-			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, Ahead: *ahead, SessionFileMiB: *sessionMiB, ForkIdle: *forkIdle,
+			Concurrency: levels, PoolSize: *pool, Accel: a, TBSizeMiB: *tbSize, GuestASLR: *aslr, Ahead: *ahead, SessionFileMiB: *sessionMiB, ForkIdle: *forkIdle, Only: *only,
 			Log: log, Progress: progressTo(log),
 		})
 		if err != nil {
