@@ -17,8 +17,8 @@ import (
 type qmp struct {
 	c *net.UnixConn
 	r *bufio.Reader
-	// onEvent, when set, sees the events run reads past on the way to
-	// its reply.
+	// onEvent, when set, sees the events run and waitEvent read past on
+	// the way to what they wait for.
 	onEvent func(r qmpReply)
 }
 
@@ -143,8 +143,8 @@ func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.R
 }
 
 // waitEvent reads QEMU's output until an event named name arrives whose
-// data match accepts, or ctx ends. Replies and other events are skipped:
-// call it with no command outstanding.
+// data match accepts, or ctx ends. Replies are skipped, and other events
+// given to onEvent, if set: call it with no command outstanding.
 func (q *qmp) waitEvent(ctx context.Context, name string, match func(r qmpReply) bool) error {
 	q.deadline(ctx)
 	return q.readUntil(name, match)
@@ -169,6 +169,9 @@ func (q *qmp) readUntil(name string, match func(r qmpReply) bool) error {
 		}
 		if r.Event == name && match(r) {
 			return nil
+		}
+		if r.Event != "" && q.onEvent != nil {
+			q.onEvent(r)
 		}
 	}
 }

@@ -138,3 +138,28 @@ func TestPortEventAfter(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitEventPassesOthers: a wait for one event gives the others it
+// reads past to onEvent, so that a save waiting for its flatten's end
+// does not lose the port event that ends its hand-back.
+func TestWaitEventPassesOthers(t *testing.T) {
+	since := time.Unix(1796290515, 0)
+	lines := []string{
+		`{"timestamp": {"seconds": 1796290515, "microseconds": 10}, "event": "VSERPORT_CHANGE", "data": {"open": false, "id": "` + AgentPortID + `"}}`,
+		`{"return": {}}`,
+		`{"timestamp": {"seconds": 1796290515, "microseconds": 20}, "event": "BLOCK_JOB_COMPLETED", "data": {"device": "flatten"}}`,
+	}
+	q := &qmp{r: bufio.NewReader(strings.NewReader(strings.Join(lines, "\n") + "\n"))}
+	handedBack := false
+	q.onEvent = func(r qmpReply) {
+		if isHandBack(r, since) {
+			handedBack = true
+		}
+	}
+	if err := q.readUntil("BLOCK_JOB_COMPLETED", func(qmpReply) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	if !handedBack {
+		t.Error("the port event read past was lost")
+	}
+}

@@ -86,18 +86,37 @@ func (v *VM) save(ctx context.Context) error {
 // stamps are the host's wall clock; should it step back in between, the
 // wait ends at its limit with an error and the VM runs on.
 func (v *VM) handBack(ctx context.Context, q *qmp) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
+	return v.awaitHandBack(ctx, q, v.hangUp(), false)
+}
+
+// hangUp closes the agent connection: the first half of handBack. It
+// returns when it did, for awaitHandBack.
+func (v *VM) hangUp() time.Time {
 	since := time.Now()
 	v.detach()
-	err := q.waitEvent(ctx, "VSERPORT_CHANGE", func(ev qmpReply) bool {
-		return portEventAfter(ev, AgentPortID, since)
-	})
-	if err != nil {
+	return since
+}
+
+// handBackLimit bounds the wait for the guest agent's port event.
+const handBackLimit = 30 * time.Second
+
+// awaitHandBack waits for the port event that ends a hand-back begun at
+// since (hangUp), unless seen says it came already (read past by another
+// command on q: isHandBack).
+func (v *VM) awaitHandBack(ctx context.Context, q *qmp, since time.Time, seen bool) error {
+	if seen {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, handBackLimit)
+	defer cancel()
+	if err := q.waitEvent(ctx, "VSERPORT_CHANGE", func(ev qmpReply) bool { return isHandBack(ev, since) }); err != nil {
 		return fmt.Errorf("the guest agent did not close its port after the host hung up: %w", err)
 	}
 	return nil
 }
+
+// isHandBack tells whether ev ends a hand-back begun at since.
+func isHandBack(ev qmpReply, since time.Time) bool { return portEventAfter(ev, AgentPortID, since) }
 
 // portEventAfter tells whether ev is a VSERPORT_CHANGE of the port id
 // that QEMU stamped at or after t.

@@ -27,8 +27,9 @@ const ramBlock = "ram"
 // as a launch is: each step's time is a phase of the save point
 // (SavePointMeta.Phases).
 var saveSteps = []saveStep{
-	{"hand_over", (*saving).handOver},
+	{"hang_up", (*saving).hangUp},
 	{"flatten", (*saving).flatten},
+	{"hand_over", (*saving).handOver},
 	{"stop", (*saving).stop},
 	{"disk", (*saving).copyDisk},
 	{"stream", (*saving).stream},
@@ -55,6 +56,10 @@ type saving struct {
 	ram     *os.File // the RAM image: a file in tmp, or a memory file (InMemory)
 	meta    SavePointMeta
 	overlay chan digest // the disk's digest, taken while the RAM is saved
+	// hungUp is when the host hung up; handedBack is set by q's onEvent
+	// once the guest agent's port event came (flatten runs meanwhile).
+	hungUp     time.Time
+	handedBack bool
 }
 
 type digest struct {
@@ -184,17 +189,33 @@ func (s *saving) undo() error {
 	return nil
 }
 
-// handOver closes the agent connection and waits until the guest agent
-// has finished with it (VM.handBack): a VM restored from the save point
-// makes a connection of its own, as a clone of a template does.
-func (s *saving) handOver(ctx context.Context) error {
+// hangUp closes the agent connection (VM.handBack's first half): a VM
+// restored from the save point makes a connection of its own, as a clone
+// of a template does. The guest agent's port event, which says it has
+// finished with the connection, is waited for by handOver, after the
+// flatten: QEMU holds that event back for up to a second after an earlier
+// one of the port (a restore's), and the flatten's copy runs meanwhile.
+func (s *saving) hangUp(ctx context.Context) error {
 	q, err := dialQMP(ctx, filepath.Join(s.v.Dir, QMPSocket), s.v.exited)
 	if err != nil {
 		return err
 	}
 	s.q = q
 	s.away = true
-	if err := s.v.handBack(ctx, q); err != nil {
+	s.hungUp = s.v.hangUp()
+	q.onEvent = func(r qmpReply) {
+		if isHandBack(r, s.hungUp) {
+			s.handedBack = true
+		}
+	}
+	return nil
+}
+
+// handOver waits until the guest agent has finished with the connection
+// hangUp closed (VM.handBack's second half).
+func (s *saving) handOver(ctx context.Context) error {
+	s.q.onEvent = nil
+	if err := s.v.awaitHandBack(ctx, s.q, s.hungUp, s.handedBack); err != nil {
 		return s.v.fail("save", nil, err)
 	}
 	return nil
@@ -208,12 +229,16 @@ func (s *saving) flatten(ctx context.Context) error {
 		return nil
 	}
 	var done *qmpReply
+	prev := s.q.onEvent
 	s.q.onEvent = func(r qmpReply) {
 		if r.Event == "BLOCK_JOB_COMPLETED" && done == nil {
 			done = &r
 		}
+		if prev != nil {
+			prev(r)
+		}
 	}
-	defer func() { s.q.onEvent = nil }()
+	defer func() { s.q.onEvent = prev }()
 	if _, err := s.q.run(ctx, "block-stream", map[string]any{"job-id": "flatten", "device": "root", "base": s.v.img.base}); err != nil {
 		return err
 	}
