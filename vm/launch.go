@@ -94,6 +94,10 @@ const (
 // RAMFile is a template VM's guest RAM in its directory.
 const RAMFile = "ram"
 
+// KernelStubFile is the kernel a restored VM's QEMU is given, in its
+// directory (imageFiles.kernelStub).
+const KernelStubFile = "kernel.stub"
+
 // launchMode is what differs between a cold boot, a template and a clone.
 type launchMode struct {
 	backing  string     // the overlay's backing file
@@ -244,6 +248,14 @@ func (l *launch) startQEMU(context.Context) error {
 		// The jail passes its spec pipe as fd 3, then m.files, then the
 		// console pipe.
 		ConsoleFD: 4 + len(m.files),
+	}
+	if stub := l.img.kernelStub(); m.restore && stub != nil {
+		// A restored guest is never booted: its QEMU gets the kernel's
+		// header only (imageFiles.kernelStub).
+		spec.Kernel = filepath.Join(v.Dir, KernelStubFile)
+		if err := os.WriteFile(spec.Kernel, stub, 0o600); err != nil {
+			return fmt.Errorf("start vm: %w", err)
+		}
 	}
 	switch m.ram {
 	case ramSharedFile:

@@ -1,6 +1,8 @@
 package vm
 
 import (
+	"bytes"
+	"encoding/binary"
 	"flag"
 	"os"
 	"path/filepath"
@@ -261,5 +263,46 @@ func TestGuestASLROff(t *testing.T) {
 	}
 	if _, err := ParseGuestASLR("off"); err == nil {
 		t.Error(`ParseGuestASLR("off") accepted`)
+	}
+}
+
+// TestKernelStub: a bzImage's stub is its boot sector and setup and one
+// empty sector, whose size the header says; anything else gets none.
+func TestKernelStub(t *testing.T) {
+	img := make([]byte, 64<<10)
+	for i := range img {
+		img[i] = byte(i * 7)
+	}
+	img[0x1f1] = 3 // setup sectors
+	binary.LittleEndian.PutUint16(img[0x1fe:], 0xaa55)
+	copy(img[0x202:], "HdrS")
+	stub := stubOf(img[:1024], bytes.NewReader(img[1024:]))
+	if len(stub) != 5*512 {
+		t.Fatalf("stub of %d bytes, want %d", len(stub), 5*512)
+	}
+	want := bytes.Clone(img[:4*512])
+	binary.LittleEndian.PutUint32(want[0x1f4:], 512/16)
+	if !bytes.Equal(stub[:4*512], want) {
+		t.Error("the stub's setup or its kernel size")
+	}
+	if !bytes.Equal(stub[4*512:], make([]byte, 512)) {
+		t.Error("the stub's kernel is not an empty sector")
+	}
+	img[0x1f1] = 0 // 0 means 4 (the boot protocol)
+	if stub := stubOf(img[:1024], bytes.NewReader(img[1024:])); len(stub) != 6*512 {
+		t.Errorf("setup_sects 0: stub of %d bytes, want %d", len(stub), 6*512)
+	}
+	for name, bad := range map[string]func([]byte){
+		"no boot flag": func(b []byte) { b[0x1fe] = 0 },
+		"no HdrS":      func(b []byte) { copy(b[0x202:], "ELF!") },
+	} {
+		b := bytes.Clone(img)
+		bad(b)
+		if stubOf(b[:1024], bytes.NewReader(b[1024:])) != nil {
+			t.Errorf("%s: a stub", name)
+		}
+	}
+	if stubOf(img[:1024], bytes.NewReader(nil)) != nil {
+		t.Error("a setup cut short: a stub")
 	}
 }
