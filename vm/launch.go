@@ -89,6 +89,7 @@ const (
 	ramAnonymous  ramMode = iota // QEMU's own memory (a cold boot)
 	ramSharedFile                // the file RAMFile in the VM directory, shared (a template)
 	ramPrivateFD                 // a private copy-on-write mapping of fd 4 (a clone)
+	ramSharedFD                  // fd 4, a memory file of the VM's own, shared (a resumed VM: VM.ram)
 )
 
 // RAMFile is a template VM's guest RAM in its directory.
@@ -262,6 +263,8 @@ func (l *launch) startQEMU(context.Context) error {
 		spec.RAMPath, spec.RAMShared = filepath.Join(v.Dir, RAMFile), true
 	case ramPrivateFD:
 		spec.RAMPath = "/proc/self/fd/4"
+	case ramSharedFD:
+		spec.RAMPath, spec.RAMShared = "/proc/self/fd/4", true
 	}
 	argv, err := spec.Cmdline()
 	if err != nil {

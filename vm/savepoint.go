@@ -318,19 +318,28 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
 	}
-	// The RAM is mapped from a sealed memory copy, checked as it is
-	// made: QEMU reading a file's holes (the guest's zero pages) through
-	// its mapping costs more than the copy when the VM is saved again
-	// (docs/benchmarks.md). A VM of its own has its copy filled while
-	// QEMU starts: QEMU, waiting for its state, does not touch the guest's
-	// RAM before the state loads, which waits for the fill (load_state
-	// after verify).
-	var ram, fill *os.File
+	// The RAM is a memory copy of the file, checked as it is made: QEMU
+	// reading a file's holes (the guest's zero pages) through its mapping
+	// costs more than the copy when the VM is saved again
+	// (docs/benchmarks.md). VMs that share it (a fork's copies) map one
+	// sealed copy privately. A VM alone gets a copy of its own, which its
+	// QEMU maps shared, so that its guest writes there and a save copies
+	// that file (VM.ram) instead of migrating the RAM page by page; it is
+	// filled while QEMU starts: QEMU, waiting for its state, does not
+	// touch the guest's RAM before the state loads, which waits for the
+	// fill (load_state after verify).
+	var ram, fill, own *os.File
+	mode := ramPrivateFD
 	if shared || sp.Meta.RAMInMemory {
 		shared = true
 		ram, err = sp.sealedRAM()
-	} else if ram, err = memFile("vmgate-savepoint-ram", int64(sp.Meta.MemoryMiB)<<20); err == nil {
-		fill, err = dupFile(ram)
+	} else if ram, err = memFile("vmgate-vm-ram", int64(sp.Meta.MemoryMiB)<<20); err == nil {
+		mode = ramSharedFD
+		if fill, err = dupFile(ram); err == nil {
+			if own, err = dupFile(ram); err != nil {
+				fill.Close()
+			}
+		}
 		if err != nil {
 			ram.Close()
 		}
@@ -349,7 +358,7 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 		var wg sync.WaitGroup
 		if fill != nil {
 			wg.Go(func() {
-				ferr = sp.fillRAM(fill)
+				ferr = sp.fillRAM(fill, false)
 				fill.Close()
 			})
 		}
@@ -361,9 +370,13 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 		verified <- cmp.Or(err, ferr)
 	}()
 	m := launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
-		ram: ramPrivateFD, files: []*os.File{ram, state}, restore: true}
+		ram: mode, files: []*os.File{ram, state}, restore: true}
 	l := newLaunch(opts, img, accel, m)
 	l.verified = verified
+	if own != nil {
+		l.vm.ram = own
+		l.vm.push(own.Close)
+	}
 	l.owned = append(l.owned, state)
 	if !shared {
 		l.owned = append(l.owned, ram) // QEMU's mapping keeps it
@@ -440,7 +453,7 @@ func (sp *SavePoint) copyRAM() (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := sp.fillRAM(dst); err != nil {
+	if err := sp.fillRAM(dst, true); err != nil {
 		dst.Close()
 		return nil, err
 	}
@@ -449,8 +462,8 @@ func (sp *SavePoint) copyRAM() (*os.File, error) {
 
 // fillRAM copies the save point's RAM file into dst, a new memory file of
 // its size, checking the file's digest as it reads it (one pass), and
-// seals dst.
-func (sp *SavePoint) fillRAM(dst *os.File) error {
+// seals dst if sealed.
+func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
 	src, err := os.Open(filepath.Join(sp.Dir, RAMFile))
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
@@ -482,8 +495,10 @@ func (sp *SavePoint) fillRAM(dst *os.File) error {
 		return fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, RAMFile, err)
 	case sum != sp.Meta.RAMSHA256:
 		return fmt.Errorf("%w: %s has changed since it was saved (sha256 %s, saved as %s)", ErrSavePointDamaged, RAMFile, short(sum), short(sp.Meta.RAMSHA256))
+	case sealed:
+		return seal(dst)
 	}
-	return seal(dst)
+	return nil
 }
 
 // readPages reads f's data extents (SEEK_DATA/SEEK_HOLE) in whole pages,

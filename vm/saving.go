@@ -392,8 +392,10 @@ func (s *saving) stream(ctx context.Context) error {
 		return fmt.Errorf("split the migration stream: %w", sp.err)
 	case merr != nil:
 		return merr
-	case sp.res.DataPages == 0:
+	case s.v.ram == nil && sp.res.DataPages == 0:
 		return errors.New("the migration stream carried none of the guest's RAM")
+	case s.v.ram != nil && sp.res.DataPages+sp.res.ZeroPages != 0:
+		return errors.New("the migration stream carried the guest's RAM, which is shared")
 	}
 	if err := bw.Flush(); err != nil {
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
@@ -404,7 +406,52 @@ func (s *saving) stream(ctx context.Context) error {
 	m := &s.meta
 	m.RAMSHA256, m.RAMDataBytes = sp.res.RAMDigest, sp.res.DataPages*migstream.PageSize
 	m.StateSHA256, m.StateBytes = hex.EncodeToString(h.Sum(nil)), sp.res.StateBytes
+	if s.v.ram != nil {
+		// The guest's RAM is a memory file of its own, which the stream
+		// left out (x-ignore-shared): copied while the guest is stopped.
+		sum, pages, err := copyRAMImage(ram, s.v.ram)
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
+		}
+		if err != nil {
+			return fmt.Errorf("copy the guest's RAM: %w", err)
+		}
+		m.RAMSHA256, m.RAMDataBytes = sum, pages*migstream.PageSize
+	}
 	return nil
+}
+
+// copyRAMImage copies the pages of src (a RAM image) that are not all
+// zeros to dst at their offsets, and returns their digest
+// (migstream.PageDigest) and number.
+func copyRAMImage(dst io.WriterAt, src *os.File) (string, int64, error) {
+	d := migstream.NewPageDigest()
+	var pages int64
+	err := readPages(src, func(off int64, p []byte) error {
+		if err := d.Add(off, p); err != nil {
+			return err
+		}
+		// Runs of pages with data are written; zero pages stay holes.
+		start := -1
+		for i := 0; i <= len(p); i += migstream.PageSize {
+			zero := i == len(p) || migstream.IsZeroPage(p[i:i+migstream.PageSize])
+			switch {
+			case !zero && start < 0:
+				start = i
+			case zero && start >= 0:
+				if _, err := dst.WriteAt(p[start:i], off+int64(start)); err != nil {
+					return err
+				}
+				pages += int64(i-start) / migstream.PageSize
+				start = -1
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", 0, err
+	}
+	return d.Sum(), pages, nil
 }
 
 // sync makes the state and the RAM image durable (a file), or seals the

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -56,6 +57,11 @@ type VM struct {
 	// from is the save point the VM was restored from (its disk is the
 	// overlay's backing), released when the VM closes; nil otherwise.
 	from *SavePoint
+	// ram is the VM's own guest RAM, a memory file its QEMU maps shared
+	// (a VM resumed alone from a save point), which a save copies instead
+	// of migrating it page by page; nil for a VM whose RAM is QEMU's or a
+	// private mapping.
+	ram *os.File
 
 	mu     sync.Mutex
 	cause  error // why the daemon killed QEMU, if it did

@@ -505,7 +505,7 @@ func (s *splitter) page(head, flags uint64, addr int64) error {
 	if err != nil {
 		return err
 	}
-	if isZero(b) {
+	if IsZeroPage(b) {
 		s.zeroPages++
 		return nil
 	}
@@ -675,7 +675,7 @@ func (d *PageDigest) Add(off int64, p []byte) error {
 		return fmt.Errorf("migstream: digest: %d bytes at %#x after %#x", len(p), off, d.next)
 	}
 	for i := 0; i < len(p); i += PageSize {
-		if pg := p[i : i+PageSize]; !isZero(pg) {
+		if pg := p[i : i+PageSize]; !IsZeroPage(pg) {
 			d.add(off+int64(i), pg)
 		}
 	}
@@ -695,5 +695,5 @@ func (d *PageDigest) Sum() string { return hex.EncodeToString(d.h.Sum(nil)) }
 
 var zeroPage [PageSize]byte
 
-// isZero tells whether page p holds only zeros.
-func isZero(p []byte) bool { return bytes.Equal(p, zeroPage[:]) }
+// IsZeroPage tells whether page p holds only zeros.
+func IsZeroPage(p []byte) bool { return bytes.Equal(p, zeroPage[:]) }

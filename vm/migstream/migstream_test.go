@@ -177,7 +177,7 @@ func TestPageDigest(t *testing.T) {
 	}
 	sparse := NewPageDigest()
 	for off := 0; off < len(image); off += PageSize {
-		if !isZero(image[off : off+PageSize]) {
+		if !IsZeroPage(image[off : off+PageSize]) {
 			_ = sparse.Add(int64(off), image[off:off+PageSize])
 		}
 	}
