@@ -56,6 +56,7 @@ type saving struct {
 	ram     *os.File // the RAM image: a file in tmp, or a memory file (InMemory)
 	meta    SavePointMeta
 	overlay chan digest // the disk's digest, taken while the RAM is saved
+	copied  chan error  // the disk's copy is made (copyDisk)
 	// hungUp is when the host hung up; handedBack is set by q's onEvent
 	// once the guest agent's port event came (flatten runs meanwhile).
 	hungUp     time.Time
@@ -122,6 +123,9 @@ func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, e
 	}
 	s.close()
 	if err != nil {
+		if cerr := s.awaitCopy(); cerr != nil {
+			v.log.Debug("save failed; its disk's copy too", "err", cerr)
+		}
 		if s.ram != nil {
 			s.ram.Close()
 		}
@@ -277,9 +281,11 @@ func (s *saving) stop(ctx context.Context) error {
 
 // copyDisk puts the stopped VM's overlay into the save point: a second
 // name of the file for a VM that is left stopped (the caller closes it),
-// a copy for one that runs on, whose digest is taken meanwhile. A linked
-// overlay's digest is taken once the migration is over (hashDisk): QEMU
-// may write its metadata when it hands the disk over at the end.
+// a copy for one that runs on. The copy is made in the background while
+// the RAM is saved, and waited for before the VM runs again (copied); its
+// digest is taken after it. A linked overlay's digest is taken once the
+// migration is over (hashDisk): QEMU may write its metadata when it hands
+// the disk over at the end.
 func (s *saving) copyDisk(context.Context) error {
 	src, dst := filepath.Join(s.v.Dir, OverlayFile), filepath.Join(s.tmp, OverlayFile)
 	if !s.o.Keep {
@@ -291,10 +297,31 @@ func (s *saving) copyDisk(context.Context) error {
 			return err
 		}
 	}
-	if err := copySparse(src, dst); err != nil {
-		return err
+	s.copied = make(chan error, 1)
+	s.overlay = make(chan digest, 1)
+	go func() {
+		err := copySparse(src, dst)
+		s.copied <- err
+		if err != nil {
+			s.overlay <- digest{err: err}
+			return
+		}
+		sum, err := fileSHA256(dst)
+		s.overlay <- digest{sum, err}
+	}()
+	return nil
+}
+
+// awaitCopy waits for the disk's copy, if one is being made.
+func (s *saving) awaitCopy() error {
+	if s.copied == nil {
+		return nil
 	}
-	s.hashDisk()
+	err := <-s.copied
+	s.copied = nil
+	if err != nil {
+		return fmt.Errorf("copy the disk: %w", err)
+	}
 	return nil
 }
 
@@ -457,6 +484,9 @@ func copyRAMImage(dst io.WriterAt, src *os.File) (string, int64, error) {
 // sync makes the state and the RAM image durable (a file), or seals the
 // RAM image (a memory file); the disk's digest is taken meanwhile.
 func (s *saving) sync(context.Context) error {
+	if err := s.awaitCopy(); err != nil {
+		return err
+	}
 	s.hashDisk()
 	if err := syncFile(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
 		return err
