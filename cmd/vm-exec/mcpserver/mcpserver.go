@@ -181,7 +181,20 @@ func New(o Options) *Server {
 // addExecTools adds (or replaces) the two tools that run commands, with
 // openWorld as their openWorldHint: whether the caller's VMs have a
 // network (see annotations).
+//
+// The SDK replaces one tool at a time, so a client may list the tools
+// between the two: session_exec is replaced first and the shell tool
+// last, so that a list with the shell tool's new hint has both; a list
+// between them is followed by the one list-changed notification the SDK
+// sends for both (it debounces them).
 func (s *Server) addExecTools(openWorld bool) {
+	s.mcp.AddTool(&mcp.Tool{
+		Name:         ToolSessionExec,
+		Description:  shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
+		InputSchema:  sessionExecSchema(),
+		OutputSchema: execOutputSchema(),
+		Annotations:  withOpenWorld(annotations[ToolSessionExec], openWorld),
+	}, s.wrap(s.sessionExec))
 	s.mcp.AddTool(&mcp.Tool{
 		Name: shelltool.Name,
 		Description: shelltool.Description + " The command runs as `sh -c` in a fresh disposable Linux VM, destroyed afterwards: " +
@@ -190,13 +203,6 @@ func (s *Server) addExecTools(openWorld bool) {
 		OutputSchema: execOutputSchema(),
 		Annotations:  withOpenWorld(annotations[shelltool.Name], openWorld),
 	}, s.wrap(s.execShellCommand))
-	s.mcp.AddTool(&mcp.Tool{
-		Name:         ToolSessionExec,
-		Description:  shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
-		InputSchema:  sessionExecSchema(),
-		OutputSchema: execOutputSchema(),
-		Annotations:  withOpenWorld(annotations[ToolSessionExec], openWorld),
-	}, s.wrap(s.sessionExec))
 }
 
 // probe asks the daemon, beside serving, what the caller's profile grants,
