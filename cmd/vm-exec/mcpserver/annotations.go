@@ -70,14 +70,24 @@ func withOpenWorld(a *mcp.ToolAnnotations, open bool) *mcp.ToolAnnotations {
 
 // listTTL is the ttlMs of tools/list and server/discover (MCP
 // 2026-07-28): how long a client may cache them. Both are fixed for the
-// server's life, so an hour spares a client that lists often; a client
-// that starts a new `vm-exec mcp` asks again anyway.
+// server's life once the daemon has said what the caller's profile
+// grants (the command tools' openWorldHint), so an hour spares a client
+// that lists often; a client that starts a new `vm-exec mcp` asks again
+// anyway.
 const listTTL = 3600_000
 
-// setCacheable sets the cache hints of the results that carry them.
-func setCacheable(_ context.Context, req mcp.Request, c *mcp.Cacheable) {
+// setCacheable sets the cache hints of the results that carry them. The
+// tool list is not cacheable until it is final (toolsFinal): a client
+// that cached it before would keep the hints it had, and the SDK's own
+// client cache keeps the answer to a list sent before a list-changed
+// notification that arrived before that answer.
+func (s *Server) setCacheable(_ context.Context, req mcp.Request, c *mcp.Cacheable) {
 	switch req.(type) {
-	case *mcp.ListToolsRequest, *mcp.ServerRequest[*mcp.DiscoverParams]:
+	case *mcp.ListToolsRequest:
+		if s.toolsFinal.Load() {
+			c.TTLMs, c.CacheScope = listTTL, "public"
+		}
+	case *mcp.ServerRequest[*mcp.DiscoverParams]:
 		c.TTLMs, c.CacheScope = listTTL, "public"
 	}
 }

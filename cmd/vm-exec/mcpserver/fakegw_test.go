@@ -31,8 +31,10 @@ type fakeGateway struct {
 	files map[string][]byte
 	// events receives what scripts report (see the scripts).
 	events chan fakeEvent
-	// grant is what the status says the caller's profile grants.
-	grant *wire.Grant
+	// grant is what the status says the caller's profile grants;
+	// statusGate, when set, holds the status back until it is closed.
+	grant      *wire.Grant
+	statusGate chan struct{}
 }
 
 // fakeEvent is something a script saw, and when.
@@ -79,8 +81,11 @@ func startFakeGateway(t *testing.T) *fakeGateway {
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
 		g.mu.Lock()
-		grant := g.grant
+		grant, gate := g.grant, g.statusGate
 		g.mu.Unlock()
+		if gate != nil {
+			<-gate
+		}
 		_ = json.NewEncoder(w).Encode(wire.Status{Version: "fake", Caller: grant})
 	})
 	srv := &http.Server{Handler: mux}

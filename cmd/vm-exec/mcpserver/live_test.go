@@ -619,9 +619,11 @@ func TestLiveOutput(t *testing.T) {
 
 // TestOpenWorldFromProfile: the command tools' openWorldHint says whether
 // the caller's profile grants its VMs a network, as the daemon's status
-// tells: true for a profile with a network (and until the daemon has
-// answered), false for one without, which clients that listed the tools
-// before learn from a list-changed notification.
+// tells: true for a profile with a network, false for one without. A list
+// waits for the daemon's answer (probeWait at most), so a client that
+// lists once gets it; one that listed before a slow daemon answered is
+// told by a list-changed notification, and its earlier list was not
+// cacheable.
 func TestOpenWorldFromProfile(t *testing.T) {
 	hints := func(tc *testConn) map[string]bool {
 		t.Helper()
@@ -653,17 +655,37 @@ func TestOpenWorldFromProfile(t *testing.T) {
 		tc := connectOpts(t, g.Client, &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
 			changed <- struct{}{}
 		}}, nil)
-		h := hints(tc)
-		if h[shelltool.Name] {
-			select {
-			case <-changed: // the daemon answered after the client listed
-			case <-time.After(10 * time.Second):
-				t.Fatal("no list-changed notification after the daemon said the profile has no network")
-			}
-			h = hints(tc)
+		if h := hints(tc); h[shelltool.Name] || h[ToolSessionExec] {
+			t.Errorf("hints of a profile without a network, at the first list: %v", h)
 		}
-		if h[shelltool.Name] || h[ToolSessionExec] {
-			t.Errorf("hints of a profile without a network: %v", h)
+		select {
+		case <-changed:
+			t.Error("a list-changed notification for a list that never changed for this client")
+		default:
+		}
+	})
+	t.Run("a daemon slower than the first list", func(t *testing.T) {
+		g := startFakeGateway(t)
+		gate := make(chan struct{})
+		g.mu.Lock()
+		g.grant, g.statusGate = &wire.Grant{Profile: "offline", Shell: true}, gate
+		g.mu.Unlock()
+		changed := make(chan struct{}, 8)
+		tc := connectOpts(t, g.Client, &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			changed <- struct{}{}
+		}}, nil)
+		t0 := time.Now()
+		if h := hints(tc); !h[shelltool.Name] || !h[ToolSessionExec] || time.Since(t0) < probeWait {
+			t.Errorf("the first list, with the daemon silent: %v after %v", h, time.Since(t0))
+		}
+		close(gate)
+		select {
+		case <-changed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no list-changed notification after the daemon said the profile has no network")
+		}
+		if h := hints(tc); h[shelltool.Name] || h[ToolSessionExec] {
+			t.Errorf("hints after the notification: %v (a list the client cached before?)", h)
 		}
 	})
 }

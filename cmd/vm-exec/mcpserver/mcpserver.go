@@ -70,6 +70,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -131,7 +132,21 @@ type Server struct {
 	ran      bool
 
 	receipts receiptStore
+
+	// toolsMu makes a change of several tools one change for the
+	// clients: held to write by the change, to read by tools/list.
+	toolsMu sync.RWMutex
+	// toolsFinal: the tool list changes no more (probe is over);
+	// probed is closed then.
+	toolsFinal atomic.Bool
+	probed     chan struct{}
 }
+
+// probeWait bounds how long a tools/list waits for the probe of the
+// daemon (which decides the command tools' openWorldHint): a client that
+// lists once at start, and never again, then gets the hints right, and
+// one with a short limit (llama-server: 10 s) still its answer.
+const probeWait = 2 * time.Second
 
 // New returns a server with the tools registered.
 func New(o Options) *Server {
@@ -144,10 +159,12 @@ func New(o Options) *Server {
 	if o.EndTimeout <= 0 {
 		o.EndTimeout = 30 * time.Second
 	}
-	s := &Server{c: o.Client, log: o.Log, endTimeout: o.EndTimeout, sessions: map[string]context.CancelFunc{}, runCtx: context.Background()}
+	s := &Server{c: o.Client, log: o.Log, endTimeout: o.EndTimeout, sessions: map[string]context.CancelFunc{}, runCtx: context.Background(),
+		probed: make(chan struct{})}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: Name, Title: "vmgate: commands in disposable VMs", Version: o.Version},
 		&mcp.ServerOptions{Instructions: Instructions, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
-			SetCacheable: setCacheable})
+			SetCacheable: s.setCacheable})
+	s.mcp.AddReceivingMiddleware(s.listToolsWhole)
 	s.addExecTools(true)
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionStart,
@@ -180,14 +197,14 @@ func New(o Options) *Server {
 
 // addExecTools adds (or replaces) the two tools that run commands, with
 // openWorld as their openWorldHint: whether the caller's VMs have a
-// network (see annotations).
-//
-// The SDK replaces one tool at a time, so a client may list the tools
-// between the two: session_exec is replaced first and the shell tool
-// last, so that a list with the shell tool's new hint has both; a list
-// between them is followed by the one list-changed notification the SDK
-// sends for both (it debounces them).
+// network (see annotations). The SDK replaces one tool at a time: a
+// tools/list waits for both (toolsMu, listToolsWhole), so no client sees
+// one changed and not the other, even one told of the first change by a
+// list-changed notification sent before the second (the SDK's debounce
+// is 10 ms).
 func (s *Server) addExecTools(openWorld bool) {
+	s.toolsMu.Lock()
+	defer s.toolsMu.Unlock()
 	s.mcp.AddTool(&mcp.Tool{
 		Name:         ToolSessionExec,
 		Description:  shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
@@ -205,10 +222,30 @@ func (s *Server) addExecTools(openWorld bool) {
 	}, s.wrap(s.execShellCommand))
 }
 
+// listToolsWhole is a middleware that answers tools/list once the probe
+// of the daemon is over (at most probeWait) and while no change of
+// several tools is under way (toolsMu).
+func (s *Server) listToolsWhole(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if method == "tools/list" {
+			select {
+			case <-s.probed:
+			case <-time.After(probeWait):
+			case <-ctx.Done():
+			}
+			s.toolsMu.RLock()
+			defer s.toolsMu.RUnlock()
+		}
+		return next(ctx, method, req)
+	}
+}
+
 // probe asks the daemon, beside serving, what the caller's profile grants,
 // and gives the command tools the openWorldHint it says: clients that
 // listed the tools before are told the list changed.
 func (s *Server) probe(ctx context.Context) {
+	defer close(s.probed)
+	defer s.toolsFinal.Store(true)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	st, err := s.c.Status(pctx)
@@ -246,7 +283,8 @@ func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
 	s.mu.Unlock()
 	// The daemon is probed beside serving, never before: a client that
 	// lists tools once at start with a short limit (llama-server: 10 s)
-	// must get its answers while the daemon is still starting.
+	// must get its answers while the daemon is still starting (a list
+	// waits for the probe probeWait at most).
 	go s.probe(ctx)
 	err := s.mcp.Run(ctx, t)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {

@@ -41,6 +41,8 @@ const errTooLarge = -32603 // JSON-RPC internal error
 //     waited for at EOF, and its late answer is best effort: the client
 //     has given it up, so a write that fails because the client has gone
 //     since is no failure of the server (the SDK would end Run with it).
+//     So is a notification: one the SDK sends after the client closed (a
+//     list change it debounced) is nobody's loss.
 type drainTransport struct {
 	t   mcp.Transport
 	log *slog.Logger
@@ -162,6 +164,13 @@ func (c *drainConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 			c.log.Debug("the answer of a call the client cancelled was not written", "id", resp.ID.Raw(), "err", err)
 			return nil
 		}
+	}
+	if req, ok := msg.(*jsonrpc.Request); ok && !req.IsCall() && err != nil {
+		// A notification (a list change, a call's progress) that cannot
+		// be written has nobody left to tell: the client went. The call
+		// it belongs to, if any, fails with its answer.
+		c.log.Debug("a notification was not written", "method", req.Method, "err", err)
+		return nil
 	}
 	return err
 }

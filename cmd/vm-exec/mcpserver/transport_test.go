@@ -64,6 +64,10 @@ func TestDrainCancelledCall(t *testing.T) {
 	if err := c.Write(ctx, &jsonrpc.Response{ID: id(2), Result: json.RawMessage(`{}`)}); !errors.Is(err, io.ErrClosedPipe) {
 		t.Errorf("the answer of a call not cancelled: %v, want the write's error", err)
 	}
+	// A notification after the client went is nobody's loss.
+	if err := c.Write(ctx, &jsonrpc.Request{Method: "notifications/tools/list_changed"}); err != nil {
+		t.Errorf("a notification to a client gone: %v, want no error", err)
+	}
 	// EOF: nothing is pending, so the read ends at once.
 	if _, err := c.Read(ctx); !errors.Is(err, io.EOF) {
 		t.Errorf("read at the end: %v", err)
