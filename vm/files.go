@@ -87,8 +87,8 @@ func writeFileSync(path string, b []byte) error {
 	return f.Close()
 }
 
-// syncFile makes the file at path durable.
-func syncFile(path string) error {
+// syncPath makes the file at path durable, or a directory's entries.
+func syncPath(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err

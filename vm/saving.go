@@ -488,7 +488,7 @@ func (s *saving) sync(context.Context) error {
 		return err
 	}
 	s.hashDisk()
-	if err := syncFile(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
+	if err := syncPath(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
 		return err
 	}
 	if s.o.InMemory {
@@ -541,13 +541,13 @@ func (s *saving) seal(context.Context) error {
 	if err := writeFileSync(filepath.Join(s.tmp, SavePointMetaFile), append(b, '\n')); err != nil {
 		return err
 	}
-	if err := syncDir(s.tmp); err != nil {
+	if err := syncPath(s.tmp); err != nil {
 		return err
 	}
 	if err := os.Rename(s.tmp, s.dir); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(s.dir))
+	return syncPath(filepath.Dir(s.dir))
 }
 
 // machine records what the save point can be restored into.
@@ -559,14 +559,4 @@ func (s *saving) machine() error {
 	m := &s.meta
 	m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.QEMUVersion = want.ImageDigest, want.KernelDigest, want.InitrdDigest, want.QEMUVersion
 	return nil
-}
-
-// syncDir makes a directory's entries durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
