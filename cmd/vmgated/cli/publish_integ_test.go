@@ -207,7 +207,7 @@ func TestServe_Publish(t *testing.T) {
 		// server waits for their requests), the fifth is reset at once,
 		// and the first still works.
 		var held []net.Conn
-		for range 5 {
+		for range 4 {
 			c, err := net.Dial("tcp", tcp.addr)
 			if err != nil {
 				t.Fatal(err)
@@ -215,9 +215,17 @@ func TestServe_Publish(t *testing.T) {
 			defer c.Close()
 			held = append(held, c)
 		}
-		_ = held[4].SetReadDeadline(time.Now().Add(30 * time.Second))
-		if n, err := held[4].Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
-			t.Errorf("the fifth connection: %d bytes, %v, want a reset", n, err)
+		// The reset can come before the dial returns: Go's dial reads
+		// the socket's error once the handshake is done, and on loopback
+		// the forward's reset may already be there.
+		fifth, err := net.Dial("tcp", tcp.addr)
+		if err == nil {
+			defer fifth.Close()
+			_ = fifth.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, err = fifth.Read(make([]byte, 1))
+		}
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("the fifth connection: %v, want a reset", err)
 		}
 		_ = held[0].SetDeadline(time.Now().Add(30 * time.Second))
 		if _, err := io.WriteString(held[0], "GET /index.html HTTP/1.0\r\n\r\n"); err != nil {
