@@ -480,15 +480,7 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
 			err = readPages(src, func(off int64, p []byte) error { _, err := dst.WriteAt(p, off); return err })
 		}
 	} else {
-		d := migstream.NewPageDigest()
-		err = readPages(src, func(off int64, p []byte) error {
-			if err := d.Add(off, p); err != nil {
-				return err
-			}
-			_, err := dst.WriteAt(p, off)
-			return err
-		})
-		sum = d.Sum()
+		sum, _, err = copyRAMImage(dst, src)
 	}
 	switch {
 	case err != nil:
@@ -506,12 +498,19 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
 // offset and bytes; the bytes are reused after fn returns).
 func readPages(f *os.File, fn func(off int64, p []byte) error) error {
 	buf := make([]byte, 1<<20)
+	return readPagesInto(f, func() []byte { return buf }, fn)
+}
+
+// readPagesInto is readPages reading each run into a buffer of next's
+// (1 MiB, or more); fn then owns it.
+func readPagesInto(f *os.File, next func() []byte, fn func(off int64, p []byte) error) error {
 	done := int64(0) // what was read: extents are read in whole pages
 	return dataExtents(f, func(off, n int64) error {
 		end := (off + n + migstream.PageSize - 1) &^ (migstream.PageSize - 1)
 		off = max(off&^(migstream.PageSize-1), done)
 		done = max(done, end)
 		for off < end {
+			buf := next()
 			k := min(int64(len(buf)), end-off)
 			if _, err := f.ReadAt(buf[:k], off); err != nil && !errors.Is(err, io.EOF) {
 				return err

@@ -1,14 +1,18 @@
 package vm
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/vmgate/vmgate/vm/image"
+	"github.com/vmgate/vmgate/vm/migstream"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
@@ -59,4 +63,154 @@ func TestSavePointMatches(t *testing.T) {
 			t.Errorf("%s: %v", tc.want, err)
 		}
 	}
+}
+
+// TestCopyRAMImage: the RAM image copy that resumes and resumed VMs'
+// saves make, its digest taken beside it. The copy holds src's data
+// pages at their offsets and no zero page (a memory file stays unwritten
+// there, a file keeps a hole), the digest is the page digest of src as
+// one pass computes it, and a write that fails ends the copy with its
+// error, without waiting for the rest.
+func TestCopyRAMImage(t *testing.T) {
+	const page = migstream.PageSize
+	const size = 64 << 20
+	dir := t.TempDir()
+	srcPath := filepath.Join(dir, "ram")
+	src, err := os.Create(srcPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if err := src.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	// Runs of data pages across the 1 MiB reads, a zero page inside a
+	// data extent, and holes between.
+	rnd := rand.New(rand.NewPCG(1, 2))
+	want := make([]byte, size)
+	for _, r := range []struct{ off, n int64 }{{0, 3}, {255, 3}, {1024, 600}, {9000, 1}, {size/page - 2, 2}} {
+		b := want[r.off*page : (r.off+r.n)*page]
+		for i := range b {
+			b[i] = byte(rnd.Uint32())
+		}
+		if _, err := src.WriteAt(b, r.off*page); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := src.WriteAt(make([]byte, page), 1100*page); err != nil { // zeros, written
+		t.Fatal(err)
+	}
+	clear(want[1100*page : 1101*page])
+	serial := migstream.NewPageDigest()
+	if err := serial.Add(0, want); err != nil {
+		t.Fatal(err)
+	}
+	wantPages := int64(3 + 3 + 600 - 1 + 1 + 2)
+
+	mem, err := memFile("test-ram", size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	sum, pages, err := copyRAMImage(mem, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum != serial.Sum() || pages != wantPages {
+		t.Errorf("digest %s, %d pages; want %s, %d", short(sum), pages, short(serial.Sum()), wantPages)
+	}
+	got := make([]byte, size)
+	if _, err := mem.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the memory file's bytes differ from the image's")
+	}
+
+	// Into a file: the zero page stays a hole.
+	out, err := os.Create(filepath.Join(dir, "copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if err := out.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := copyRAMImage(out, src); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := allocatedBytes(out.Name()), wantPages*page; got != want {
+		t.Errorf("the copy allocates %d bytes, want %d (its data pages only)", got, want)
+	}
+
+	// A failing write.
+	full := &failingWriter{after: 2}
+	if _, _, err := copyRAMImage(full, src); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("copy into a full disk: %v, want ENOSPC", err)
+	}
+}
+
+// failingWriter fails with ENOSPC after its first writes.
+type failingWriter struct{ after int }
+
+func (w *failingWriter) WriteAt(p []byte, _ int64) (int, error) {
+	if w.after == 0 {
+		return 0, syscall.ENOSPC
+	}
+	w.after--
+	return len(p), nil
+}
+
+// TestFillRAMDamaged: a resume's copy of a save point's RAM refuses a
+// RAM file changed by one byte, or cut, as ErrSavePointDamaged.
+func TestFillRAMDamaged(t *testing.T) {
+	const size = 8 << 20
+	dir := t.TempDir()
+	ram := make([]byte, size)
+	for i := range 300 * migstream.PageSize {
+		ram[i] = byte(i*7 + 1)
+	}
+	d := migstream.NewPageDigest()
+	if err := d.Add(0, ram); err != nil {
+		t.Fatal(err)
+	}
+	sp := &SavePoint{Dir: dir, Meta: SavePointMeta{Format: 2, MemoryMiB: size >> 20, RAMSHA256: d.Sum()}}
+	path := filepath.Join(dir, RAMFile)
+	for name, damage := range map[string]func() error{
+		"intact":        func() error { return nil },
+		"one byte":      func() error { _, err := writeAt(path, []byte{0xff}, 100*migstream.PageSize+5); return err },
+		"a page zeroed": func() error { _, err := writeAt(path, make([]byte, migstream.PageSize), 0); return err },
+		"cut in half":   func() error { return os.Truncate(path, size/2) },
+	} {
+		if err := os.WriteFile(path, ram, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := damage(); err != nil {
+			t.Fatal(err)
+		}
+		mem, err := memFile("test-ram", size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sp.fillRAM(mem, true)
+		mem.Close()
+		if name == "intact" {
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrSavePointDamaged) {
+			t.Errorf("%s: %v, want ErrSavePointDamaged", name, err)
+		}
+	}
+}
+
+func writeAt(path string, b []byte, off int64) (int, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return f.WriteAt(b, off)
 }

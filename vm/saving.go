@@ -2,6 +2,7 @@ package vm
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -449,36 +450,71 @@ func (s *saving) stream(ctx context.Context) error {
 }
 
 // copyRAMImage copies the pages of src (a RAM image) that are not all
-// zeros to dst at their offsets, and returns their digest
-// (migstream.PageDigest) and number.
+// zeros to dst (zeros, or a sparse file) at their offsets, and returns
+// their digest (migstream.PageDigest) and number. The digest is taken by
+// a goroutine of its own, a few runs behind the copy: a resume (into a
+// memory file) and a resumed VM's save (into a file) wait for both, and
+// each takes about as long as the other (SHA-256, and the destination's
+// page allocation; docs/benchmarks.md).
 func copyRAMImage(dst io.WriterAt, src *os.File) (string, int64, error) {
+	const depth = 4 // runs in flight, of 1 MiB
+	type run struct {
+		off int64
+		p   []byte
+	}
+	free, full := make(chan []byte, depth), make(chan run, depth)
+	for range depth {
+		free <- make([]byte, 1<<20)
+	}
 	d := migstream.NewPageDigest()
+	digested := make(chan error, 1)
+	go func() {
+		var err error
+		for r := range full {
+			if err == nil {
+				err = d.Add(r.off, r.p)
+			}
+			free <- r.p[:cap(r.p)]
+		}
+		digested <- err
+	}()
 	var pages int64
-	err := readPages(src, func(off int64, p []byte) error {
-		if err := d.Add(off, p); err != nil {
+	err := readPagesInto(src, func() []byte { return <-free }, func(off int64, p []byte) error {
+		n, err := writeDataPages(dst, off, p)
+		pages += n
+		if err != nil {
+			free <- p[:cap(p)]
 			return err
 		}
-		// Runs of pages with data are written; zero pages stay holes.
-		start := -1
-		for i := 0; i <= len(p); i += migstream.PageSize {
-			zero := i == len(p) || migstream.IsZeroPage(p[i:i+migstream.PageSize])
-			switch {
-			case !zero && start < 0:
-				start = i
-			case zero && start >= 0:
-				if _, err := dst.WriteAt(p[start:i], off+int64(start)); err != nil {
-					return err
-				}
-				pages += int64(i-start) / migstream.PageSize
-				start = -1
-			}
-		}
+		full <- run{off, p}
 		return nil
 	})
-	if err != nil {
+	close(full)
+	if err := cmp.Or(err, <-digested); err != nil {
 		return "", 0, err
 	}
 	return d.Sum(), pages, nil
+}
+
+// writeDataPages writes the runs of p's pages that are not all zeros to
+// dst, p being at offset off, and returns how many pages it wrote.
+func writeDataPages(dst io.WriterAt, off int64, p []byte) (int64, error) {
+	var pages int64
+	start := -1
+	for i := 0; i <= len(p); i += migstream.PageSize {
+		zero := i == len(p) || migstream.IsZeroPage(p[i:i+migstream.PageSize])
+		switch {
+		case !zero && start < 0:
+			start = i
+		case zero && start >= 0:
+			if _, err := dst.WriteAt(p[start:i], off+int64(start)); err != nil {
+				return pages, err
+			}
+			pages += int64(i-start) / migstream.PageSize
+			start = -1
+		}
+	}
+	return pages, nil
 }
 
 // sync makes the state and the RAM image durable (a file), or seals the
