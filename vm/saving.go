@@ -58,9 +58,10 @@ type saving struct {
 	meta    SavePointMeta
 	overlay chan digest // the disk's digest, taken while the RAM is saved
 	copied  chan error  // the disk's copy is made (copyDisk)
-	// hungUp is when the host hung up; handedBack is set by q's onEvent
-	// once the guest agent's port event came (flatten runs meanwhile).
-	hungUp     time.Time
+	// hungUp is where the hand-back began; handedBack is set by q's
+	// onEvent once the guest agent's port event came (flatten runs
+	// meanwhile).
+	hungUp     handBackMark
 	handedBack bool
 }
 
@@ -196,10 +197,9 @@ func (s *saving) undo() error {
 
 // hangUp closes the agent connection (VM.handBack's first half): a VM
 // restored from the save point makes a connection of its own, as a clone
-// of a template does. The guest agent's port event, which says it has
+// of a template does. The guest agent's close, which says it has
 // finished with the connection, is waited for by handOver, after the
-// flatten: QEMU holds that event back for up to a second after an earlier
-// one of the port (a restore's), and the flatten's copy runs meanwhile.
+// flatten, whose copy runs meanwhile (handback.go).
 func (s *saving) hangUp(ctx context.Context) error {
 	q, err := dialQMP(ctx, filepath.Join(s.v.Dir, QMPSocket), s.v.exited)
 	if err != nil {
@@ -207,9 +207,9 @@ func (s *saving) hangUp(ctx context.Context) error {
 	}
 	s.q = q
 	s.away = true
-	s.hungUp = s.v.hangUp()
+	s.hungUp = s.v.hangUp(ctx, q)
 	q.onEvent = func(r qmpReply) {
-		if isHandBack(r, s.hungUp) {
+		if isHandBack(r, s.hungUp.since) {
 			s.handedBack = true
 		}
 	}
@@ -220,9 +220,12 @@ func (s *saving) hangUp(ctx context.Context) error {
 // hangUp closed (VM.handBack's second half).
 func (s *saving) handOver(ctx context.Context) error {
 	s.q.onEvent = nil
-	if err := s.v.awaitHandBack(ctx, s.q, s.hungUp, s.handedBack); err != nil {
+	by, err := s.v.awaitHandBack(ctx, s.q, s.hungUp, s.handedBack)
+	if err != nil {
 		return s.v.fail("save", nil, err)
 	}
+	s.v.handedBackBy = by
+	s.v.log.Debug("the guest agent handed its port back", "by", by, "after", time.Since(s.hungUp.since).Round(time.Microsecond))
 	return nil
 }
 

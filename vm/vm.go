@@ -62,6 +62,9 @@ type VM struct {
 	// of migrating it page by page; nil for a VM whose RAM is QEMU's or a
 	// private mapping.
 	ram *os.File
+	// handedBackBy says how the last save learnt that the guest agent had
+	// closed its port (handback.go): byControlQueue or byPortEvent.
+	handedBackBy string
 
 	mu     sync.Mutex
 	cause  error // why the daemon killed QEMU, if it did
