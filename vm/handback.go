@@ -68,6 +68,9 @@ type handBackMark struct {
 const (
 	byControlQueue = "control queue"
 	byPortEvent    = "port event"
+	// byEarlierEvent: the port event was read by a command between the
+	// hang-up and the wait (a save's flatten), before the wait began.
+	byEarlierEvent = "port event, read before the wait"
 )
 
 // handBack closes the agent connection and waits until the guest agent
@@ -100,7 +103,7 @@ func (v *VM) hangUp(ctx context.Context, q *qmp) handBackMark {
 // of the close.
 func (v *VM) awaitHandBack(ctx context.Context, q *qmp, m handBackMark, seen bool) (string, error) {
 	if seen {
-		return byPortEvent, nil
+		return byEarlierEvent, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, handBackLimit)
 	defer cancel()

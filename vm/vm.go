@@ -63,7 +63,8 @@ type VM struct {
 	// private mapping.
 	ram *os.File
 	// handedBackBy says how the last save learnt that the guest agent had
-	// closed its port (handback.go): byControlQueue or byPortEvent.
+	// closed its port (handback.go): byControlQueue, byPortEvent or
+	// byEarlierEvent.
 	handedBackBy string
 
 	mu     sync.Mutex
