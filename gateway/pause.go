@@ -488,10 +488,14 @@ func (s *Server) resume(ctx context.Context, ss *session, st *execState) error {
 	}
 	s.metrics.resumed(time.Since(t0))
 	// The VM holds the RAM now; the save point stays as its disk's
-	// backing.
-	if err := sp.DropRAMFile(); err != nil {
-		s.log.Warn("free a resumed session's saved RAM", "session", ss.key.name, "err", err)
-	}
+	// backing, and its RAM file is removed once the session is idle
+	// (DropRAMFile).
+	remove := sp.DropRAMFile()
+	ss.whenIdle(func() {
+		if err := remove(); err != nil {
+			s.log.Warn("free a resumed session's saved RAM", "session", ss.key.name, "err", err)
+		}
+	})
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: ss.key.name, VMID: v.ID, Profile: ss.profile, Message: "resumed",
 		Snapshot: sp.Meta.Digest(), DurationMS: time.Since(t0).Milliseconds()}
 	setCaller(&rec, st.id)

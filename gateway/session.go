@@ -61,6 +61,9 @@ type session struct {
 	// session is neither idle nor paused automatically.
 	pubs       []*publication
 	forwarding int
+	// idleWork is housekeeping no request waits for, which the reaper
+	// runs once the session is not in use (whenIdle).
+	idleWork []func()
 }
 
 func newSession(key sessionKey, id policy.Identity, v policy.Verdict, shape vm.Shape, now time.Time) *session {
@@ -120,6 +123,15 @@ func (ss *session) give() {
 	ss.lastUsed = time.Now()
 	close(ss.free)
 	ss.free = make(chan struct{})
+	ss.mu.Unlock()
+}
+
+// whenIdle has the reaper run f (in a goroutine of its own) at its first
+// round (once a second) that finds the session not in use: after the
+// operation that owns it now has ended.
+func (ss *session) whenIdle(f func()) {
+	ss.mu.Lock()
+	ss.idleWork = append(ss.idleWork, f)
 	ss.mu.Unlock()
 }
 
@@ -281,7 +293,18 @@ func (s *Server) reap(now time.Time) {
 		busy := ss.busy
 		expired := !ss.busy && !now.Before(ss.expiryLocked())
 		due := ss.pauseDueLocked(now)
+		var work []func()
+		if !busy {
+			work, ss.idleWork = ss.idleWork, nil
+		}
 		ss.mu.Unlock()
+		if len(work) > 0 {
+			go func() {
+				for _, f := range work {
+					f()
+				}
+			}()
+		}
 		switch {
 		case dead && busy:
 			s.destroySession(ss, "its vm died") // its command is told

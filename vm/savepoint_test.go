@@ -214,3 +214,36 @@ func writeAt(path string, b []byte, off int64) (int, error) {
 	defer f.Close()
 	return f.WriteAt(b, off)
 }
+
+// TestDropRAMFile: a resumed VM's save point cannot be restored from once
+// DropRAMFile returns, and its RAM file is removed when the caller runs
+// the removal, the rest of the save point kept.
+func TestDropRAMFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{RAMFile, OverlayFile} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sp := &SavePoint{Dir: dir}
+	remove := sp.DropRAMFile()
+	if _, err := sp.Restore(t.Context(), Options{}, false); err == nil || !strings.Contains(err.Error(), "dropped") {
+		t.Errorf("restore after DropRAMFile: %v, want refused", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, RAMFile)); err != nil {
+		t.Errorf("RAM file before its removal: %v", err)
+	}
+	if err := remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, RAMFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("RAM file after the drop: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, OverlayFile)); err != nil {
+		t.Errorf("the disk after the drop: %v", err)
+	}
+	// A second removal (the file gone) is no error.
+	if err := remove(); err != nil {
+		t.Errorf("second removal: %v", err)
+	}
+}
