@@ -85,9 +85,7 @@ func (v *VM) handBack(ctx context.Context, q *qmp) error {
 // returns the mark awaitHandBack waits from.
 func (v *VM) hangUp(ctx context.Context, q *qmp) handBackMark {
 	var m handBackMark
-	if dev, err := serialDevice(ctx, q); err != nil {
-		v.log.Debug("the hand-back waits for the port event", "why", err)
-	} else if n, err := controlSent(ctx, q, dev); err != nil {
+	if dev, n, err := controlQueue(ctx, q); err != nil {
 		v.log.Debug("the hand-back waits for the port event", "why", err)
 	} else {
 		m.device, m.sent = dev, n
@@ -140,6 +138,18 @@ func (v *VM) awaitHandBack(ctx context.Context, q *qmp, m handBackMark, seen boo
 		case <-time.After(handBackPoll):
 		}
 	}
+}
+
+// controlQueue returns the QOM path of the VM's virtio-serial device and
+// its control queue's used index now (controlSent); an error if this
+// QEMU reports neither (before 7.2).
+func controlQueue(ctx context.Context, q *qmp) (string, uint16, error) {
+	dev, err := serialDevice(ctx, q)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := controlSent(ctx, q, dev)
+	return dev, n, err
 }
 
 // serialDevice returns the QOM path of the VM's virtio-serial device

@@ -48,10 +48,7 @@ func TestSavePoint(t *testing.T) {
 	if q, err := dialQMP(ctx, filepath.Join(p.Dir, QMPSocket), p.exited); err != nil {
 		t.Fatal(err)
 	} else {
-		dev, err := serialDevice(ctx, q)
-		if err == nil {
-			_, err = controlSent(ctx, q, dev)
-		}
+		_, _, err := controlQueue(ctx, q)
 		q.Close()
 		if err != nil {
 			t.Fatalf("the agent's control queue: %v", err)
