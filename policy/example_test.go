@@ -133,10 +133,14 @@ func TestDefaultPolicy(t *testing.T) {
 			MemoryMiB:   512,
 			CPUs:        1,
 			DiskMiB:     DefaultDiskMiB,
-			MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
-			SessionIdle:   10 * time.Minute,
-			SessionMax:    time.Hour,
-			AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16},
+			// A session, and a command beside it or two forks of it
+			// (README, docs/sessions.md), with a VM left for another
+			// caller.
+			MaxVMs: 4, CallerVMs: 3, CallerQueue: 4,
+			SessionIdle: 10 * time.Minute,
+			SessionMax:  time.Hour,
+			// An idle session is paused, not ended.
+			AllowSessions: true, Paused: PausedLimits{After: 5 * time.Minute, MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16},
 			Files: FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 		}
 		if !v.Allowed || v.Profile != "default" || v.Rule != "default" || v.Limits != want || v.User != "agent" || v.Image != "default" {
