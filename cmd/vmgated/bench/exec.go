@@ -17,6 +17,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -778,9 +779,6 @@ func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int,
 	return errors.Join(err, serr, d.Stop())
 }
 
-// benchPolicy is the built-in policy with room for maxVMs VMs, all for
-// the one caller (it allows two per profile, one per caller), and with network a network allowlist of one name: the
-// benchmark's commands make no connection, so nothing is looked up.
 // withASLR sets the policy's isolate.guest_aslr to aslr ("": its default).
 func withASLR(text []byte, aslr string) []byte {
 	if aslr == "" {
@@ -789,10 +787,17 @@ func withASLR(text []byte, aslr string) []byte {
 	return append(text, fmt.Sprintf("\n[isolate]\nguest_aslr = %q\n", aslr)...)
 }
 
+// benchPolicy is the built-in policy with room for maxVMs VMs, all for
+// the one caller, the benchmark, and with network a network allowlist of
+// one name: the benchmark's commands make no connection, so nothing is
+// looked up. The built-in policy's own values are replaced whatever they
+// are (TestBenchPolicy checks the result).
 func benchPolicy(maxVMs int, network bool) []byte {
-	// One caller, the benchmark, may use every VM.
-	text := bytes.Replace(policy.DefaultTOML(), []byte("\nmax_vms = 2\n"), []byte(fmt.Sprintf("\nmax_vms = %d\n", maxVMs)), 1)
-	text = bytes.Replace(text, []byte("\nmax_vms_per_caller = 1\n"), []byte(fmt.Sprintf("\nmax_vms_per_caller = %d\n", maxVMs)), 1)
+	text := policy.DefaultTOML()
+	for _, key := range []string{"max_vms", "max_vms_per_caller"} {
+		re := regexp.MustCompile(`(?m)^` + key + ` = \d+$`)
+		text = re.ReplaceAll(text, []byte(fmt.Sprintf("%s = %d", key, maxVMs)))
+	}
 	if network {
 		text = bytes.Replace(text, []byte("\nmode = \"none\"\n"), []byte("\nmode = \"allowlist\"\nallow = [\"bench.invalid:443\"]\n"), 1)
 	}
