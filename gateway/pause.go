@@ -397,7 +397,7 @@ func (s *Server) pause(ctx context.Context, ss *session, why string, budget bool
 	}
 	s.metrics.paused(time.Since(t0))
 	rec := audit.Record{Kind: audit.KindSession, Session: ss.key.name, VMID: v.ID, Profile: ss.profile, Message: "paused: " + why,
-		Snapshot: sp.Meta.Digest(), SnapshotBytes: sp.Meta.DiskBytes(), DurationMS: time.Since(t0).Milliseconds()}
+		Snapshot: sp.Digest(), SnapshotBytes: sp.Meta.DiskBytes(), DurationMS: time.Since(t0).Milliseconds()}
 	setCaller(&rec, ss.id)
 	rec.PID = 0
 	_ = s.audit.Write(rec)
@@ -497,7 +497,7 @@ func (s *Server) resume(ctx context.Context, ss *session, st *execState) error {
 		}
 	})
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: ss.key.name, VMID: v.ID, Profile: ss.profile, Message: "resumed",
-		Snapshot: sp.Meta.Digest(), DurationMS: time.Since(t0).Milliseconds()}
+		Snapshot: sp.Digest(), DurationMS: time.Since(t0).Milliseconds()}
 	setCaller(&rec, st.id)
 	_ = s.audit.Write(rec)
 	s.log.Info("session resumed", "session", ss.key.name, "vm", v.ID, "ms", time.Since(t0).Milliseconds(), "phases", fmt.Sprint(v.Phases()))
@@ -636,7 +636,7 @@ func (s *Server) fork(ctx context.Context, ss *session, st *execState, newNames 
 	}
 	s.metrics.forked(len(copies), time.Since(t0))
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: ss.key.name, Profile: ss.profile, Message: "forked",
-		Children: children, Snapshot: sp.Meta.Digest(), DurationMS: time.Since(t0).Milliseconds()}
+		Children: children, Snapshot: sp.Digest(), DurationMS: time.Since(t0).Milliseconds()}
 	setCaller(&rec, st.id)
 	_ = s.audit.Write(rec)
 	s.log.Info("session forked", "session", ss.key.name, "copies", children, "ms", time.Since(t0).Milliseconds())
@@ -707,7 +707,7 @@ func (s *Server) forkCopy(ctx context.Context, parent *session, st *execState, s
 	s.sessions[c.key] = c
 	s.mu.Unlock()
 	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: name, VMID: v.ID, Profile: c.profile,
-		Message: "created: a fork of " + parent.key.name, Parent: parent.key.name, Snapshot: sp.Meta.Digest()}
+		Message: "created: a fork of " + parent.key.name, Parent: parent.key.name, Snapshot: sp.Digest()}
 	setCaller(&rec, st.id)
 	_ = s.audit.Write(rec)
 	return c, nil

@@ -29,7 +29,9 @@ package vm
 // VM is restored, so a file changed or cut afterwards (a damaged disk, a
 // full one) is found and refused (ErrSavePointDamaged). A fork's save
 // point, whose copies are restored from it at once, is not checked
-// again: its files are the daemon's of a moment ago. A save point is
+// again: its files are the daemon's of a moment ago, and its digests,
+// which only name it in the audit log, are taken while its copies are
+// restored (SavePoint.Digest). A save point is
 // restored only into the machine it was saved from: the same image, QEMU,
 // accelerator and shape (ErrSavePointStale otherwise).
 
@@ -43,6 +45,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -124,6 +127,53 @@ type SavePoint struct {
 	ram     *os.File // the sealed copy of its RAM that shared restores map
 	// ramDropped: its RAM file was removed (DropRAMFile).
 	ramDropped bool
+	// A fork point's digests are taken after its save (takeDigests):
+	// digested is closed once they are, and whole is then its metadata
+	// with them (nil if they could not be taken).
+	digested chan struct{}
+	whole    *SavePointMeta
+}
+
+// Digest names the save point's content (SavePointMeta.Digest), for the
+// audit log. A fork point's is taken after its save, beside its copies'
+// restores, which do not check it (see the package doc): Digest waits for
+// it, and is empty if it could not be taken.
+func (sp *SavePoint) Digest() string {
+	if sp.digested == nil {
+		return sp.Meta.Digest()
+	}
+	<-sp.digested
+	if sp.whole == nil {
+		return ""
+	}
+	return sp.whole.Digest()
+}
+
+// takeDigests takes the digests that a fork point's save left out, of its
+// sealed RAM (unless the migration stream gave it) and of its disk, and
+// writes its metadata with them.
+func (sp *SavePoint) takeDigests(log *slog.Logger) {
+	defer close(sp.digested)
+	m := sp.Meta
+	var err error
+	if m.RAMSHA256 == "" {
+		d := migstream.NewPageDigest()
+		if err = readPages(sp.ram, d.Add); err == nil {
+			m.RAMSHA256 = d.Sum()
+		}
+	}
+	if err == nil {
+		m.OverlaySHA256, err = fileSHA256(filepath.Join(sp.Dir, OverlayFile))
+	}
+	if err == nil {
+		b, _ := json.MarshalIndent(m, "", "  ")
+		err = writeFileSync(filepath.Join(sp.Dir, SavePointMetaFile), append(b, '\n'))
+	}
+	if err != nil {
+		log.Warn("the fork point's digests could not be taken", "dir", sp.Dir, "err", err)
+		return
+	}
+	sp.whole = &m
 }
 
 // OpenSavePoint reads the save point in dir and checks that its files are
@@ -235,6 +285,9 @@ func (sp *SavePoint) DropRAMFile() (remove func() error) {
 }
 
 func (sp *SavePoint) remove() error {
+	if sp.digested != nil {
+		<-sp.digested // they read its files
+	}
 	sp.mu.Lock()
 	if sp.ram != nil {
 		_ = sp.ram.Close()

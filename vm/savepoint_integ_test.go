@@ -2,6 +2,9 @@ package vm
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm/migstream"
 )
 
 // TestSavePoint saves a running clone and restores copies from it: each
@@ -19,7 +23,9 @@ import (
 // writes; each has its own random numbers and a fresh clock; a VM saved
 // without keep is restored from its save point alone; a save point whose
 // RAM or state changed is refused and leaves nothing; a discarded save
-// point goes with its last VM.
+// point goes with its last VM. A fork point's digests, taken after its
+// save, are those of its RAM and disk, for a VM saved from a template's
+// RAM and for one resumed into a memory file of its own.
 func TestSavePoint(t *testing.T) {
 	img := testutil.RequiresImage(t)
 	state := t.TempDir()
@@ -67,6 +73,7 @@ func TestSavePoint(t *testing.T) {
 	if by := p.handedBackBy; by != byControlQueue && by != byEarlierEvent {
 		t.Errorf("the save learnt of the agent's close by %q, want %q (or %q)", by, byControlQueue, byEarlierEvent)
 	}
+	checkForkDigest(t, sp)
 	if d := sp.Meta.DiskBytes(); d > int64(sp.Meta.MemoryMiB)<<20+sp.Meta.OverlayBytes+sp.Meta.StateBytes {
 		t.Errorf("save point takes %d bytes", d)
 	}
@@ -150,6 +157,30 @@ func TestSavePoint(t *testing.T) {
 	clock("resumed", r)
 	if o := sh(r, "cat /root/after /dev/shm/s; x=$(cat /dev/shm/count); sleep 1; y=$(cat /dev/shm/count); test $y -gt $x && echo counting"); o.stdout != "after\nshm\ncounting\n" {
 		t.Errorf("resumed: %+v %q %q", o.res, o.stdout, o.stderr)
+	}
+	// A fork point of the resumed VM: its RAM copied from the VM's own
+	// memory file, its digest taken after the save.
+	spr, err := r.Save(ctx, filepath.Join(state, "spr"), SaveOptions{Keep: true, InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fork point of the resumed VM: %s", phasesString(spr.Meta.Phases))
+	c, err := spr.Restore(ctx, opts, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := sh(c, "cat /root/after /dev/shm/s; sha256sum -c /root/data.sum >/dev/null && echo ok"); o.stdout != "after\nshm\nok\n" {
+		t.Errorf("a copy of the resumed VM: %+v %q %q", o.res, o.stdout, o.stderr)
+	}
+	checkForkDigest(t, spr)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := spr.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(spr.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the discarded fork point outlived its VM: %v", err)
 	}
 	// Saving a VM restored from a save point folds that save point's
 	// disk into its own.
@@ -266,4 +297,36 @@ func copyTree(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// checkForkDigest checks a fork point's Digest, and the digests in its
+// metadata file, against digests of its sealed RAM and its disk read in
+// full.
+func checkForkDigest(t *testing.T, sp *SavePoint) {
+	t.Helper()
+	m := sp.Meta
+	d := migstream.NewPageDigest()
+	buf := make([]byte, 16<<20)
+	for off := int64(0); off < int64(m.MemoryMiB)<<20; off += int64(len(buf)) {
+		if _, err := sp.ram.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Add(off, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	disk, err := os.ReadFile(filepath.Join(sp.Dir, OverlayFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(disk)
+	m.RAMSHA256, m.OverlaySHA256 = d.Sum(), hex.EncodeToString(sum[:])
+	if got := sp.Digest(); got != m.Digest() {
+		t.Errorf("fork point's digest %q, want %q", got, m.Digest())
+	}
+	var file SavePointMeta
+	if b, err := os.ReadFile(filepath.Join(sp.Dir, SavePointMetaFile)); err != nil || json.Unmarshal(b, &file) != nil ||
+		file.RAMSHA256 != m.RAMSHA256 || file.OverlaySHA256 != m.OverlaySHA256 {
+		t.Errorf("fork point's %s: %+v (%v), want the digests of RAM %s and disk %s", SavePointMetaFile, file, err, short(m.RAMSHA256), short(m.OverlaySHA256))
+	}
 }

@@ -143,6 +143,8 @@ func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, e
 	sp := &SavePoint{Meta: s.meta, Dir: dir}
 	if o.InMemory {
 		sp.ram = s.ram
+		sp.digested = make(chan struct{})
+		go sp.takeDigests(v.log)
 	} else {
 		s.ram.Close()
 	}
@@ -310,6 +312,10 @@ func (s *saving) copyDisk(context.Context) error {
 			s.overlay <- digest{err: err}
 			return
 		}
+		if s.o.InMemory {
+			s.overlay <- digest{} // taken after the save (SavePoint.Digest)
+			return
+		}
 		sum, err := fileSHA256(dst)
 		s.overlay <- digest{sum, err}
 	}()
@@ -332,7 +338,7 @@ func (s *saving) awaitCopy() error {
 // hashDisk takes the digest of the save point's overlay in the
 // background, once.
 func (s *saving) hashDisk() {
-	if s.overlay != nil {
+	if s.overlay != nil || s.o.InMemory {
 		return
 	}
 	s.overlay = make(chan digest, 1)
@@ -440,7 +446,16 @@ func (s *saving) stream(ctx context.Context) error {
 	if s.v.ram != nil {
 		// The guest's RAM is a memory file of its own, which the stream
 		// left out (x-ignore-shared): copied while the guest is stopped.
-		sum, pages, err := copyRAMImage(ram, s.v.ram)
+		// A fork point's digest is taken after the save, while its copies
+		// are restored (SavePoint.Digest).
+		var sum string
+		var pages int64
+		var err error
+		if s.o.InMemory {
+			pages, err = copyDataPages(ram, s.v.ram)
+		} else {
+			sum, pages, err = copyRAMImage(ram, s.v.ram)
+		}
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
 		}
@@ -497,6 +512,17 @@ func copyRAMImage(dst io.WriterAt, src *os.File) (string, int64, error) {
 		return "", 0, err
 	}
 	return d.Sum(), pages, nil
+}
+
+// copyDataPages is copyRAMImage without the digest.
+func copyDataPages(dst io.WriterAt, src *os.File) (int64, error) {
+	var pages int64
+	err := readPages(src, func(off int64, p []byte) error {
+		n, err := writeDataPages(dst, off, p)
+		pages += n
+		return err
+	})
+	return pages, err
 }
 
 // writeDataPages writes the runs of p's pages that are not all zeros to
@@ -563,22 +589,27 @@ func (s *saving) resume(ctx context.Context) error {
 }
 
 // seal takes the disk's digest and size, writes the metadata, and makes
-// the save point whole under its name.
+// the save point whole under its name. A fork point's digests and
+// metadata come after the save (SavePoint.Digest).
 func (s *saving) seal(context.Context) error {
 	m := &s.meta
-	d := <-s.overlay
-	if d.err != nil {
-		return d.err
+	if !s.o.InMemory {
+		d := <-s.overlay
+		if d.err != nil {
+			return d.err
+		}
+		m.OverlaySHA256 = d.sum
 	}
-	m.OverlaySHA256 = d.sum
 	m.OverlayBytes = allocatedBytes(filepath.Join(s.tmp, OverlayFile))
 	if err := s.machine(); err != nil {
 		return err
 	}
 	m.SavedAt = time.Now().UTC()
-	b, _ := json.MarshalIndent(m, "", "  ")
-	if err := writeFileSync(filepath.Join(s.tmp, SavePointMetaFile), append(b, '\n')); err != nil {
-		return err
+	if !s.o.InMemory {
+		b, _ := json.MarshalIndent(m, "", "  ")
+		if err := writeFileSync(filepath.Join(s.tmp, SavePointMetaFile), append(b, '\n')); err != nil {
+			return err
+		}
 	}
 	if err := syncPath(s.tmp); err != nil {
 		return err
