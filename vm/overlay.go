@@ -3,6 +3,8 @@ package vm
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,7 +23,9 @@ import (
 // process (23 ms under load). The cached bytes are keyed by the backing
 // file's path, device, inode, size and modification time, so a rebuilt
 // image or template gets overlays of its own; each VM's overlay is still
-// its own new file.
+// its own new file. Overlays on save points' disks (a resume's, a fork's
+// copies') are copies of one blank overlay per disk size, with their own
+// backing file's name (savePointBlank).
 
 type overlayKey struct {
 	path       string
@@ -65,29 +69,15 @@ func createOverlay(ctx context.Context, base, overlay string) error {
 // save point's disk was written by a VM's QEMU, which a guest may have
 // taken over, and is parsed by QEMU in its jail only.
 func createOverlayOf(ctx context.Context, base, overlay string, sizeMiB int) error {
-	k, err := keyOf(base)
+	var blank []byte
+	var err error
+	if sizeMiB == 0 {
+		blank, err = imageBlank(ctx, base, filepath.Dir(overlay))
+	} else {
+		blank, err = savePointBlank(ctx, base, filepath.Dir(overlay), sizeMiB)
+	}
 	if err != nil {
 		return err
-	}
-	// Only an image's base is cached: it serves every VM of the image. A
-	// save point's disk serves one resume or one fork, and a daemon that
-	// pauses and resumes for months would keep one entry for each.
-	cache := sizeMiB == 0
-	blankOverlays.Lock()
-	blank, ok := blankOverlays.m[k]
-	blankOverlays.Unlock()
-	if !ok || !cache {
-		if blank, err = makeBlankOverlay(ctx, base, filepath.Dir(overlay), sizeMiB); err != nil {
-			return err
-		}
-	}
-	if !ok && cache {
-		blankOverlays.Lock()
-		if len(blankOverlays.m) >= maxBlankOverlays {
-			clear(blankOverlays.m) // images replaced many times over
-		}
-		blankOverlays.m[k] = blank
-		blankOverlays.Unlock()
 	}
 	f, err := os.OpenFile(overlay, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -101,6 +91,108 @@ func createOverlayOf(ctx context.Context, base, overlay string, sizeMiB int) err
 		return fmt.Errorf("create overlay: %w", err)
 	}
 	return nil
+}
+
+// imageBlank is the blank overlay on an image's base, made in dir the
+// first time and then kept: it serves every VM of the image.
+func imageBlank(ctx context.Context, base, dir string) ([]byte, error) {
+	k, err := keyOf(base)
+	if err != nil {
+		return nil, err
+	}
+	blankOverlays.Lock()
+	blank, ok := blankOverlays.m[k]
+	blankOverlays.Unlock()
+	if ok {
+		return blank, nil
+	}
+	if blank, err = makeBlankOverlay(ctx, base, dir, 0); err != nil {
+		return nil, err
+	}
+	blankOverlays.Lock()
+	if len(blankOverlays.m) >= maxBlankOverlays {
+		clear(blankOverlays.m) // images replaced many times over
+	}
+	blankOverlays.m[k] = blank
+	blankOverlays.Unlock()
+	return blank, nil
+}
+
+// blanksBySize keeps, per virtual size (MiB), one blank overlay that
+// qemu-img made on a save point's disk.
+var blanksBySize = struct {
+	sync.Mutex
+	m map[int][]byte
+}{m: map[int][]byte{}}
+
+// savePointBlank is a blank overlay of sizeMiB on a save point's disk,
+// backing. A save point's disk serves one resume or one fork, and a daemon
+// that pauses and resumes for months would keep an entry for each; but
+// the overlays on them differ in the backing file's name alone, so one
+// made by qemu-img (in dir) is kept per size, and the others are copies of
+// it with their own name (withBacking): a copy instead of a qemu-img
+// process on every resume and every fork's copy.
+func savePointBlank(ctx context.Context, backing, dir string, sizeMiB int) ([]byte, error) {
+	if _, err := os.Stat(backing); err != nil {
+		return nil, fmt.Errorf("create overlay: %w", err)
+	}
+	blanksBySize.Lock()
+	kept, ok := blanksBySize.m[sizeMiB]
+	blanksBySize.Unlock()
+	if ok {
+		if b, err := withBacking(kept, backing); err == nil {
+			return b, nil
+		}
+		// A name withBacking cannot place: qemu-img makes this one.
+	}
+	b, err := makeBlankOverlay(ctx, backing, dir, sizeMiB)
+	if err != nil || ok {
+		return b, err
+	}
+	blanksBySize.Lock()
+	if len(blanksBySize.m) >= maxBlankOverlays {
+		clear(blanksBySize.m) // disk sizes changed many times over
+	}
+	blanksBySize.m[sizeMiB] = b
+	blanksBySize.Unlock()
+	return b, nil
+}
+
+// maxBackingName is the longest backing file name a qcow2 image may
+// have (QEMU's limit).
+const maxBackingName = 1023
+
+// withBacking returns a copy of blank, an empty qcow2 overlay that
+// qemu-img made, naming backing as its backing file instead. qemu-img
+// writes the name last in the image's first cluster (after the header and
+// its extensions), and the overlays it makes for two names differ only in
+// the name and its length (header bytes 16-19); withBacking refuses an
+// image laid out otherwise: a name not in the first cluster, or
+// anything after it there.
+func withBacking(blank []byte, backing string) ([]byte, error) {
+	if len(blank) < 24 || !bytes.HasPrefix(blank, []byte("QFI\xfb")) {
+		return nil, errors.New("not a qcow2 image")
+	}
+	off := binary.BigEndian.Uint64(blank[8:16])
+	n := uint64(binary.BigEndian.Uint32(blank[16:20]))
+	bits := binary.BigEndian.Uint32(blank[20:24])
+	if bits < 9 || bits > 21 {
+		return nil, fmt.Errorf("cluster bits %d", bits)
+	}
+	cluster := uint64(1) << bits
+	switch {
+	case off < 24 || off+n > cluster || cluster > uint64(len(blank)):
+		return nil, fmt.Errorf("backing file name at %d (%d bytes) is not in the first cluster", off, n)
+	case len(bytes.TrimLeft(blank[off+n:cluster], "\x00")) > 0:
+		return nil, errors.New("something follows the backing file name in the first cluster")
+	case backing == "" || len(backing) > maxBackingName || off+uint64(len(backing)) > cluster:
+		return nil, fmt.Errorf("a backing file name of %d bytes", len(backing))
+	}
+	b := bytes.Clone(blank)
+	clear(b[off:cluster])
+	copy(b[off:], backing)
+	binary.BigEndian.PutUint32(b[16:20], uint32(len(backing)))
+	return b, nil
 }
 
 // makeBlankOverlay runs qemu-img once for base, in dir, and returns the

@@ -105,6 +105,12 @@ func TestOverlayCacheKeepsImagesOnly(t *testing.T) {
 	if n := cached(); n != n0 {
 		t.Errorf("%d cached after 3 overlays on save points' disks, want %d", n, n0)
 	}
+	blanksBySize.Lock()
+	sizes := len(blanksBySize.m)
+	blanksBySize.Unlock()
+	if sizes != 1 {
+		t.Errorf("%d blank overlays kept for save points' disks of one size, want 1", sizes)
+	}
 	base := filepath.Join(dir, "base.qcow2")
 	qemuImg(t, "create", "-q", "-f", "qcow2", base, "1G")
 	if err := createOverlay(ctx, base, filepath.Join(dir, "img.qcow2")); err != nil {
@@ -113,4 +119,98 @@ func TestOverlayCacheKeepsImagesOnly(t *testing.T) {
 	if n := cached(); n != n0+1 {
 		t.Errorf("%d cached after an overlay on an image's base, want %d", n, n0+1)
 	}
+}
+
+// TestSavePointOverlays: an overlay on a save point's disk is, byte for
+// byte, what qemu-img makes for it, whether the kept blank overlay's
+// backing name is shorter, as long or longer than its own, and whether
+// it is the first of its size; qemu-img check finds nothing wrong in it.
+func TestSavePointOverlays(t *testing.T) {
+	testutil.RequiresQEMU(t)
+	dir := t.TempDir()
+	ctx := context.Background()
+	for i, name := range []string{
+		"sessions/0123456789abcdef/sp-01234567/overlay.qcow2",
+		"sessions/fedcba9876543210/sp-89abcdef/overlay.qcow2", // as long
+		"f/overlay.qcow2", // shorter
+		"forks/0123456789abcdef/a/much/longer/path/than/the/others/overlay.qcow2",
+	} {
+		backing := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(backing), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		qemuImg(t, "create", "-q", "-f", "qcow2", backing, "768M")
+		got := filepath.Join(dir, fmt.Sprintf("got%d.qcow2", i))
+		if err := createOverlayOf(ctx, backing, got, 768); err != nil {
+			t.Fatal(err)
+		}
+		want := filepath.Join(dir, fmt.Sprintf("want%d.qcow2", i))
+		qemuImg(t, "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, "-u", want, "768M")
+		g, _ := os.ReadFile(got)
+		w, _ := os.ReadFile(want)
+		if !bytes.Equal(g, w) {
+			t.Errorf("overlay on %s differs from qemu-img's", name)
+		}
+		qemuImg(t, "check", "-q", got)
+	}
+}
+
+// TestWithBacking: withBacking refuses images it cannot rename safely.
+func TestWithBacking(t *testing.T) {
+	testutil.RequiresQEMU(t)
+	dir := t.TempDir()
+	p := filepath.Join(dir, "blank.qcow2")
+	qemuImg(t, "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", "/a/backing.qcow2", "-u", p, "1G")
+	blank, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const nameAt = 16 // the backing file name's length
+	edit := func(f func(b []byte)) []byte {
+		b := bytes.Clone(blank)
+		f(b)
+		return b
+	}
+	off := int(blank[15]) | int(blank[14])<<8 // the name's offset (small)
+	for _, c := range []struct {
+		name, backing string
+		blank         []byte
+		want          string // "" for success
+	}{
+		{"renamed", "/b/backing.qcow2", blank, ""},
+		{"not qcow2", "/b", append([]byte("QFI\x00"), blank[4:]...), "not a qcow2"},
+		{"cut", "/b", blank[:20], "not a qcow2"},
+		{"name past the first cluster", "/b", edit(func(b []byte) { b[nameAt+1] = 0x01 }), "not in the first cluster"},
+		{"something after the name", "/b", edit(func(b []byte) { b[off+200] = 'x' }), "follows the backing file name"},
+		{"name too long", "/" + strings.Repeat("x", maxBackingName), blank, "1024 bytes"},
+		{"empty name", "", blank, "0 bytes"},
+	} {
+		got, err := withBacking(c.blank, c.backing)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: error %v, want %q", c.name, err, c.want)
+		case c.want == "":
+			out := filepath.Join(dir, "renamed.qcow2")
+			if err := os.WriteFile(out, got, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if info := qemuImg(t, "info", "-U", out); !strings.Contains(info, "backing file: "+c.backing) {
+				t.Errorf("%s: qemu-img info:\n%s", c.name, info)
+			}
+		}
+	}
+	if !bytes.Equal(blank, mustRead(t, p)) {
+		t.Error("withBacking changed the blank it was given")
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
