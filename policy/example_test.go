@@ -187,3 +187,29 @@ func TestDocExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainSessions: a profile that allows sessions says how long they
+// live, when they are paused, and what a caller may keep paused; one that
+// does not says nothing of them.
+func TestExplainSessions(t *testing.T) {
+	const head = "version = 1\n[[profile]]\nname = \"p\"\nmatch = { any = true }\n"
+	for _, c := range []struct {
+		name, text, want string
+	}{
+		{"built-in", string(DefaultTOML()), "  sessions: paused to disk after 5m without a command (sessions.pause_after; idle_timeout 10m pauses too); ended 1h after they began, paused or not; a caller keeps at most 4 paused, 4 GiB in all\n"},
+		{"idle timeout first", head + "[profile.sessions]\nallowed = true\nidle_timeout = \"2m\"\npause_after = \"10m\"\nmax_lifetime = \"30m\"\nmax_paused = 2\nmax_paused_mib = 1024\n",
+			"  sessions: paused to disk after 2m without a command (idle_timeout, with sessions.pause_after set); ended 30m after they began, paused or not; a caller keeps at most 2 paused, 1 GiB in all\n"},
+		{"no pause_after", head + "[profile.sessions]\nallowed = true\nidle_timeout = \"2m\"\nmax_lifetime = \"30m\"\n",
+			"  sessions: ended after 2m without a command; paused only when their owner asks (no sessions.pause_after); ended 30m after they began"},
+		{"not allowed", head, ""},
+	} {
+		p, err := Parse(c.name, []byte(c.text))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		got := p.Explain()
+		if c.want == "" && strings.Contains(got, "  sessions: ") || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("%s: Explain, want %q:\n%s", c.name, c.want, got)
+		}
+	}
+}

@@ -66,6 +66,9 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 		}
 	}
 	fmt.Fprintf(b, "  shell:    %s\n", yesNo(prof.allowShell, "allowed (vm-exec -c)", "not allowed"))
+	if l.AllowSessions {
+		fmt.Fprintf(b, "  sessions: %s\n", l.describeSessions())
+	}
 	if prof.rotate {
 		b.WriteString("  audit:    its local callers may rotate the audit log (audit_rotate = true)\n")
 	}
@@ -267,4 +270,20 @@ func yesNo(b bool, yes, no string) string {
 		return yes
 	}
 	return no
+}
+
+// describeSessions says how long a profile's sessions live, when they are
+// paused, and what a caller may keep paused.
+func (l *Limits) describeSessions() string {
+	var life string
+	switch after := l.Paused.After; {
+	case after > 0 && after < l.SessionIdle:
+		life = fmt.Sprintf("paused to disk after %s without a command (sessions.pause_after; idle_timeout %s pauses too)", formatDuration(after), formatDuration(l.SessionIdle))
+	case after > 0:
+		life = fmt.Sprintf("paused to disk after %s without a command (idle_timeout, with sessions.pause_after set)", formatDuration(l.SessionIdle))
+	default:
+		life = fmt.Sprintf("ended after %s without a command; paused only when their owner asks (no sessions.pause_after)", formatDuration(l.SessionIdle))
+	}
+	return fmt.Sprintf("%s; ended %s after they began, paused or not; a caller keeps at most %d paused, %s in all",
+		life, formatDuration(l.SessionMax), l.Paused.MaxCount, formatSize(l.Paused.MaxBytes))
 }
