@@ -34,14 +34,45 @@ type overlayKey struct {
 	modifiedNS int64
 }
 
-var blankOverlays = struct {
-	sync.Mutex
-	m map[overlayKey][]byte
-}{m: map[overlayKey][]byte{}}
+// blankCache keeps blank overlays by a key: imageBlanks by an image's
+// base, sizeBlanks by a save point's disk size (savePointBlank).
+type blankCache[K comparable] struct {
+	mu sync.Mutex
+	m  map[K][]byte
+}
 
-// maxBlankOverlays bounds the cache: one entry per image base (and per
-// rebuild of one).
+var (
+	imageBlanks blankCache[overlayKey]
+	sizeBlanks  blankCache[int]
+)
+
+// maxBlankOverlays bounds a cache: one entry per image base (and per
+// rebuild of one), or per disk size.
 const maxBlankOverlays = 64
+
+func (c *blankCache[K]) get(k K) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[k]
+	return b, ok
+}
+
+// put keeps b for k; a cache at its bound starts again (images or disk
+// sizes replaced many times over).
+func (c *blankCache[K]) put(k K, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxBlankOverlays {
+		c.m = map[K][]byte{}
+	}
+	c.m[k] = b
+}
+
+func (c *blankCache[K]) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
+}
 
 // maxBlankOverlay bounds a cached blank overlay: one for a 4 GiB disk is
 // 192 KiB (header, refcounts, L1 table).
@@ -100,30 +131,16 @@ func imageBlank(ctx context.Context, base, dir string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	blankOverlays.Lock()
-	blank, ok := blankOverlays.m[k]
-	blankOverlays.Unlock()
-	if ok {
+	if blank, ok := imageBlanks.get(k); ok {
 		return blank, nil
 	}
-	if blank, err = makeBlankOverlay(ctx, base, dir, 0); err != nil {
+	blank, err := makeBlankOverlay(ctx, base, dir, 0)
+	if err != nil {
 		return nil, err
 	}
-	blankOverlays.Lock()
-	if len(blankOverlays.m) >= maxBlankOverlays {
-		clear(blankOverlays.m) // images replaced many times over
-	}
-	blankOverlays.m[k] = blank
-	blankOverlays.Unlock()
+	imageBlanks.put(k, blank)
 	return blank, nil
 }
-
-// blanksBySize keeps, per virtual size (MiB), one blank overlay that
-// qemu-img made on a save point's disk.
-var blanksBySize = struct {
-	sync.Mutex
-	m map[int][]byte
-}{m: map[int][]byte{}}
 
 // savePointBlank is a blank overlay of sizeMiB on a save point's disk,
 // backing. A save point's disk serves one resume or one fork, and a daemon
@@ -136,9 +153,7 @@ func savePointBlank(ctx context.Context, backing, dir string, sizeMiB int) ([]by
 	if _, err := os.Stat(backing); err != nil {
 		return nil, fmt.Errorf("create overlay: %w", err)
 	}
-	blanksBySize.Lock()
-	kept, ok := blanksBySize.m[sizeMiB]
-	blanksBySize.Unlock()
+	kept, ok := sizeBlanks.get(sizeMiB)
 	if ok {
 		if b, err := withBacking(kept, backing); err == nil {
 			return b, nil
@@ -149,12 +164,7 @@ func savePointBlank(ctx context.Context, backing, dir string, sizeMiB int) ([]by
 	if err != nil || ok {
 		return b, err
 	}
-	blanksBySize.Lock()
-	if len(blanksBySize.m) >= maxBlankOverlays {
-		clear(blanksBySize.m) // disk sizes changed many times over
-	}
-	blanksBySize.m[sizeMiB] = b
-	blanksBySize.Unlock()
+	sizeBlanks.put(sizeMiB, b)
 	return b, nil
 }
 

@@ -88,28 +88,22 @@ func TestOverlaysFromCache(t *testing.T) {
 func TestOverlayCacheKeepsImagesOnly(t *testing.T) {
 	testutil.RequiresQEMU(t)
 	dir := t.TempDir()
-	cached := func() int {
-		blankOverlays.Lock()
-		defer blankOverlays.Unlock()
-		return len(blankOverlays.m)
-	}
+	cached := imageBlanks.len
 	ctx := context.Background()
-	n0 := cached()
+	n0, sizes0 := cached(), sizeBlanks.len()
 	for i := range 3 {
 		base := filepath.Join(dir, fmt.Sprintf("sp%d.qcow2", i))
 		qemuImg(t, "create", "-q", "-f", "qcow2", base, "1G")
-		if err := createOverlayOf(ctx, base, filepath.Join(dir, fmt.Sprintf("o%d.qcow2", i)), 1024); err != nil {
+		// A size no other test uses: its blank is made here.
+		if err := createOverlayOf(ctx, base, filepath.Join(dir, fmt.Sprintf("o%d.qcow2", i)), 1001); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := cached(); n != n0 {
 		t.Errorf("%d cached after 3 overlays on save points' disks, want %d", n, n0)
 	}
-	blanksBySize.Lock()
-	sizes := len(blanksBySize.m)
-	blanksBySize.Unlock()
-	if sizes != 1 {
-		t.Errorf("%d blank overlays kept for save points' disks of one size, want 1", sizes)
+	if n := sizeBlanks.len(); n != sizes0+1 {
+		t.Errorf("%d blank overlays kept by disk size after 3 on save points' disks of one new size, want %d", n, sizes0+1)
 	}
 	base := filepath.Join(dir, "base.qcow2")
 	qemuImg(t, "create", "-q", "-f", "qcow2", base, "1G")
