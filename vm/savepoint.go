@@ -112,6 +112,12 @@ func (m SavePointMeta) Digest() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// write writes the metadata file (SavePointMetaFile, 0400) into dir.
+func (m SavePointMeta) write(dir string) error {
+	b, _ := json.MarshalIndent(m, "", "  ")
+	return writeFileSync(filepath.Join(dir, SavePointMetaFile), append(b, '\n'))
+}
+
 // DiskBytes is the space the save point's files take.
 func (m SavePointMeta) DiskBytes() int64 { return m.OverlayBytes + m.StateBytes + m.RAMDataBytes }
 
@@ -166,8 +172,7 @@ func (sp *SavePoint) takeDigests(log *slog.Logger) {
 		m.OverlaySHA256, err = fileSHA256(filepath.Join(sp.Dir, OverlayFile))
 	}
 	if err == nil {
-		b, _ := json.MarshalIndent(m, "", "  ")
-		err = writeFileSync(filepath.Join(sp.Dir, SavePointMetaFile), append(b, '\n'))
+		err = m.write(sp.Dir)
 	}
 	if err != nil {
 		log.Warn("the fork point's digests could not be taken", "dir", sp.Dir, "err", err)

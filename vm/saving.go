@@ -606,8 +606,7 @@ func (s *saving) seal(context.Context) error {
 	}
 	m.SavedAt = time.Now().UTC()
 	if !s.o.InMemory {
-		b, _ := json.MarshalIndent(m, "", "  ")
-		if err := writeFileSync(filepath.Join(s.tmp, SavePointMetaFile), append(b, '\n')); err != nil {
+		if err := m.write(s.tmp); err != nil {
 			return err
 		}
 	}
