@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmgate/vmgate/vm/migstream"
 )
 
 // moveFile renames src to dst or, when they are on two filesystems (a
@@ -114,6 +116,100 @@ func readerSHA256(r io.Reader) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Domains of a save point's keyed checks (migstream.MAC) other than its
+// RAM's (migstream.MACDomainRAM).
+const (
+	macDomainOverlay = 2
+	macDomainState   = 3
+)
+
+// macChunk is the size of a whole file's chunks in its keyed check.
+const macChunk = 64 << 10
+
+// fileMAC takes the keyed check of a whole file written to it: its bytes
+// in chunks of macChunk at their offsets (the last one shorter), so that
+// the check does not depend on how the bytes are written.
+type fileMAC struct {
+	m   *migstream.MAC
+	buf []byte // the start of the chunk at off
+	off int64
+}
+
+func newFileMAC(key []byte, domain uint32) (*fileMAC, error) {
+	m, err := migstream.NewMAC(key, domain)
+	if err != nil {
+		return nil, err
+	}
+	return &fileMAC{m: m, buf: make([]byte, 0, macChunk)}, nil
+}
+
+func (f *fileMAC) Write(p []byte) (int, error) {
+	n := len(p)
+	if len(f.buf) > 0 {
+		k := min(macChunk-len(f.buf), len(p))
+		f.buf, p = append(f.buf, p[:k]...), p[k:]
+		if len(f.buf) < macChunk {
+			return n, nil
+		}
+		f.m.Add(f.off, f.buf)
+		f.off, f.buf = f.off+macChunk, f.buf[:0]
+	}
+	for len(p) >= macChunk {
+		f.m.Add(f.off, p[:macChunk])
+		f.off, p = f.off+macChunk, p[macChunk:]
+	}
+	f.buf = append(f.buf, p...)
+	return n, nil
+}
+
+// Sum is the check, in hex; nothing may be written after it.
+func (f *fileMAC) Sum() string {
+	if len(f.buf) > 0 {
+		f.m.Add(f.off, f.buf)
+		f.off, f.buf = f.off+int64(len(f.buf)), f.buf[:0]
+	}
+	return f.m.Sum()
+}
+
+// readerMAC is the keyed check (fileMAC) of what r yields.
+func readerMAC(r io.Reader, key []byte, domain uint32) (string, error) {
+	m, err := newFileMAC(key, domain)
+	if err != nil {
+		return "", err
+	}
+	if _, err := io.CopyBuffer(m, r, make([]byte, 1<<20)); err != nil {
+		return "", err
+	}
+	return m.Sum(), nil
+}
+
+// fileSums is the hex SHA-256 of the file at path and, with a key, its
+// keyed check (fileMAC) in domain, taken beside each other: a save waits
+// for the longer, SHA-256.
+func fileSums(path string, key []byte, domain uint32) (sum, mac string, err error) {
+	check := make(chan error, 1)
+	if key == nil {
+		check <- nil
+	} else {
+		go func() {
+			f, err := os.Open(path)
+			if err == nil {
+				mac, err = readerMAC(f, key, domain)
+				f.Close()
+			}
+			check <- err
+		}()
+	}
+	sum, err = fileSHA256(path)
+	if cerr := <-check; err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return sum, mac, nil
 }
 
 // allocatedBytes is the space a (sparse) file takes.

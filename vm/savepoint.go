@@ -25,9 +25,15 @@ package vm
 // which bounds every length and offset and interprets nothing but the
 // framing of the RAM's pages (its threat model); only a jailed QEMU loads
 // what it wrote. The files are 0600 in a 0700 directory of vmgated's
-// state directory; their digests, taken when saved, are checked before a
-// VM is restored, so a file changed or cut afterwards (a damaged disk, a
-// full one) is found and refused (ErrSavePointDamaged). A fork's save
+// state directory. When saved, each file gets its SHA-256 (which names
+// the save point in the audit log) and a keyed check (migstream.MAC,
+// under a key drawn for that save point: SavePointMeta.CheckKey); the
+// keyed checks, four times cheaper, are checked before a VM is restored,
+// so a file changed, cut or taken from another save point afterwards (a
+// damaged disk, a full one) is found and refused (ErrSavePointDamaged).
+// The guest never learns the key, so it cannot fill its RAM so that a
+// changed copy passes; anyone who can read savepoint.json is vmgated's
+// user, who could rewrite the digests as well. A fork's save
 // point, whose copies are restored from it at once, is not checked
 // again: its files are the daemon's of a moment ago, and its digests,
 // which only name it in the audit log, are taken while its copies are
@@ -58,9 +64,11 @@ import (
 // Files of a save point (with OverlayFile, RAMFile, TemplateStateFile).
 const (
 	SavePointMetaFile = "savepoint.json"
-	// savePointFormat 2: the RAM's digest is migstream.PageDigest's (1:
-	// extentSHA256's, still read).
-	savePointFormat = 2
+	// savePointFormat 3: the files are checked at a restore by their keyed
+	// checks (CheckKey); 2: by their SHA-256, the RAM's being
+	// migstream.PageDigest's; 1: the RAM's extentSHA256's. All three are
+	// read.
+	savePointFormat = 3
 )
 
 // ErrSavePointStale reports a save point that this host cannot restore
@@ -100,6 +108,28 @@ type SavePointMeta struct {
 	OverlayBytes  int64  `json:"overlay_bytes"`
 	StateBytes    int64  `json:"state_bytes"`
 	RAMDataBytes  int64  `json:"ram_data_bytes"`
+	// CheckKey (hex; format 3, not a fork point's) is the key of the
+	// files' keyed checks (migstream.MAC; the RAM's by its pages that are
+	// not all zeros, migstream.NewPageCheck; the others' whole, fileMAC),
+	// which a restore checks instead of the digests: four times cheaper,
+	// and the digests taken with them at the save still name what ran.
+	CheckKey   string `json:"check_key,omitempty"`
+	OverlayMAC string `json:"overlay_mac,omitempty"`
+	StateMAC   string `json:"state_mac,omitempty"`
+	RAMMAC     string `json:"ram_mac,omitempty"`
+}
+
+// checkKey is the key of the save point's keyed checks, nil before
+// format 3.
+func (m SavePointMeta) checkKey() ([]byte, error) {
+	if m.Format < 3 {
+		return nil, nil
+	}
+	k, err := hex.DecodeString(m.CheckKey)
+	if err != nil || len(k) != migstream.MACKeySize {
+		return nil, fmt.Errorf("%w: %s: no check key of %d bytes", ErrSavePointDamaged, SavePointMetaFile, migstream.MACKeySize)
+	}
+	return k, nil
 }
 
 // Digest names the save point's content: a digest of its files' digests
@@ -193,11 +223,14 @@ func OpenSavePoint(dir string) (*SavePoint, error) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, SavePointMetaFile, err)
 	}
-	if m.Format != savePointFormat && m.Format != 1 {
-		return nil, fmt.Errorf("%w: saved in format %d, this vmgated reads 1 and %d", ErrSavePointStale, m.Format, savePointFormat)
+	if m.Format < 1 || m.Format > savePointFormat {
+		return nil, fmt.Errorf("%w: saved in format %d, this vmgated reads 1 to %d", ErrSavePointStale, m.Format, savePointFormat)
 	}
 	if m.RAMInMemory {
 		return nil, fmt.Errorf("%w: its RAM was kept in memory by the daemon that saved it", ErrSavePointDamaged)
+	}
+	if _, err := m.checkKey(); err != nil {
+		return nil, err
 	}
 	for _, c := range []struct {
 		file string
@@ -460,15 +493,22 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	return v, nil
 }
 
-// verify checks the digests of the save point's state and disk, reading
-// them through files of their own (the RAM's is checked as it is copied).
+// verify checks the save point's state and disk, reading them through
+// files of their own (the RAM is checked as it is copied): by their keyed
+// checks, or by their digests before format 3.
 func (sp *SavePoint) verify() error {
-	whole := func(f *os.File) (string, error) { return readerSHA256(f) }
+	key, err := sp.Meta.checkKey()
+	if err != nil {
+		return err
+	}
 	type check struct {
 		file, want string
-		sum        func(*os.File) (string, error)
+		domain     uint32
 	}
-	checks := []check{{OverlayFile, sp.Meta.OverlaySHA256, whole}, {TemplateStateFile, sp.Meta.StateSHA256, whole}}
+	checks := []check{{OverlayFile, sp.Meta.OverlaySHA256, 0}, {TemplateStateFile, sp.Meta.StateSHA256, 0}}
+	if key != nil {
+		checks = []check{{OverlayFile, sp.Meta.OverlayMAC, macDomainOverlay}, {TemplateStateFile, sp.Meta.StateMAC, macDomainState}}
+	}
 	// The files are read at once: a restore waits for the longest.
 	errs := make([]error, len(checks))
 	var wg sync.WaitGroup
@@ -479,23 +519,33 @@ func (sp *SavePoint) verify() error {
 				errs[i] = fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
 				return
 			}
-			got, err := c.sum(f)
+			var got string
+			if key != nil {
+				got, err = readerMAC(f, key, c.domain)
+			} else {
+				got, err = readerSHA256(f)
+			}
 			f.Close()
 			switch {
 			case err != nil:
 				errs[i] = fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, c.file, err)
 			case got != c.want:
-				errs[i] = fmt.Errorf("%w: %s has changed since it was saved (sha256 %s, saved as %s)", ErrSavePointDamaged, c.file, short(got), short(c.want))
+				errs[i] = changed(c.file, key != nil, got, c.want)
 			}
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	return errors.Join(errs...)
+}
+
+// changed is the error of a save point's file whose digest, or keyed
+// check (mac), is not what was saved.
+func changed(file string, mac bool, got, want string) error {
+	kind := "sha256"
+	if mac {
+		kind = "check"
 	}
-	return nil
+	return fmt.Errorf("%w: %s has changed since it was saved (%s %s, saved as %s)", ErrSavePointDamaged, file, kind, short(got), short(want))
 }
 
 // sealedRAM is the sealed copy of the save point's RAM that shared
@@ -541,20 +591,35 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
 	if st, err := src.Stat(); err != nil || st.Size() != size {
 		return fmt.Errorf("%w: %s is not %d bytes (%v)", ErrSavePointDamaged, RAMFile, size, err)
 	}
-	var sum string
-	if sp.Meta.Format == 1 {
+	key, err := sp.Meta.checkKey()
+	if err != nil {
+		return err
+	}
+	var got, want string
+	switch {
+	case key != nil:
+		d, derr := migstream.NewPageCheck(key, false)
+		if err = derr; err == nil {
+			_, err = copyRAMImage(dst, src, d)
+			got = d.MAC()
+		}
+		want = sp.Meta.RAMMAC
+	case sp.Meta.Format == 1:
 		// Its digest is of the file's extents.
-		if sum, err = extentSHA256(src); err == nil {
+		if got, err = extentSHA256(src); err == nil {
 			err = readPages(src, func(off int64, p []byte) error { _, err := dst.WriteAt(p, off); return err })
 		}
-	} else {
-		sum, _, err = copyRAMImage(dst, src)
+		want = sp.Meta.RAMSHA256
+	default:
+		d := migstream.NewPageDigest()
+		_, err = copyRAMImage(dst, src, d)
+		got, want = d.Sum(), sp.Meta.RAMSHA256
 	}
 	switch {
 	case err != nil:
 		return fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, RAMFile, err)
-	case sum != sp.Meta.RAMSHA256:
-		return fmt.Errorf("%w: %s has changed since it was saved (sha256 %s, saved as %s)", ErrSavePointDamaged, RAMFile, short(sum), short(sp.Meta.RAMSHA256))
+	case got != want:
+		return changed(RAMFile, key != nil, got, want)
 	case sealed:
 		return seal(dst)
 	}

@@ -149,6 +149,10 @@ func TestSavePoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkSavedDigests(t, sp2)
+	if sp2.Meta.Format != savePointFormat || sp2.Meta.CheckKey == "" || sp2.Meta.RAMMAC == "" || sp2.Meta.StateMAC == "" || sp2.Meta.OverlayMAC == "" {
+		t.Errorf("save point's checks: %+v", sp2.Meta)
+	}
 	r, err := sp2.Restore(ctx, opts, false)
 	if err != nil {
 		t.Fatal(err)
@@ -187,6 +191,10 @@ func TestSavePoint(t *testing.T) {
 	sp3, err := r.Save(ctx, filepath.Join(state, "sp3"), SaveOptions{Keep: true})
 	if err != nil {
 		t.Fatal(err)
+	}
+	checkSavedDigests(t, sp3)
+	if sp3.Meta.CheckKey == sp2.Meta.CheckKey || sp3.Meta.RAMMAC == "" {
+		t.Errorf("save points' check keys: %s and %s, RAM check %q", short(sp2.Meta.CheckKey), short(sp3.Meta.CheckKey), sp3.Meta.RAMMAC)
 	}
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
@@ -297,6 +305,29 @@ func copyTree(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// checkSavedDigests checks the digests of a save point on disk, taken
+// with its keyed checks, against digests of its files read in full: they
+// name it in the audit log, and a restore checks the keyed checks only.
+func checkSavedDigests(t *testing.T, sp *SavePoint) {
+	t.Helper()
+	ram, err := os.ReadFile(filepath.Join(sp.Dir, RAMFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := migstream.NewPageDigest()
+	if err := d.Add(0, ram); err != nil {
+		t.Fatal(err)
+	}
+	if d.Sum() != sp.Meta.RAMSHA256 {
+		t.Errorf("%s: RAM digest %s, its file's is %s", sp.Dir, short(sp.Meta.RAMSHA256), short(d.Sum()))
+	}
+	for file, want := range map[string]string{OverlayFile: sp.Meta.OverlaySHA256, TemplateStateFile: sp.Meta.StateSHA256} {
+		if got, err := fileSHA256(filepath.Join(sp.Dir, file)); err != nil || got != want {
+			t.Errorf("%s: %s digest %s, its file's is %s (%v)", sp.Dir, file, short(want), short(got), err)
+		}
+	}
 }
 
 // checkForkDigest checks a fork point's Digest, and the digests in its

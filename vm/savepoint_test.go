@@ -2,6 +2,7 @@ package vm
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
@@ -66,11 +67,11 @@ func TestSavePointMatches(t *testing.T) {
 }
 
 // TestCopyRAMImage: the RAM image copy that resumes and resumed VMs'
-// saves make, its digest taken beside it. The copy holds src's data
-// pages at their offsets and no zero page (a memory file stays unwritten
-// there, a file keeps a hole), the digest is the page digest of src as
-// one pass computes it, and a write that fails ends the copy with its
-// error, without waiting for the rest.
+// saves make, its digest and keyed check taken beside it. The copy holds
+// src's data pages at their offsets and no zero page (a memory file stays
+// unwritten there, a file keeps a hole), the digest and the check are
+// src's as one pass computes them, and a write that fails ends the copy
+// with its error, without waiting for the rest.
 func TestCopyRAMImage(t *testing.T) {
 	const page = migstream.PageSize
 	const size = 64 << 20
@@ -101,7 +102,11 @@ func TestCopyRAMImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	clear(want[1100*page : 1101*page])
-	serial := migstream.NewPageDigest()
+	key := bytes.Repeat([]byte{7}, migstream.MACKeySize)
+	serial, err := migstream.NewPageCheck(key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := serial.Add(0, want); err != nil {
 		t.Fatal(err)
 	}
@@ -112,12 +117,16 @@ func TestCopyRAMImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mem.Close()
-	sum, pages, err := copyRAMImage(mem, src)
+	// The digest and the check beside each other, and both in one.
+	sum, check := migstream.NewPageDigest(), must(migstream.NewPageCheck(key, false))
+	both := must(migstream.NewPageCheck(key, true))
+	pages, err := copyRAMImage(mem, src, sum, check, both)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sum != serial.Sum() || pages != wantPages {
-		t.Errorf("digest %s, %d pages; want %s, %d", short(sum), pages, short(serial.Sum()), wantPages)
+	if sum.Sum() != serial.Sum() || check.MAC() != serial.MAC() || both.Sum() != serial.Sum() || both.MAC() != serial.MAC() || pages != wantPages {
+		t.Errorf("digest %s, check %s, both %s %s, %d pages; want %s, %s, %d", short(sum.Sum()), short(check.MAC()), short(both.Sum()), short(both.MAC()),
+			pages, short(serial.Sum()), short(serial.MAC()), wantPages)
 	}
 	got := make([]byte, size)
 	if _, err := mem.ReadAt(got, 0); err != nil {
@@ -136,7 +145,7 @@ func TestCopyRAMImage(t *testing.T) {
 	if err := out.Truncate(size); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := copyRAMImage(out, src); err != nil {
+	if _, err := copyRAMImage(out, src); err != nil { // no digest: a fork point's
 		t.Fatal(err)
 	}
 	if got, want := allocatedBytes(out.Name()), wantPages*page; got != want {
@@ -145,7 +154,7 @@ func TestCopyRAMImage(t *testing.T) {
 
 	// A failing write.
 	full := &failingWriter{after: 2}
-	if _, _, err := copyRAMImage(full, src); !errors.Is(err, syscall.ENOSPC) {
+	if _, err := copyRAMImage(full, src, migstream.NewPageDigest()); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("copy into a full disk: %v, want ENOSPC", err)
 	}
 }
@@ -162,25 +171,67 @@ func (w *failingWriter) WriteAt(p []byte, _ int64) (int, error) {
 }
 
 // TestFillRAMDamaged: a resume's copy of a save point's RAM refuses a
-// RAM file changed by one byte, or cut, as ErrSavePointDamaged.
+// RAM file changed by one byte, a page zeroed, added or moved, or a file
+// cut, as ErrSavePointDamaged: by its keyed check (format 3) and by its
+// digest (format 2, saved by an older vmgated). A check under another key
+// refuses the intact file.
 func TestFillRAMDamaged(t *testing.T) {
 	const size = 8 << 20
-	dir := t.TempDir()
+	const page = migstream.PageSize
 	ram := make([]byte, size)
-	for i := range 300 * migstream.PageSize {
+	for i := range 300 * page {
 		ram[i] = byte(i*7 + 1)
 	}
 	d := migstream.NewPageDigest()
 	if err := d.Add(0, ram); err != nil {
 		t.Fatal(err)
 	}
-	sp := &SavePoint{Dir: dir, Meta: SavePointMeta{Format: 2, MemoryMiB: size >> 20, RAMSHA256: d.Sum()}}
-	path := filepath.Join(dir, RAMFile)
+	key := bytes.Repeat([]byte{9}, migstream.MACKeySize)
+	c, err := migstream.NewPageCheck(key, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Add(0, ram); err != nil {
+		t.Fatal(err)
+	}
+	base := SavePointMeta{MemoryMiB: size >> 20, RAMSHA256: d.Sum()}
+	keyed := base
+	keyed.Format, keyed.CheckKey, keyed.RAMMAC = 3, hex.EncodeToString(key), c.MAC()
+	otherKey := keyed
+	otherKey.CheckKey = strings.Repeat("a", 2*migstream.MACKeySize)
+	noKey := keyed
+	noKey.CheckKey = ""
+	old := base
+	old.Format = 2
+	for _, m := range []SavePointMeta{keyed, old} {
+		fillDamaged(t, m, ram, false)
+	}
+	fillDamaged(t, otherKey, ram, true)
+	fillDamaged(t, noKey, ram, true)
+}
+
+// fillDamaged fills a memory file from a save point of meta m whose RAM
+// file is ram, intact (an error only if bad) and damaged in each way
+// (ErrSavePointDamaged).
+func fillDamaged(t *testing.T, m SavePointMeta, ram []byte, bad bool) {
+	t.Helper()
+	const page = migstream.PageSize
+	size := int64(len(ram))
+	sp := &SavePoint{Dir: t.TempDir(), Meta: m}
+	path := filepath.Join(sp.Dir, RAMFile)
 	for name, damage := range map[string]func() error{
 		"intact":        func() error { return nil },
-		"one byte":      func() error { _, err := writeAt(path, []byte{0xff}, 100*migstream.PageSize+5); return err },
-		"a page zeroed": func() error { _, err := writeAt(path, make([]byte, migstream.PageSize), 0); return err },
-		"cut in half":   func() error { return os.Truncate(path, size/2) },
+		"one byte":      func() error { _, err := writeAt(path, []byte{0xff}, 100*page+5); return err },
+		"a page zeroed": func() error { _, err := writeAt(path, make([]byte, page), 0); return err },
+		"a page added":  func() error { _, err := writeAt(path, ram[:page], 1000*page); return err },
+		"a page moved": func() error {
+			if _, err := writeAt(path, make([]byte, page), 299*page); err != nil {
+				return err
+			}
+			_, err := writeAt(path, ram[299*page:300*page], 300*page)
+			return err
+		},
+		"cut in half": func() error { return os.Truncate(path, size/2) },
 	} {
 		if err := os.WriteFile(path, ram, 0o600); err != nil {
 			t.Fatal(err)
@@ -194,16 +245,125 @@ func TestFillRAMDamaged(t *testing.T) {
 		}
 		err = sp.fillRAM(mem, true)
 		mem.Close()
-		if name == "intact" {
+		if name == "intact" && !bad {
 			if err != nil {
-				t.Errorf("%s: %v", name, err)
+				t.Errorf("format %d, %s: %v", m.Format, name, err)
 			}
 			continue
 		}
 		if !errors.Is(err, ErrSavePointDamaged) {
-			t.Errorf("%s: %v, want ErrSavePointDamaged", name, err)
+			t.Errorf("format %d, key %.8s, %s: %v, want ErrSavePointDamaged", m.Format, m.CheckKey, name, err)
 		}
 	}
+}
+
+// TestVerifyFormats: a restore checks a save point's disk and state by
+// their keyed checks (format 3) and, for one saved by an older vmgated, by
+// their SHA-256 (format 2); a file changed is refused either way, naming
+// it.
+func TestVerifyFormats(t *testing.T) {
+	key := bytes.Repeat([]byte{6}, migstream.MACKeySize)
+	files := map[string][]byte{OverlayFile: bytes.Repeat([]byte("qcow"), 50000), TemplateStateFile: []byte("device state")}
+	sums := func(file string, domain uint32) (string, string) {
+		path := filepath.Join(t.TempDir(), file)
+		if err := os.WriteFile(path, files[file], 0o600); err != nil {
+			t.Fatal(err)
+		}
+		sum, mac, err := fileSums(path, key, domain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum, mac
+	}
+	oSum, oMAC := sums(OverlayFile, macDomainOverlay)
+	sSum, sMAC := sums(TemplateStateFile, macDomainState)
+	keyed := SavePointMeta{Format: 3, CheckKey: hex.EncodeToString(key), OverlaySHA256: "not checked", StateSHA256: "not checked", OverlayMAC: oMAC, StateMAC: sMAC}
+	old := SavePointMeta{Format: 2, OverlaySHA256: oSum, StateSHA256: sSum}
+	for _, m := range []SavePointMeta{keyed, old} {
+		for _, damaged := range []string{"", OverlayFile, TemplateStateFile} {
+			sp := &SavePoint{Dir: t.TempDir(), Meta: m}
+			for file, b := range files {
+				if file == damaged {
+					b = append(bytes.Clone(b[:len(b)-1]), b[len(b)-1]^1)
+				}
+				if err := os.WriteFile(filepath.Join(sp.Dir, file), b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := sp.verify()
+			switch {
+			case damaged == "" && err != nil:
+				t.Errorf("format %d, intact: %v", m.Format, err)
+			case damaged != "" && (!errors.Is(err, ErrSavePointDamaged) || !strings.Contains(err.Error(), damaged+" has changed")):
+				t.Errorf("format %d, %s damaged: %v", m.Format, damaged, err)
+			}
+		}
+	}
+}
+
+// TestFileMAC: a whole file's keyed check does not depend on how its
+// bytes are written (in one piece, across chunks, byte by byte), and
+// changes with a byte, a cut, an added byte, the key and the domain.
+func TestFileMAC(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	data := make([]byte, 3*macChunk+1234)
+	for i := range data {
+		data[i] = byte(rnd.Uint32())
+	}
+	key := bytes.Repeat([]byte{1}, 32)
+	sum := func(key []byte, domain uint32, b []byte, pieces ...int) string {
+		t.Helper()
+		m, err := newFileMAC(key, domain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range pieces {
+			n = min(n, len(b))
+			_, _ = m.Write(b[:n])
+			b = b[n:]
+		}
+		_, _ = m.Write(b)
+		return m.Sum()
+	}
+	whole := sum(key, macDomainState, data)
+	ones := make([]int, 2000)
+	for i := range ones {
+		ones[i] = 1
+	}
+	for name, got := range map[string]string{
+		"across chunks": sum(key, macDomainState, data, 100, macChunk, 3, macChunk-2, 5),
+		"byte by byte":  sum(key, macDomainState, data, ones...),
+	} {
+		if got != whole {
+			t.Errorf("%s: %s, want %s", name, short(got), short(whole))
+		}
+	}
+	if got, err := readerMAC(bytes.NewReader(data), key, macDomainState); err != nil || got != whole {
+		t.Errorf("readerMAC: %s %v, want %s", short(got), err, short(whole))
+	}
+	changed := bytes.Clone(data)
+	changed[2*macChunk+7] ^= 1
+	for name, got := range map[string]string{
+		"a byte changed": sum(key, macDomainState, changed),
+		"cut":            sum(key, macDomainState, data[:len(data)-1]),
+		"a byte added":   sum(key, macDomainState, append(bytes.Clone(data), 0)),
+		"another key":    sum(bytes.Repeat([]byte{2}, 32), macDomainState, data),
+		"another domain": sum(key, macDomainOverlay, data),
+	} {
+		if got == whole {
+			t.Errorf("%s: the same check", name)
+		}
+	}
+	if _, err := newFileMAC(key[:16], macDomainState); err == nil {
+		t.Error("a key of 16 bytes was taken")
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 func writeAt(path string, b []byte, off int64) (int, error) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -55,6 +57,7 @@ type saving struct {
 	stopped bool     // the guest is stopped (and runs again on failure)
 	away    bool     // the agent connection was handed back
 	ram     *os.File // the RAM image: a file in tmp, or a memory file (InMemory)
+	key     []byte   // the key of the files' keyed checks (none InMemory)
 	meta    SavePointMeta
 	overlay chan digest // the disk's digest, taken while the RAM is saved
 	copied  chan error  // the disk's copy is made (copyDisk)
@@ -66,8 +69,8 @@ type saving struct {
 }
 
 type digest struct {
-	sum string
-	err error
+	sum, mac string // the SHA-256 and the keyed check
+	err      error
 }
 
 // saveTimeout bounds a save: a migration of the guest's RAM through a
@@ -111,6 +114,13 @@ func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, e
 	}
 	s.meta = SavePointMeta{Format: savePointFormat, MemoryMiB: v.opts.MemoryMiB, CPUs: v.opts.CPUs, Accel: v.Accel, Network: v.opts.Network != nil, Launch: templateFormat,
 		RAMInMemory: o.InMemory}
+	if !o.InMemory {
+		// A fork point is never restored from its files alone: its copies
+		// are restored at once, without a check (SavePoint.Digest).
+		s.key = make([]byte, migstream.MACKeySize)
+		_, _ = rand.Read(s.key) // never fails (crypto/rand)
+		s.meta.CheckKey = hex.EncodeToString(s.key)
+	}
 	t0 := time.Now()
 	mark := t0
 	var err error
@@ -316,8 +326,8 @@ func (s *saving) copyDisk(context.Context) error {
 			s.overlay <- digest{} // taken after the save (SavePoint.Digest)
 			return
 		}
-		sum, err := fileSHA256(dst)
-		s.overlay <- digest{sum, err}
+		sum, mac, err := fileSums(dst, s.key, macDomainOverlay)
+		s.overlay <- digest{sum, mac, err}
 	}()
 	return nil
 }
@@ -343,8 +353,8 @@ func (s *saving) hashDisk() {
 	}
 	s.overlay = make(chan digest, 1)
 	go func() {
-		sum, err := fileSHA256(filepath.Join(s.tmp, OverlayFile))
-		s.overlay <- digest{sum, err}
+		sum, mac, err := fileSums(filepath.Join(s.tmp, OverlayFile), s.key, macDomainOverlay)
+		s.overlay <- digest{sum, mac, err}
 	}()
 }
 
@@ -396,7 +406,16 @@ func (s *saving) stream(ctx context.Context) error {
 	}
 	pw.Close() // QEMU has its own: the stream ends when QEMU closes it
 	h := sha256.New()
-	bw := bufio.NewWriterSize(io.MultiWriter(sf, h), 256<<10)
+	hw := io.Writer(h)
+	var stateMAC *fileMAC
+	if s.key != nil {
+		if stateMAC, err = newFileMAC(s.key, macDomainState); err != nil {
+			pw.Close()
+			return err
+		}
+		hw = io.MultiWriter(h, stateMAC)
+	}
+	bw := bufio.NewWriterSize(io.MultiWriter(sf, hw), 256<<10)
 	type split struct {
 		res migstream.Result
 		err error
@@ -407,7 +426,7 @@ func (s *saving) stream(ctx context.Context) error {
 		ram = writeBehind{s.ram}
 	}
 	go func() {
-		res, err := migstream.Split(pr, bw, ram, migstream.Options{Block: ramBlock, BlockBytes: size})
+		res, err := migstream.Split(pr, bw, ram, migstream.Options{Block: ramBlock, BlockBytes: size, MACKey: s.key})
 		if err != nil {
 			pr.Close() // QEMU's writes fail: the migration ends
 		}
@@ -441,20 +460,25 @@ func (s *saving) stream(ctx context.Context) error {
 		return err
 	}
 	m := &s.meta
-	m.RAMSHA256, m.RAMDataBytes = sp.res.RAMDigest, sp.res.DataPages*migstream.PageSize
+	m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = sp.res.RAMDigest, sp.res.RAMMAC, sp.res.DataPages*migstream.PageSize
 	m.StateSHA256, m.StateBytes = hex.EncodeToString(h.Sum(nil)), sp.res.StateBytes
+	if stateMAC != nil {
+		m.StateMAC = stateMAC.Sum()
+	}
 	if s.v.ram != nil {
 		// The guest's RAM is a memory file of its own, which the stream
 		// left out (x-ignore-shared): copied while the guest is stopped.
 		// A fork point's digest is taken after the save, while its copies
 		// are restored (SavePoint.Digest).
-		var sum string
+		// The digest and the keyed check are taken beside each other.
+		var sum, check *migstream.PageDigest
 		var pages int64
 		var err error
 		if s.o.InMemory {
-			pages, err = copyDataPages(ram, s.v.ram)
-		} else {
-			sum, pages, err = copyRAMImage(ram, s.v.ram)
+			pages, err = copyRAMImage(ram, s.v.ram)
+		} else if check, err = migstream.NewPageCheck(s.key, false); err == nil {
+			sum = migstream.NewPageDigest()
+			pages, err = copyRAMImage(ram, s.v.ram, sum, check)
 		}
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
@@ -462,67 +486,78 @@ func (s *saving) stream(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("copy the guest's RAM: %w", err)
 		}
-		m.RAMSHA256, m.RAMDataBytes = sum, pages*migstream.PageSize
+		// Not the stream's, which had none of it.
+		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = "", "", pages*migstream.PageSize
+		if sum != nil {
+			m.RAMSHA256, m.RAMMAC = sum.Sum(), check.MAC()
+		}
 	}
 	return nil
 }
 
 // copyRAMImage copies the pages of src (a RAM image) that are not all
-// zeros to dst (zeros, or a sparse file) at their offsets, and returns
-// their digest (migstream.PageDigest) and number. The digest is taken by
-// a goroutine of its own, a few runs behind the copy: a resume (into a
-// memory file) and a resumed VM's save (into a file) wait for both, and
-// each takes about as long as the other (SHA-256, and the destination's
-// page allocation; docs/benchmarks.md).
-func copyRAMImage(dst io.WriterAt, src *os.File) (string, int64, error) {
+// zeros to dst (zeros, or a sparse file) at their offsets, adds them to
+// each of ds (a digest, a keyed check) and returns their number. Each of
+// ds takes them in a goroutine of its own, a few runs behind the copy: a
+// resume (into a memory file) and a resumed VM's save (into a file) wait
+// for all, the copy (the destination's page allocation) and SHA-256
+// taking about as long (docs/benchmarks.md).
+func copyRAMImage(dst io.WriterAt, src *os.File, ds ...*migstream.PageDigest) (int64, error) {
 	const depth = 4 // runs in flight, of 1 MiB
 	type run struct {
-		off int64
-		p   []byte
+		off  int64
+		p    []byte
+		left *atomic.Int32 // of ds, those that have yet to take it
 	}
-	free, full := make(chan []byte, depth), make(chan run, depth)
+	free := make(chan []byte, depth)
 	for range depth {
 		free <- make([]byte, 1<<20)
 	}
-	d := migstream.NewPageDigest()
-	digested := make(chan error, 1)
-	go func() {
-		var err error
-		for r := range full {
-			if err == nil {
-				err = d.Add(r.off, r.p)
-			}
+	taken := func(r run) {
+		if r.left.Add(-1) == 0 {
 			free <- r.p[:cap(r.p)]
 		}
-		digested <- err
-	}()
+	}
+	fulls := make([]chan run, len(ds))
+	digested := make(chan error, len(ds))
+	for i, d := range ds {
+		fulls[i] = make(chan run, depth)
+		go func() {
+			var err error
+			for r := range fulls[i] {
+				if err == nil {
+					err = d.Add(r.off, r.p)
+				}
+				taken(r)
+			}
+			digested <- err
+		}()
+	}
 	var pages int64
 	err := readPagesInto(src, func() []byte { return <-free }, func(off int64, p []byte) error {
 		n, err := writeDataPages(dst, off, p)
 		pages += n
-		if err != nil {
+		if err != nil || len(ds) == 0 {
 			free <- p[:cap(p)]
 			return err
 		}
-		full <- run{off, p}
+		r := run{off, p, new(atomic.Int32)}
+		r.left.Store(int32(len(ds)))
+		for _, full := range fulls {
+			full <- r
+		}
 		return nil
 	})
-	close(full)
-	if err := cmp.Or(err, <-digested); err != nil {
-		return "", 0, err
+	for _, full := range fulls {
+		close(full)
 	}
-	return d.Sum(), pages, nil
-}
-
-// copyDataPages is copyRAMImage without the digest.
-func copyDataPages(dst io.WriterAt, src *os.File) (int64, error) {
-	var pages int64
-	err := readPages(src, func(off int64, p []byte) error {
-		n, err := writeDataPages(dst, off, p)
-		pages += n
-		return err
-	})
-	return pages, err
+	for range ds {
+		err = cmp.Or(err, <-digested)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return pages, nil
 }
 
 // writeDataPages writes the runs of p's pages that are not all zeros to
@@ -598,7 +633,7 @@ func (s *saving) seal(context.Context) error {
 		if d.err != nil {
 			return d.err
 		}
-		m.OverlaySHA256 = d.sum
+		m.OverlaySHA256, m.OverlayMAC = d.sum, d.mac
 	}
 	m.OverlayBytes = allocatedBytes(filepath.Join(s.tmp, OverlayFile))
 	if err := s.machine(); err != nil {

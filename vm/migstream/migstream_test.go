@@ -152,8 +152,19 @@ func TestSplit(t *testing.T) {
 	if err := d.Add(0, image); err != nil {
 		t.Fatal(err)
 	}
-	if res.RAMDigest != d.Sum() || res.DataPages != 5 || res.ZeroPages != 3 || res.StateBytes != int64(len(want)) {
-		t.Errorf("result %+v; want digest %s, 5 data pages, 3 zero, %d bytes of state", res, d.Sum(), len(want))
+	if res.RAMDigest != d.Sum() || res.RAMMAC != "" || res.DataPages != 5 || res.ZeroPages != 3 || res.StateBytes != int64(len(want)) {
+		t.Errorf("result %+v; want digest %s, no check, 5 data pages, 3 zero, %d bytes of state", res, d.Sum(), len(want))
+	}
+	// With a key, the keyed check too.
+	key := bytes.Repeat([]byte{5}, MACKeySize)
+	c, _ := NewPageCheck(key, true)
+	_ = c.Add(0, image)
+	keyed, err := Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize, MACKey: key})
+	if err != nil || keyed.RAMDigest != d.Sum() || keyed.RAMMAC != c.MAC() || c.MAC() == "" {
+		t.Errorf("split with a key: %+v %v; want digest %s, check %s", keyed, err, d.Sum(), c.MAC())
+	}
+	if _, err := Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize, MACKey: key[:5]}); err == nil {
+		t.Error("split with a key of 5 bytes")
 	}
 	// The state is itself a stream with no page of the block.
 	var again bytes.Buffer
@@ -163,37 +174,67 @@ func TestSplit(t *testing.T) {
 	}
 }
 
-// TestPageDigest: the digest of an image does not depend on how it is
-// added, nor on zero pages; it depends on where each page is.
+// TestPageDigest: the digest of an image, and its keyed check, do not
+// depend on how it is added, nor on zero pages; they depend on where each
+// page is, on its bytes, and the check on its key.
 func TestPageDigest(t *testing.T) {
 	_, _, image := sample()
-	whole := NewPageDigest()
+	key := bytes.Repeat([]byte{3}, MACKeySize)
+	newDigest := func() *PageDigest {
+		d, err := NewPageCheck(key, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	whole := newDigest()
 	_ = whole.Add(0, image)
-	parts := NewPageDigest()
+	parts := newDigest()
 	for off := 0; off < len(image); off += 3 * PageSize {
 		if err := parts.Add(int64(off), image[off:min(off+3*PageSize, len(image))]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	sparse := NewPageDigest()
+	sparse := newDigest()
 	for off := 0; off < len(image); off += PageSize {
 		if !IsZeroPage(image[off : off+PageSize]) {
 			_ = sparse.Add(int64(off), image[off:off+PageSize])
 		}
 	}
-	if whole.Sum() != parts.Sum() || whole.Sum() != sparse.Sum() {
-		t.Error("the digest depends on how the image is read")
+	if whole.Sum() != parts.Sum() || whole.Sum() != sparse.Sum() || whole.MAC() != parts.MAC() || whole.MAC() != sparse.MAC() {
+		t.Error("the digest or the check depends on how the image is read")
 	}
-	moved := NewPageDigest()
+	alone := NewPageDigest()
+	_ = alone.Add(0, image)
+	checkOnly, _ := NewPageCheck(key, false)
+	_ = checkOnly.Add(0, image)
+	if alone.Sum() != whole.Sum() || alone.MAC() != "" || checkOnly.MAC() != whole.MAC() || checkOnly.Sum() != "" {
+		t.Error("the digest or the check depends on the other being taken")
+	}
+	moved := newDigest()
 	_ = moved.Add(PageSize, image[:len(image)-PageSize])
-	if moved.Sum() == whole.Sum() {
-		t.Error("the digest does not depend on where pages are")
+	changed := newDigest()
+	b := bytes.Clone(image)
+	b[len(b)-1] ^= 0x80
+	_ = changed.Add(0, b)
+	for name, d := range map[string]*PageDigest{"moved": moved, "changed": changed} {
+		if d.Sum() == whole.Sum() || d.MAC() == whole.MAC() {
+			t.Errorf("%s: the digest or the check did not change", name)
+		}
+	}
+	other, _ := NewPageCheck(bytes.Repeat([]byte{4}, MACKeySize), false)
+	_ = other.Add(0, image)
+	if other.MAC() == whole.MAC() {
+		t.Error("the check does not depend on its key")
 	}
 	if err := whole.Add(0, image[:PageSize]); err == nil {
 		t.Error("pages added out of order")
 	}
 	if err := NewPageDigest().Add(1, image[:PageSize]); err == nil {
 		t.Error("an unaligned page")
+	}
+	if _, err := NewPageCheck(key[1:], false); err == nil {
+		t.Error("a key of 31 bytes")
 	}
 }
 
