@@ -16,6 +16,22 @@ func loadExample(t testing.TB) *Policy {
 	return p
 }
 
+// TestExampleCopy: the example that install.sh points operators to
+// (contrib/policy/example.toml) is this one, byte for byte.
+func TestExampleCopy(t *testing.T) {
+	here, err := os.ReadFile("example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	there, err := os.ReadFile("../contrib/policy/example.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(here) != string(there) {
+		t.Error("contrib/policy/example.toml differs from policy/example.toml: copy it over")
+	}
+}
+
 // TestExamplePolicy checks that example.toml does what its comments say.
 func TestExamplePolicy(t *testing.T) {
 	p := loadExample(t)
@@ -83,8 +99,10 @@ func TestExamplePolicy(t *testing.T) {
 	}
 
 	v := p.Decide(admin, Request{Argv: argv("id")})
-	if v.User != "root" || v.Limits.MemoryMiB != 2048 || v.Limits.CPUs != 2 || v.Limits.MaxVMs != 4 ||
-		v.Limits.Timeout != 30*time.Second || !v.Limits.AllowSessions || v.Limits.SessionMax != 8*time.Hour {
+	// A session with a command beside it or two forks of it, paused when
+	// idle (docs/sessions.md).
+	if v.User != "root" || v.Limits.MemoryMiB != 2048 || v.Limits.CPUs != 2 || v.Limits.MaxVMs != 4 || v.Limits.CallerVMs != 3 ||
+		v.Limits.Timeout != 30*time.Second || !v.Limits.AllowSessions || v.Limits.SessionMax != 8*time.Hour || v.Limits.Paused.After != 15*time.Minute {
 		t.Errorf("sysadmin verdict %+v", v)
 	}
 	v = p.Decide(agent, Request{Argv: argv("wget", "-U", ua, url)})
