@@ -4,6 +4,7 @@ package vm
 // their holes, written and synced, hashed, sealed into memory.
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -185,28 +186,23 @@ func readerMAC(r io.Reader, key []byte, domain uint32) (string, error) {
 	return m.Sum(), nil
 }
 
-// fileSums is the hex SHA-256 of the file at path and, with a key, its
-// keyed check (fileMAC) in domain, taken beside each other: a save waits
-// for the longer, SHA-256.
+// fileSums is the hex SHA-256 of the file at path and its keyed check
+// (fileMAC) under key in domain, each read by a goroutine of its own: a
+// save waits for the longer, SHA-256.
 func fileSums(path string, key []byte, domain uint32) (sum, mac string, err error) {
 	check := make(chan error, 1)
-	if key == nil {
-		check <- nil
-	} else {
-		go func() {
-			f, err := os.Open(path)
-			if err == nil {
-				mac, err = readerMAC(f, key, domain)
-				f.Close()
-			}
+	go func() {
+		f, err := os.Open(path)
+		if err != nil {
 			check <- err
-		}()
-	}
+			return
+		}
+		defer f.Close()
+		mac, err = readerMAC(f, key, domain)
+		check <- err
+	}()
 	sum, err = fileSHA256(path)
-	if cerr := <-check; err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err = cmp.Or(err, <-check); err != nil {
 		return "", "", err
 	}
 	return sum, mac, nil

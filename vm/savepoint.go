@@ -598,8 +598,8 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
 	var got, want string
 	switch {
 	case key != nil:
-		d, derr := migstream.NewPageCheck(key, false)
-		if err = derr; err == nil {
+		var d *migstream.PageDigest
+		if d, err = migstream.NewPageCheck(key, false); err == nil {
 			_, err = copyRAMImage(dst, src, d)
 			got = d.MAC()
 		}

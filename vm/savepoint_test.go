@@ -103,10 +103,7 @@ func TestCopyRAMImage(t *testing.T) {
 	}
 	clear(want[1100*page : 1101*page])
 	key := bytes.Repeat([]byte{7}, migstream.MACKeySize)
-	serial, err := migstream.NewPageCheck(key, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	serial := must(migstream.NewPageCheck(key, true))
 	if err := serial.Add(0, want); err != nil {
 		t.Fatal(err)
 	}
@@ -187,10 +184,7 @@ func TestFillRAMDamaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := bytes.Repeat([]byte{9}, migstream.MACKeySize)
-	c, err := migstream.NewPageCheck(key, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := must(migstream.NewPageCheck(key, false))
 	if err := c.Add(0, ram); err != nil {
 		t.Fatal(err)
 	}

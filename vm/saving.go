@@ -460,37 +460,42 @@ func (s *saving) stream(ctx context.Context) error {
 		return err
 	}
 	m := &s.meta
-	m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = sp.res.RAMDigest, sp.res.RAMMAC, sp.res.DataPages*migstream.PageSize
 	m.StateSHA256, m.StateBytes = hex.EncodeToString(h.Sum(nil)), sp.res.StateBytes
 	if stateMAC != nil {
 		m.StateMAC = stateMAC.Sum()
 	}
-	if s.v.ram != nil {
-		// The guest's RAM is a memory file of its own, which the stream
-		// left out (x-ignore-shared): copied while the guest is stopped.
-		// A fork point's digest is taken after the save, while its copies
-		// are restored (SavePoint.Digest).
-		// The digest and the keyed check are taken beside each other.
-		var sum, check *migstream.PageDigest
-		var pages int64
-		var err error
-		if s.o.InMemory {
-			pages, err = copyRAMImage(ram, s.v.ram)
-		} else if check, err = migstream.NewPageCheck(s.key, false); err == nil {
-			sum = migstream.NewPageDigest()
-			pages, err = copyRAMImage(ram, s.v.ram, sum, check)
-		}
-		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
-		}
-		if err != nil {
-			return fmt.Errorf("copy the guest's RAM: %w", err)
-		}
-		// Not the stream's, which had none of it.
-		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = "", "", pages*migstream.PageSize
-		if sum != nil {
-			m.RAMSHA256, m.RAMMAC = sum.Sum(), check.MAC()
-		}
+	if s.v.ram == nil {
+		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = sp.res.RAMDigest, sp.res.RAMMAC, sp.res.DataPages*migstream.PageSize
+		return nil
+	}
+	return s.copyOwnRAM(ram)
+}
+
+// copyOwnRAM copies the guest's RAM when it is a memory file of its own,
+// which the stream left out (x-ignore-shared), while the guest is
+// stopped, with its digest and keyed check taken beside the copy. A fork
+// point's digest is taken after the save, while its copies are restored
+// (SavePoint.Digest).
+func (s *saving) copyOwnRAM(ram io.WriterAt) error {
+	var sum, check *migstream.PageDigest
+	var pages int64
+	var err error
+	if s.o.InMemory {
+		pages, err = copyRAMImage(ram, s.v.ram)
+	} else if check, err = migstream.NewPageCheck(s.key, false); err == nil {
+		sum = migstream.NewPageDigest()
+		pages, err = copyRAMImage(ram, s.v.ram, sum, check)
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
+	}
+	if err != nil {
+		return fmt.Errorf("copy the guest's RAM: %w", err)
+	}
+	m := &s.meta
+	m.RAMDataBytes = pages * migstream.PageSize
+	if sum != nil {
+		m.RAMSHA256, m.RAMMAC = sum.Sum(), check.MAC()
 	}
 	return nil
 }
