@@ -73,9 +73,12 @@ type launch struct {
 	// owned are files the launch opened for QEMU (a clone's state file):
 	// closed once QEMU has its copies, or when the launch fails.
 	owned []*os.File
-	// verified, when set, says whether the files a restore loads are
-	// whole (checked while QEMU starts); load_state waits for it.
-	verified <-chan error
+	// filled, when set, says whether a restore's RAM was copied (while
+	// QEMU starts); load_state waits for it (the fill step). verified,
+	// when set, says whether the files a restore loaded are whole (checked
+	// once the RAM is filled, while the guest resumes); the VM is handed
+	// over only then (the verify step).
+	filled, verified <-chan error
 	// started is when the request's critical path began (for a clone
 	// launched ahead: when Complete was called), mark the end of the last
 	// step.
@@ -443,17 +446,29 @@ func (l *launch) openIncoming(ctx context.Context) error {
 	return nil
 }
 
-// verify waits for the check of the files a restore loads (a save
-// point's), begun before QEMU started.
+// fill waits for a restore's RAM to be copied (a save point's), begun
+// before QEMU started.
+func (l *launch) fill(ctx context.Context) error {
+	return wait(ctx, l.filled, "copying the saved RAM")
+}
+
+// verify waits for the check of the files a restore loaded (a save
+// point's), begun once its RAM was copied.
 func (l *launch) verify(ctx context.Context) error {
-	if l.verified == nil {
+	return wait(ctx, l.verified, "checking the saved files")
+}
+
+// wait waits for the result on ch of what a restore does beside its
+// steps, if ch is set.
+func wait(ctx context.Context, ch <-chan error, what string) error {
+	if ch == nil {
 		return nil
 	}
 	select {
-	case err := <-l.verified:
+	case err := <-ch:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("restore: checking the saved files: %w", ctx.Err())
+		return fmt.Errorf("restore: %s: %w", what, context.Cause(ctx))
 	}
 }
 

@@ -54,6 +54,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -381,10 +382,11 @@ func short(s string) string {
 	return s
 }
 
-// restoreSteps bring a VM up from a save point: a clone's launch, with the
-// check of the save point's files (begun before QEMU starts) before its
-// state loads.
-var restoreSteps = append(append(append([]step(nil), aheadSteps...), step{name: "verify", run: (*launch).verify}), completeSteps...)
+// restoreSteps bring a VM up from a save point: a clone's launch, its
+// state loaded once the RAM is filled (begun before QEMU starts), and the
+// VM handed over once the save point's files passed their checks (begun
+// once the RAM is filled).
+var restoreSteps = slices.Concat(aheadSteps, []step{{name: "fill", run: (*launch).fill}}, completeSteps, []step{{name: "verify", run: (*launch).verify}})
 
 // Restore starts a VM from the save point with opts (the runtime, the
 // cgroups, the network's configuration; its image and shape must be the
@@ -419,16 +421,15 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
 	}
-	// The RAM is a memory copy of the file, checked as it is made: QEMU
-	// reading a file's holes (the guest's zero pages) through its mapping
-	// costs more than the copy when the VM is saved again
-	// (docs/benchmarks.md). VMs that share it (a fork's copies) map one
-	// sealed copy privately. A VM alone gets a copy of its own, which its
-	// QEMU maps shared, so that its guest writes there and a save copies
-	// that file (VM.ram) instead of migrating the RAM page by page; it is
-	// filled while QEMU starts: QEMU, waiting for its state, does not
-	// touch the guest's RAM before the state loads, which waits for the
-	// fill (load_state after verify).
+	// The RAM is a memory copy of the file: QEMU reading a file's holes
+	// (the guest's zero pages) through its mapping costs more than the
+	// copy when the VM is saved again (docs/benchmarks.md). VMs that share
+	// it (a fork's copies) map one sealed copy privately, made and checked
+	// on first use. A VM alone gets a copy of its own, which its QEMU maps
+	// shared, so that its guest writes there and a save copies that file
+	// (VM.ram) instead of migrating the RAM page by page; it is filled
+	// while QEMU starts: QEMU, waiting for its state, does not touch the
+	// guest's RAM before the state loads, which waits for the fill.
 	var ram, fill, own *os.File
 	mode := ramPrivateFD
 	if shared || sp.Meta.RAMInMemory {
@@ -449,31 +450,48 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 		state.Close()
 		return nil, err
 	}
-	// The files are checked (and the RAM copied) while QEMU starts; the
-	// state loads only once they passed. checked is closed when the check
-	// is over.
-	verified, checked := make(chan error, 1), make(chan struct{})
+	// The save point's files are checked once the RAM is filled, while
+	// its state loads and the guest resumes, so that the checks do not
+	// take the host's CPUs from the fill and QEMU's start; the VM is
+	// handed over only once they passed (the verify step, last), and a
+	// check that fails stops the launch at once (cancel). A save point of
+	// a format before 3 has its RAM's digest checked as it is copied, and
+	// a shared copy is checked when it is made.
+	// Loading before the check relaxes nothing: the check is against
+	// damage (only vmgated's user can write these files), and a damaged
+	// file reaches only the jailed QEMU and its guest, as any guest's
+	// input does (docs/security.md).
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	filled, verified := make(chan error, 1), make(chan error, 1)
+	var checkErr error
+	checked := make(chan struct{}) // closed when checkErr is set
 	go func() {
 		defer close(checked)
-		var ferr error
-		var wg sync.WaitGroup
+		late := fill != nil && !sp.Meta.RAMInMemory
 		if fill != nil {
-			wg.Go(func() {
-				ferr = sp.fillRAM(fill, false)
-				fill.Close()
-			})
+			err := sp.fillRAM(fill, false, late)
+			fill.Close()
+			if filled <- err; err != nil {
+				checkErr = err
+				verified <- err
+				return
+			}
+		} else {
+			filled <- nil
 		}
-		var err error
 		if !sp.Meta.RAMInMemory {
-			err = sp.verify()
+			checkErr = sp.verify(late)
 		}
-		wg.Wait()
-		verified <- cmp.Or(err, ferr)
+		if checkErr != nil {
+			cancel(checkErr)
+		}
+		verified <- checkErr
 	}()
 	m := launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
 		ram: mode, files: []*os.File{ram, state}, restore: true}
 	l := newLaunch(opts, img, accel, m)
-	l.verified = verified
+	l.filled, l.verified = filled, verified
 	if own != nil {
 		l.vm.ram = own
 		l.vm.push(own.Close)
@@ -488,26 +506,36 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	v, err := l.finish(ctx, restoreSteps)
 	if err != nil {
 		<-checked // the check reads the save point's files: done before the caller acts on them
-		return nil, err
+		// A failed check is why the launch stopped, or the better
+		// reason for whatever went wrong after the damaged state loaded.
+		return nil, cmp.Or(checkErr, err)
 	}
 	return v, nil
 }
 
-// verify checks the save point's state and disk, reading them through
-// files of their own (the RAM is checked as it is copied): by their keyed
-// checks, or by their digests before format 3.
-func (sp *SavePoint) verify() error {
+// verify checks the save point's state and disk, and its RAM if ram and
+// the save point has keyed checks (format 3; an older one's RAM is checked
+// as it is copied: fillRAM), reading them through files of their own: by
+// their keyed checks, or by their digests before format 3.
+func (sp *SavePoint) verify(ram bool) error {
 	key, err := sp.Meta.checkKey()
 	if err != nil {
 		return err
 	}
 	type check struct {
 		file, want string
-		domain     uint32
+		sum        func(*os.File) (string, error)
 	}
-	checks := []check{{OverlayFile, sp.Meta.OverlaySHA256, 0}, {TemplateStateFile, sp.Meta.StateSHA256, 0}}
+	sha := func(f *os.File) (string, error) { return readerSHA256(f) }
+	checks := []check{{OverlayFile, sp.Meta.OverlaySHA256, sha}, {TemplateStateFile, sp.Meta.StateSHA256, sha}}
 	if key != nil {
-		checks = []check{{OverlayFile, sp.Meta.OverlayMAC, macDomainOverlay}, {TemplateStateFile, sp.Meta.StateMAC, macDomainState}}
+		checks = []check{
+			{OverlayFile, sp.Meta.OverlayMAC, func(f *os.File) (string, error) { return readerMAC(f, key, macDomainOverlay) }},
+			{TemplateStateFile, sp.Meta.StateMAC, func(f *os.File) (string, error) { return readerMAC(f, key, macDomainState) }},
+		}
+		if ram {
+			checks = append(checks, check{RAMFile, sp.Meta.RAMMAC, func(f *os.File) (string, error) { return ramMAC(f, key) }})
+		}
 	}
 	// The files are read at once: a restore waits for the longest.
 	errs := make([]error, len(checks))
@@ -519,12 +547,7 @@ func (sp *SavePoint) verify() error {
 				errs[i] = fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
 				return
 			}
-			var got string
-			if key != nil {
-				got, err = readerMAC(f, key, c.domain)
-			} else {
-				got, err = readerSHA256(f)
-			}
+			got, err := c.sum(f)
 			f.Close()
 			switch {
 			case err != nil:
@@ -571,7 +594,7 @@ func (sp *SavePoint) copyRAM() (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := sp.fillRAM(dst, true); err != nil {
+	if err := sp.fillRAM(dst, true, false); err != nil {
 		dst.Close()
 		return nil, err
 	}
@@ -580,8 +603,10 @@ func (sp *SavePoint) copyRAM() (*os.File, error) {
 
 // fillRAM copies the save point's RAM file into dst, a new memory file of
 // its size, checking the file's digest as it reads it (one pass), and
-// seals dst if sealed.
-func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
+// seals dst if sealed. With late, a format-3 save point's RAM is only
+// copied, for the caller to check it apart (verify); an older format's is
+// checked as it is copied regardless.
+func (sp *SavePoint) fillRAM(dst *os.File, sealed, late bool) error {
 	src, err := os.Open(filepath.Join(sp.Dir, RAMFile))
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
@@ -597,6 +622,8 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
 	}
 	var got, want string
 	switch {
+	case key != nil && late:
+		_, err = copyRAMImage(dst, src)
 	case key != nil:
 		var d *migstream.PageDigest
 		if d, err = migstream.NewPageCheck(key, false); err == nil {
@@ -624,6 +651,19 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed bool) error {
 		return seal(dst)
 	}
 	return nil
+}
+
+// ramMAC is the keyed check of the RAM file f (migstream.MAC of its
+// nonzero pages under key), read by its data extents.
+func ramMAC(f *os.File, key []byte) (string, error) {
+	d, err := migstream.NewPageCheck(key, false)
+	if err != nil {
+		return "", err
+	}
+	if err := readPages(f, d.Add); err != nil {
+		return "", err
+	}
+	return d.MAC(), nil
 }
 
 // readPages reads f's data extents (SEEK_DATA/SEEK_HOLE) in whole pages,

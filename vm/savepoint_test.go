@@ -170,8 +170,9 @@ func (w *failingWriter) WriteAt(p []byte, _ int64) (int, error) {
 // TestFillRAMDamaged: a resume's copy of a save point's RAM refuses a
 // RAM file changed by one byte, a page zeroed, added or moved, or a file
 // cut, as ErrSavePointDamaged: by its keyed check (format 3) and by its
-// digest (format 2, saved by an older vmgated). A check under another key
-// refuses the intact file.
+// digest (format 2, saved by an older vmgated), whether it is checked as
+// it is copied (a fork's shared copy) or after (a resume: fillRAM late,
+// then verify). A check under another key refuses the intact file.
 func TestFillRAMDamaged(t *testing.T) {
 	const size = 8 << 20
 	const page = migstream.PageSize
@@ -206,12 +207,29 @@ func TestFillRAMDamaged(t *testing.T) {
 
 // fillDamaged fills a memory file from a save point of meta m whose RAM
 // file is ram, intact (an error only if bad) and damaged in each way
-// (ErrSavePointDamaged).
+// (ErrSavePointDamaged), checking the RAM as it is copied and after it.
 func fillDamaged(t *testing.T, m SavePointMeta, ram []byte, bad bool) {
 	t.Helper()
 	const page = migstream.PageSize
 	size := int64(len(ram))
 	sp := &SavePoint{Dir: t.TempDir(), Meta: m}
+	// An intact disk and state, for verify.
+	key, _ := m.checkKey()
+	for file, domain := range map[string]uint32{OverlayFile: macDomainOverlay, TemplateStateFile: macDomainState} {
+		path := filepath.Join(sp.Dir, file)
+		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		sum, mac := must(readerSHA256(strings.NewReader(file))), ""
+		if key != nil {
+			sum, mac, _ = fileSums(path, key, domain)
+		}
+		if file == OverlayFile {
+			sp.Meta.OverlaySHA256, sp.Meta.OverlayMAC = sum, mac
+		} else {
+			sp.Meta.StateSHA256, sp.Meta.StateMAC = sum, mac
+		}
+	}
 	path := filepath.Join(sp.Dir, RAMFile)
 	for name, damage := range map[string]func() error{
 		"intact":        func() error { return nil },
@@ -233,20 +251,22 @@ func fillDamaged(t *testing.T, m SavePointMeta, ram []byte, bad bool) {
 		if err := damage(); err != nil {
 			t.Fatal(err)
 		}
-		mem, err := memFile("test-ram", size)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = sp.fillRAM(mem, true)
-		mem.Close()
-		if name == "intact" && !bad {
-			if err != nil {
-				t.Errorf("format %d, %s: %v", m.Format, name, err)
+		for _, late := range []bool{false, true} {
+			mem := must(memFile("test-ram", size))
+			err := sp.fillRAM(mem, !late, late)
+			mem.Close()
+			if err == nil && late {
+				err = sp.verify(true)
 			}
-			continue
-		}
-		if !errors.Is(err, ErrSavePointDamaged) {
-			t.Errorf("format %d, key %.8s, %s: %v, want ErrSavePointDamaged", m.Format, m.CheckKey, name, err)
+			if name == "intact" && !bad {
+				if err != nil {
+					t.Errorf("format %d, %s, late %v: %v", m.Format, name, late, err)
+				}
+				continue
+			}
+			if !errors.Is(err, ErrSavePointDamaged) {
+				t.Errorf("format %d, key %.8s, %s, late %v: %v, want ErrSavePointDamaged", m.Format, m.CheckKey, name, late, err)
+			}
 		}
 	}
 }
@@ -284,7 +304,7 @@ func TestVerifyFormats(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err := sp.verify()
+			err := sp.verify(false)
 			switch {
 			case damaged == "" && err != nil:
 				t.Errorf("format %d, intact: %v", m.Format, err)
