@@ -134,6 +134,12 @@ func JailSpec(argv []string, vmDir string, readOnly []string, accel Accel, memMi
 		// root; QEMU needs a few dozen threads at most.
 		Processes: jailProcesses,
 		Seccomp:   "required", SeccompAccel: string(accel),
+		// Under TCG, QEMU without transparent huge pages: it advises them
+		// for every RAM block and for its translation cache, so a 64-256
+		// KiB firmware block took a whole 2 MiB page in each QEMU, and the
+		// cache's last page was mostly empty (~3 MiB an idle fork copy,
+		// docs/benchmarks.md). Under KVM the guest's RAM wants them.
+		NoHugePages: accel == AccelTCG,
 	}, nil
 }
 
