@@ -457,6 +457,7 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	// check that fails stops the launch at once (cancel). A save point of
 	// a format before 3 has its RAM's digest checked as it is copied, and
 	// a shared copy is checked when it is made.
+	//
 	// Loading before the check relaxes nothing: the check is against
 	// damage (only vmgated's user can write these files), and a damaged
 	// file reaches only the jailed QEMU and its guest, as any guest's
@@ -472,7 +473,8 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 		if fill != nil {
 			err := sp.fillRAM(fill, false, late)
 			fill.Close()
-			if filled <- err; err != nil {
+			filled <- err
+			if err != nil {
 				checkErr = err
 				verified <- err
 				return
