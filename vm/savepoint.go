@@ -469,26 +469,22 @@ func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*V
 	checked := make(chan struct{}) // closed when checkErr is set
 	go func() {
 		defer close(checked)
-		late := fill != nil && !sp.Meta.RAMInMemory
+		// A VM alone has its RAM copied here and checked after the copy,
+		// with the other files; a shared copy was checked when it was made.
+		var err error
 		if fill != nil {
-			err := sp.fillRAM(fill, false, late)
+			err = sp.fillRAM(fill, false, true)
 			fill.Close()
-			filled <- err
-			if err != nil {
-				checkErr = err
-				verified <- err
-				return
-			}
-		} else {
-			filled <- nil
 		}
-		if !sp.Meta.RAMInMemory {
-			checkErr = sp.verify(late)
+		filled <- err
+		if err == nil && !sp.Meta.RAMInMemory {
+			err = sp.verify(fill != nil)
 		}
-		if checkErr != nil {
-			cancel(checkErr)
+		if err != nil {
+			cancel(err)
 		}
-		verified <- checkErr
+		checkErr = err
+		verified <- err
 	}()
 	m := launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
 		ram: mode, files: []*os.File{ram, state}, restore: true}
