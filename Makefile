@@ -56,7 +56,7 @@ install: deps build
 # build cache, ~3 min of CPU from a cold one (gVisor built for -race).
 test: deps image
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -run 'Fuzz|Test' ./vm/guest/agentconn/ ./vm/guest/agentproto/ ./internal/transfer/ ./internal/netwire/ ./vm/netstack/
+	$(GO) test -race -count=1 -run 'Fuzz|Test' ./guest/agentconn/ ./guest/agentproto/ ./internal/transfer/ ./internal/netwire/ ./vm/netstack/
 	VMGATE_TEST_IMAGE=$(IMAGE_DIR) VMGATE_TEST_BIN=$(abspath $(BIN)) VMGATE_TEST_TEMPLATES=$(abspath $(STATE_DIR))/test-templates $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # Unit tests only (no VM, no image).

@@ -16,8 +16,8 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/guest/agentconn"
 	"github.com/vmgate/vmgate/internal/testutil"
-	"github.com/vmgate/vmgate/vm/guest/agentconn"
 )
 
 // wedgeSlack is what a request may take beyond the host's bound on the
@@ -33,7 +33,7 @@ const wedgeExitAfter = 10 * time.Second
 const wedgeSignals = 200_000
 
 // TestGateway_WedgedAgent: in a session, a guest root puts its own agent
-// (vm/guest/wedgeagent) in the real one's place on the agent's port,
+// (guest/wedgeagent) in the real one's place on the agent's port,
 // without the host seeing a change. It accepts the next command, whose
 // client floods it with signals and then writes stdin without end,
 // stops reading its port, and reports the command's exit (security round
@@ -52,7 +52,7 @@ func TestGateway_WedgedAgent(t *testing.T) {
 	if os.Getenv("VMGATE_TEST_BIN") == "" {
 		t.Skip("VMGATE_TEST_BIN not set")
 	}
-	agent := testutil.BuildStatic(t, "github.com/vmgate/vmgate/vm/guest/wedgeagent", "")
+	agent := testutil.BuildStatic(t, "github.com/vmgate/vmgate/guest/wedgeagent", "")
 	const grace = 5 * time.Second
 	// Restored VMs (the shared test templates); one VM at most, so that
 	// a slot the wedged session kept would show.

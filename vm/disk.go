@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
+	"github.com/vmgate/vmgate/guest/agentproto"
 )
 
 // Disk limits. A guest writes to its disk, and every block it writes that

@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/internal/testutil"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 func TestOverlayLimit(t *testing.T) {

@@ -8,10 +8,10 @@
 // Each VM gets a private 0700 directory under the state directory holding a
 // qcow2 overlay on the image's read-only base, the QMP and agent Unix
 // sockets, the serial console log and a pid file. The guest agent
-// (package vm/guest/agent) answers the framed agent protocol (package
-// vm/guest/agentproto) over a virtio-serial port wired to the agent
+// (package guest/agent) answers the framed agent protocol (package
+// guest/agentproto) over a virtio-serial port wired to the agent
 // socket; [VM.Exec] runs one command per channel on one kept connection
-// (package vm/guest/agentconn).
+// (package guest/agentconn).
 //
 // A VM comes up as a list of named steps over one launch value
 // (launch.go): a cold boot, a restore, and a clone launched ahead

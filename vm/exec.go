@@ -10,10 +10,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/agentconn"
+	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/internal/signum"
 	"github.com/vmgate/vmgate/internal/tty"
-	"github.com/vmgate/vmgate/vm/guest/agentconn"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // ExecRequest is one command to run in the VM.

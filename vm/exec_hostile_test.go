@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/agentconn"
+	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/internal/testutil"
-	"github.com/vmgate/vmgate/vm/guest/agentconn"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // fakeGuest is the guest's end of a fake VM's agent connection, driven

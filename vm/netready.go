@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
+	"github.com/vmgate/vmgate/guest/agentproto"
 )
 
 // ErrNetworkNotReady reports that a VM with a NIC did not get a usable

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
+	"github.com/vmgate/vmgate/guest/agentproto"
 )
 
 // Pool keeps up to Size VMs restored from one template, ready to hand out.

@@ -17,10 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/agentconn"
+	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/isolate"
 	"github.com/vmgate/vmgate/isolate/cgroup"
-	"github.com/vmgate/vmgate/vm/guest/agentconn"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 

@@ -12,9 +12,9 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/vmgate/vmgate/vm/guest/agent"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
-	"github.com/vmgate/vmgate/vm/guest/boot"
+	"github.com/vmgate/vmgate/guest/agent"
+	"github.com/vmgate/vmgate/guest/agentproto"
+	"github.com/vmgate/vmgate/guest/boot"
 )
 
 // version is set by the build (-ldflags -X main.version=…).

@@ -4,17 +4,23 @@
 //
 //  0. leaves: the shared rules and small libraries that import no other
 //     package of the module (internal/…, policy/netrule, the agent
-//     protocol's contract vm/guest/agentproto);
+//     protocol's contract guest/agentproto);
 //  1. the policy and the jail (policy, isolate/…);
-//  2. the guest side (vm/guest/…): agent, /init, initramfs layout, the
+//  2. the guest side (guest/…): agent, /init, the
 //     protocol's connection; it never imports the host's VM packages;
 //  3. the host's VM layer (vm, vm/image, vm/netstack, vm/netproc);
 //  4. the daemon and its protocol (gateway/…);
 //  5. the commands and their apps (cmd/…), and the shipped files'
 //     checks (contrib).
 //
+// A second rule holds across floors: no two top-level folders import each
+// other (Folders), so that each folder can be read, and moved, as one
+// piece: internal/ imports nothing of policy/, the guest tree nothing of
+// vm/.
+//
 // Tests are not held to it (a test may reach any floor); the test of this
-// package runs go list over the module and fails on an upward import.
+// package runs go list over the module and fails on an upward import or
+// on two folders that import each other.
 package layers
 
 import (
@@ -32,9 +38,9 @@ var floors = []struct {
 	name     string
 	prefixes []string
 }{
-	{"leaves", []string{"internal/", "policy/netrule", "vm/guest/agentproto"}},
+	{"leaves", []string{"internal/", "policy/netrule", "guest/agentproto"}},
 	{"policy and jail", []string{"policy", "isolate"}},
-	{"guest", []string{"vm/guest"}},
+	{"guest", []string{"guest"}},
 	{"host VM", []string{"vm"}},
 	{"daemon", []string{"gateway"}},
 	{"commands", []string{"cmd", "contrib"}},
@@ -92,6 +98,41 @@ func Check(imports map[string][]string) []string {
 			if g > f {
 				out = append(out, fmt.Sprintf("%s (%s) imports %s (%s): an import up a floor", rel, fname, drel, gname))
 			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Folders returns one message per pair of the module's top-level folders
+// that import each other (through any of their packages), sorted.
+func Folders(imports map[string][]string) []string {
+	top := func(pkg string) (string, bool) {
+		rel, ok := strings.CutPrefix(pkg, Module+"/")
+		if !ok {
+			return "", false
+		}
+		dir, _, _ := strings.Cut(rel, "/")
+		return dir, true
+	}
+	edge := map[[2]string]string{} // folder -> folder: one import that makes it
+	for pkg, deps := range imports {
+		a, ok := top(pkg)
+		if !ok {
+			continue
+		}
+		for _, d := range deps {
+			if b, ok := top(d); ok && a != b {
+				if _, seen := edge[[2]string{a, b}]; !seen {
+					edge[[2]string{a, b}] = strings.TrimPrefix(pkg, Module+"/") + " imports " + strings.TrimPrefix(d, Module+"/")
+				}
+			}
+		}
+	}
+	var out []string
+	for e, why := range edge {
+		if back, ok := edge[[2]string{e[1], e[0]}]; ok && e[0] < e[1] {
+			out = append(out, fmt.Sprintf("folders %s and %s import each other (%s; %s)", e[0], e[1], why, back))
 		}
 	}
 	sort.Strings(out)

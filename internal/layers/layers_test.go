@@ -13,8 +13,8 @@ import (
 func TestFloor(t *testing.T) {
 	for rel, want := range map[string]string{
 		"internal/names": "leaves", "internal/transfer": "leaves", "policy/netrule": "leaves",
-		"vm/guest/agentproto": "leaves", "policy": "policy and jail", "isolate/seccomp": "policy and jail",
-		"vm/guest/agent": "guest", "vm/guest/agentconn": "guest", "vm": "host VM", "vm/netstack": "host VM",
+		"guest/agentproto": "leaves", "policy": "policy and jail", "isolate/seccomp": "policy and jail",
+		"guest/agent": "guest", "guest/agentconn": "guest", "vm": "host VM", "vm/netstack": "host VM",
 		"gateway": "daemon", "gateway/client/shelltool": "daemon", "cmd/vmgated/cli": "commands",
 	} {
 		if _, got, ok := Floor(rel); !ok || got != want {
@@ -31,15 +31,15 @@ func TestFloor(t *testing.T) {
 func TestCheck(t *testing.T) {
 	m := func(rel string) string { return Module + "/" + rel }
 	got := Check(map[string][]string{
-		m("policy"):         {m("internal/names"), m("gateway/wire"), "strings"},
-		m("vm/guest/agent"): {m("vm"), m("vm/guest/agentproto")},
-		m("gateway"):        {m("vm"), m("policy"), m("gateway/audit")},
-		m("newthing"):       nil,
+		m("policy"):      {m("internal/names"), m("gateway/wire"), "strings"},
+		m("guest/agent"): {m("vm"), m("guest/agentproto")},
+		m("gateway"):     {m("vm"), m("policy"), m("gateway/audit")},
+		m("newthing"):    nil,
 	})
 	want := []string{
+		"guest/agent (guest) imports vm (host VM): an import up a floor",
 		"newthing stands on no floor (add it to package layers)",
 		"policy (policy and jail) imports gateway/wire (daemon): an import up a floor",
-		"vm/guest/agent (guest) imports vm (host VM): an import up a floor",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("Check:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -80,6 +80,25 @@ func TestModuleLayers(t *testing.T) {
 	for _, v := range Check(imports) {
 		t.Error(v)
 	}
+	for _, v := range Folders(imports) {
+		t.Error(v)
+	}
+}
+
+// TestFolders: two folders that import each other are reported, by one
+// import each way; one-way imports and imports inside a folder are not.
+func TestFolders(t *testing.T) {
+	m := func(rel string) string { return Module + "/" + rel }
+	got := Folders(map[string][]string{
+		m("internal/netwire"): {m("policy/netrule"), m("internal/names"), "strings"},
+		m("policy"):           {m("internal/names")},
+		m("gateway"):          {m("vm"), m("policy")},
+		m("vm"):               {m("internal/names"), m("vm/netstack")},
+	})
+	want := []string{"folders internal and policy import each other (internal/netwire imports policy/netrule; policy imports internal/names)"}
+	if !slices.Equal(got, want) {
+		t.Errorf("Folders:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }
 
 // TestAgentLinksNoHostCode: the guest agent's binary links the guest side,
@@ -94,7 +113,7 @@ func TestAgentLinksNoHostCode(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
-	guest, _, _ := Floor("vm/guest")
+	guest, _, _ := Floor("guest")
 	n := 0
 	for _, d := range strings.Fields(string(out)) {
 		rel, ok := strings.CutPrefix(d, Module+"/")

@@ -1,11 +1,19 @@
 // Package names holds the naming rules that every layer shares: what a
-// session and an image may be called. The client checks them before it
+// session and an image may be called, and what a DNS name is (the
+// policy's allowlist, the netstack's DNS answers and the sniffers of HTTP
+// heads and TLS hellos all normalise host names the same way). The client checks them before it
 // sends a request, the policy before it decides, the daemon and the VM
 // layer before a name becomes part of a path. One home keeps them equal.
 //
 // Both rules keep a name safe as one path element and as an SSH login:
 // 1 to 64 of [A-Za-z0-9._-], never "." or "..".
 package names
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // MaxLen bounds a session or image name.
 const MaxLen = 64
@@ -41,4 +49,34 @@ func Image(s string) bool {
 		return false
 	}
 	return Session(s)
+}
+
+// CheckHost accepts DNS names of letters, digits, hyphens, underscores
+// and dots: at most 253 bytes, labels of 1 to 63 that neither start nor
+// end with a hyphen. It expects a lower-case name without a trailing dot.
+func CheckHost(n string) error {
+	if n == "" || len(n) > 253 {
+		return errors.New("empty or too long name")
+	}
+	for _, label := range strings.Split(n, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("bad name label %q", label)
+		}
+		for _, c := range label {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return fmt.Errorf("bad character %q in name", c)
+			}
+		}
+	}
+	return nil
+}
+
+// Host lowers a DNS name and drops its trailing dot; it returns "" for a
+// name that is not a valid DNS name (CheckHost).
+func Host(n string) string {
+	n = strings.ToLower(strings.TrimSuffix(n, "."))
+	if CheckHost(n) != nil {
+		return ""
+	}
+	return n
 }

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/vmgate/vmgate/policy/netrule"
+	"github.com/vmgate/vmgate/internal/names"
 )
 
 // HTTP/1 requests on a port allowed by name (RFC 9112, RFC 3986): the
@@ -337,7 +337,7 @@ func parseAuthority(s string) (authority, error) {
 		}
 		if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() {
 			a.host, a.addr = ip.String(), true
-		} else if a.host = netrule.NormalizeName(host); a.host == "" {
+		} else if a.host = names.Host(host); a.host == "" {
 			return authority{}, fmt.Errorf("%.64q is not a DNS name", host)
 		}
 	}

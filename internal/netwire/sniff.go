@@ -16,7 +16,7 @@ package netwire
 import (
 	"errors"
 
-	"github.com/vmgate/vmgate/policy/netrule"
+	"github.com/vmgate/vmgate/internal/names"
 )
 
 // ErrNeedMore means the bytes so far are a valid prefix: read more.
@@ -167,7 +167,7 @@ func clientHelloSNI(b []byte) (name, hidden string, err error) {
 				if name != "" {
 					return "", "", errors.New("tls: two host names")
 				}
-				if name = netrule.NormalizeName(string(host)); name == "" {
+				if name = names.Host(string(host)); name == "" {
 					return "", "", errors.New("tls: server name is not a DNS name")
 				}
 			}

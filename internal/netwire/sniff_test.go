@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/internal/netwire/netwiretest"
-	"github.com/vmgate/vmgate/policy/netrule"
 )
 
 func TestSniffName(t *testing.T) {
@@ -119,7 +119,7 @@ func FuzzSniffName(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := SniffName(b)
-		if err == nil && st.Name != "" && netrule.NormalizeName(st.Name) != st.Name {
+		if err == nil && st.Name != "" && names.Host(st.Name) != st.Name {
 			t.Fatalf("returned an unnormalised name %q", st.Name)
 		}
 		if err != nil || st.Proto != ProtoHTTP {

@@ -12,6 +12,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/vmgate/vmgate/internal/names"
 )
 
 // Rule allows egress to a name pattern or an address range, on one port
@@ -56,7 +58,7 @@ func ParseRule(s string) (Rule, error) {
 	if rest, ok := strings.CutPrefix(name, "*."); ok {
 		r.Suffix, name = true, rest
 	}
-	if err := checkName(name); err != nil {
+	if err := names.CheckHost(name); err != nil {
 		return r, fmt.Errorf("network rule %q: %w", s, err)
 	}
 	if strings.Count(name, ".") == 0 && r.Suffix {
@@ -84,33 +86,9 @@ func splitHostPort(s string) (host, port string, err error) {
 	return s[:i], s[i+1:], nil
 }
 
-// checkName accepts DNS names of letters, digits, hyphens and dots.
-func checkName(n string) error {
-	if n == "" || len(n) > 253 {
-		return errors.New("empty or too long name")
-	}
-	for _, label := range strings.Split(n, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return fmt.Errorf("bad name label %q", label)
-		}
-		for _, c := range label {
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return fmt.Errorf("bad character %q in name", c)
-			}
-		}
-	}
-	return nil
-}
-
 // NormalizeName lowers a DNS name and drops its trailing dot; it returns
-// "" for a name that is not a valid DNS name.
-func NormalizeName(n string) string {
-	n = strings.ToLower(strings.TrimSuffix(n, "."))
-	if checkName(n) != nil {
-		return ""
-	}
-	return n
-}
+// "" for a name that is not a valid DNS name (names.Host).
+func NormalizeName(n string) string { return names.Host(n) }
 
 // MatchName reports whether the rule allows name (normalised) on port.
 func (r Rule) MatchName(name string, port uint16) bool {

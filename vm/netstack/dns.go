@@ -9,8 +9,8 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/policy/netrule"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // DNSVerdict is what the resolver decided for one query, for the log and

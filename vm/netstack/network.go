@@ -14,8 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vmgate/vmgate/guest/netconf"
 	"github.com/vmgate/vmgate/internal/netwire"
-	"github.com/vmgate/vmgate/vm/guest/netconf"
 
 	"github.com/vmgate/vmgate/policy/netrule"
 

@@ -30,10 +30,10 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
 )
 
 // ExecOptions configures Exec.

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
+	"github.com/vmgate/vmgate/guest/agentproto"
 )
 
 // accountFiles are the account databases of an imported root, relative to

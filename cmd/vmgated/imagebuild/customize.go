@@ -17,9 +17,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/cmd/vmgated/imagebuild/initramfs"
+	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/internal/reexec"
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
-	"github.com/vmgate/vmgate/vm/guest/initramfs"
 	"github.com/vmgate/vmgate/vm/image"
 )
 

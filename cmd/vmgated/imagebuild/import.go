@@ -10,10 +10,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/vmgate/vmgate/vm/guest/netconf"
+	"github.com/vmgate/vmgate/guest/netconf"
 	"github.com/vmgate/vmgate/vm/image"
 
-	"github.com/vmgate/vmgate/vm/guest/agentproto"
+	"github.com/vmgate/vmgate/guest/agentproto"
 )
 
 // ImportOptions configure Import.

@@ -23,8 +23,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
+	"github.com/vmgate/vmgate/guest/netconf"
 	"github.com/vmgate/vmgate/internal/netwire"
-	"github.com/vmgate/vmgate/vm/guest/netconf"
 )
 
 // NIC is the guest stack's one NIC.
