@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/policy"
 )
 
 func (s *Server) routes() http.Handler {
@@ -57,11 +58,7 @@ func (s *Server) handleListSessions(w http.ResponseWriter, r *http.Request) {
 		refuse(w, wire.KindUnidentified, err.Error())
 		return
 	}
-	out := s.listSessions(id)
-	if out == nil {
-		out = []wire.Session{}
-	}
-	writeJSON(w, out)
+	writeJSON(w, s.sessions.list(id.Key(), false))
 }
 
 // callerSession is the caller's session named in the request's path, or
@@ -73,44 +70,50 @@ func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session 
 		return nil
 	}
 	name := r.PathValue("name")
-	s.mu.Lock()
-	ss := s.sessions[sessionKey{id.Key(), name}]
-	s.mu.Unlock()
+	ss := s.sessions.get(sessionKey{id.Key(), name})
 	if ss == nil {
 		refuse(w, wire.KindNotFound, fmt.Sprintf("no session %q of this caller", name))
 	}
 	return ss
 }
 
-// sessionOp runs op on the caller's session named in the path, through
-// the exec core (Server.onSession), decided by decide. op's
-// *RequestError is the answer; otherwise op has written it.
-func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, decide sessionDecider, op func(context.Context, *session, *execState) error) {
-	ss := s.callerSession(w, r)
-	if ss == nil {
+// sessionOp runs op on the caller's session ss, as a request of its own
+// (what names it) through sessions.operate, decided by decide. op's error
+// is the answer; otherwise op's value is, as JSON.
+func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, ss *session, what string, decide func(*policy.Policy, *sessionRequest) policy.Verdict,
+	op func(context.Context, *sessionRequest) (any, error)) {
+	id, _ := identityFrom(r.Context())
+	q := newSessionRequest(id, ss.Name, what)
+	var out any
+	rerr := s.sessions.operate(r.Context(), q, ss, decide, func(ctx context.Context) (err error) {
+		out, err = op(ctx, q)
+		return err
+	})
+	if rerr != nil {
+		writeError(w, rerr.Kind.Status, rerr.Wire())
 		return
 	}
-	id, _ := identityFrom(r.Context())
-	if rerr := s.onSession(r.Context(), id, ss, decide, op); rerr != nil {
-		writeError(w, rerr.Kind.Status, rerr.Wire())
-	}
+	writeJSON(w, out)
 }
 
 // handlePauseSession pauses the caller's session to disk: its VM and
 // slot are freed, and its next command resumes it. A paused session's
 // answer is the same.
 func (s *Server) handlePauseSession(w http.ResponseWriter, r *http.Request) {
-	s.sessionOp(w, r, decideSession(), func(ctx context.Context, ss *session, st *execState) error {
-		if !ss.paused() {
+	ss := s.callerSession(w, r)
+	if ss == nil {
+		return
+	}
+	s.sessionOp(w, r, ss, "pause", decideSession(), func(ctx context.Context, q *sessionRequest) (any, error) {
+		if ss.state() == stateRunning {
 			ss.mu.Lock()
-			ss.limits = st.verdict.Limits.Paused // today's policy
+			ss.Paused = q.verdict.Limits.Paused // today's policy
 			ss.mu.Unlock()
-			if err := s.pause(ctx, ss, "asked by its owner", true); err != nil {
-				return err
+			if err := s.sessions.pause(ctx, ss, "asked by its owner", true); err != nil {
+				return nil, err
 			}
 		}
-		writeJSON(w, ss.info())
-		return nil
+		return ss.info(), nil
 	})
 }
 
@@ -124,13 +127,34 @@ func (s *Server) handleForkSession(w http.ResponseWriter, r *http.Request) {
 		refuse(w, wire.KindBadRequest, "fork: "+err.Error())
 		return
 	}
-	s.sessionOp(w, r, decideSession(req.Names...), func(ctx context.Context, ss *session, st *execState) error {
-		out, err := s.fork(ctx, ss, st, req.Names)
-		if err != nil {
-			return err
+	ss := s.callerSession(w, r)
+	if ss == nil {
+		return
+	}
+	s.sessionOp(w, r, ss, "fork into "+strings.Join(req.Names, " "), decideSession(req.Names...), func(ctx context.Context, q *sessionRequest) (any, error) {
+		return s.sessions.fork(ctx, ss, &q.request, req.Names)
+	})
+}
+
+// handleNetLockSession locks the caller's session's network to the
+// rules of a wire.NetLimit (none: no network) for the rest of its life;
+// the answer is the session.
+func (s *Server) handleNetLockSession(w http.ResponseWriter, r *http.Request) {
+	l, err := wire.DecodeNetLimit(r.Body)
+	if err != nil {
+		refuse(w, wire.KindBadRequest, err.Error())
+		return
+	}
+	want := policy.NetLimit(*l)
+	ss := s.callerSession(w, r)
+	if ss == nil {
+		return
+	}
+	s.sessionOp(w, r, ss, "net-lock: allow ["+strings.Join(want.Allow, " ")+"]", decideNetLock(ss, want), func(_ context.Context, q *sessionRequest) (any, error) {
+		if err := s.sessions.lockNet(ss, q, want); err != nil {
+			return nil, err
 		}
-		writeJSON(w, out)
-		return nil
+		return ss.info(), nil
 	})
 }
 
@@ -139,7 +163,7 @@ func (s *Server) handleEndSession(w http.ResponseWriter, r *http.Request) {
 	if ss == nil {
 		return
 	}
-	s.destroySession(ss, "ended by client")
+	s.sessions.destroy(ss, "ended by client")
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -160,10 +184,26 @@ func (s *Server) handleHoldSession(w http.ResponseWriter, r *http.Request) {
 	}
 	select {
 	case <-r.Context().Done():
-		s.destroySession(ss, "its holder went away")
+		s.sessions.destroy(ss, "its holder went away")
 	case <-ss.ended:
-	case <-s.stopped:
+	case <-s.flight.stopped:
 	}
+}
+
+// upgrade answers a request with 101 Switching Protocols to proto,
+// naming the request reqID, and returns its connection for the framed
+// stream that follows. On error the connection is gone.
+func upgrade(w http.ResponseWriter, proto, reqID string) (net.Conn, *bufio.Reader, error) {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return nil, nil, fmt.Errorf("hijack: %w", err)
+	}
+	_, _ = fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nVmgate-Request-Id: %s\r\n\r\n", proto, reqID)
+	if err := brw.Flush(); err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return conn, brw.Reader, nil
 }
 
 func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
@@ -195,19 +235,14 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, rerr.Kind.Status, rerr.Wire())
 		return
 	}
-	conn, brw, err := rc.Hijack()
+	conn, br, err := upgrade(w, wire.Upgrade, st.reqID)
 	if err != nil {
 		a.Abort()
-		log.Error("hijack", "err", err)
+		log.Warn("exec's upgrade", "err", err)
 		return
 	}
 	defer conn.Close()
-	_, _ = fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nVmgate-Request-Id: %s\r\n\r\n", wire.Upgrade, st.reqID)
-	if err := brw.Flush(); err != nil {
-		a.Abort()
-		return
-	}
-	s.serveExec(conn, brw.Reader, a)
+	s.serveExec(conn, br, a)
 }
 
 // frameWriter turns writes into frames of one type on a shared connection.
@@ -263,7 +298,7 @@ func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
 	defer cancel()
 	// When the grace period after shutdown ends, blocked reads and writes
 	// of a client that stopped reading end too.
-	defer context.AfterFunc(s.execCtx, func() { _ = conn.SetDeadline(time.Now()) })()
+	defer context.AfterFunc(s.flight.grace, func() { _ = conn.SetDeadline(time.Now()) })()
 
 	// Client → daemon frames. A read error means the client is gone:
 	// clientGone ends the command.
@@ -313,15 +348,15 @@ func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
 
 	var mu sync.Mutex
 	sio := execIO{
-		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout, stalled: cancel, stop: s.execCtx},
-		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr, stalled: cancel, stop: s.execCtx},
+		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout, stalled: cancel, stop: s.flight.grace},
+		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr, stalled: cancel, stop: s.flight.grace},
 		signals: signals, gone: clientGone, files: files,
 	}
-	files.getStream = &frameWriter{mu: &mu, w: conn, typ: wire.FrameGet, stalled: cancel, stop: s.execCtx}
+	files.getStream = &frameWriter{mu: &mu, w: conn, typ: wire.FrameGet, stalled: cancel, stop: s.flight.grace}
 	files.getEnd = func(t wire.Transfer) error {
 		mu.Lock()
 		defer mu.Unlock()
-		_ = conn.SetWriteDeadline(writeDeadline(s.execCtx))
+		_ = conn.SetWriteDeadline(writeDeadline(s.flight.grace))
 		return wire.WriteJSONFrame(conn, wire.FrameGetEnd, t)
 	}
 	if stdinR != nil {
@@ -331,7 +366,7 @@ func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
 	res, err := a.Run(ctx, sio)
 	mu.Lock()
 	defer mu.Unlock()
-	_ = conn.SetWriteDeadline(writeDeadline(s.execCtx))
+	_ = conn.SetWriteDeadline(writeDeadline(s.flight.grace))
 	if err != nil {
 		kind := wire.KindVM
 		if te := (*TransferError)(nil); errors.As(err, &te) {

@@ -44,17 +44,17 @@ func (e *RequestError) Wire() wire.Error {
 
 // requestError is err as a *RequestError: itself, or of kind ErrVMFailed
 // with the message a client may read (clientMessage).
-func requestError(err error, st *execState) *RequestError {
+func requestError(err error, q *request) *RequestError {
 	var re *RequestError
 	if errors.As(err, &re) {
-		if re.RequestID == "" && st != nil {
-			re.RequestID, re.Profile = st.reqID, st.verdict.Profile
+		if re.RequestID == "" && q != nil {
+			re.RequestID, re.Profile = q.reqID, q.verdict.Profile
 		}
 		return re
 	}
 	re = &RequestError{Kind: ErrVMFailed, Msg: clientMessage(err)}
-	if st != nil {
-		re.RequestID, re.Profile = st.reqID, st.verdict.Profile
+	if q != nil {
+		re.RequestID, re.Profile = q.reqID, q.verdict.Profile
 	}
 	return re
 }

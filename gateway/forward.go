@@ -24,7 +24,7 @@ const guestDialWait = 10 * time.Second
 // listening socket, the guest port, and the connections it carries, at
 // most cap(slots) at once. It stops once (stop), with a reason.
 type publication struct {
-	s       *Server
+	rec     *recorder
 	ss      *session
 	id      policy.Identity
 	reqID   string
@@ -47,8 +47,8 @@ type publication struct {
 	done    chan struct{}  // closed once stopped and every connection is done
 }
 
-func newPublication(s *Server, ss *session, id policy.Identity, reqID string, v policy.Verdict, host policy.HostAddr, port uint16, ln net.Listener) *publication {
-	p := &publication{s: s, ss: ss, id: id, reqID: reqID, profile: v.Profile, host: host, port: port, ln: ln,
+func newPublication(x *sessions, ss *session, id policy.Identity, reqID string, v policy.Verdict, host policy.HostAddr, port uint16, ln net.Listener) *publication {
+	p := &publication{rec: x.rec, ss: ss, id: id, reqID: reqID, profile: v.Profile, host: host, port: port, ln: ln,
 		slots: make(chan struct{}, max(v.Limits.Publish.MaxConns, 1)), conns: map[net.Conn]string{}, done: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
@@ -178,14 +178,12 @@ func (p *publication) serve(c net.Conn, slot bool) {
 		return
 	}
 	defer func() { <-p.slots }()
-	if err := p.s.audit.Healthy(); err != nil {
+	if err := p.rec.Healthy(); err != nil {
 		// Nothing is carried unaudited, as nothing runs unaudited.
 		p.refuse(c, peer, "", "the audit log cannot be written: "+err.Error())
 		return
 	}
-	p.ss.mu.Lock()
-	v := p.ss.vm
-	p.ss.mu.Unlock()
+	v := p.ss.running()
 	if v == nil {
 		p.refuse(c, peer, "", "the session is paused: its next command resumes it, and its published ports with it")
 		return
@@ -232,7 +230,7 @@ func (p *publication) refuse(c net.Conn, peer, vmID, why string) {
 // publisher, its session and VM, the host address and the client's, the
 // guest port, the bytes each way (in: host to guest) and its duration.
 func (p *publication) auditConn(peer, vmID string, allowed bool, why string, in, out int64, d time.Duration) {
-	rec := audit.Record{Kind: audit.KindNet, RequestID: p.reqID, Profile: p.profile, Session: p.ss.key.name, VMID: vmID,
+	rec := audit.Record{Kind: audit.KindNet, RequestID: p.reqID, Profile: p.profile, Session: p.ss.Name, VMID: vmID,
 		Verdict: audit.VerdictDeny, Reason: why,
 		Net: &audit.NetEvent{Proto: "forward", Addr: p.host.String(), Port: p.port, Peer: peer, BytesIn: in, BytesOut: out, DurationMS: d.Milliseconds()}}
 	setCaller(&rec, p.id)
@@ -240,23 +238,23 @@ func (p *publication) auditConn(peer, vmID string, allowed bool, why string, in,
 	var err error
 	if allowed {
 		rec.Verdict = audit.VerdictAllow
-		err = p.s.audit.Write(rec)
+		err = p.rec.Write(rec)
 	} else {
-		_, err = p.s.auditGated(p.s.netGate, p.gateKey(), rec)
+		_, err = p.rec.gated(p.rec.net, p.gateKey(), rec)
 	}
-	p.s.metrics.netConn(string(rec.Verdict))
+	p.rec.metrics.netConn(string(rec.Verdict))
 	if err != nil {
-		p.s.log.Error("audit a forwarded connection", "err", err)
+		p.rec.log.Error("audit a forwarded connection", "err", err)
 	}
 }
 
 // auditSession writes a session record of the publication (published,
 // unpublished).
 func (p *publication) auditSession(msg string) {
-	rec := audit.Record{Kind: audit.KindSession, RequestID: p.reqID, Session: p.ss.key.name, Profile: p.profile, Message: msg}
+	rec := audit.Record{Kind: audit.KindSession, RequestID: p.reqID, Session: p.ss.Name, Profile: p.profile, Message: msg}
 	setCaller(&rec, p.id)
-	if err := p.s.audit.Write(rec); err != nil {
-		p.s.log.Error("audit a published port", "err", err)
+	if err := p.rec.Write(rec); err != nil {
+		p.rec.log.Error("audit a published port", "err", err)
 	}
 }
 

@@ -16,32 +16,31 @@ import (
 // and unreadable ones are removed at start.
 func TestLostNotesOutliveRestarts(t *testing.T) {
 	state := t.TempDir()
-	newServer := func() *Server {
-		s := &Server{log: slog.New(slog.DiscardHandler), lost: map[sessionKey]lostSession{}}
-		s.cfg.VM.StateDir = state
-		s.loadLost(time.Now())
-		return s
+	newServer := func() *lostNotes {
+		n := newLostNotes(filepath.Join(state, lostDir), slog.New(slog.DiscardHandler))
+		n.load(time.Now())
+		return n
 	}
 	key := sessionKey{owner: "uid:1000", name: "work"}
 	s := newServer()
-	s.noteLost(key, "abc123", "vmgated stopped and could not pause it: disk full", time.Now())
-	s.noteLost(sessionKey{owner: "uid:1000", name: "old"}, "def456", "long ago", time.Now().Add(-lostNoteLife-time.Hour))
+	s.note(key, "abc123", "vmgated stopped and could not pause it: disk full", time.Now())
+	s.note(sessionKey{owner: "uid:1000", name: "old"}, "def456", "long ago", time.Now().Add(-lostNoteLife-time.Hour))
 	if err := os.WriteFile(filepath.Join(state, lostDir, "junk.json"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
 	newServer()     // a restart that serves nobody on the name
 	s = newServer() // and a second one
-	if why := s.takeLost(sessionKey{owner: "uid:1001", name: "work"}); why != "" {
+	if why := s.take(sessionKey{owner: "uid:1001", name: "work"}); why != "" {
 		t.Errorf("another caller's session of that name was told %q", why)
 	}
-	if why := s.takeLost(key); !strings.Contains(why, "disk full") {
+	if why := s.take(key); !strings.Contains(why, "disk full") {
 		t.Errorf("after two restarts the owner is told %q", why)
 	}
-	if why := s.takeLost(sessionKey{owner: "uid:1000", name: "old"}); why != "" {
+	if why := s.take(sessionKey{owner: "uid:1000", name: "old"}); why != "" {
 		t.Errorf("a note past its life is told: %q", why)
 	}
-	if why := newServer().takeLost(key); why != "" {
+	if why := newServer().take(key); why != "" {
 		t.Errorf("a note told once is told again after a restart: %q", why)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(state, lostDir)); len(ents) != 0 {
@@ -53,13 +52,12 @@ func TestLostNotesOutliveRestarts(t *testing.T) {
 // session was ended (DELETE, its holder gone) does not write the session
 // back: its directory stays removed, and a restart does not find it.
 func TestWriteSessionAfterEnd(t *testing.T) {
-	s := &Server{log: slog.New(slog.DiscardHandler)}
-	s.cfg.VM.StateDir = t.TempDir()
-	ss := &session{key: sessionKey{owner: "uid:1000", name: "work"}, sid: "abc", closed: true}
-	if err := s.writeSession(ss, "paused", "sp-1", time.Now()); !errors.Is(err, errSessionClosed) {
-		t.Errorf("writeSession on an ended session: %v", err)
+	x := &sessions{log: slog.New(slog.DiscardHandler), stateDir: t.TempDir()}
+	ss := &session{sessionRecord: sessionRecord{Owner: "uid:1000", Name: "work", State: stateEnded}, sid: "abc"}
+	if err := x.store(ss, func(r *sessionRecord) { r.State, r.Save, r.PausedAt = statePaused, "sp-1", time.Now() }); !errors.Is(err, errSessionClosed) {
+		t.Errorf("store on an ended session: %v", err)
 	}
-	if _, err := os.Stat(s.sessionDir(ss.sid)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(x.dir(ss.sid)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("an ended session's directory was made again: %v", err)
 	}
 }

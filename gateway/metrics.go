@@ -242,18 +242,8 @@ func (m *metrics) write(w io.Writer, g gauges) {
 func (s *Server) gauges() gauges {
 	used, waiting := s.slots.stats()
 	g := gauges{liveVMs: used, maxVMs: s.cfg.MaxVMs, waiting: waiting, handshakeRetries: s.host.HandshakeFailures(),
-		auditWriteErrors: s.audit.WriteErrors(), auditHealthy: s.audit.Healthy() == nil}
-	s.mu.Lock()
-	g.sessions = len(s.sessions)
-	for _, ss := range s.sessions {
-		ss.mu.Lock()
-		if ss.vm == nil && ss.sp != nil {
-			g.pausedSessions++
-			g.pausedBytes += ss.sp.Meta.DiskBytes()
-		}
-		ss.mu.Unlock()
-	}
-	s.mu.Unlock()
+		auditWriteErrors: s.rec.WriteErrors(), auditHealthy: s.rec.Healthy() == nil}
+	g.sessions, g.pausedSessions, g.pausedBytes = s.sessions.count()
 	for _, ss := range s.host.Stats() {
 		g.restoreFailures += ss.Pool.Failures
 		g.pools = append(g.pools, poolGauge{labels: fmt.Sprintf(`image="%s",memory_mib="%d",cpus="%d",disk_mib="%d",network="%t"`, labelValue(ss.Image), ss.MemoryMiB, ss.CPUs, ss.DiskMiB, ss.Network),

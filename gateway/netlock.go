@@ -3,15 +3,13 @@ package gateway
 // A network narrowed per command and locked per session. The policy
 // decides both (policy.Decide with Request.Net and NetLock,
 // policy.DecideNetLock); here the lock is kept: in the session, in its
-// session.json (pause.go: it outlives pauses and restarts), and in its
+// record (session_store.go: it outlives pauses and restarts), and in its
 // fork copies. A lock takes effect at once on a running session's
 // network, and no command runs on a lock other than the one its decision
 // saw.
 
 import (
-	"context"
 	"fmt"
-	"net/http"
 	"strings"
 
 	"github.com/vmgate/vmgate/gateway/audit"
@@ -22,106 +20,74 @@ import (
 
 // netLockOf is the network lock of the caller's session key; nil when
 // it is not locked, or does not exist.
-func (s *Server) netLockOf(key sessionKey) *policy.NetLimit {
-	s.mu.Lock()
-	ss := s.sessions[key]
-	s.mu.Unlock()
+func (x *sessions) netLockOf(key sessionKey) *policy.NetLimit {
+	ss := x.get(key)
 	if ss == nil {
 		return nil
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	return ss.netLock
+	return ss.NetLock
 }
 
-// checkNetLock refuses st if ss's network lock is not the one st was
-// decided under: it was locked again while st waited for the session.
+// checkNetLock refuses q if ss's network lock is not the one q was
+// decided under: it was locked again while q waited for the session.
 // A lock is replaced, never changed, so the pointer tells.
-func checkNetLock(ss *session, st *execState) *RequestError {
+func checkNetLock(ss *session, q *request) *RequestError {
 	ss.mu.Lock()
-	cur := ss.netLock
+	cur := ss.NetLock
 	ss.mu.Unlock()
-	if cur == st.netLock {
+	if cur == q.netLock {
 		return nil
 	}
-	return &RequestError{Kind: ErrSessionBusy, RequestID: st.reqID, Profile: st.verdict.Profile,
-		Msg: fmt.Sprintf("session %q's network was locked while this request waited for the session; nothing ran: send it again", ss.key.name)}
+	return &RequestError{Kind: ErrSessionBusy, RequestID: q.reqID, Profile: q.verdict.Profile,
+		Msg: fmt.Sprintf("session %q's network was locked while this request waited for the session; nothing ran: send it again", ss.Name)}
 }
 
-// auditNetwork is the network of verdict v for its audit records; nil
-// when its VM has no NIC (or it was refused).
-func auditNetwork(v policy.Verdict) *audit.NetVerdict {
-	if v.Network == nil {
-		return nil
-	}
-	n := &audit.NetVerdict{Allow: []string{}, Narrowed: v.NetNarrowed}
-	for _, r := range v.Network.Rules {
-		n.Allow = append(n.Allow, r.Text)
-	}
-	return n
-}
-
-// handleNetLockSession locks the caller's session's network to the
-// rules of a wire.NetLimit (none: no network) for the rest of its life;
-// the answer is the session.
-func (s *Server) handleNetLockSession(w http.ResponseWriter, r *http.Request) {
-	l, err := wire.DecodeNetLimit(r.Body)
-	if err != nil {
-		refuse(w, wire.KindBadRequest, err.Error())
-		return
-	}
-	want := policy.NetLimit(*l)
-	decide := func(p *policy.Policy, st *execState, ss *session) policy.Verdict {
+// decideNetLock decides a lock of a session's network to want.
+func decideNetLock(ss *session, want policy.NetLimit) func(*policy.Policy, *sessionRequest) policy.Verdict {
+	return func(p *policy.Policy, q *sessionRequest) policy.Verdict {
 		ss.mu.Lock()
-		st.netLock = ss.netLock
+		q.netLock = ss.NetLock
 		ss.mu.Unlock()
-		return p.DecideNetLock(st.id, st.netLock, want)
+		return p.DecideNetLock(q.id, q.netLock, want)
 	}
-	s.sessionOp(w, r, decide, func(_ context.Context, ss *session, st *execState) error {
-		if err := s.lockNet(ss, st, want); err != nil {
-			return err
-		}
-		writeJSON(w, ss.info())
-		return nil
-	})
 }
 
-// lockNet locks ss's network to want, as st's verdict decided: a running
+// lockNet locks ss's network to want, as q's verdict decided: a running
 // session's network takes the locked one now (the open connections it
 // does not allow are cut), its file keeps the lock, and the lock is
 // audited (its decision was, before).
 //
-// Precondition: the caller owns ss; st.verdict allowed the lock.
-func (s *Server) lockNet(ss *session, st *execState, want policy.NetLimit) error {
-	if rerr := checkNetLock(ss, st); rerr != nil {
+// Precondition: the caller owns ss; q's verdict allowed the lock.
+func (x *sessions) lockNet(ss *session, q *sessionRequest, want policy.NetLimit) error {
+	if rerr := checkNetLock(ss, &q.request); rerr != nil {
 		return rerr
 	}
 	ss.mu.Lock()
-	ss.netLock, ss.egress = &want, st.verdict.Network
+	ss.NetLock, ss.egress = &want, q.verdict.Network
 	v := ss.vm
+	if ss.State != stateRunning {
+		v = nil
+	}
 	ss.mu.Unlock()
 	vmID := ""
 	if v != nil {
 		vmID = v.ID
 		if n := v.Network(); n != nil {
-			pol := netstack.Policy{Audit: s.netAudit(st, v.ID)}
-			if e := st.verdict.Network; e != nil {
+			pol := netstack.Policy{Audit: x.rec.netHook(&q.request, v.ID)}
+			if e := q.verdict.Network; e != nil {
 				pol.Egress = *e
 			}
 			n.SetPolicy(pol)
 		}
 	}
-	rec := audit.Record{Kind: audit.KindSession, RequestID: st.reqID, Session: ss.key.name, VMID: vmID, Profile: ss.profile,
-		Message: "network locked: allow [" + strings.Join(want.Allow, " ") + "]", Network: auditNetwork(st.verdict)}
-	setCaller(&rec, st.id)
-	if err := s.audit.Write(rec); err != nil {
-		// The lock only takes away: it holds unaudited, its decision's
-		// record stands.
-		s.log.Error("audit a session's network lock", "session", ss.key.name, "err", err)
-	}
-	if err := s.rewriteSession(ss); err != nil {
-		s.log.Error("a session's network lock not saved: it holds until vmgated stops", "session", ss.key.name, "err", err)
-		return &RequestError{Kind: wire.KindInternal, Msg: fmt.Sprintf("session %q is locked, but its lock could not be saved (%v): it holds until vmgated stops", ss.key.name, err)}
+	// The lock only takes away: it holds even if its record cannot be
+	// written (its decision's record stands).
+	x.audit(ss, &q.request, audit.Record{VMID: vmID, Message: "network locked: allow [" + strings.Join(want.Allow, " ") + "]", Network: auditNetwork(q.verdict)})
+	if err := x.store(ss, nil); err != nil {
+		x.log.Error("a session's network lock not saved: it holds until vmgated stops", "session", ss.Name, "err", err)
+		return &RequestError{Kind: wire.KindInternal, Msg: fmt.Sprintf("session %q is locked, but its lock could not be saved (%v): it holds until vmgated stops", ss.Name, err)}
 	}
 	return nil
 }

@@ -29,7 +29,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 )
@@ -58,38 +57,32 @@ func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request) {
 		refuse(w, wire.KindBadRequest, fmt.Sprintf("publish: guest port %d: must be 1 to 65535", req.GuestPort))
 		return
 	}
-	if !s.begin() {
-		refuse(w, wire.KindShutdown, ErrShutdown.Error())
+	l, rerr := s.enter(r.Context())
+	if rerr != nil {
+		refuse(w, rerr.Kind, rerr.Msg)
 		return
 	}
-	defer s.end()
-	conn, brw, err := http.NewResponseController(w).Hijack()
+	defer l.end()
+	q := newSessionRequest(id, ss.Name, "")
+	conn, br, err := upgrade(w, wire.PublishUpgrade, q.reqID)
 	if err != nil {
-		s.log.Error("hijack", "err", err)
 		return
 	}
 	defer conn.Close()
-	reqID := newRequestID()
-	_, _ = fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\nVmgate-Request-Id: %s\r\n\r\n", wire.PublishUpgrade, reqID)
-	if brw.Flush() != nil {
-		return
-	}
-	fail := func(rerr *RequestError) {
-		rerr.RequestID = reqID
+	p, rerr := s.sessions.publish(conn, br, ss, q, req.GuestPort)
+	if rerr != nil {
+		rerr.RequestID = q.reqID
 		_ = conn.SetWriteDeadline(time.Now().Add(writeStall))
 		_ = wire.WriteJSONFrame(conn, wire.FrameError, rerr.Wire())
-	}
-	p, rerr := s.publish(conn, brw.Reader, ss, id, reqID, req.GuestPort)
-	if rerr != nil {
-		fail(rerr)
 		return
 	}
-	s.holdPublication(conn, brw.Reader, p)
+	s.sessions.holdPublication(conn, br, p, l)
 }
 
-// publish takes the client's listening socket from conn, decides, and
-// starts forwarding; the publication is the session's until it stops.
-func (s *Server) publish(conn net.Conn, br *bufio.Reader, ss *session, id policy.Identity, reqID string, port int) (*publication, *RequestError) {
+// publish takes the client's listening socket from conn, decides q (a
+// publication of ss's port), and starts forwarding; the publication is
+// the session's until it stops.
+func (x *sessions) publish(conn net.Conn, br *bufio.Reader, ss *session, q *sessionRequest, port int) (*publication, *RequestError) {
 	bad := func(format string, args ...any) *RequestError {
 		return &RequestError{Kind: ErrBadRequest, Msg: "publish: " + fmt.Sprintf(format, args...)}
 	}
@@ -105,10 +98,13 @@ func (s *Server) publish(conn net.Conn, br *bufio.Reader, ss *session, id policy
 	if err != nil {
 		return nil, bad("%v", err)
 	}
-	v := s.policy.Load().DecidePublish(id, policy.PublishRequest{Session: ss.key.name, GuestPort: port, Host: host})
-	if err := s.auditPublishDecision(reqID, id, ss, v, host, port); err != nil {
+	q.what = fmt.Sprintf("publish %s -> guest port %d", host, port)
+	q.policy = x.core.policyNow()
+	q.verdict = q.policy.DecidePublish(q.id, policy.PublishRequest{Session: ss.Name, GuestPort: port, Host: host})
+	if err := x.rec.decision(&q.request, q.decisionRecord()); err != nil {
 		return nil, &RequestError{Kind: ErrAuditUnavailable, Msg: "refusing to publish unaudited: " + err.Error()}
 	}
+	v := q.verdict
 	if !v.Allowed {
 		return nil, &RequestError{Kind: ErrDenied, Msg: v.Reason, Profile: v.Profile, Rule: v.Rule}
 	}
@@ -116,14 +112,14 @@ func (s *Server) publish(conn net.Conn, br *bufio.Reader, ss *session, id policy
 	if err != nil {
 		return nil, bad("%v", err)
 	}
-	p := newPublication(s, ss, id, reqID, v, host, uint16(port), ln)
+	p := newPublication(x, ss, q.id, q.reqID, v, host, uint16(port), ln)
 	if rerr := ss.addPublication(p); rerr != nil {
 		ln.Close()
 		return nil, rerr
 	}
 	if !host.Addr.Addr().Unmap().IsLoopback() && host.Unix == "" {
-		s.log.Warn("RELAXATION: a session port is published on a non-loopback address (sessions.publish_any_address): other machines may reach the guest's service",
-			"session", ss.key.name, "host", host.String(), "guest_port", port, "uid", id.UID)
+		x.log.Warn("RELAXATION: a session port is published on a non-loopback address (sessions.publish_any_address): other machines may reach the guest's service",
+			"session", ss.Name, "host", host.String(), "guest_port", port, "uid", q.id.UID)
 	}
 	return p, nil
 }
@@ -132,11 +128,11 @@ func (s *Server) publish(conn net.Conn, br *bufio.Reader, ss *session, id policy
 // ends, the daemon stops, the publisher goes away (closes conn) or the
 // listening socket fails. The publisher is told when it forwards and why
 // it stopped.
-func (s *Server) holdPublication(conn net.Conn, br *bufio.Reader, p *publication) {
+func (x *sessions) holdPublication(conn net.Conn, br *bufio.Reader, p *publication, l *lease) {
 	ss := p.ss
-	info := wire.Published{State: wire.PublishForwarding, Session: ss.key.name, Host: p.host.String(), GuestPort: int(p.port), MaxConns: cap(p.slots), RequestID: p.reqID}
+	info := wire.Published{State: wire.PublishForwarding, Session: ss.Name, Host: p.host.String(), GuestPort: int(p.port), MaxConns: cap(p.slots), RequestID: p.reqID}
 	p.auditSession("published " + p.describe())
-	s.log.Info("session port published", "session", ss.key.name, "host", info.Host, "guest_port", p.port, "uid", p.id.UID)
+	x.log.Info("session port published", "session", ss.Name, "host", info.Host, "guest_port", p.port, "uid", p.id.UID)
 	go p.acceptLoop()
 	_ = conn.SetWriteDeadline(time.Now().Add(writeStall))
 	if err := wire.WriteJSONFrame(conn, wire.FrameResult, info); err != nil {
@@ -149,14 +145,14 @@ func (s *Server) holdPublication(conn net.Conn, br *bufio.Reader, p *publication
 	}()
 	select {
 	case <-p.done:
-	case <-s.stopped:
+	case <-l.stopping():
 		p.stop("vmgated stopped")
 	}
 	<-p.done
 	ss.removePublication(p)
-	s.flushGated(s.netGate, p.gateKey())
+	x.rec.flushNet(p.gateKey())
 	p.auditSession("unpublished " + p.describe() + ": " + p.why)
-	s.log.Info("session port unpublished", "session", ss.key.name, "host", info.Host, "why", p.why)
+	x.log.Info("session port unpublished", "session", ss.Name, "host", info.Host, "why", p.why)
 	info.State, info.Why = wire.PublishEnded, p.why
 	_ = conn.SetWriteDeadline(time.Now().Add(writeStall))
 	_ = wire.WriteJSONFrame(conn, wire.FrameResult, info)
@@ -224,33 +220,18 @@ func listenerAddr(f *os.File) (policy.HostAddr, error) {
 	return policy.HostAddr{}, errors.New("the listening socket is neither TCP nor a Unix socket")
 }
 
-// auditPublishDecision records the policy's decision on a publish
-// request; a denial goes through the deny flood gate.
-func (s *Server) auditPublishDecision(reqID string, id policy.Identity, ss *session, v policy.Verdict, host policy.HostAddr, port int) error {
-	rec := audit.Record{Kind: audit.KindDecision, RequestID: reqID, Profile: v.Profile, Session: ss.key.name,
-		Verdict: audit.VerdictDeny, Rule: v.Rule, Reason: v.Reason, Message: fmt.Sprintf("publish %s -> guest port %d", host, port)}
-	setCaller(&rec, id)
-	s.metrics.request(v.Profile, string(rec.Verdict))
-	if v.Allowed {
-		rec.Verdict = audit.VerdictAllow
-		return s.audit.Write(rec)
-	}
-	_, err := s.auditGated(s.denyGate, id.Key(), rec)
-	return err
-}
-
 // addPublication makes p one of the session's, if it can be: the session
 // lives and has a NIC, and has fewer than wire.MaxPublished.
 func (ss *session) addPublication(p *publication) *RequestError {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	switch {
-	case ss.closed:
-		return &RequestError{Kind: wire.KindNotFound, Msg: fmt.Sprintf("session %q ended", ss.key.name)}
-	case !ss.shape.Network:
-		return &RequestError{Kind: ErrBadRequest, Msg: fmt.Sprintf("session %q has no network (its profile had none when it began): a port is published through the VM's NIC; end the session to start it again with one", ss.key.name)}
+	case ss.State == stateEnded:
+		return &RequestError{Kind: wire.KindNotFound, Msg: fmt.Sprintf("session %q ended", ss.Name)}
+	case !ss.Shape.Network:
+		return &RequestError{Kind: ErrBadRequest, Msg: fmt.Sprintf("session %q has no network (its profile had none when it began): a port is published through the VM's NIC; end the session to start it again with one", ss.Name)}
 	case len(ss.pubs) >= wire.MaxPublished:
-		return &RequestError{Kind: ErrBadRequest, Msg: fmt.Sprintf("session %q has %d published ports, the most a session may have", ss.key.name, wire.MaxPublished)}
+		return &RequestError{Kind: ErrBadRequest, Msg: fmt.Sprintf("session %q has %d published ports, the most a session may have", ss.Name, wire.MaxPublished)}
 	}
 	ss.pubs = append(ss.pubs, p)
 	return nil
@@ -289,18 +270,18 @@ func (ss *session) stopPublications(why string) {
 // publish_any_address taken away) stops, and says why, as a session's end
 // stops it. The stops run in the background: each waits for its
 // connections to be audited.
-func (s *Server) recheckPublications(pol *policy.Policy) {
-	for _, ss := range s.allSessions() {
+func (x *sessions) recheckPublications(pol *policy.Policy) {
+	for _, ss := range x.all() {
 		ss.mu.Lock()
 		pubs := append([]*publication(nil), ss.pubs...)
 		ss.mu.Unlock()
 		for _, p := range pubs {
-			v := pol.DecidePublish(p.id, policy.PublishRequest{Session: ss.key.name, GuestPort: int(p.port), Host: p.host})
+			v := pol.DecidePublish(p.id, policy.PublishRequest{Session: ss.Name, GuestPort: int(p.port), Host: p.host})
 			if v.Allowed {
 				continue
 			}
 			why := "the reloaded policy no longer allows it (" + v.Rule + "): " + v.Reason
-			s.log.Warn("published port stopped", "session", ss.key.name, "host", p.host.String(), "guest_port", p.port, "why", why)
+			x.log.Warn("published port stopped", "session", ss.Name, "host", p.host.String(), "guest_port", p.port, "why", why)
 			go p.stop(why)
 		}
 	}

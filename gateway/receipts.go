@@ -125,7 +125,7 @@ func (s *Server) signReceipt(st *execState, o execOutcome) json.RawMessage {
 	if st.verdict.Allowed {
 		f.imageDigest = s.host.ImageDigestOf(st.verdict.Image)
 	}
-	f.headSeq, f.head = s.audit.Head()
+	f.headSeq, f.head = s.rec.Head()
 	b := receiptBody(st, o, f)
 	doc, err := receipt.Sign(s.receiptKey, &b)
 	if err != nil {

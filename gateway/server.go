@@ -15,7 +15,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // Config configures the daemon. Zero values get the documented defaults.
@@ -172,19 +172,25 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Server is a running gateway.
+// Server is a running gateway: its exec core and local API, its
+// sessions, and what it was made of.
 type Server struct {
-	cfg    Config
-	log    *slog.Logger
-	policy atomic.Pointer[policy.Policy]
-	audit  *audit.Log
-	slots  *slots
+	cfg Config
+	log *slog.Logger
+	pol atomic.Pointer[policy.Policy]
+	// rec writes the audit log (with the flood gates) and counts the
+	// metrics.
+	rec     *recorder
+	metrics *metrics
+	slots   *slots
 	// host is where VMs come from: the image, the cgroups, templates
 	// and pools.
 	host *vm.Host
-	// denyGate and netGate bound the denied requests of a caller and the
-	// refused network events of a VM in the audit log (floodgate.go).
-	denyGate, netGate *floodGate
+	// flight holds the requests in flight (lease.go).
+	flight   *inflight
+	sessions *sessions
+	// live holds the commands running now, by request id (status).
+	live *liveExecs
 	// ssh is the SSH front door; nil when off.
 	ssh *sshfront.Front
 	// links are the image directories as configured, which each reload
@@ -192,29 +198,6 @@ type Server struct {
 	links imageLinks
 	// receiptKey signs receipts and the audit chain's checkpoints.
 	receiptKey ed25519.PrivateKey
-
-	// execCtx is cancelled when the grace period after shutdown ends.
-	execCtx    context.Context
-	execCancel context.CancelFunc
-
-	// Requests in flight (from decision to final frame), so that shutdown
-	// can wait for them; guarded by activeMu.
-	activeMu sync.Mutex
-	active   int
-	stopping bool
-	idle     chan struct{} // closed when stopping and active reaches 0
-	stopped  chan struct{} // closed when shutdown starts
-
-	mu       sync.Mutex
-	sessions map[sessionKey]*session
-	// lost are sessions the daemon could not keep, for their owner's
-	// next command (pause.go).
-	lost map[sessionKey]lostSession
-	// pausing admits one automatic pause at a time.
-	pausing chan struct{}
-	// live holds the commands running now, by request id (status).
-	live    map[string]liveExec
-	metrics *metrics
 	// reloadErr is why the last policy reload failed (nil: it did not).
 	reloadErr atomic.Pointer[error]
 
@@ -276,13 +259,13 @@ func Run(ctx context.Context, cfg Config) error {
 func New(cfg Config) (_ *Server, err error) {
 	cfg.setDefaults()
 	log := cfg.Log
-	s := &Server{cfg: cfg, log: log, sessions: map[sessionKey]*session{}, lost: map[sessionKey]lostSession{}, pausing: make(chan struct{}, 1),
-		live: map[string]liveExec{}, metrics: newMetrics(), idle: make(chan struct{}), stopped: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, metrics: newMetrics(), live: newLiveExecs(), flight: newInflight()}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
 		}
 	}()
+	s.push(func() error { s.flight.kill(); return nil })
 	if err := checkConfig(cfg); err != nil {
 		return nil, err
 	}
@@ -303,9 +286,9 @@ func New(cfg Config) (_ *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.policy.Store(pol)
+	s.pol.Store(pol)
 	hc := cfg.VM
-	hc.Cgroups, hc.Network, hc.GuestASLR = pol.Cgroups(), s.netBase(), pol.GuestASLR()
+	hc.Cgroups, hc.Network, hc.GuestASLR = pol.Cgroups(), netBase(cfg), pol.GuestASLR()
 	s.host, err = vm.NewHost(hc)
 	if err != nil {
 		return nil, err
@@ -316,7 +299,6 @@ func New(cfg Config) (_ *Server, err error) {
 	if cfg.MetricsListen != "" {
 		ln, err := listenMetrics(cfg.MetricsListen)
 		if err != nil {
-			s.Close()
 			return nil, err
 		}
 		mux := http.NewServeMux()
@@ -329,16 +311,20 @@ func New(cfg Config) (_ *Server, err error) {
 	if err := s.useImages(pol); err != nil {
 		return nil, err
 	}
-	if s.audit, err = audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror(),
-		Signer: &audit.Signer{Key: s.receiptKey, Every: cfg.CheckpointEvery, Interval: cfg.CheckpointInterval}}); err != nil {
+	al, err := audit.Open(audit.Options{Path: cfg.AuditPath, Redact: cfg.AuditRedact, Logger: log, Mirror: journalMirror(),
+		Signer: &audit.Signer{Key: s.receiptKey, Every: cfg.CheckpointEvery, Interval: cfg.CheckpointInterval}})
+	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
-	s.push(s.audit.Close)
+	s.push(al.Close)
+	s.rec = newRecorder(al, cfg.AuditFlood, s.metrics, log)
+	stopSweeper := s.rec.sweeper()
+	s.push(func() error { stopSweeper(); return nil })
+	s.slots = newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait)
 	// Paused sessions outlive the daemon; the ones that were running when
 	// it died are reported lost.
-	s.loadSessions()
-	s.startFloodGates()
-	s.slots = newSlots(cfg.MaxVMs, cfg.QueueLen, cfg.QueueWait)
+	s.sessions = newSessions(s, s.host, s.slots, s.rec, log, cfg.VM.StateDir, cfg.QueueWait, cfg.Grace)
+	s.sessions.load()
 	// The SSH front door's files and addresses are checked before any VM
 	// work starts; it serves once the daemon is ready.
 	if cfg.SSH != nil {
@@ -351,8 +337,6 @@ func New(cfg Config) (_ *Server, err error) {
 	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
 		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")
 	}
-	s.execCtx, s.execCancel = context.WithCancel(context.Background())
-	s.push(func() error { s.execCancel(); return nil })
 	return s, nil
 }
 
@@ -424,17 +408,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		s.ssh.Serve()
 		s.ssh.LogReady()
 	}
-	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.host.ImageDigest()})
+	_ = s.rec.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.host.ImageDigest()})
 	// The chain names this run's key from its start.
-	if _, err := s.audit.Checkpoint("daemon started"); err != nil {
+	if _, err := s.rec.Checkpoint("daemon started"); err != nil {
 		s.log.Error("audit checkpoint at start", "err", err)
 	}
-	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.policy.Load().Source(), "image", s.cfg.VM.ImageDir,
+	s.log.Info("vmgated ready", "socket", ln.Addr().String(), "policy", s.pol.Load().Source(), "image", s.cfg.VM.ImageDir,
 		"audit", s.cfg.AuditPath, "max_vms", s.cfg.MaxVMs)
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		s.log.Warn("sd_notify READY", "err", err)
 	}
-	stopReaper := s.startReaper()
+	stopReaper := s.sessions.startReaper()
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -443,18 +427,12 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	stopReaper()
 	s.shutdown(srv)
-	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "stopped"})
+	_ = s.rec.Write(audit.Record{Kind: audit.KindDaemon, Message: "stopped"})
 	return runErr
 }
 
 func (s *Server) shutdown(srv *http.Server) {
-	s.activeMu.Lock()
-	s.stopping = true
-	close(s.stopped)
-	if s.active == 0 {
-		close(s.idle)
-	}
-	s.activeMu.Unlock()
+	s.flight.stop()
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	if s.ssh != nil {
 		s.ssh.CloseListeners()
@@ -462,18 +440,18 @@ func (s *Server) shutdown(srv *http.Server) {
 	grace := time.NewTimer(s.cfg.Grace)
 	defer grace.Stop()
 	// Stop accepting and serve what is queued; hijacked exec connections
-	// are not tracked by srv but by begin/end.
+	// are not tracked by srv but by their leases.
 	go func() {
 		sctx, cancel := context.WithTimeout(context.Background(), s.cfg.Grace)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
 	select {
-	case <-s.idle:
+	case <-s.flight.idle:
 	case <-grace.C:
 		s.log.Warn("grace period over, killing running commands and booting VMs", "grace", s.cfg.Grace)
-		s.execCancel()
-		<-s.idle
+		s.flight.kill()
+		<-s.flight.idle
 	}
 	_ = srv.Close()
 	if s.ssh != nil {
@@ -481,28 +459,32 @@ func (s *Server) shutdown(srv *http.Server) {
 	}
 	// Sessions are paused, not destroyed: they resume after the next
 	// start.
-	s.pauseAll()
+	s.sessions.pauseAll()
 }
 
-// begin registers a request in flight; it fails once shutdown started.
-func (s *Server) begin() bool {
-	s.activeMu.Lock()
-	defer s.activeMu.Unlock()
-	if s.stopping {
-		return false
+// enter takes a lease for a request in flight (lease.go).
+func (s *Server) enter(ctx context.Context) (*lease, *RequestError) { return s.flight.enter(ctx) }
+
+// policyNow is the policy in force.
+func (s *Server) policyNow() *policy.Policy { return s.pol.Load() }
+
+// shape is the VM shape of a verdict, as the host makes VMs (Normal: a
+// session's shape compares equal to it).
+func (s *Server) shape(v policy.Verdict) vm.Shape {
+	mem, cpus := v.Limits.MemoryMiB, v.Limits.CPUs
+	if mem == 0 {
+		mem = vm.DefaultMemoryMiB
 	}
-	s.active++
-	return true
+	if cpus == 0 {
+		cpus = vm.DefaultCPUs
+	}
+	return vm.Shape{Image: v.Image, MemoryMiB: mem, CPUs: cpus, DiskMiB: v.Limits.DiskMiB, Seccomp: s.seccompMode(), Network: v.Network != nil}.Normal()
 }
 
-// end unregisters a request begun with begin.
-func (s *Server) end() {
-	s.activeMu.Lock()
-	defer s.activeMu.Unlock()
-	s.active--
-	if s.stopping && s.active == 0 {
-		close(s.idle)
-	}
+// netBase is the plumbing of every VM network (the daemon's resolver and
+// log) with no policy: it allows nothing until SetPolicy.
+func netBase(cfg Config) netstack.Config {
+	return netstack.Config{Hosts: cfg.NetHosts, Log: cfg.Log}
 }
 
 // seccompMode is the jail's filter mode for new VMs.
@@ -510,7 +492,7 @@ func (s *Server) seccompMode() string {
 	if s.cfg.Seccomp != "" {
 		return s.cfg.Seccomp
 	}
-	return s.policy.Load().Seccomp()
+	return s.pol.Load().Seccomp()
 }
 
 // Reload reads the policy again (SIGHUP); a policy that does not load
@@ -518,10 +500,10 @@ func (s *Server) seccompMode() string {
 func (s *Server) Reload() {
 	// logrotate moved the audit log away before it sent SIGHUP: continue
 	// the chain in a new file.
-	if rotated, err := s.audit.Reopen(""); err != nil {
+	if rotated, err := s.rec.Reopen(""); err != nil {
 		s.log.Error("audit log reopen failed; writing on to the old file", "err", err)
 	} else if rotated {
-		seq, head := s.audit.Head()
+		seq, head := s.rec.Head()
 		s.log.Info("audit log rotated", "seq", seq, "head", head)
 	}
 	p, err := loadPolicy(s.cfg, s.log)
@@ -531,17 +513,17 @@ func (s *Server) Reload() {
 	if err != nil {
 		s.log.Error("policy reload failed, keeping the old policy", "err", err)
 		s.reloadErr.Store(&err)
-		_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reload failed", Error: err.Error()})
+		_ = s.rec.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reload failed", Error: err.Error()})
 		return
 	}
 	s.reloadErr.Store(nil)
-	s.policy.Store(p)
+	s.pol.Store(p)
 	s.log.Info("policy reloaded", "source", p.Source())
-	_ = s.audit.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reloaded: " + p.Source()})
+	_ = s.rec.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reloaded: " + p.Source()})
 	if s.ssh != nil {
 		s.ssh.Reload(p)
 	}
-	s.recheckPublications(p)
+	s.sessions.recheckPublications(p)
 }
 
 func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {

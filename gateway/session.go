@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"sort"
-	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/gateway/audit"
+	"sync"
+
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/netrule"
@@ -23,53 +21,104 @@ type sessionKey struct {
 	name  string
 }
 
-// session is a VM kept for one caller across commands: running (vm set,
-// holding a VM slot), or paused to disk (sp set, no VM and no slot;
-// pause.go). One operation at a time owns it (take/give): a command, a
-// pause, a resume, a fork, its end.
-type session struct {
-	key     sessionKey
-	sid     string          // its directory under the state directory's sessions/
-	id      policy.Identity // of the request that created it
-	profile string
-	shape   vm.Shape
-	created time.Time
-	idle    time.Duration
-	max     time.Duration
-	limits  policy.PausedLimits
-	parent  string // the session it was forked from
+// sessionState is where a session is in its life. A session is running
+// (a VM and its VM slot) or paused (a save point on disk, no VM, no slot)
+// until it ends; its file records running or paused.
+type sessionState string
 
-	mu       sync.Mutex
-	vm       *vm.VM        // nil while paused
-	release  func()        // its VM slot; nil while paused
-	sp       *vm.SavePoint // paused: its state; resumed: its disk's backing
-	pausedAt time.Time
-	egress   *netrule.Egress // the network its last command had
-	// netLock is its network lock (netlock.go), nil when unlocked:
+const (
+	stateRunning sessionState = wire.SessionRunning
+	statePaused  sessionState = wire.SessionPaused
+	// stateEnded is never written: a session's end removes its file.
+	stateEnded sessionState = "ended"
+)
+
+// sessionRecord is the persisted half of a session: its file,
+// STATE/sessions/SID/session.json, is this record marshalled whole
+// (session_store.go). Its format is version 1 (sessionRecordVersion).
+type sessionRecord struct {
+	Version int             `json:"version"`
+	Owner   string          `json:"owner"`
+	Name    string          `json:"name"`
+	Caller  policy.Identity `json:"caller"` // of the request that created it (no pid)
+	Profile string          `json:"profile"`
+	Created time.Time       `json:"created"`
+	// Idle and Max are its idle timeout and lifetime; Paused its
+	// profile's rules for paused sessions.
+	Idle   time.Duration       `json:"idle_ns"`
+	Max    time.Duration       `json:"max_ns"`
+	Paused policy.PausedLimits `json:"paused_limits"`
+	Shape  vm.Shape            `json:"shape"`
+	Parent string              `json:"parent,omitempty"` // the session it was forked from
+	State  sessionState        `json:"state"`
+	// Save names its save point (a directory beside the file): paused,
+	// its state; running after a resume, its disk's backing.
+	Save     string    `json:"save_point,omitempty"`
+	PausedAt time.Time `json:"paused_at,omitzero"`
+	// NetLock is its network lock (netlock.go), nil when unlocked:
 	// replaced by a narrower one, never changed or removed.
-	netLock  *policy.NetLimit
+	NetLock *policy.NetLimit `json:"net_lock,omitempty"`
+}
+
+// sessionRecordVersion is the version of the session file's format.
+const sessionRecordVersion = 1
+
+func (r *sessionRecord) key() sessionKey { return sessionKey{r.Owner, r.Name} }
+
+// session is a VM kept for one caller across commands. Its record's State
+// says whether it runs (vm and slot set) or is paused (sp set). One
+// operation at a time owns it (take/give): a command, a pause, a resume,
+// a fork, its end.
+//
+// Lock order: sessions.mu before session.mu.
+type session struct {
+	sessionRecord        // guarded by mu where it changes: State, Save, PausedAt, NetLock, Paused
+	sid           string // its directory under STATE/sessions
+
+	mu   sync.Mutex
+	vm   *vm.VM        // running: its VM
+	slot func()        // running: its VM slot
+	sp   *vm.SavePoint // paused: its state; resumed: its disk's backing
+	// egress is the network its last command had.
+	egress *netrule.Egress
+	use    sessionUse
+	ended  chan struct{} // closed when State becomes stateEnded
+	// pubs are its published ports (publish.go).
+	pubs []*publication
+}
+
+// sessionUse is how a session is used, for its owner's turn (take/give),
+// its idleness and the reaper. Guarded by session.mu.
+type sessionUse struct {
 	busy     bool
 	free     chan struct{} // closed and replaced whenever it stops being busy
 	lastUsed time.Time
-	closed   bool
-	ended    chan struct{} // closed with closed
+	// forwarding counts the connections its published ports carry now,
+	// which are use: while one is open it is neither idle nor paused
+	// automatically.
+	forwarding int
 	// noPauseUntil: an automatic pause that was refused (a budget) is
 	// not tried again before it.
 	noPauseUntil time.Time
-	// pubs are its published ports (publish.go); forwarding counts the
-	// connections they carry now, which are use: while one is open the
-	// session is neither idle nor paused automatically.
-	pubs       []*publication
-	forwarding int
 	// idleWork is housekeeping no request waits for, which the reaper
 	// runs once the session is not in use (whenIdle).
 	idleWork []func()
 }
 
-func newSession(key sessionKey, id policy.Identity, v policy.Verdict, shape vm.Shape, now time.Time) *session {
-	return &session{key: key, sid: newRequestID(), id: id, profile: v.Profile, shape: shape, created: now, lastUsed: now,
-		idle: v.Limits.SessionIdle, max: v.Limits.SessionMax, limits: v.Limits.Paused, egress: v.Network,
-		busy: true, free: make(chan struct{}), ended: make(chan struct{})}
+// newSession makes the session of rec, owned by its creator (busy) until
+// it gives it up.
+func newSession(rec sessionRecord, egress *netrule.Egress) *session {
+	rec.Version = sessionRecordVersion
+	return &session{sessionRecord: rec, sid: newRequestID(), egress: egress,
+		use: sessionUse{busy: true, free: make(chan struct{}), lastUsed: time.Now()}, ended: make(chan struct{})}
+}
+
+// newSessionRecord is the record of a new session key of caller id, as
+// verdict v and its VM's shape make it, running from now.
+func newSessionRecord(key sessionKey, id policy.Identity, v policy.Verdict, shape vm.Shape, now time.Time) sessionRecord {
+	id.PID = 0 // the creating request's process, not the session's
+	return sessionRecord{Owner: key.owner, Name: key.name, Caller: id, Profile: v.Profile, Created: now,
+		Idle: v.Limits.SessionIdle, Max: v.Limits.SessionMax, Paused: v.Limits.Paused, Shape: shape, State: stateRunning}
 }
 
 // errSessionEnded reports a session that ended while a request waited
@@ -84,21 +133,21 @@ func (ss *session) take(ctx context.Context, wait time.Duration) error {
 	for {
 		ss.mu.Lock()
 		switch {
-		case ss.closed:
+		case ss.State == stateEnded:
 			ss.mu.Unlock()
 			return errSessionEnded
-		case !ss.busy:
-			ss.busy = true
+		case !ss.use.busy:
+			ss.use.busy = true
 			ss.mu.Unlock()
 			return nil
 		}
-		free := ss.free
+		free := ss.use.free
 		ss.mu.Unlock()
 		select {
 		case <-free:
 		case <-ss.ended:
 		case <-t.C:
-			return &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is still running another command after %v", ss.key.name, wait)}
+			return &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is still running another command after %v", ss.Name, wait)}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -109,20 +158,24 @@ func (ss *session) take(ctx context.Context, wait time.Duration) error {
 func (ss *session) tryTake() bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if ss.closed || ss.busy {
+	if ss.State == stateEnded || ss.use.busy {
 		return false
 	}
-	ss.busy = true
+	ss.use.busy = true
 	return true
 }
 
-// give ends the caller's ownership.
-func (ss *session) give() {
+// give ends the caller's ownership; used says whether that counts as
+// use of the session (an automatic pause that did not happen does not:
+// the session still reaches its idle timeout).
+func (ss *session) give(used bool) {
 	ss.mu.Lock()
-	ss.busy = false
-	ss.lastUsed = time.Now()
-	close(ss.free)
-	ss.free = make(chan struct{})
+	ss.use.busy = false
+	if used {
+		ss.use.lastUsed = time.Now()
+	}
+	close(ss.use.free)
+	ss.use.free = make(chan struct{})
 	ss.mu.Unlock()
 }
 
@@ -131,7 +184,7 @@ func (ss *session) give() {
 // operation that owns it now has ended.
 func (ss *session) whenIdle(f func()) {
 	ss.mu.Lock()
-	ss.idleWork = append(ss.idleWork, f)
+	ss.use.idleWork = append(ss.use.idleWork, f)
 	ss.mu.Unlock()
 }
 
@@ -139,22 +192,55 @@ func (ss *session) whenIdle(f func()) {
 // its end is the session's last use.
 func (ss *session) forwardStarts() {
 	ss.mu.Lock()
-	ss.forwarding++
+	ss.use.forwarding++
 	ss.mu.Unlock()
 }
 
 func (ss *session) forwardEnds() {
 	ss.mu.Lock()
-	ss.forwarding--
-	ss.lastUsed = time.Now()
+	ss.use.forwarding--
+	ss.use.lastUsed = time.Now()
 	ss.mu.Unlock()
 }
 
-// paused reports whether the session is paused (under its owner).
-func (ss *session) paused() bool {
+// state is the session's state now.
+func (ss *session) state() sessionState {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	return ss.vm == nil
+	return ss.State
+}
+
+// running returns the session's VM, or nil when it is not running.
+func (ss *session) running() *vm.VM {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.State != stateRunning {
+		return nil
+	}
+	return ss.vm
+}
+
+// record is a copy of the session's record as it is now.
+func (ss *session) record() sessionRecord {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.sessionRecord
+}
+
+// end makes the session ended, once: it returns what it held (its VM and
+// slot, or its save point) for the caller to release; ok is false when
+// it had ended already.
+func (ss *session) end() (v *vm.VM, slot func(), sp *vm.SavePoint, ok bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.State == stateEnded {
+		return nil, nil, nil, false
+	}
+	ss.State = stateEnded
+	close(ss.ended)
+	v, slot, sp = ss.vm, ss.slot, ss.sp
+	ss.vm, ss.slot, ss.sp = nil, nil, nil
+	return v, slot, sp, true
 }
 
 func (ss *session) expiry() time.Time {
@@ -167,171 +253,43 @@ func (ss *session) expiry() time.Time {
 // lifetime, whichever comes first; a paused session only at its lifetime.
 // Precondition: ss.mu held.
 func (ss *session) expiryLocked() time.Time {
-	m := ss.created.Add(ss.max)
-	if ss.vm == nil || ss.forwarding > 0 {
+	m := ss.Created.Add(ss.Max)
+	if ss.State != stateRunning || ss.use.forwarding > 0 {
 		return m
 	}
-	if e := ss.lastUsed.Add(ss.idle); e.Before(m) {
+	if e := ss.use.lastUsed.Add(ss.Idle); e.Before(m) {
 		return e
 	}
 	return m
 }
 
-// pauseDue reports whether a running, idle session is due for an automatic
-// pause at now: idle for pause_after, or for idle_timeout when pause_after
-// is set. Precondition: ss.mu held.
+// pauseDueLocked reports whether a running, idle session is due for an
+// automatic pause at now: idle for pause_after, or for idle_timeout when
+// pause_after is set. Precondition: ss.mu held.
 func (ss *session) pauseDueLocked(now time.Time) bool {
-	after := ss.limits.After
-	if after <= 0 || ss.vm == nil || ss.busy || ss.forwarding > 0 || now.Before(ss.noPauseUntil) {
+	after := ss.Paused.After
+	if after <= 0 || ss.State != stateRunning || ss.use.busy || ss.use.forwarding > 0 || now.Before(ss.use.noPauseUntil) {
 		return false
 	}
-	return !now.Before(ss.lastUsed.Add(min(after, ss.idle)))
+	return !now.Before(ss.use.lastUsed.Add(min(after, ss.Idle)))
 }
 
 func (ss *session) info() wire.Session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	out := wire.Session{Name: ss.key.name, Profile: ss.profile, Created: ss.created,
-		LastUsed: ss.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.busy, State: wire.SessionRunning, Parent: ss.parent,
-		NetLock: (*wire.NetLimit)(ss.netLock)}
+	out := wire.Session{Name: ss.Name, Profile: ss.Profile, Created: ss.Created,
+		LastUsed: ss.use.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.use.busy, State: wire.SessionRunning, Parent: ss.Parent,
+		NetLock: (*wire.NetLimit)(ss.NetLock)}
 	for _, p := range ss.pubs {
 		out.Published = append(out.Published, fmt.Sprintf("%s->%d", p.host, p.port))
 	}
-	if ss.vm != nil {
+	if ss.State == stateRunning {
 		out.VMID = ss.vm.ID
 	} else {
-		out.State, out.PausedAt = wire.SessionPaused, ss.pausedAt
+		out.State, out.PausedAt = wire.SessionPaused, ss.PausedAt
 		if ss.sp != nil {
 			out.DiskBytes = ss.sp.Meta.DiskBytes()
 		}
 	}
-	return out
-}
-
-// destroySession ends the session for good (once): its VM is closed and
-// its slot freed, or its save point removed; its files go; the end is
-// audited. A running operation on the session sees it closed.
-func (s *Server) destroySession(ss *session, why string) {
-	ss.mu.Lock()
-	if ss.closed {
-		ss.mu.Unlock()
-		return
-	}
-	ss.closed = true
-	close(ss.ended)
-	v, release, sp := ss.vm, ss.release, ss.sp
-	ss.vm, ss.release, ss.sp = nil, nil, nil
-	ss.mu.Unlock()
-	s.mu.Lock()
-	if s.sessions[ss.key] == ss {
-		delete(s.sessions, ss.key)
-	}
-	s.mu.Unlock()
-	ss.stopPublications("the session ended: " + why)
-	vmID := ""
-	if v != nil {
-		vmID = v.ID
-		if err := v.Close(); err != nil {
-			s.log.Error("destroy session vm", "session", ss.key.name, "err", err)
-		}
-		release()
-		s.flushGated(s.netGate, v.ID)
-	}
-	if sp != nil {
-		if err := sp.Discard(); err != nil {
-			s.log.Error("remove a session's save point", "session", ss.key.name, "err", err)
-		}
-	}
-	if err := os.RemoveAll(s.sessionDir(ss.sid)); err != nil {
-		s.log.Error("remove a session's files", "session", ss.key.name, "err", err)
-	}
-	rec := audit.Record{Kind: audit.KindSession, Session: ss.key.name, VMID: vmID, Profile: ss.profile, Message: "ended: " + why}
-	setCaller(&rec, ss.id)
-	rec.PID = 0 // the creating request's process, not the one ending it
-	_ = s.audit.Write(rec)
-	s.log.Info("session ended", "session", ss.key.name, "owner", ss.key.owner, "vm", vmID, "why", why)
-}
-
-// allSessions is a snapshot of the sessions.
-func (s *Server) allSessions() []*session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	all := make([]*session, 0, len(s.sessions))
-	for _, ss := range s.sessions {
-		all = append(all, ss)
-	}
-	return all
-}
-
-// startReaper ends sessions that expired or whose VM died, and pauses
-// the idle ones due for it (one pause at a time: a pause costs the host a
-// QEMU's start and a copy of the guest's RAM).
-func (s *Server) startReaper() func() {
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case now := <-t.C:
-				s.reap(now)
-			}
-		}
-	}()
-	return func() { close(stop); <-done }
-}
-
-// reap is one round of the reaper.
-func (s *Server) reap(now time.Time) {
-	for _, ss := range s.allSessions() {
-		ss.mu.Lock()
-		dead := ss.vm != nil && ss.vm.Gone()
-		busy := ss.busy
-		expired := !ss.busy && !now.Before(ss.expiryLocked())
-		due := ss.pauseDueLocked(now)
-		var work []func()
-		if !busy {
-			work, ss.idleWork = ss.idleWork, nil
-		}
-		ss.mu.Unlock()
-		if len(work) > 0 {
-			go func() {
-				for _, f := range work {
-					f()
-				}
-			}()
-		}
-		switch {
-		case dead && busy:
-			s.destroySession(ss, "its vm died") // its command is told
-		case dead:
-			// No command saw it: the owner's next one is told, rather
-			// than run in a new, empty session.
-			s.loseSession(ss, "its VM died while no command ran")
-		case due:
-			if ss.tryTake() {
-				s.autoPause(ss, now)
-			}
-		case expired:
-			s.destroySession(ss, "expired")
-		}
-	}
-}
-
-func (s *Server) listSessions(id policy.Identity) []wire.Session {
-	owner := id.Key()
-	s.mu.Lock()
-	var out []wire.Session
-	for k, ss := range s.sessions {
-		if k.owner == owner {
-			out = append(out, ss.info())
-		}
-	}
-	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }

@@ -14,21 +14,21 @@ import (
 func TestWhenIdle(t *testing.T) {
 	now := time.Now()
 	key := sessionKey{"uid:1000", "s"}
-	ss := newSession(key, policy.Identity{}, policy.Verdict{}, vm.Shape{}, now)
-	ss.idle, ss.max = time.Hour, time.Hour // neither expired nor due
-	s := &Server{sessions: map[sessionKey]*session{key: ss}}
+	ss := newSession(newSessionRecord(key, policy.Identity{}, policy.Verdict{}, vm.Shape{}, now), nil)
+	ss.Idle, ss.Max = time.Hour, time.Hour // neither expired nor due
+	s := &sessions{table: map[sessionKey]*session{key: ss}}
 	ran := make(chan struct{}, 2)
 	ss.whenIdle(func() { ran <- struct{}{} }) // ss is busy: newSession gives it to its creator
 	pending := func() int {
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
-		return len(ss.idleWork)
+		return len(ss.use.idleWork)
 	}
 	s.reap(now)
 	if n := pending(); n != 1 {
 		t.Fatalf("a round while the session is in use took its work (%d left)", n)
 	}
-	ss.give()
+	ss.give(true)
 	s.reap(now)
 	if n := pending(); n != 0 {
 		t.Fatalf("a round while the session is idle left %d of its work", n)

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
@@ -92,11 +91,11 @@ func newUnitFront(t *testing.T, keys string, mutate func(*sshfront.Config)) *uni
 	}
 	t.Cleanup(func() { host.Close() })
 	s := &Server{cfg: Config{VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: dir, Log: log}, ImageDir: img}, MaxVMs: 1, Log: log}, host: host,
-		log: log, audit: al, slots: newSlots(1, 0, time.Second), sessions: map[sessionKey]*session{}, live: map[string]liveExec{}, metrics: newMetrics(), idle: make(chan struct{})}
-	s.policy.Store(pol)
-	var cancel context.CancelFunc
-	s.execCtx, cancel = context.WithCancel(context.Background())
-	t.Cleanup(cancel)
+		log: log, slots: newSlots(1, 0, time.Second), live: newLiveExecs(), metrics: newMetrics(), flight: newInflight()}
+	s.rec = newRecorder(al, DefaultAuditFlood, s.metrics, log)
+	s.sessions = newSessions(s, host, s.slots, s.rec, log, dir, time.Second, time.Second)
+	s.pol.Store(pol)
+	t.Cleanup(s.flight.kill)
 	kf := filepath.Join(dir, "keys")
 	if err := os.WriteFile(kf, []byte(keys), 0o600); err != nil {
 		t.Fatal(err)
@@ -366,7 +365,7 @@ func TestSSHFront_IdleAndReload(t *testing.T) {
 	if err := os.WriteFile(u.keys, []byte("garbage\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	u.f.Reload(u.s.policy.Load())
+	u.f.Reload(u.s.pol.Load())
 	if !strings.Contains(u.logs.String(), "keeping the old keys") {
 		t.Fatalf("bad file on reload: %s", u.logs.String())
 	}
@@ -378,7 +377,7 @@ func TestSSHFront_IdleAndReload(t *testing.T) {
 	if err := os.WriteFile(u.keys, []byte("# nobody\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	u.f.Reload(u.s.policy.Load())
+	u.f.Reload(u.s.pol.Load())
 	if _, err := u.dial(t, ssh.PublicKeys(agent)); err == nil {
 		t.Fatal("removed key still accepted after reload")
 	}
@@ -393,7 +392,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Server{cfg: Config{VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: dir}}, SocketMode: 0o660}}
-	s.policy.Store(pol)
+	s.pol.Store(pol)
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
@@ -454,7 +453,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 func TestSSHFront_DenialsThroughTheFloodGate(t *testing.T) {
 	narrow, narrowLine := newKey(t)
 	u := newUnitFront(t, `profile="narrow" `+narrowLine+" narrow@unit\n", nil)
-	u.s.denyGate = newFloodGate("denied requests", 0.001, 3)
+	u.s.rec.deny = newFloodGate("denied requests", 0.001, 3)
 	fp := ssh.FingerprintSHA256(narrow.PublicKey())
 	c, err := u.dial(t, ssh.PublicKeys(narrow))
 	if err != nil {
@@ -478,7 +477,7 @@ func TestSSHFront_DenialsThroughTheFloodGate(t *testing.T) {
 			t.Fatalf("a bad session login: %d %q", code, se)
 		}
 	}
-	u.s.writeSummaries(time.Now().Add(time.Hour))
+	u.s.rec.sweep(time.Now().Add(time.Hour))
 	var denials, summaries int
 	for _, r := range testutil.JSONLines[audit.Record](t, u.audit) {
 		if r.SSH == nil || r.SSH.Fingerprint != fp || r.Verdict != audit.VerdictDeny {

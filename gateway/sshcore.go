@@ -13,8 +13,8 @@ import (
 // sshCore is the exec core as the SSH front door sees it (sshfront.Core).
 type sshCore struct{ s *Server }
 
-func (c sshCore) Policy() *policy.Policy       { return c.s.policy.Load() }
-func (c sshCore) Audit(rec audit.Record) error { return c.s.audit.Write(rec) }
+func (c sshCore) Policy() *policy.Policy       { return c.s.pol.Load() }
+func (c sshCore) Audit(rec audit.Record) error { return c.s.rec.Write(rec) }
 
 func (c sshCore) ListenUnix(path string) (net.Listener, error) {
 	return listenUnix(path, c.s.cfg.SocketMode, c.s.cfg.SocketGroup, c.s.log)
@@ -38,5 +38,5 @@ func (c sshCore) Exec(ctx context.Context, log *slog.Logger, r sshfront.Request)
 	}
 	res, err := a.Run(ctx, execIO{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr,
 		signals: r.Signals, resize: r.Resize, gone: r.Gone})
-	return sshfront.Outcome{RequestID: st.reqID, Limits: a.Limits(), Result: res, Err: err, Stopping: err != nil && s.execCtx.Err() != nil}
+	return sshfront.Outcome{RequestID: st.reqID, Limits: a.Limits(), Result: res, Err: err, Stopping: err != nil && s.flight.over()}
 }

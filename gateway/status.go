@@ -6,6 +6,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/receipt"
@@ -14,10 +15,44 @@ import (
 	"github.com/vmgate/vmgate/policy"
 )
 
+// liveExecs are the commands running now, by request id, for status.
+type liveExecs struct {
+	mu sync.Mutex
+	m  map[string]liveExec
+}
+
 // liveExec is a running command, for status.
 type liveExec struct {
 	owner string // policy.Identity.Key
 	info  wire.LiveExec
+}
+
+func newLiveExecs() *liveExecs { return &liveExecs{m: map[string]liveExec{}} }
+
+// add records e as running until the returned func is called.
+func (l *liveExecs) add(id string, e liveExec) (remove func()) {
+	l.mu.Lock()
+	l.m[id] = e
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		delete(l.m, id)
+		l.mu.Unlock()
+	}
+}
+
+// of lists the commands of owner ("": everyone's), oldest first.
+func (l *liveExecs) of(owner string) []wire.LiveExec {
+	out := []wire.LiveExec{}
+	l.mu.Lock()
+	for _, e := range l.m {
+		if owner == "" || e.owner == owner {
+			out = append(out, e.info)
+		}
+	}
+	l.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
+	return out
 }
 
 // describeCaller names a caller in status: "uid 1000 (alice)" or
@@ -39,18 +74,11 @@ func describeCaller(id policy.Identity) string {
 // secret kept out of the audit log must not be read there instead.
 func (s *Server) track(st *execState, target *vmTarget) func() {
 	e := liveExec{owner: st.id.Key(), info: wire.LiveExec{RequestID: st.reqID, VMID: target.vm.ID, Profile: st.verdict.Profile,
-		Caller: describeCaller(st.id), Argv: s.audit.RedactArgv(st.argv), Session: st.req.Session, VMStart: target.start, Started: time.Now().UTC()}}
+		Caller: describeCaller(st.id), Argv: s.rec.RedactArgv(st.argv), Session: st.req.Session, VMStart: target.start, Started: time.Now().UTC()}}
 	if st.req.TransferOnly() {
 		e.info.Argv = []string{"(file transfer)"}
 	}
-	s.mu.Lock()
-	s.live[st.reqID] = e
-	s.mu.Unlock()
-	return func() {
-		s.mu.Lock()
-		delete(s.live, st.reqID)
-		s.mu.Unlock()
-	}
+	return s.live.add(st.reqID, e)
 }
 
 // status is what GET /v1/status tells id: the daemon's counters, and the
@@ -58,18 +86,18 @@ func (s *Server) track(st *execState, target *vmTarget) func() {
 func (s *Server) status(id policy.Identity) wire.Status {
 	used, waiting := s.slots.stats()
 	st := wire.Status{Version: version.Get().Version, LiveVMs: used, MaxVMs: s.cfg.MaxVMs, Waiting: waiting, Audit: "ok",
-		Policy: s.policy.Load().Source(), RestoreHandshakeFailures: s.host.HandshakeFailures(), Pools: []wire.Pool{},
-		All: s.policy.Load().IsAdmin(id), VMs: []wire.LiveExec{}, Sessions: []wire.Session{}}
-	if err := s.audit.Healthy(); err != nil {
+		Policy: s.pol.Load().Source(), RestoreHandshakeFailures: s.host.HandshakeFailures(), Pools: []wire.Pool{},
+		All: s.pol.Load().IsAdmin(id)}
+	if err := s.rec.Healthy(); err != nil {
 		st.Audit = err.Error()
 	}
-	st.AuditSeq, st.AuditHead = s.audit.Head()
+	st.AuditSeq, st.AuditHead = s.rec.Head()
 	pub := s.receiptKey.Public().(ed25519.PublicKey)
 	st.ReceiptKey, st.ReceiptPublicKey = receipt.Fingerprint(pub), string(receipt.MarshalPublicKey(pub))
 	if e := s.reloadErr.Load(); e != nil {
 		st.PolicyError = (*e).Error()
 	}
-	if g, ok := s.policy.Load().GrantOf(id); ok {
+	if g, ok := s.pol.Load().GrantOf(id); ok {
 		st.Caller = &wire.Grant{Profile: g.Profile, Shell: g.Shell, Sessions: g.Sessions, Network: g.Network, Allow: g.Allow}
 	}
 	for _, ss := range s.host.Stats() {
@@ -80,22 +108,10 @@ func (s *Server) status(id policy.Identity) wire.Status {
 			RestoreHandshakeFailures: ss.HandshakeFailures})
 	}
 	owner := id.Key()
-	s.mu.Lock()
-	for _, e := range s.live {
-		if st.All || e.owner == owner {
-			st.VMs = append(st.VMs, e.info)
-		}
+	if st.All {
+		owner = ""
 	}
-	for k, ss := range s.sessions {
-		if st.All || k.owner == owner {
-			info := ss.info()
-			info.Owner = describeCaller(ss.id)
-			st.Sessions = append(st.Sessions, info)
-		}
-	}
-	s.mu.Unlock()
-	sort.Slice(st.VMs, func(i, j int) bool { return st.VMs[i].Started.Before(st.VMs[j].Started) })
-	sort.Slice(st.Sessions, func(i, j int) bool { return st.Sessions[i].Name < st.Sessions[j].Name })
+	st.VMs, st.Sessions = s.live.of(owner), s.sessions.list(owner, true)
 	return st
 }
 
@@ -116,16 +132,16 @@ func (s *Server) handleAuditRotate(w http.ResponseWriter, r *http.Request) {
 		refuse(w, wire.KindUnidentified, err.Error())
 		return
 	}
-	if !mayRotateAudit(s.policy.Load(), id, os.Getuid()) {
+	if !mayRotateAudit(s.pol.Load(), id, os.Getuid()) {
 		refuse(w, wire.KindDenied, "only root, vmgated's user and profiles with audit_rotate = true may rotate the audit log")
 		return
 	}
-	to, err := s.audit.Rotate()
+	to, err := s.rec.Rotate()
 	if err != nil {
 		refuse(w, wire.KindInternal, err.Error())
 		return
 	}
-	seq, head := s.audit.Head()
+	seq, head := s.rec.Head()
 	s.log.Info("audit log rotated", "to", to, "seq", seq, "head", head, "by", describeCaller(id))
 	writeJSON(w, wire.Rotation{RotatedTo: to, Seq: seq, Head: head})
 }

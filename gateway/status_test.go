@@ -64,7 +64,7 @@ func TestStatusRedactsArgv(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { al.Close() })
-	s := &Server{audit: al, live: map[string]liveExec{}}
+	s := &Server{rec: &recorder{Log: al}, live: newLiveExecs()}
 	for _, tc := range []struct {
 		req  wire.ExecRequest
 		want []string
@@ -75,7 +75,7 @@ func TestStatusRedactsArgv(t *testing.T) {
 	} {
 		st := newExecState(policy.Identity{UID: 1000}, &tc.req, false)
 		untrack := s.track(st, &vmTarget{vm: &vm.VM{ID: "v1"}})
-		got := s.live[st.reqID].info.Argv
+		got := s.live.m[st.reqID].info.Argv
 		untrack()
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("argv %q: the status shows %q, want %q", tc.req.Argv, got, tc.want)

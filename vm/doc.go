@@ -20,6 +20,21 @@
 // QEMU and removes every file of the VM; [CleanupStale] removes what a
 // crashed daemon left behind.
 //
+// # Save points and forks
+//
+// [VM.Save] stops a VM and writes a [SavePoint]: its RAM, its device
+// state and its disk (the overlay, flattened onto the image's base or
+// kept as a new overlay on the one it came from), with their SHA-256
+// digests (which name the save point in the audit log and receipts) and
+// keyed checks (which a restore verifies), and the machine it was saved
+// on: image, QEMU, accelerator, shape. [Host.Resume] restores a VM from a
+// save point, refusing one saved on another machine (ErrSavePointStale) or
+// damaged (ErrSavePointDamaged). A session's pause is a save point in its
+// directory; its next command resumes it. A fork restores several VMs from
+// one save point; a running session's fork point keeps its RAM sealed in
+// memory, which the copies map copy-on-write, so that a copy costs only
+// the pages it changes.
+//
 // Threat model: the guest is hostile. Everything it sends (frames, output,
 // exit records) is treated as data with bounded size, and a guest that
 // breaks the protocol loses its VM, as does one that stops reading what

@@ -1,0 +1,120 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/policy"
+)
+
+// newRequestID returns a fresh request id for the audit log and the caller.
+func newRequestID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// request is what a caller's request of any kind (a command, an
+// operation on a session, a publication) has: its id, its caller, the
+// policy that decided it and the verdict, and what its records and
+// receipt need.
+type request struct {
+	reqID   string
+	id      policy.Identity
+	start   time.Time
+	policy  *policy.Policy
+	verdict policy.Verdict
+	// netLock is the session's network lock the decision saw: the
+	// request runs only if the session has the same when it gets it.
+	netLock *policy.NetLimit
+	// For its receipt (receipts.go): where its last audit record went
+	// (nil: none of its own, auditNote says why), and what its guest did
+	// on the network.
+	recorded  *audit.Entry
+	auditNote string
+	net       netSummary
+}
+
+// execState is a command's request, and what its records need.
+type execState struct {
+	request
+	argv []string
+	req  *wire.ExecRequest
+	// interactive marks a login shell on a terminal (SSH without a
+	// command); argv is then the shell.
+	interactive bool
+	// refused is a front door's own refusal of the request (an SSH login
+	// it cannot serve): the core audits it as a denial, without a policy
+	// decision.
+	refused error
+}
+
+// newExecState starts the record of a command from id. The argv decided
+// on is req.Argv, or ["sh", "-c", STRING] for a shell string.
+func newExecState(id policy.Identity, req *wire.ExecRequest, interactive bool) *execState {
+	st := &execState{request: request{reqID: newRequestID(), id: id, start: time.Now()}, req: req, argv: req.Argv, interactive: interactive}
+	if req.Shell && len(req.Argv) == 1 {
+		st.argv = []string{"sh", "-c", req.Argv[0]}
+	}
+	return st
+}
+
+// decisionRecord is what a command's decision record says of it.
+func (st *execState) decisionRecord() audit.Record {
+	rec := audit.Record{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
+		EnvNames: envNames(st.req.Env), Dir: st.req.Dir, TTY: st.req.TTY != nil, Transfers: auditTransfers(st.req, nil)}
+	if st.interactive {
+		rec.Message = "interactive shell"
+	}
+	return rec
+}
+
+// policyRequest is the command as the policy decides it.
+func (st *execState) policyRequest() policy.Request {
+	return policy.Request{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
+		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
+		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock}
+}
+
+// sessionRequest is an operation on a session itself (pause, fork, a
+// network lock): decided by the policy and audited as a command is, and
+// run as the session's owner.
+type sessionRequest struct {
+	request
+	// name is the session's; what is the operation, as its decision
+	// record names it ("pause", "fork a b", "net-lock …").
+	name, what string
+}
+
+func newSessionRequest(id policy.Identity, name, what string) *sessionRequest {
+	return &sessionRequest{request: request{reqID: newRequestID(), id: id, start: time.Now()}, name: name, what: what}
+}
+
+// decisionRecord is what a session operation's decision record says.
+func (q *sessionRequest) decisionRecord() audit.Record {
+	return audit.Record{Session: q.name, Message: q.what}
+}
+
+// envNames returns the names of KEY=VALUE entries: the audit records
+// which variables a request set, never their values.
+func envNames(env []string) []string {
+	var out []string
+	for _, e := range env {
+		name, _, _ := strings.Cut(e, "=")
+		out = append(out, name)
+	}
+	return out
+}
+
+// uploads is what a request's puts declare, for the policy.
+func uploads(puts []wire.PutSpec) []policy.Upload {
+	var out []policy.Upload
+	for _, p := range puts {
+		out = append(out, policy.Upload{Files: p.Files, Bytes: p.Bytes})
+	}
+	return out
+}

@@ -1,0 +1,130 @@
+package gateway
+
+// A command in a session: the exec core asks the sessions for the VM of
+// the caller's session the command names (vmFor), and gives it back when
+// the command is over (release).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/vm/netstack"
+)
+
+// vmFor is the VM of the caller's session named in st: a running
+// session's, or a paused one's resumed, or a new session's. A session
+// busy with the same caller's previous command (whose client may just
+// have gone: a pipeline's head) is waited for, as long as a VM slot is
+// (queueWait); a session that was lost is said so, once.
+func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) {
+	// Sessions belong to their caller: a uid, or an SSH key.
+	key := sessionKey{st.id.Key(), st.req.Session}
+	for {
+		ss := x.get(key)
+		if ss == nil {
+			if why := x.lost.take(key); why != "" {
+				return nil, lostError(key.name, why)
+			}
+			return x.create(ctx, st, key)
+		}
+		if err := ss.take(ctx, x.queueWait); err != nil {
+			if errors.Is(err, errSessionEnded) {
+				continue // ended meanwhile: this command starts a new one
+			}
+			return nil, err
+		}
+		// The reaper runs once a second and skips busy sessions: the
+		// lifetime is enforced here, on every use, as well. An expired
+		// session is ended as the reaper would, and this command starts
+		// a new one.
+		if !time.Now().Before(ss.expiry()) {
+			x.destroy(ss, "expired")
+			continue
+		}
+		if rerr := checkNetLock(ss, &st.request); rerr != nil {
+			ss.give(true)
+			return nil, rerr
+		}
+		if ss.state() == statePaused {
+			if err := x.resume(ctx, ss, &st.request); err != nil {
+				ss.give(true)
+				return nil, err
+			}
+		}
+		limitToLifetime(st, ss)
+		t := &vmTarget{vm: ss.running(), session: ss}
+		t.jail = jailOf(t.vm)
+		if err := x.network(st, t); err != nil {
+			x.release(t, true)
+			return nil, err
+		}
+		return t, nil
+	}
+}
+
+// create makes the caller's new session key, with a fresh VM.
+func (x *sessions) create(ctx context.Context, st *execState, key sessionKey) (*vmTarget, error) {
+	v := st.verdict
+	t, err := x.core.boot(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	ss := newSession(newSessionRecord(key, st.id, v, x.core.shape(v), time.Now()), v.Network)
+	ss.vm, ss.slot = t.vm, t.slot
+	if err := x.register(ss, &st.request, "created", audit.Record{}); err != nil {
+		_ = t.vm.Close()
+		t.slot()
+		var rerr *RequestError
+		if errors.As(err, &rerr) {
+			return nil, err
+		}
+		return nil, &RequestError{Kind: ErrVMFailed, Msg: "start session: " + err.Error()}
+	}
+	limitToLifetime(st, ss)
+	t.session, t.slot = ss, nil
+	return t, nil
+}
+
+// release ends a command's use of its session's VM: kept for the next
+// one, unless it is not fit for use (ok false: it failed, or the
+// command's stream broke): the session then ends.
+func (x *sessions) release(t *vmTarget, ok bool) {
+	if !ok {
+		x.destroy(t.session, "vm failed")
+	}
+	t.session.give(true)
+}
+
+// limitToLifetime ends a session's command, at the latest, when the
+// session's lifetime ends: chained commands cannot outlive max_lifetime.
+func limitToLifetime(st *execState, ss *session) {
+	left := time.Until(ss.Created.Add(ss.Max))
+	if t := &st.verdict.Limits.Timeout; *t == 0 || left < *t {
+		*t = max(left, time.Second)
+	}
+}
+
+// network gives a reused session VM's network st's verdict (the policy
+// may have been reloaded since the session began) and audit, so that its
+// connections are recorded as st's. A session without a NIC cannot get
+// one: the caller must end it first.
+func (x *sessions) network(st *execState, t *vmTarget) error {
+	n, vn := st.verdict.Network, t.vm.Network()
+	t.session.mu.Lock()
+	t.session.egress = n
+	t.session.mu.Unlock()
+	switch {
+	case vn == nil && n != nil && len(n.Rules) > 0:
+		return &RequestError{Kind: ErrBadRequest, RequestID: st.reqID, Msg: fmt.Sprintf("session %q has no network (it began before the profile had one): end the session to start it again with one", st.req.Session)}
+	case vn == nil: // none, or narrowed to nothing
+		return nil
+	case n == nil: // the profile no longer allows any network
+		vn.SetPolicy(netstack.Policy{Audit: x.rec.netHook(&st.request, t.vm.ID)})
+	default:
+		vn.SetPolicy(netstack.Policy{Egress: *n, Audit: x.rec.netHook(&st.request, t.vm.ID)})
+	}
+	return nil
+}
