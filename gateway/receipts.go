@@ -184,13 +184,7 @@ func (n *netSummary) add(r netstack.Record) {
 func (n *netSummary) summary(p *policy.NetworkPolicy) receipt.Network {
 	out := receipt.Network{Mode: "none"}
 	if p != nil {
-		out.Mode = "allowlist"
-		for _, r := range p.Rules {
-			out.Allow = append(out.Allow, r.Text)
-		}
-		for _, pr := range p.AllowedRanges {
-			out.Allow = append(out.Allow, pr.String()+" (allowed range)")
-		}
+		out.Mode, out.Allow = "allowlist", p.Allowlist()
 	}
 	if n == nil {
 		return out

@@ -147,3 +147,15 @@ func TestNetSummary(t *testing.T) {
 		t.Fatal(s)
 	}
 }
+
+// TestEgressOneSpelling: the audit log's decision record and the receipt
+// describe a verdict's egress the same way, allowed ranges included.
+func TestEgressOneSpelling(t *testing.T) {
+	rules, _ := netrule.ParseRules([]string{"example.com:443", "10.1.0.0/16:5432"})
+	v := policy.Verdict{Allowed: true, Network: &policy.NetworkPolicy{Rules: rules, AllowedRanges: []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10")}}}
+	rec, rcpt := auditNetwork(v).Allow, (*netSummary)(nil).summary(v.Network).Allow
+	want := []string{"example.com:443", "10.1.0.0/16:5432", "100.64.0.0/10 (allowed range)"}
+	if fmt.Sprint(rec) != fmt.Sprint(want) || fmt.Sprint(rcpt) != fmt.Sprint(want) {
+		t.Errorf("audit record %q, receipt %q; want both %q", rec, rcpt, want)
+	}
+}

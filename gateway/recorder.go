@@ -163,16 +163,14 @@ func (r *recorder) netHook(q *request, vmID string) func(netstack.Record) {
 }
 
 // auditNetwork is the network of verdict v for its audit records; nil
-// when its VM has no NIC (or it was refused).
+// when its VM has no NIC (or it was refused). It lists what the receipt
+// lists (netSummary.summary): both are v's egress as Egress.Allowlist
+// spells it.
 func auditNetwork(v policy.Verdict) *audit.NetVerdict {
 	if v.Network == nil {
 		return nil
 	}
-	n := &audit.NetVerdict{Allow: []string{}, Narrowed: v.NetNarrowed}
-	for _, r := range v.Network.Rules {
-		n.Allow = append(n.Allow, r.Text)
-	}
-	return n
+	return &audit.NetVerdict{Allow: v.Network.Allowlist(), Narrowed: v.NetNarrowed}
 }
 
 // setCaller fills in rec's caller fields from id: the SO_PEERCRED identity

@@ -120,6 +120,20 @@ type Egress struct {
 	ConnectRate   int            // new connections per minute per VM
 }
 
+// Allowlist is e as every record of it spells it (the audit log's
+// decisions, receipts): each rule's text, then each allowed range marked
+// "(allowed range)". Never nil.
+func (e Egress) Allowlist() []string {
+	out := make([]string, 0, len(e.Rules)+len(e.AllowedRanges))
+	for _, r := range e.Rules {
+		out = append(out, r.Text)
+	}
+	for _, p := range e.AllowedRanges {
+		out = append(out, p.String()+" (allowed range)")
+	}
+	return out
+}
+
 // ParseRules parses every entry, reporting all errors.
 func ParseRules(list []string) (Rules, error) {
 	var rs Rules
