@@ -324,7 +324,7 @@ func TestDecideLimits(t *testing.T) {
 		MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 		SessionIdle:   5 * time.Minute,
 		SessionMax:    2 * time.Hour,
-		AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16},
+		AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16, Idle: 5 * time.Minute},
 		Files: FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 	}
 	if !v.Allowed || v.Limits != want || v.User != "root" || v.Image != "default" || len(v.Env) != 1 || v.Env[0] != "LANG=C" {

@@ -68,11 +68,12 @@ type sessionsDoc struct {
 	PauseAfter   *string `toml:"pause_after"`
 	MaxPaused    *int64  `toml:"max_paused"`
 	MaxPausedMiB *int64  `toml:"max_paused_mib"`
-	// Publish, PublishAnyAddress and PublishMaxConns: a session's ports
+	// Publish, PublishAnyAddress, PublishMaxConns and PublishIdle: a session's ports
 	// on the host (vm-exec --publish).
-	Publish           *bool  `toml:"publish"`
-	PublishAnyAddress *bool  `toml:"publish_any_address"`
-	PublishMaxConns   *int64 `toml:"publish_max_conns"`
+	Publish           *bool   `toml:"publish"`
+	PublishAnyAddress *bool   `toml:"publish_any_address"`
+	PublishMaxConns   *int64  `toml:"publish_max_conns"`
+	PublishIdle       *string `toml:"publish_idle"`
 }
 
 type networkDoc struct {

@@ -158,3 +158,35 @@ func (p *Policy) DecideNetLock(id Identity, old *NetLimit, want NetLimit) Verdic
 	v.Rule, v.Reason = "network lock", "the session's network is locked to "+listRules(rules)
 	return v
 }
+
+// SessionNetwork is the network a session's VM has between its commands,
+// under p: its caller id's profile's network, narrowed by the session's
+// lock (nil: none) and by the limit its last command asked for (nil:
+// none), each by intersection, so that nothing is ever widened: a rule of
+// either that is no longer within the profile allows only what the two
+// share. nil: the profile has no network (or none matches id), and the
+// VM's NIC allows nothing. A reload re-decides every running session's
+// network so, and a fork's copies get theirs so. Pure.
+func (p *Policy) SessionNetwork(id Identity, lock, last *NetLimit) (net *NetworkPolicy, narrowed []string) {
+	if p == nil {
+		return nil, nil
+	}
+	prof, _ := p.profileFor(id)
+	if prof == nil || prof.net == nil {
+		return nil, nil
+	}
+	rules := prof.net.Rules
+	if lock != nil {
+		locked, _ := netrule.ParseRules(lock.Allow) // rules that do not parse allow nothing
+		rules = rules.Intersect(locked)
+		narrowed = append(narrowed, NarrowedByLock)
+	}
+	if last != nil {
+		asked, _ := netrule.ParseRules(last.Allow)
+		rules = rules.Intersect(asked)
+		narrowed = append([]string{NarrowedByRequest}, narrowed...)
+	}
+	out := *prof.net
+	out.Rules = rules
+	return &out, narrowed
+}

@@ -201,3 +201,36 @@ func FuzzDecideNet(f *testing.F) {
 		}
 	})
 }
+
+// TestSessionNetwork: a session's network between commands is its
+// profile's, narrowed by its lock and its last command's limit, each by
+// intersection: a rule that is no longer within the profile (a reload took
+// it away) never widens it.
+func TestSessionNetwork(t *testing.T) {
+	p := mustParse(t, "net.toml", netTOML)
+	profile := []string{"*.debian.org:80", "repo.test:80", "repo.test:443", "203.0.113.0/24:*"}
+	for _, tc := range []struct {
+		name       string
+		id         Identity
+		lock, last *NetLimit
+		rules      []string
+		narrowed   []string
+	}{
+		{"the profile's", idNet, nil, nil, profile, nil},
+		{"locked", idNet, limit("repo.test:443"), nil, []string{"repo.test:443"}, []string{NarrowedByLock}},
+		{"its last command's", idNet, nil, limit("deb.debian.org:80"), []string{"deb.debian.org:80"}, []string{NarrowedByRequest}},
+		{"both", idNet, limit("repo.test:*"), limit("repo.test:80"), []string{"repo.test:80"}, []string{NarrowedByRequest, NarrowedByLock}},
+		{"no longer in the profile", idNet, limit("other.test:80"), nil, []string{}, []string{NarrowedByLock}},
+		{"a command that asked for nothing", idNet, nil, limit(), []string{}, []string{NarrowedByRequest}},
+		{"no network", idOffline, nil, nil, nil, nil},
+		{"no profile", Identity{UID: 4242}, nil, nil, nil, nil},
+	} {
+		net, narrowed := p.SessionNetwork(tc.id, tc.lock, tc.last)
+		if got := ruleTexts(net); !reflect.DeepEqual(got, tc.rules) || !reflect.DeepEqual(narrowed, tc.narrowed) {
+			t.Errorf("%s: rules %q narrowed %q, want %q %q", tc.name, got, narrowed, tc.rules, tc.narrowed)
+		}
+		if net != nil && net.MaxConns != 7 {
+			t.Errorf("%s: the profile's other limits are lost: %+v", tc.name, net)
+		}
+	}
+}

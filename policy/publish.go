@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/vmgate/vmgate/internal/names"
 )
@@ -10,12 +11,14 @@ import (
 // PublishLimits are a profile's rules for publishing a session's ports on
 // the host (vm-exec --publish): whether it may at all (sessions.publish),
 // on addresses other than loopback (sessions.publish_any_address, a
-// relaxation), and how many connections one published port carries at
-// once (sessions.publish_max_conns).
+// relaxation), how many connections one published port carries at once
+// (sessions.publish_max_conns), and how long one may carry no byte either
+// way before it is cut (sessions.publish_idle).
 type PublishLimits struct {
 	Allowed    bool
 	AnyAddress bool
 	MaxConns   int
+	Idle       time.Duration
 }
 
 // PublishRequest is a request to publish a session's port, untrusted but

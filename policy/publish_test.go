@@ -71,7 +71,7 @@ func TestDecidePublish(t *testing.T) {
 			t.Errorf("%s: a denial with limits: %+v", c.name, v)
 		}
 	}
-	if v := p.DecidePublish(Identity{UID: 2}, PublishRequest{"web", 8000, lo}); v.Limits.Publish != (PublishLimits{true, true, 3}) {
+	if v := p.DecidePublish(Identity{UID: 2}, PublishRequest{"web", 8000, lo}); v.Limits.Publish != (PublishLimits{true, true, 3, builtinPublishIdle}) {
 		t.Errorf("limits of an allowed publish: %+v", v.Limits.Publish)
 	}
 	if v := p.DecidePublish(Identity{UID: 99}, PublishRequest{"web", 8000, lo}); v.Allowed || !strings.Contains(v.Reason, "no policy profile") {

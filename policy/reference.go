@@ -274,6 +274,7 @@ var refDurations = map[string]bool{
 	"profile.sessions.idle_timeout": true,
 	"profile.sessions.max_lifetime": true,
 	"profile.sessions.pause_after":  true,
+	"profile.sessions.publish_idle": true,
 }
 
 // refDefaults holds the built-in default of every value key, as a TOML
@@ -321,6 +322,7 @@ var refDefaults = map[string]string{
 	"profile.sessions.publish":             strconv.FormatBool(builtinPublish),
 	"profile.sessions.publish_any_address": strconv.FormatBool(builtinPublishAny),
 	"profile.sessions.publish_max_conns":   strconv.Itoa(builtinPublishConns),
+	"profile.sessions.publish_idle":        tomlDuration(builtinPublishIdle),
 
 	"profile.network.mode":            strconv.Quote(builtinNetwork),
 	"profile.network.allow":           "",
@@ -454,6 +456,9 @@ var refDescriptions = map[string]string{
 		"which other machines can reach, a logged relaxation. Needs `publish`.",
 	"profile.sessions.publish_max_conns": fmt.Sprintf("Connections one published port carries at once, 1 to %d; ", maxPublishConns) +
 		"one beyond is refused at once (closed, reset over TCP) and audited.",
+	"profile.sessions.publish_idle": "A connection of a published port over which no byte moves either way for this long is cut " +
+		"(and its record says so): an idle one holds one of the port's connections. The bytes a port carries count as use of its " +
+		"session, which then neither idles out nor pauses; an open but silent connection does not.",
 
 	"profile.network.mode": fmt.Sprintf("`%q`: the guest has no NIC at all. ", networkNone) +
 		fmt.Sprintf("`%q`: one NIC on a user-space network that vmgated runs for the VM, ", networkAllowlist) +

@@ -41,6 +41,7 @@ const (
 	builtinPublish      = false
 	builtinPublishAny   = false
 	builtinPublishConns = 16
+	builtinPublishIdle  = 5 * time.Minute
 	maxPublishConns     = 1024
 	builtinNetwork      = networkNone
 	builtinNetMaxConns  = 32
@@ -279,6 +280,7 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 			Allowed:    pick(builtinPublish, s.publish),
 			AnyAddress: pick(builtinPublishAny, s.publishAny),
 			MaxConns:   pick(builtinPublishConns, s.publishConns),
+			Idle:       pick(builtinPublishIdle, s.publishIdle),
 		},
 		Files: FileLimits{
 			PutBytes: pick(builtinFileBytes, s.putBytes), PutFiles: pick(builtinFileCount, s.putFiles),
@@ -386,6 +388,7 @@ type settings struct {
 	maxPausedMiB               *int
 	publish, publishAny        *bool
 	publishConns               *int
+	publishIdle                *time.Duration
 	badTimeout, badSessions    bool
 	netAllow                   *netrule.Rules
 	netRanges                  *[]netip.Prefix
@@ -427,6 +430,7 @@ func (s settings) merge(d settings) settings {
 	m.publish = first(s.publish, d.publish)
 	m.publishAny = first(s.publishAny, d.publishAny)
 	m.publishConns = first(s.publishConns, d.publishConns)
+	m.publishIdle = first(s.publishIdle, d.publishIdle)
 	m.putBytes = first(s.putBytes, d.putBytes)
 	m.putFiles = first(s.putFiles, d.putFiles)
 	m.getBytes = first(s.getBytes, d.getBytes)
@@ -522,6 +526,7 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		s.maxPausedMiB = c.intIn(label, "sessions.max_paused_mib", ss.MaxPausedMiB, 0, maxPausedMiB)
 		s.publish, s.publishAny = ss.Publish, ss.PublishAnyAddress
 		s.publishConns = c.intIn(label, "sessions.publish_max_conns", ss.PublishMaxConns, 1, maxPublishConns)
+		s.publishIdle = c.duration(label, "sessions.publish_idle", ss.PublishIdle)
 		s.badSessions = len(c.errs) > before
 	}
 	if n := d.Network; n != nil {

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -121,5 +122,51 @@ func TestConns_Linger(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("a silent peer held the relay after the other direction ended")
+	}
+}
+
+// TestWith_Idle: a relay over which no byte moves either way for its idle
+// bound ends (both directions, as an error would), and says so; one whose
+// bytes keep moving, in either direction only, does not, and reports its
+// activity, at most once per activeEvery.
+func TestWith_Idle(t *testing.T) {
+	client, a := tcpPair(t)
+	b, server := tcpPair(t)
+	var active atomic.Int32
+	done := make(chan Result, 1)
+	go func() { done <- With(a, b, Options{Idle: 400 * time.Millisecond, Active: func() { active.Add(1) }}) }()
+	// The server alone talks, for longer than the idle bound: the
+	// client's silent direction is not idle while the other moves.
+	go func() {
+		for range 8 {
+			if _, err := io.WriteString(server, "x"); err != nil {
+				return
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, 8)
+	if _, err := io.ReadFull(client, got); err != nil {
+		t.Fatalf("the client got %q, %v while the server still sent", got, err)
+	}
+	t0 := time.Now()
+	select {
+	case r := <-done:
+		if !r.Idle || r.BToA != 8 {
+			t.Errorf("result %+v, want idle and 8 bytes", r)
+		}
+		if d := time.Since(t0); d > 2*time.Second {
+			t.Errorf("ended %v after the last byte", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an idle relay did not end")
+	}
+	if n := active.Load(); n < 1 || n > 3 {
+		t.Errorf("Active called %d times over ~1.2 s of traffic", n)
+	}
+	// Both sides see the end.
+	if _, err := client.Read(got); err == nil {
+		t.Error("the client's side stays open after the idle end")
 	}
 }
