@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/internal/relay"
@@ -19,6 +20,15 @@ import (
 // guestDialWait bounds the handshake of a connection into the guest:
 // one that the guest neither accepts nor refuses in this time is reset.
 const guestDialWait = 10 * time.Second
+
+// A published port accepts at most forwardRate connections a second
+// after a burst of forwardBurst; the ones past it are refused (and
+// counted through the flood gate), so that any local process, vmgate's
+// user or not, cannot make the daemon relay and record at its own pace.
+const (
+	forwardRate  = 20
+	forwardBurst = 64
+)
 
 // publication is one published port of a session: the caller's
 // listening socket, the guest port, and the connections it carries, at
@@ -33,6 +43,8 @@ type publication struct {
 	port    uint16
 	ln      net.Listener
 	slots   chan struct{}
+	accepts *rate.Limiter
+	idle    time.Duration
 
 	ctx    context.Context // ends with stop: dials in progress give up
 	cancel context.CancelFunc
@@ -49,7 +61,7 @@ type publication struct {
 
 func newPublication(x *sessions, ss *session, id policy.Identity, reqID string, v policy.Verdict, host policy.HostAddr, port uint16, ln net.Listener) *publication {
 	p := &publication{rec: x.rec, ss: ss, id: id, reqID: reqID, profile: v.Profile, host: host, port: port, ln: ln,
-		slots: make(chan struct{}, max(v.Limits.Publish.MaxConns, 1)), conns: map[net.Conn]string{}, done: make(chan struct{})}
+		slots: make(chan struct{}, max(v.Limits.Publish.MaxConns, 1)), accepts: rate.NewLimiter(forwardRate, forwardBurst), idle: v.Limits.Publish.Idle, conns: map[net.Conn]string{}, done: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
 }
@@ -66,18 +78,21 @@ func (p *publication) gateKey() string { return "publish:" + p.reqID }
 // its connections are cut, and stop waits for them to be audited.
 func (p *publication) stop(why string) {
 	p.mu.Lock()
-	if !p.stopped {
+	first := !p.stopped
+	var cut []net.Conn
+	if first {
 		p.stopped, p.why = true, why
+		cut = p.markCutLocked(why)
+	}
+	p.mu.Unlock()
+	if first {
 		p.cancel()
 		p.ln.Close()
-		p.cutLocked(why)
-		p.mu.Unlock()
+		closeAll(cut)
 		go func() {
 			p.wg.Wait()
 			close(p.done)
 		}()
-	} else {
-		p.mu.Unlock()
 	}
 	<-p.done
 }
@@ -85,13 +100,25 @@ func (p *publication) stop(why string) {
 // cut ends the connections being relayed now, and keeps the port.
 func (p *publication) cut(why string) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cutLocked(why)
+	cut := p.markCutLocked(why)
+	p.mu.Unlock()
+	closeAll(cut)
 }
 
-func (p *publication) cutLocked(why string) {
+// markCutLocked marks every connection relayed now as cut for why and
+// returns them, for the caller to close once p.mu is released: a close is
+// never made under a lock. Precondition: p.mu held.
+func (p *publication) markCutLocked(why string) []net.Conn {
+	out := make([]net.Conn, 0, len(p.conns))
 	for c := range p.conns {
 		p.conns[c] = why
+		out = append(out, c)
+	}
+	return out
+}
+
+func closeAll(cs []net.Conn) {
+	for _, c := range cs {
 		c.Close()
 	}
 }
@@ -148,33 +175,40 @@ func (p *publication) acceptLoop() {
 			continue
 		}
 		delay = 5 * time.Millisecond
+		// The caller's listening socket may linger: its connections would
+		// inherit it, and a close of one with unsent data would wait.
+		lingerOff(c)
 		if !p.track(c, true) {
 			c.Close()
 			return
+		}
+		if !p.accepts.Allow() {
+			go p.serve(c, fmt.Sprintf("the published port accepts %d connections a second after a burst of %d", forwardRate, forwardBurst))
+			continue
 		}
 		// A slot is taken here, in the order connections came: the
 		// first publish_max_conns are carried, the next refused.
 		select {
 		case p.slots <- struct{}{}:
-			go p.serve(c, true)
+			go p.serve(c, "")
 		default:
-			go p.serve(c, false)
+			go p.serve(c, fmt.Sprintf("the published port carries %d connections already (sessions.publish_max_conns)", cap(p.slots)))
 		}
 	}
 }
 
-// serve carries one host connection into the guest (slot: it holds one
-// of the port's slots, which it gives back), or refuses it at once: the
-// port carries its most, the session is paused, the guest refuses or does
-// not answer. Each is audited.
-func (p *publication) serve(c net.Conn, slot bool) {
+// serve carries one host connection into the guest (it holds one of the
+// port's slots, which it gives back), or refuses it at once: refused says
+// why it was not given a slot (its rate, the port's most), or the session
+// is paused, the guest refuses or does not answer. Each is audited.
+func (p *publication) serve(c net.Conn, refused string) {
 	defer p.wg.Done()
 	defer p.untrack(c)
 	defer c.Close()
 	t0 := time.Now()
 	peer := peerOf(c)
-	if !slot {
-		p.refuse(c, peer, "", fmt.Sprintf("the published port carries %d connections already (sessions.publish_max_conns)", cap(p.slots)))
+	if refused != "" {
+		p.refuse(c, peer, "", refused)
 		return
 	}
 	defer func() { <-p.slots }()
@@ -205,12 +239,16 @@ func (p *publication) serve(c net.Conn, slot bool) {
 		return
 	}
 	defer p.untrack(g)
-	p.ss.forwardStarts()
-	in, out := relay.Conns(c, g)
-	p.ss.forwardEnds()
+	// An idle connection holds a slot of its port: it is cut after
+	// sessions.publish_idle; and only traffic is use of the session.
+	r := relay.With(c, g, relay.Options{Idle: p.idle, Active: p.ss.touch})
+	in, out := r.AToB, r.BToA
 	why := p.cutReason(g)
-	if why != "" {
+	switch {
+	case why != "":
 		why = "cut: " + why
+	case r.Idle:
+		why = fmt.Sprintf("cut: no byte moved either way for %v (sessions.publish_idle)", p.idle)
 	}
 	p.auditConn(peer, v.ID, true, why, in, out, time.Since(t0))
 }
@@ -236,9 +274,11 @@ func (p *publication) auditConn(peer, vmID string, allowed bool, why string, in,
 	setCaller(&rec, p.id)
 	rec.PID = 0 // the publishing process, not the host client
 	var err error
+	// Both are what any local process makes at will: past their rates,
+	// they are counted in summary records.
 	if allowed {
 		rec.Verdict = audit.VerdictAllow
-		err = p.rec.Write(rec)
+		_, err = p.rec.gated(p.rec.fwd, p.gateKey(), rec)
 	} else {
 		_, err = p.rec.gated(p.rec.net, p.gateKey(), rec)
 	}

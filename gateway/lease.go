@@ -100,5 +100,12 @@ func (g *inflight) stop() {
 	}
 }
 
+// count is how many leases are held.
+func (g *inflight) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.active
+}
+
 // over reports whether the grace period after shutdown is over.
 func (g *inflight) over() bool { return g.grace.Err() != nil }

@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -59,5 +61,44 @@ func TestWriteSessionAfterEnd(t *testing.T) {
 	}
 	if _, err := os.Stat(x.dir(ss.sid)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("an ended session's directory was made again: %v", err)
+	}
+}
+
+// TestLostNotesCapped: one owner's lost notes are bounded (a guest root
+// that powers off after every command, under a new name each time, adds
+// one each): past maxLostPerOwner the oldest go, file and all, and
+// another owner's notes stay.
+func TestLostNotesCapped(t *testing.T) {
+	dir := t.TempDir()
+	n := newLostNotes(dir, slog.New(slog.DiscardHandler))
+	t0 := time.Now().Add(-time.Hour)
+	n.note(sessionKey{"uid:1001", "other"}, "o", "lost", t0)
+	for i := range maxLostPerOwner + 10 {
+		n.note(sessionKey{"uid:1000", fmt.Sprintf("s%d", i)}, fmt.Sprintf("sid%d", i), "powered off", t0.Add(time.Duration(i)*time.Second))
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != maxLostPerOwner+1 {
+		t.Errorf("%d note files, want %d", len(ents), maxLostPerOwner+1)
+	}
+	if why := n.take(sessionKey{"uid:1000", "s9"}); why != "" {
+		t.Errorf("an old note past the bound is kept: %q", why)
+	}
+	if why := n.take(sessionKey{"uid:1000", "s10"}); why == "" {
+		t.Error("the oldest note within the bound was dropped")
+	}
+	if why := n.take(sessionKey{"uid:1001", "other"}); why == "" {
+		t.Error("another owner's note was dropped")
+	}
+	// A restart reads no more than the bound either.
+	for i := range maxLostPerOwner + 10 {
+		b, _ := json.Marshal(lostSession{Version: 1, Owner: "uid:1002", Name: fmt.Sprintf("r%d", i), Why: "x", At: t0.Add(time.Duration(i) * time.Second)})
+		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("r%d.json", i)), b, 0o600)
+	}
+	m := newLostNotes(dir, slog.New(slog.DiscardHandler))
+	m.load(time.Now())
+	if why := m.take(sessionKey{"uid:1002", "r0"}); why != "" {
+		t.Errorf("a restart keeps a note past the bound: %q", why)
+	}
+	if why := m.take(sessionKey{"uid:1002", "r10"}); why == "" {
+		t.Error("a restart dropped a note within the bound")
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
-	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // netLockOf is the network lock of the caller's session key; nil when
@@ -65,22 +64,21 @@ func (x *sessions) lockNet(ss *session, q *sessionRequest, want policy.NetLimit)
 		return rerr
 	}
 	ss.mu.Lock()
-	ss.NetLock, ss.egress = &want, q.verdict.Network
 	v := ss.vm
 	if ss.State != stateRunning {
 		v = nil
 	}
+	// The lock's network replaces the last command's narrowing.
+	ss.NetLock, ss.net.last = &want, nil
+	if v != nil {
+		ss.net.audit = x.rec.netHook(&q.request, v.ID)
+	}
+	hook := ss.net.audit
 	ss.mu.Unlock()
 	vmID := ""
 	if v != nil {
 		vmID = v.ID
-		if n := v.Network(); n != nil {
-			pol := netstack.Policy{Audit: x.rec.netHook(&q.request, v.ID)}
-			if e := q.verdict.Network; e != nil {
-				pol.Egress = *e
-			}
-			n.SetPolicy(pol)
-		}
+		setNetwork(v, q.verdict.Network, hook)
 	}
 	// The lock only takes away: it holds even if its record cannot be
 	// written (its decision's record stands).

@@ -93,7 +93,7 @@ func (x *sessions) publish(conn net.Conn, br *bufio.Reader, ss *session, q *sess
 	if err != nil {
 		return nil, bad("%v", err)
 	}
-	defer f.Close()
+	defer dropPassedFile(f)
 	host, err := listenerAddr(f)
 	if err != nil {
 		return nil, bad("%v", err)
@@ -169,21 +169,23 @@ func takeListener(conn net.Conn) (*os.File, error) {
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(requestReadTimeout))
 	defer func() { _ = conn.SetReadDeadline(time.Time{}) }()
-	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+	// Room for every descriptor a message can carry: the kernel closes
+	// the ones a receive has no room for in the receiver's thread.
+	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(maxPassedFDs*4))
 	n, oobn, flags, _, err := uc.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return nil, fmt.Errorf("read the listening socket: %w", err)
-	}
 	var fds []int
-	if cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+	if cmsgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
 		for i := range cmsgs {
 			got, _ := unix.ParseUnixRights(&cmsgs[i])
 			fds = append(fds, got...)
 		}
 	}
-	if n != 1 || len(fds) != 1 || flags&unix.MSG_CTRUNC != 0 {
+	if err != nil || n != 1 || len(fds) != 1 || flags&unix.MSG_CTRUNC != 0 {
 		for _, fd := range fds {
-			unix.Close(fd)
+			dropPassed(fd)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the listening socket: %w", err)
 		}
 		return nil, errors.New("the client sent no listening socket (one byte with one descriptor)")
 	}

@@ -19,11 +19,20 @@ import (
 type recorder struct {
 	*audit.Log
 	// deny and net bound the denied requests of a caller and the refused
-	// network events of a VM (or a published port).
-	deny, net *floodGate
-	metrics   *metrics
-	log       *slog.Logger
+	// network events of a VM (or a published port); fwd the connections
+	// a published port carries.
+	deny, net, fwd *floodGate
+	metrics        *metrics
+	log            *slog.Logger
 }
+
+// A published port's forwarded connections are recorded one by one up to
+// fwdRecordBurst at once and fwdRecordRate a second; the rest are counted
+// in summary records.
+const (
+	fwdRecordRate  = 1
+	fwdRecordBurst = 20
+)
 
 // floodQuiet is how long a source must be quiet before the summary of its
 // held records is written without waiting for its next record.
@@ -32,7 +41,8 @@ const floodQuiet = 2 * time.Second
 func newRecorder(l *audit.Log, f AuditFlood, m *metrics, log *slog.Logger) *recorder {
 	return &recorder{Log: l, metrics: m, log: log,
 		deny: newFloodGate("denied requests", f.DenyRate, f.DenyBurst),
-		net:  newFloodGate("refused network events", f.NetRate, f.NetBurst)}
+		net:  newFloodGate("refused network events", f.NetRate, f.NetBurst),
+		fwd:  newFloodGate("forwarded connections", fwdRecordRate, fwdRecordBurst)}
 }
 
 // sweeper writes the summaries of quiet sources once a second until
@@ -61,7 +71,7 @@ func (r *recorder) sweeper() (stop func()) {
 
 // sweep writes the summaries of the sources quiet since before idle.
 func (r *recorder) sweep(idle time.Time) {
-	for _, g := range []*floodGate{r.deny, r.net} {
+	for _, g := range []*floodGate{r.deny, r.net, r.fwd} {
 		for _, rec := range g.sweep(idle) {
 			if err := r.Write(rec); err != nil {
 				r.log.Error("audit summary record", "err", err)
@@ -90,12 +100,14 @@ func (r *recorder) gated(g *floodGate, key string, rec audit.Record) (*audit.Ent
 	return &e, nil
 }
 
-// flushNet writes the summary of key's held network records now (its VM
-// or its published port is gone).
+// flushNet writes the summaries of key's held network records now (its
+// VM or its published port is gone).
 func (r *recorder) flushNet(key string) {
-	if rec := r.net.flush(key); rec != nil {
-		if err := r.Write(*rec); err != nil {
-			r.log.Error("audit summary record", "err", err)
+	for _, g := range []*floodGate{r.net, r.fwd} {
+		if rec := g.flush(key); rec != nil {
+			if err := r.Write(*rec); err != nil {
+				r.log.Error("audit summary record", "err", err)
+			}
 		}
 	}
 }

@@ -116,6 +116,10 @@ type AuditFlood struct {
 // 100; a VM's refused network events 20/s after a burst of 200.
 var DefaultAuditFlood = AuditFlood{DenyRate: 10, DenyBurst: 100, NetRate: 20, NetBurst: 200}
 
+// stuckAfterKill bounds a stop's wait for the requests in flight once the
+// grace period is over and they were killed.
+const stuckAfterKill = 2 * time.Second
+
 // Defaults of Config's zero values, and of vmgated serve's flags.
 const (
 	DefaultMaxVMs    = 4
@@ -451,7 +455,14 @@ func (s *Server) shutdown(srv *http.Server) {
 	case <-grace.C:
 		s.log.Warn("grace period over, killing running commands and booting VMs", "grace", s.cfg.Grace)
 		s.flight.kill()
-		<-s.flight.idle
+		// Killed requests end at once; one that does not (stuck in a
+		// system call the daemon cannot interrupt) must not cost every
+		// session: the stop goes on to pause them.
+		select {
+		case <-s.flight.idle:
+		case <-time.After(stuckAfterKill):
+			s.log.Error("requests still in flight after they were killed; pausing the sessions anyway", "requests", s.flight.count(), "waited", stuckAfterKill)
+		}
 	}
 	_ = srv.Close()
 	if s.ssh != nil {
@@ -524,6 +535,7 @@ func (s *Server) Reload() {
 		s.ssh.Reload(p)
 	}
 	s.sessions.recheckPublications(p)
+	s.sessions.renetwork(p)
 }
 
 func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
-	"github.com/vmgate/vmgate/policy/netrule"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // sessionKey names a session: its owner (policy.Identity.Key: a uid, or
@@ -79,10 +79,10 @@ type session struct {
 	vm   *vm.VM        // running: its VM
 	slot func()        // running: its VM slot
 	sp   *vm.SavePoint // paused: its state; resumed: its disk's backing
-	// egress is the network its last command had.
-	egress *netrule.Egress
-	use    sessionUse
-	ended  chan struct{} // closed when State becomes stateEnded
+	// net is what its network between commands is made of.
+	net   sessionNet
+	use   sessionUse
+	ended chan struct{} // closed when State becomes stateEnded
 	// pubs are its published ports (publish.go).
 	pubs []*publication
 }
@@ -90,13 +90,12 @@ type session struct {
 // sessionUse is how a session is used, for its owner's turn (take/give),
 // its idleness and the reaper. Guarded by session.mu.
 type sessionUse struct {
-	busy     bool
-	free     chan struct{} // closed and replaced whenever it stops being busy
+	busy bool
+	free chan struct{} // closed and replaced whenever it stops being busy
+	// lastUsed is when an operation last gave it back, or its published
+	// ports last carried bytes: traffic is use, an open connection alone
+	// is not.
 	lastUsed time.Time
-	// forwarding counts the connections its published ports carry now,
-	// which are use: while one is open it is neither idle nor paused
-	// automatically.
-	forwarding int
 	// noPauseUntil: an automatic pause that was refused (a budget) is
 	// not tried again before it.
 	noPauseUntil time.Time
@@ -105,11 +104,20 @@ type sessionUse struct {
 	idleWork []func()
 }
 
+// sessionNet is what a session's network between commands is made of:
+// its profile's network under its lock (policy.SessionNetwork) and the
+// limit its last command asked for, with the audit hook of the request
+// whose records its network's events are. A reload re-decides it.
+type sessionNet struct {
+	last  *policy.NetLimit
+	audit func(netstack.Record)
+}
+
 // newSession makes the session of rec, owned by its creator (busy) until
 // it gives it up.
-func newSession(rec sessionRecord, egress *netrule.Egress) *session {
+func newSession(rec sessionRecord) *session {
 	rec.Version = sessionRecordVersion
-	return &session{sessionRecord: rec, sid: newRequestID(), egress: egress,
+	return &session{sessionRecord: rec, sid: newRequestID(),
 		use: sessionUse{busy: true, free: make(chan struct{}), lastUsed: time.Now()}, ended: make(chan struct{})}
 }
 
@@ -188,17 +196,10 @@ func (ss *session) whenIdle(f func()) {
 	ss.mu.Unlock()
 }
 
-// forwardStarts and forwardEnds count a connection of a published port:
-// its end is the session's last use.
-func (ss *session) forwardStarts() {
+// touch records a use of the session now that no operation owns: bytes
+// its published ports carried.
+func (ss *session) touch() {
 	ss.mu.Lock()
-	ss.use.forwarding++
-	ss.mu.Unlock()
-}
-
-func (ss *session) forwardEnds() {
-	ss.mu.Lock()
-	ss.use.forwarding--
 	ss.use.lastUsed = time.Now()
 	ss.mu.Unlock()
 }
@@ -254,7 +255,7 @@ func (ss *session) expiry() time.Time {
 // Precondition: ss.mu held.
 func (ss *session) expiryLocked() time.Time {
 	m := ss.Created.Add(ss.Max)
-	if ss.State != stateRunning || ss.use.forwarding > 0 {
+	if ss.State != stateRunning {
 		return m
 	}
 	if e := ss.use.lastUsed.Add(ss.Idle); e.Before(m) {
@@ -268,7 +269,7 @@ func (ss *session) expiryLocked() time.Time {
 // pause_after is set. Precondition: ss.mu held.
 func (ss *session) pauseDueLocked(now time.Time) bool {
 	after := ss.Paused.After
-	if after <= 0 || ss.State != stateRunning || ss.use.busy || ss.use.forwarding > 0 || now.Before(ss.use.noPauseUntil) {
+	if after <= 0 || ss.State != stateRunning || ss.use.busy || now.Before(ss.use.noPauseUntil) {
 		return false
 	}
 	return !now.Before(ss.use.lastUsed.Add(min(after, ss.Idle)))

@@ -8,9 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/policy/netrule"
+	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
@@ -72,8 +76,9 @@ func (x *sessions) create(ctx context.Context, st *execState, key sessionKey) (*
 	if err != nil {
 		return nil, err
 	}
-	ss := newSession(newSessionRecord(key, st.id, v, x.core.shape(v), time.Now()), v.Network)
+	ss := newSession(newSessionRecord(key, st.id, v, x.core.shape(v), time.Now()))
 	ss.vm, ss.slot = t.vm, t.slot
+	ss.net = sessionNet{last: (*policy.NetLimit)(st.req.Net), audit: x.rec.netHook(&st.request, t.vm.ID)}
 	if err := x.register(ss, &st.request, "created", audit.Record{}); err != nil {
 		_ = t.vm.Close()
 		t.slot()
@@ -112,19 +117,54 @@ func limitToLifetime(st *execState, ss *session) {
 // connections are recorded as st's. A session without a NIC cannot get
 // one: the caller must end it first.
 func (x *sessions) network(st *execState, t *vmTarget) error {
-	n, vn := st.verdict.Network, t.vm.Network()
-	t.session.mu.Lock()
-	t.session.egress = n
-	t.session.mu.Unlock()
-	switch {
-	case vn == nil && n != nil && len(n.Rules) > 0:
+	n := st.verdict.Network
+	if t.vm.Network() == nil && n != nil && len(n.Rules) > 0 {
 		return &RequestError{Kind: ErrBadRequest, RequestID: st.reqID, Msg: fmt.Sprintf("session %q has no network (it began before the profile had one): end the session to start it again with one", st.req.Session)}
-	case vn == nil: // none, or narrowed to nothing
-		return nil
-	case n == nil: // the profile no longer allows any network
-		vn.SetPolicy(netstack.Policy{Audit: x.rec.netHook(&st.request, t.vm.ID)})
-	default:
-		vn.SetPolicy(netstack.Policy{Egress: *n, Audit: x.rec.netHook(&st.request, t.vm.ID)})
 	}
+	hook := x.rec.netHook(&st.request, t.vm.ID)
+	t.session.mu.Lock()
+	t.session.net = sessionNet{last: (*policy.NetLimit)(st.req.Net), audit: hook}
+	t.session.mu.Unlock()
+	setNetwork(t.vm, n, hook)
 	return nil
+}
+
+// setNetwork gives v's network (if it has a NIC) egress e, nil for none,
+// with its events audited by hook; it returns once the VM's netstack has
+// it in force.
+func setNetwork(v *vm.VM, e *netrule.Egress, hook func(netstack.Record)) {
+	vn := v.Network()
+	if vn == nil {
+		return
+	}
+	pol := netstack.Policy{Audit: hook}
+	if e != nil {
+		pol.Egress = *e
+	}
+	vn.SetPolicy(pol)
+}
+
+// renetwork re-decides every running session's network under pol (a
+// reload), as its profile, its lock and its last command's limit make it
+// now (policy.SessionNetwork), and returns once each VM's netstack has it
+// in force. Its events stay the last request's.
+func (x *sessions) renetwork(pol *policy.Policy) {
+	for _, ss := range x.all() {
+		ss.mu.Lock()
+		v, sn, lock := ss.vm, ss.net, ss.NetLock
+		if ss.State != stateRunning {
+			v = nil
+		}
+		ss.mu.Unlock()
+		if v == nil || v.Network() == nil {
+			continue
+		}
+		e, _ := pol.SessionNetwork(ss.Caller, lock, sn.last)
+		setNetwork(v, e, sn.audit)
+		allow := []string{}
+		if e != nil {
+			allow = e.Allowlist()
+		}
+		x.audit(ss, nil, audit.Record{VMID: v.ID, Message: "network re-decided by the reloaded policy: allow [" + strings.Join(allow, " ") + "]"})
+	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // forkParallel is how many copies of a fork are restored at once.
@@ -172,13 +171,16 @@ func (x *sessions) forkCopy(ctx context.Context, parent *session, q *request, sp
 	rec := parent.record()
 	rec.Name, rec.Parent, rec.State, rec.Save, rec.PausedAt = name, parent.Name, stateRunning, "", time.Time{}
 	parent.mu.Lock()
-	egress := parent.egress
+	last := parent.net.last
 	parent.mu.Unlock()
-	c := newSession(rec, egress)
+	c := newSession(rec)
 	c.vm, c.slot = v, slot
-	if n := v.Network(); n != nil && egress != nil {
-		n.SetPolicy(netstack.Policy{Egress: *egress, Audit: x.rec.netHook(q, v.ID)})
-	}
+	// The copy's network is decided under the policy in force now, not
+	// copied from its parent's last command: the copy's processes use it
+	// at once.
+	c.net = sessionNet{last: last, audit: x.rec.netHook(q, v.ID)}
+	e, _ := q.policy.SessionNetwork(q.id, rec.NetLock, last)
+	setNetwork(v, e, c.net.audit)
 	if err := x.register(c, q, "created: a fork of "+parent.Name, audit.Record{Parent: parent.Name, Snapshot: sp.Digest()}); err != nil {
 		_ = v.Close()
 		return nil, err

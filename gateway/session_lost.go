@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,6 +30,11 @@ type lostSession struct {
 // lostNoteLife is how long a lost note waits for its owner's next command
 // on the name; older ones are removed at start.
 const lostNoteLife = 30 * 24 * time.Hour
+
+// maxLostPerOwner bounds one owner's lost notes: a guest root that
+// powers its VM off after each command, under a new session name each
+// time, adds a note each; past the bound the oldest go.
+const maxLostPerOwner = 64
 
 // lostNotes are the notes of lost sessions, in memory and in dir.
 type lostNotes struct {
@@ -63,6 +69,29 @@ func (n *lostNotes) note(key sessionKey, sid, why string, at time.Time) {
 		_ = os.Remove(old.file)
 	}
 	n.notes[key] = l
+	n.capLocked(key.owner)
+}
+
+// capLocked drops owner's oldest notes past maxLostPerOwner.
+// Precondition: n.mu held.
+func (n *lostNotes) capLocked(owner string) {
+	var mine []sessionKey
+	for k := range n.notes {
+		if k.owner == owner {
+			mine = append(mine, k)
+		}
+	}
+	if len(mine) <= maxLostPerOwner {
+		return
+	}
+	slices.SortFunc(mine, func(a, b sessionKey) int { return n.notes[a].At.Compare(n.notes[b].At) })
+	for _, k := range mine[:len(mine)-maxLostPerOwner] {
+		if f := n.notes[k].file; f != "" {
+			_ = os.Remove(f)
+		}
+		delete(n.notes, k)
+	}
+	n.log.Warn("a caller's oldest lost session notes dropped", "owner", owner, "dropped", len(mine)-maxLostPerOwner, "kept", maxLostPerOwner)
 }
 
 // take returns and forgets why the caller's session was lost, or "".
@@ -111,6 +140,7 @@ func (n *lostNotes) load(now time.Time) {
 		default:
 			l.file = p
 			n.notes[sessionKey{l.Owner, l.Name}] = l
+			n.capLocked(l.Owner)
 		}
 	}
 }

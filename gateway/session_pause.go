@@ -18,13 +18,59 @@ import (
 	"github.com/vmgate/vmgate/vm"
 )
 
-// pauseBudget refuses a pause that would take the caller past its
-// profile's paused sessions or their disk. The save point's size is not
-// known before it is written: its bound (the RAM and the disk's changes)
-// is what is counted.
-func (x *sessions) pauseBudget(ss *session, v *vm.VM, lim policy.PausedLimits) error {
-	count, bytes := 0, int64(0)
-	for _, o := range x.all() {
+// pauseBudget reserves a pause of ss (running in v) within its owner's
+// budget of paused sessions (lim), or refuses it. The save point's size is
+// not known before it is written: its bound is what is reserved, its RAM
+// and its whole disk (a session resumed from a save point saves that
+// one's disk too, folded with its changes since). The reservation holds
+// until release; pauses of one owner's sessions made at once each see the
+// others' reservations.
+func (x *sessions) pauseBudget(ss *session, v *vm.VM, lim policy.PausedLimits) (release func(), err error) {
+	need := int64(ss.Shape.MemoryMiB)<<20 + v.DiskBytes()
+	ss.mu.Lock()
+	if ss.sp != nil {
+		need += ss.sp.Meta.OverlayBytes
+	}
+	ss.mu.Unlock()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if err := x.checkBudgetLocked(ss, need, lim); err != nil {
+		return nil, err
+	}
+	r := x.reserved[ss.Owner]
+	r.count++
+	r.bytes += need
+	x.reserved[ss.Owner] = r
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			r := x.reserved[ss.Owner]
+			r.count--
+			r.bytes -= need
+			if r.count == 0 {
+				delete(x.reserved, ss.Owner)
+			} else {
+				x.reserved[ss.Owner] = r
+			}
+		})
+	}, nil
+}
+
+// pauseReserved is what an owner's pauses under way will hold.
+type pauseReserved struct {
+	count int
+	bytes int64
+}
+
+// checkBudgetLocked refuses a pause of ss that would hold need bytes when
+// its owner's paused sessions and pauses under way (its own excluded)
+// leave no room for it under lim. Precondition: x.mu held.
+func (x *sessions) checkBudgetLocked(ss *session, need int64, lim policy.PausedLimits) error {
+	r := x.reserved[ss.Owner]
+	count, bytes := r.count, r.bytes
+	for _, o := range x.table {
 		if o.Owner != ss.Owner || o == ss {
 			continue
 		}
@@ -35,17 +81,26 @@ func (x *sessions) pauseBudget(ss *session, v *vm.VM, lim policy.PausedLimits) e
 		}
 		o.mu.Unlock()
 	}
-	need := int64(ss.Shape.MemoryMiB)<<20 + v.DiskBytes()
 	switch {
 	case count >= lim.MaxCount:
 		return &RequestError{Kind: ErrDenied, Profile: ss.Profile, Rule: "sessions.max_paused",
-			Msg: fmt.Sprintf("this caller has %d paused sessions, the most its profile allows (sessions.max_paused = %d); the session keeps running", count, lim.MaxCount)}
+			Msg: fmt.Sprintf("this caller has %d paused sessions (pauses under way included), the most its profile allows (sessions.max_paused = %d); the session keeps running", count, lim.MaxCount)}
 	case bytes+need > lim.MaxBytes:
 		return &RequestError{Kind: ErrDenied, Profile: ss.Profile, Rule: "sessions.max_paused_mib",
 			Msg: fmt.Sprintf("pausing would take this caller's paused sessions to %d MiB (%d MiB now, up to %d MiB more), past its profile's %d MiB (sessions.max_paused_mib); the session keeps running",
 				(bytes+need)>>20, bytes>>20, need>>20, lim.MaxBytes>>20)}
 	}
 	return nil
+}
+
+// recheckBudget checks a pause of ss again with the size of its save
+// point sp, once written, against what its owner's other sessions hold
+// and reserve now.
+func (x *sessions) recheckBudget(ss *session, sp *vm.SavePoint, lim policy.PausedLimits, release func()) error {
+	release()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.checkBudgetLocked(ss, sp.Meta.DiskBytes(), lim)
 }
 
 // pause saves the running session ss to disk and frees its VM and slot,
@@ -59,14 +114,28 @@ func (x *sessions) pause(ctx context.Context, ss *session, why string, budget bo
 	ss.mu.Lock()
 	v, slot, old, limits := ss.vm, ss.slot, ss.sp, ss.Paused
 	ss.mu.Unlock()
+	release := func() {}
 	if budget {
-		if err := x.pauseBudget(ss, v, limits); err != nil {
+		var err error
+		if release, err = x.pauseBudget(ss, v, limits); err != nil {
 			return err
 		}
 	}
+	defer release()
 	t0 := time.Now()
 	name := newSaveName()
 	sp, err := v.Save(ctx, filepath.Join(x.dir(ss.sid), name), vm.SaveOptions{})
+	if err == nil && budget {
+		if err = x.recheckBudget(ss, sp, limits, release); err != nil {
+			_ = sp.Discard()
+			if cerr := v.Continue(ctx); cerr != nil {
+				x.log.Warn("pause refused after its save; the session could not run again", "session", ss.Name, "err", cerr)
+				err = errors.Join(err, cerr)
+			} else {
+				return err
+			}
+		}
+	}
 	if err == nil {
 		if err = x.store(ss, func(r *sessionRecord) { r.State, r.Save, r.PausedAt = statePaused, name, time.Now() }); err != nil {
 			_ = sp.Discard()
@@ -74,6 +143,14 @@ func (x *sessions) pause(ctx context.Context, ss *session, why string, budget bo
 				err = errors.Join(err, cerr)
 			}
 		}
+	}
+	if err != nil && v.Gone() {
+		// Its VM could not run again (a guest that stopped its agent):
+		// that session alone is lost.
+		why := "it could not be paused, and its VM did not run again: " + clientMessage(err)
+		x.log.Warn("pause failed: the session is lost", "session", ss.Name, "err", vm.Details(err))
+		x.lose(ss, why)
+		return lostError(ss.Name, why)
 	}
 	if err != nil {
 		x.log.Warn("pause failed; the session keeps running", "session", ss.Name, "err", vm.Details(err))
@@ -112,22 +189,24 @@ func (x *sessions) pause(ctx context.Context, ss *session, why string, budget bo
 // minute, and the session ends at its idle timeout if it is still not
 // paused then. Precondition: the caller owns ss.
 func (x *sessions) autoPause(ss *session, now time.Time) {
+	// An automatic pause is no use of the session: one that is skipped or
+	// refused leaves it as idle as it was, to end at its idle timeout.
 	select {
 	case x.pausing <- struct{}{}:
 	default:
-		ss.give(true) // another pause runs: the next round tries again
+		ss.give(false) // another pause runs: the next round tries again
 		return
 	}
 	l, rerr := x.core.enter(context.Background())
 	if rerr != nil {
 		<-x.pausing
-		ss.give(true) // the daemon stops: it pauses every session
+		ss.give(false) // the daemon stops: it pauses every session
 		return
 	}
 	go func() {
 		defer l.end()
 		defer func() { <-x.pausing }()
-		defer ss.give(true)
+		defer ss.give(false)
 		if err := x.pause(l.ctx, ss, "idle", true); err != nil {
 			ss.mu.Lock()
 			ss.use.noPauseUntil = now.Add(time.Minute)
@@ -221,7 +300,7 @@ func (x *sessions) pauseAll() {
 			continue
 		}
 		if ss.state() != stateRunning {
-			ss.give(true)
+			ss.give(false)
 			continue
 		}
 		wg.Add(1)
@@ -230,8 +309,8 @@ func (x *sessions) pauseAll() {
 			defer wg.Done()
 			defer func() { <-sem }()
 			err := x.pause(ctx, ss, "vmgated stopped", false)
-			ss.give(true)
-			if err != nil {
+			ss.give(false)
+			if err != nil && ss.state() != stateEnded {
 				x.lose(ss, "vmgated stopped and could not pause it: "+err.Error())
 			}
 		}()

@@ -46,17 +46,33 @@ func (x *sessions) reap(now time.Time) {
 		}
 		switch {
 		case dead && busy:
-			x.destroy(ss, "its vm died") // its command is told
+			x.endOffReaper(ss, func() { x.destroy(ss, "its vm died") }) // its command is told
 		case dead:
 			// No command saw it: the owner's next one is told, rather
 			// than run in a new, empty session.
-			x.lose(ss, "its VM died while no command ran")
+			x.endOffReaper(ss, func() { x.lose(ss, "its VM died while no command ran") })
 		case due:
 			if ss.tryTake() {
 				x.autoPause(ss, now)
 			}
 		case expired:
-			x.destroy(ss, "expired")
+			x.endOffReaper(ss, func() { x.destroy(ss, "expired") })
 		}
 	}
+}
+
+// endOffReaper runs end, the end of ss, in the reaper's round, or in a
+// goroutine of its own when ss has published ports: their stops wait for
+// their connections to be relayed to the end and audited, which no other
+// session's end, pause or death may wait for. end runs once whatever
+// happens twice (destroy is idempotent).
+func (x *sessions) endOffReaper(ss *session, end func()) {
+	ss.mu.Lock()
+	pubs := len(ss.pubs)
+	ss.mu.Unlock()
+	if pubs > 0 {
+		go end()
+		return
+	}
+	end()
 }

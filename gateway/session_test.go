@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 func TestWhenIdle(t *testing.T) {
 	now := time.Now()
 	key := sessionKey{"uid:1000", "s"}
-	ss := newSession(newSessionRecord(key, policy.Identity{}, policy.Verdict{}, vm.Shape{}, now), nil)
+	ss := newSession(newSessionRecord(key, policy.Identity{}, policy.Verdict{}, vm.Shape{}, now))
 	ss.Idle, ss.Max = time.Hour, time.Hour // neither expired nor due
 	s := &sessions{table: map[sessionKey]*session{key: ss}}
 	ran := make(chan struct{}, 2)
@@ -41,5 +42,70 @@ func TestWhenIdle(t *testing.T) {
 	s.reap(now)
 	if len(ran) != 0 {
 		t.Error("the work ran twice")
+	}
+}
+
+// TestSkippedPauseIsNoUse: an automatic pause that is skipped (another
+// runs) is no use of the session: it still ends at its idle timeout.
+// Before, the skip gave the session back as used, and a session due for a
+// pause while another ran was never idle.
+func TestSkippedPauseIsNoUse(t *testing.T) {
+	key := sessionKey{"uid:1000", "s"}
+	last := time.Now().Add(-time.Minute)
+	ss := newSession(newSessionRecord(key, policy.Identity{}, policy.Verdict{}, vm.Shape{}, last))
+	ss.Idle, ss.Max, ss.Paused.After = 2*time.Minute, time.Hour, 30*time.Second
+	ss.use.lastUsed = last
+	ss.give(false)
+	x := &sessions{table: map[sessionKey]*session{key: ss}, pausing: make(chan struct{}, 1)}
+	x.pausing <- struct{}{} // another pause runs
+	x.reap(time.Now())
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.use.busy || !ss.use.lastUsed.Equal(last) {
+		t.Errorf("after a skipped pause: busy %v, last used %v (was %v)", ss.use.busy, ss.use.lastUsed, last)
+	}
+}
+
+// TestPauseBudgetReserves: pauses of one owner's sessions made at once
+// each count the others under way, so that together they cannot pass the
+// owner's budget; a reservation's end frees its room, and another owner's
+// budget is its own.
+func TestPauseBudgetReserves(t *testing.T) {
+	lim := policy.PausedLimits{MaxCount: 1, MaxBytes: 1 << 30}
+	mk := func(owner, name string) *session {
+		ss := newSession(newSessionRecord(sessionKey{owner, name}, policy.Identity{}, policy.Verdict{}, vm.Shape{MemoryMiB: 256}, time.Now()))
+		return ss
+	}
+	a, b, c := mk("uid:1000", "a"), mk("uid:1000", "b"), mk("uid:1001", "c")
+	x := &sessions{table: map[sessionKey]*session{a.key(): a, b.key(): b, c.key(): c}, reserved: map[string]pauseReserved{}}
+	v := &vm.VM{}
+	release, err := x.pauseBudget(a, v, lim)
+	if err != nil {
+		t.Fatalf("the first pause: %v", err)
+	}
+	if _, err := x.pauseBudget(b, v, lim); err == nil || !strings.Contains(err.Error(), "sessions.max_paused") {
+		t.Errorf("a second pause while the first is under way: %v", err)
+	}
+	if r, err := x.pauseBudget(c, v, lim); err != nil {
+		t.Errorf("another owner's pause: %v", err)
+	} else {
+		r()
+	}
+	release()
+	release() // once
+	if r, err := x.pauseBudget(b, v, lim); err != nil {
+		t.Errorf("a pause after the first's reservation ended: %v", err)
+	} else {
+		r()
+	}
+	if len(x.reserved) != 0 {
+		t.Errorf("reservations left: %v", x.reserved)
+	}
+	// A session resumed from a save point saves that one's disk again:
+	// its size counts.
+	small := policy.PausedLimits{MaxCount: 4, MaxBytes: 300 << 20}
+	a.sp = &vm.SavePoint{Meta: vm.SavePointMeta{OverlayBytes: 100 << 20}}
+	if _, err := x.pauseBudget(a, v, small); err == nil || !strings.Contains(err.Error(), "sessions.max_paused_mib") {
+		t.Errorf("a resumed session's pause past the disk budget: %v", err)
 	}
 }

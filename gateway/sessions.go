@@ -62,13 +62,16 @@ type sessions struct {
 	mu    sync.Mutex
 	table map[sessionKey]*session
 	lost  *lostNotes
+	// reserved holds, per owner, what the pauses under way will hold
+	// (pauseBudget).
+	reserved map[string]pauseReserved
 	// pausing admits one automatic pause at a time.
 	pausing chan struct{}
 }
 
 func newSessions(core sessionCore, host *vm.Host, sl *slots, rec *recorder, log *slog.Logger, stateDir string, queueWait, grace time.Duration) *sessions {
 	return &sessions{core: core, host: host, slots: sl, rec: rec, log: log, stateDir: stateDir, queueWait: queueWait, grace: grace,
-		table: map[sessionKey]*session{}, lost: newLostNotes(filepath.Join(stateDir, lostDir), log), pausing: make(chan struct{}, 1)}
+		table: map[sessionKey]*session{}, reserved: map[string]pauseReserved{}, lost: newLostNotes(filepath.Join(stateDir, lostDir), log), pausing: make(chan struct{}, 1)}
 }
 
 // get returns the session of key, or nil.

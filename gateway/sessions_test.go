@@ -83,8 +83,8 @@ func TestSessionRecordFormat(t *testing.T) {
 func TestRegisterNameTaken(t *testing.T) {
 	x := &sessions{log: slog.New(slog.DiscardHandler), stateDir: t.TempDir(), table: map[sessionKey]*session{}}
 	key := sessionKey{"uid:1000", "copy"}
-	x.table[key] = newSession(newSessionRecord(key, policy.Identity{UID: 1000}, policy.Verdict{}, vm.Shape{}, time.Now()), nil)
-	c := newSession(newSessionRecord(key, policy.Identity{UID: 1000}, policy.Verdict{}, vm.Shape{}, time.Now()), nil)
+	x.table[key] = newSession(newSessionRecord(key, policy.Identity{UID: 1000}, policy.Verdict{}, vm.Shape{}, time.Now()))
+	c := newSession(newSessionRecord(key, policy.Identity{UID: 1000}, policy.Verdict{}, vm.Shape{}, time.Now()))
 	err := x.register(c, &request{reqID: "r1"}, "created: a fork of work", audit.Record{})
 	var rerr *RequestError
 	if !errors.As(err, &rerr) || rerr.Kind != ErrSessionBusy || !strings.Contains(rerr.Msg, `session "copy"`) {

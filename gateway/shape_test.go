@@ -28,7 +28,7 @@ func TestShapeOfVerdict(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("shape(%+v) = %+v, want %+v", tc.v.Limits, got, tc.want)
 		}
-		ss := newSession(newSessionRecord(sessionKey{"uid:1", "s"}, policy.Identity{}, tc.v, got, time.Now()), nil)
+		ss := newSession(newSessionRecord(sessionKey{"uid:1", "s"}, policy.Identity{}, tc.v, got, time.Now()))
 		if ss.Shape.Normal() != s.shape(tc.v) {
 			t.Errorf("a session of %+v does not match its own profile's shape: %+v", tc.v.Limits, ss.Shape)
 		}

@@ -46,8 +46,12 @@ import (
 // waits for it.
 const handBackPoll = 2 * time.Millisecond
 
-// handBackLimit bounds the wait for the guest agent's close.
-const handBackLimit = 30 * time.Second
+// handBackLimit bounds the wait for the guest agent's close. A guest
+// agent closes its port in milliseconds; one that does not (a guest root
+// stopped it) costs its own session, and must not cost the pause worker
+// that waits for it more than this: the stop pauses the sessions two at a
+// time within its grace period.
+const handBackLimit = 5 * time.Second
 
 // serialControlOut is the virtio-serial device's control queue from the
 // guest to the host (QEMU's c_ovq: after port 0's two queues and the

@@ -184,13 +184,26 @@ func (s *saving) close() {
 	}
 }
 
-// undo lets a VM whose save failed run again, as it ran before.
-func (s *saving) undo() error {
+// undoLimit bounds undo: a guest agent that does not answer a new
+// connection in this time (a guest root stopped it) has its VM killed.
+const undoLimit = 5 * time.Second
+
+// undo lets a VM whose save failed run again, as it ran before. A VM that
+// cannot (its QEMU or its guest agent does not answer within undoLimit)
+// is killed: it could not serve another command, and its owner learns
+// that it is gone rather than meet a session that hangs.
+func (s *saving) undo() (err error) {
 	if s.v.Gone() || (!s.stopped && !s.away) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), controlTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), undoLimit)
 	defer cancel()
+	defer func() {
+		if err != nil {
+			s.v.setCause(fmt.Errorf("%w: it could not run again after a failed save: %w", ErrAgentUnresponsive, err))
+			_ = s.v.Kill()
+		}
+	}()
 	if s.stopped {
 		q, err := dialQMP(ctx, filepath.Join(s.v.Dir, QMPSocket), s.v.exited)
 		if err != nil {
