@@ -37,8 +37,7 @@ func sessionField(raw json.RawMessage, key string) (string, error) {
 		return "", fmt.Errorf("%w: %q must be a string", shelltool.ErrArgs, key)
 	}
 	if !names.Session(name) {
-		return "", fmt.Errorf("%w: %q: %q is not a session name (1 to 64 of A-Z a-z 0-9 . _ -, not . or ..)",
-			shelltool.ErrArgs, key, name)
+		return "", fmt.Errorf("%w: %q: %q is not a session name (%s)", shelltool.ErrArgs, key, name, names.SessionRule)
 	}
 	return name, nil
 }

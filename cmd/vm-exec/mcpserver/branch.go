@@ -37,7 +37,7 @@ func (s *Server) addBranchTools() {
 		InputSchema: map[string]any{"type": "object", "properties": map[string]any{
 			"session": session,
 			"names": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": wire.MaxForks,
-				"description": "Names of the new sessions (1 to 64 of A-Z a-z 0-9 . _ -); generated when absent"},
+				"description": "Names of the new sessions (" + names.SessionRule + "); generated when absent"},
 			"count": map[string]any{"type": "integer", "minimum": 1, "maximum": wire.MaxForks, "description": "How many copies, when names are absent (default 1)"},
 		}, "required": []string{"session"}},
 		Annotations: annotations[ToolSessionFork],

@@ -78,6 +78,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/internal/version"
 )
 
@@ -173,7 +174,7 @@ func New(o Options) *Server {
 		InputSchema: map[string]any{
 			"type": "object",
 			"properties": map[string]any{
-				"name": map[string]any{"type": "string", "description": "Session name (1 to 64 of A-Z a-z 0-9 . _ -); generated when absent"},
+				"name": map[string]any{"type": "string", "description": "Session name (" + names.SessionRule + "); generated when absent"},
 			},
 		},
 		Annotations: annotations[ToolSessionStart],
