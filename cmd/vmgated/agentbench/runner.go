@@ -22,12 +22,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/gateway/gatewaytest"
-	"github.com/vmgate/vmgate/internal/procmem"
-
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
+	"github.com/vmgate/vmgate/gateway/inproc"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/procmem"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -280,7 +279,7 @@ func (o *Options) daemon(ctx context.Context) (*client.Client, func(), error) {
 	if o.Fork {
 		vms += o.Runs + 1 // a scenario's copies and its base live at once
 	}
-	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: dir, ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
+	d, err := inproc.Start(ctx, inproc.Options{Dir: dir, ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
 		Policy: BenchPolicy(vms, mem), MaxVMs: vms, PoolSize: min(o.Parallel, 2), Accel: o.Accel, Log: o.Log})
 	if err != nil {
 		os.RemoveAll(dir)

@@ -25,12 +25,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/gateway/gatewaytest"
-	"github.com/vmgate/vmgate/internal/procmem"
-
 	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/inproc"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/guest/agentproto"
+	"github.com/vmgate/vmgate/internal/procmem"
 	"github.com/vmgate/vmgate/isolate/cgroup"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
@@ -768,7 +767,7 @@ func throughput(ctx context.Context, c *client.Client, conc, n int) (Throughput,
 // function that waits until the pool of that shape is full. The daemon's
 // handshake failures are added to rep.
 func withDaemon(ctx context.Context, o ExecOptions, work, name string, pool int, network bool, rep *ExecReport, fn func(*client.Client, func() error) error) error {
-	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: filepath.Join(work, name), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
+	d, err := inproc.Start(ctx, inproc.Options{Dir: filepath.Join(work, name), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
 		Policy: withASLR(benchPolicy(maxVMs(o), network), o.GuestASLR), MaxVMs: maxVMs(o), PoolSize: pool, Ahead: o.Ahead, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
 	if err != nil {
 		return err

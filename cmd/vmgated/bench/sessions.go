@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/client"
-	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/gateway/inproc"
 	"github.com/vmgate/vmgate/gateway/wire"
 )
 
@@ -38,7 +38,7 @@ func sessionPolicy(maxVMs int) []byte {
 func (r *execRun) sessions(ctx context.Context) error {
 	o, rep := r.o, r.rep
 	n := max(o.ForkIdle, 4) + 2 // the copies, their parent, a spare
-	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: filepath.Join(r.work, "sessions"), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
+	d, err := inproc.Start(ctx, inproc.Options{Dir: filepath.Join(r.work, "sessions"), ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
 		Policy: withASLR(sessionPolicy(n), o.GuestASLR), MaxVMs: n, PoolSize: 1, Ahead: o.Ahead, Accel: o.Accel, TBSizeMiB: o.TBSizeMiB, Log: o.Log})
 	if err != nil {
 		return err
