@@ -365,7 +365,7 @@ func (p *Policy) DecideSession(id Identity, sessionNames ...string) Verdict {
 	}
 	for _, n := range sessionNames {
 		if !names.Session(n) {
-			return Verdict{Profile: prof.name, Reason: fmt.Sprintf("session name %s: must be 1 to 64 of [A-Za-z0-9._-], not . or ..", quote(n))}
+			return Verdict{Profile: prof.name, Reason: fmt.Sprintf("session name %s: must be %s", quote(n), names.SessionRule)}
 		}
 	}
 	return prof.allowed(Request{}, "sessions", "sessions are allowed", prof.limits.Timeout)
@@ -554,7 +554,7 @@ func checkRequest(req *Request) string {
 		return "an interactive shell takes no timeout: its limit is the profile's sessions.max_lifetime"
 	}
 	if req.Session != "" && !names.Session(req.Session) {
-		return fmt.Sprintf("session name %s: must be 1 to 64 of [A-Za-z0-9._-], not . or ..", quote(req.Session))
+		return fmt.Sprintf("session name %s: must be %s", quote(req.Session), names.SessionRule)
 	}
 	if req.Timeout < 0 {
 		return fmt.Sprintf("timeout %s: must not be negative", formatDuration(req.Timeout))

@@ -46,9 +46,29 @@ func (p *Policy) Explain() string {
 	return b.String()
 }
 
+// explain describes profile i of n: whom it matches, its guest and
+// limits, what its callers may do, its argv rules, and its relaxations.
 func (prof *profile) explain(b *strings.Builder, i, n int) {
-	l := &prof.limits
 	fmt.Fprintf(b, "%s (%d of %d)\n", prof.label(), i+1, n)
+	prof.explainGuest(b)
+	prof.explainAccess(b)
+	prof.explainArgv(b)
+	relax, notes := prof.relaxations()
+	if len(relax) > 0 {
+		b.WriteString("  relaxations:\n")
+		for _, r := range relax {
+			fmt.Fprintf(b, "    ! %s\n", r)
+		}
+	}
+	for _, nt := range notes {
+		fmt.Fprintf(b, "  note: %s\n", nt)
+	}
+}
+
+// explainGuest writes whom the profile matches, its guest, its limits
+// and its network.
+func (prof *profile) explainGuest(b *strings.Builder) {
+	l := &prof.limits
 	fmt.Fprintf(b, "  matches:  %s\n", prof.match.describe())
 	fmt.Fprintf(b, "  guest:    image %q, user %s, %d %s, %d MiB memory, %d MiB to write on its disk, network %s\n",
 		prof.image, prof.user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, l.DiskMiB, prof.network)
@@ -65,6 +85,12 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 			fmt.Fprintf(b, "  RELAXATION: network.allow_ranges %s: names may resolve into this range\n", p)
 		}
 	}
+}
+
+// explainAccess writes what the profile's callers may do besides argv:
+// shell strings, sessions, the audit log's rotation, SSH, environment.
+func (prof *profile) explainAccess(b *strings.Builder) {
+	l := &prof.limits
 	fmt.Fprintf(b, "  shell:    %s\n", yesNo(prof.allowShell, "allowed (vm-exec -c)", "not allowed"))
 	if l.AllowSessions {
 		fmt.Fprintf(b, "  sessions: %s\n", l.describeSessions())
@@ -89,26 +115,32 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 		env = "may pass " + env
 	}
 	fmt.Fprintf(b, "  env:      %s\n", env)
+}
 
-	switch {
-	case len(prof.deny) == 0 && len(prof.allow) == 0:
+// explainArgv writes the profile's argv rules, deny rules first.
+func (prof *profile) explainArgv(b *strings.Builder) {
+	if len(prof.deny) == 0 && len(prof.allow) == 0 {
 		b.WriteString("  argv:     any (no rules)\n")
-	default:
-		b.WriteString("  argv:     deny rules first (any match denies), then ")
-		if len(prof.allow) == 0 {
-			b.WriteString("anything else is allowed (no allow rules)\n")
-		} else {
-			b.WriteString("an allow rule must match\n")
-		}
-		for _, r := range prof.deny {
-			fmt.Fprintf(b, "    %s: %s\n", r.label(), r.describe())
-		}
-		for _, r := range prof.allow {
-			fmt.Fprintf(b, "    %s: %s\n", r.label(), r.describe())
-		}
+		return
 	}
+	b.WriteString("  argv:     deny rules first (any match denies), then ")
+	if len(prof.allow) == 0 {
+		b.WriteString("anything else is allowed (no allow rules)\n")
+	} else {
+		b.WriteString("an allow rule must match\n")
+	}
+	for _, r := range prof.deny {
+		fmt.Fprintf(b, "    %s: %s\n", r.label(), r.describe())
+	}
+	for _, r := range prof.allow {
+		fmt.Fprintf(b, "    %s: %s\n", r.label(), r.describe())
+	}
+}
 
-	var relax, notes []string
+// relaxations lists every setting of the profile that widens what its
+// callers can do, and notes on what a setting does not do (pure).
+func (prof *profile) relaxations() (relax, notes []string) {
+	l := &prof.limits
 	if prof.match.any {
 		relax = append(relax, "matches ANY caller whose uid has an account, including root (uid 0), and SSH keys that name it: write explicit profiles for your users")
 	}
@@ -145,15 +177,7 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 	case len(prof.env.prefixes) > 0 || len(prof.env.names) > 0:
 		relax = append(relax, "environment variables pass: "+prof.env.String())
 	}
-	if len(relax) > 0 {
-		b.WriteString("  relaxations:\n")
-		for _, r := range relax {
-			fmt.Fprintf(b, "    ! %s\n", r)
-		}
-	}
-	for _, nt := range notes {
-		fmt.Fprintf(b, "  note: %s\n", nt)
-	}
+	return relax, notes
 }
 
 func (m *matcher) describe() string {

@@ -69,7 +69,7 @@ func (p *Policy) DecidePublish(id Identity, req PublishRequest) Verdict {
 	pub := prof.limits.Publish
 	switch h := req.Host; {
 	case !names.Session(req.Session):
-		return deny("", fmt.Sprintf("session name %s: must be 1 to 64 of [A-Za-z0-9._-], not . or ..", quote(req.Session)))
+		return deny("", fmt.Sprintf("session name %s: must be %s", quote(req.Session), names.SessionRule))
 	case req.GuestPort < 1 || req.GuestPort > 65535:
 		return deny("", fmt.Sprintf("guest port %d: must be 1 to 65535", req.GuestPort))
 	case h.Unix == "" && !h.Addr.IsValid():

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/names"
 )
 
 // Reference returns the reference of the policy file format in Markdown,
@@ -380,7 +382,7 @@ var refDescriptions = map[string]string{
 		"Verdicts and the audit log name the profile by it, and an SSH authorized-keys entry names its profile with `profile=\"NAME\"`.",
 	"profile.match": "Whom the profile applies to. A caller matches when any of its keys matches; at least one key is required. " +
 		"Usually inline: `match = { groups = [\"vmgate-agents\"] }`.",
-	"profile.image": "Name of the guest image: 1 to 64 of `[A-Za-z0-9._-]`, starting with a letter or digit. " +
+	"profile.image": "Name of the guest image: " + strings.Replace(names.ImageRule, names.Charset, "`"+names.Charset+"`", 1) + ". " +
 		"`default` is the daemon's image (`vmgated serve --image`); any other NAME is `STATE/images/NAME`, built with `vmgated image build --name NAME` or imported with `vmgated image import --name NAME ROOTFS.tar` " +
 		"(`vmgated image list` shows them). Each image has its own templates and pools; vmgated refuses a policy naming an image that is not built, at start and at reload.",
 	"profile.user": fmt.Sprintf("Guest user that commands run as: `%q`, unprivileged, or `%q`, a relaxation that lets commands change the (disposable) guest system.",

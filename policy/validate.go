@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/policy/netrule"
 )
 
@@ -85,7 +86,6 @@ const (
 
 var (
 	nameRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
-	imageRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	sizeRE    = regexp.MustCompile(`^([0-9]+) ?(B|KiB|MiB|GiB)?$`)
 )
@@ -478,10 +478,10 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		return s
 	}
 	if d.Image != nil {
-		if imageRE.MatchString(*d.Image) {
+		if names.Image(*d.Image) {
 			s.image = d.Image
 		} else {
-			c.errorf("%s: image %q: must be 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit", label, *d.Image)
+			c.errorf("%s: image %q: must be %s", label, *d.Image, names.ImageRule)
 		}
 	}
 	if d.User != nil {

@@ -2,8 +2,9 @@
 // net/http/httptest runs a real server: its socket, state, audit log and
 // policy in a temporary directory, on the test image, with the test's
 // changes to the configuration; at the end of the test it is stopped and
-// nothing of it may be left. Every in-process daemon test uses it, and
-// the benchmarks use its daemon (Daemon: gateway.New, a listener, Serve).
+// nothing of it may be left. Every in-process daemon test uses it. The
+// daemon itself is gateway/inproc's (gateway.New, a listener, Serve),
+// which the benchmarks use without this package's test harness.
 package gatewaytest
 
 import (
@@ -19,10 +20,18 @@ import (
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/inproc"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm"
 )
+
+// Daemon is an in-process daemon (inproc.Daemon: its configuration,
+// socket, audit log, client, Stop, Reload, WaitPool) with a test's checks
+// and helpers.
+type Daemon struct {
+	*inproc.Daemon
+}
 
 // Start starts a daemon for t: its socket, state, audit log and (when
 // policy is not empty) policy file in a temporary directory, on the test
@@ -46,12 +55,13 @@ func Start(t testing.TB, policy string, mutate func(*gateway.Config)) *Daemon {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	d, err := Serve(context.Background(), cfg)
+	d, err := inproc.Serve(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("daemon: %v", err)
 	}
-	t.Cleanup(func() { d.StopAndCheck(t) })
-	return d
+	td := &Daemon{Daemon: d}
+	t.Cleanup(func() { td.StopAndCheck(t) })
+	return td
 }
 
 // StopAndCheck stops the daemon and checks that nothing of it is left: no

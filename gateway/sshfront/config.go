@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/names"
 )
 
 // Config configures the SSH front door (see the package doc). The zero
@@ -168,21 +170,17 @@ func mustAtoi(s string) int {
 // any other login runs each command in a fresh VM.
 const SessionLoginPrefix = "session-"
 
-// maxSessionName bounds a session name taken from a login.
-const maxSessionName = 64
-
 // SessionFromLogin is the session a login name selects: "" for a login
-// without the prefix, or an error for a name outside [A-Za-z0-9._-]{1,64}
-// (the characters llama-server allows in an SSH target), so that no
-// session name carries anything but those.
+// without the prefix, or an error for a name that is not a session name
+// (names.Session: characters llama-server allows in an SSH target), so
+// that no session name carries anything but those.
 func SessionFromLogin(user string) (string, error) {
 	name, ok := strings.CutPrefix(user, SessionLoginPrefix)
 	if !ok {
 		return "", nil
 	}
-	if name == "" || len(name) > maxSessionName || strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != "" ||
-		name == "." || name == ".." {
-		return "", fmt.Errorf("login %q: a session name is 1 to %d of [A-Za-z0-9._-]", truncate(user, 80), maxSessionName)
+	if !names.Session(name) {
+		return "", fmt.Errorf("login %q: a session name is %s", truncate(user, 80), names.SessionRule)
 	}
 	return name, nil
 }

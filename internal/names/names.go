@@ -6,7 +6,9 @@
 // layer before a name becomes part of a path. One home keeps them equal.
 //
 // Both rules keep a name safe as one path element and as an SSH login:
-// 1 to 64 of [A-Za-z0-9._-], never "." or "..".
+// 1 to 64 of [A-Za-z0-9._-], never "." or "..". SessionRule and ImageRule
+// are their texts, for every message, schema and reference that states
+// them.
 package names
 
 import (
@@ -21,6 +23,14 @@ const MaxLen = 64
 // Charset is the characters a name may use, as the error messages spell
 // them.
 const Charset = "[A-Za-z0-9._-]"
+
+// SessionRule is the rule of Session as a message states it, e.g.
+// "session name %q: must be " + SessionRule. (64 is MaxLen: a constant
+// string cannot be made of an integer constant; TestRules ties them.)
+const SessionRule = "1 to 64 of " + Charset + ", not . or .."
+
+// ImageRule is the rule of Image as a message states it.
+const ImageRule = "1 to 64 of " + Charset + ", starting with a letter or digit"
 
 // plain reports whether r is a letter or a digit.
 func plain(r rune) bool {

@@ -1,6 +1,8 @@
 package names
 
 import (
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -23,6 +25,32 @@ func TestImage(t *testing.T) {
 	} {
 		if Image(s) != ok {
 			t.Errorf("Image(%q) = %v, want %v", s, !ok, ok)
+		}
+	}
+}
+
+// TestRules: the rules' texts say what Session and Image check: the
+// bound MaxLen, the characters of Charset (one character names: every
+// one of Charset but "." is a session name, no other is), and Image's
+// first character.
+func TestRules(t *testing.T) {
+	bound := fmt.Sprintf("1 to %d of %s, ", MaxLen, Charset)
+	for _, r := range []string{SessionRule, ImageRule} {
+		if !strings.HasPrefix(r, bound) {
+			t.Errorf("rule %q does not start with %q", r, bound)
+		}
+	}
+	if !strings.HasSuffix(SessionRule, "not . or ..") || !strings.HasSuffix(ImageRule, "starting with a letter or digit") {
+		t.Errorf("rules %q, %q", SessionRule, ImageRule)
+	}
+	charset := regexp.MustCompile("^" + Charset + "$")
+	for c := range 256 {
+		s := string(rune(c))
+		if want := charset.MatchString(s) && s != "."; Session(s) != want {
+			t.Errorf("Session(%q) = %v, want %v (Charset %s)", s, !want, want, Charset)
+		}
+		if want := charset.MatchString(s) && !strings.ContainsAny(s, "._-"); Image(s) != want {
+			t.Errorf("Image(%q) = %v, want %v", s, !want, want)
 		}
 	}
 }

@@ -37,8 +37,7 @@ func sessionField(raw json.RawMessage, key string) (string, error) {
 		return "", fmt.Errorf("%w: %q must be a string", shelltool.ErrArgs, key)
 	}
 	if !names.Session(name) {
-		return "", fmt.Errorf("%w: %q: %q is not a session name (1 to 64 of A-Z a-z 0-9 . _ -, not . or ..)",
-			shelltool.ErrArgs, key, name)
+		return "", fmt.Errorf("%w: %q: %q is not a session name (%s)", shelltool.ErrArgs, key, name, names.SessionRule)
 	}
 	return name, nil
 }
@@ -52,9 +51,22 @@ func requiredSession(raw json.RawMessage, key string) (string, error) {
 	return name, err
 }
 
+// startArgs are session_start's arguments (parseStart): the schema's
+// source.
+type startArgs struct {
+	Name string `json:"name,omitempty"` // its description holds names.SessionRule
+}
+
 // parseStart decodes session_start's arguments: an optional "name". An
 // empty result means "generate one".
 func parseStart(raw json.RawMessage) (string, error) { return sessionField(raw, "name") }
+
+// sessionArgs are the arguments of a tool that takes a session and
+// nothing else, session_end's and session_pause's (requiredSession): the
+// schema's source.
+type sessionArgs struct {
+	Session string `json:"session" jsonschema:"Session name"`
+}
 
 // parseSessionExec decodes session_exec's arguments: "session" plus
 // exec_shell_command's own, parsed by shelltool.ParseArgs.
@@ -84,12 +96,22 @@ func newSessionName() string {
 	return sessionNamePrefix + hex.EncodeToString(b)
 }
 
+// sessionExecArgs is what session_exec adds to exec_shell_command's
+// arguments (parseSessionExec): the source of its part of the schema.
+type sessionExecArgs struct {
+	Session string `json:"session" jsonschema:"Session name returned by session_start"`
+}
+
 // sessionExecSchema is session_exec's input schema: exec_shell_command's
-// with a required "session".
+// (written by hand: it mirrors llama.cpp's tool) with sessionExecArgs'
+// properties, required before its own.
 func sessionExecSchema() map[string]any {
 	s := shelltool.Schema()
+	own := schemaFor[sessionExecArgs](nil)
 	props := s["properties"].(map[string]any)
-	props["session"] = map[string]any{"type": "string", "description": "Session name returned by session_start"}
-	s["required"] = []string{"session", "command"}
+	for k, p := range own.Properties {
+		props[k] = p
+	}
+	s["required"] = append(own.Required, s["required"].([]string)...)
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
@@ -22,24 +23,22 @@ const (
 
 // addBranchTools registers session_pause and session_fork.
 func (s *Server) addBranchTools() {
-	session := map[string]any{"type": "string", "description": "Session name"}
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionPause,
 		Description: "Pause a session to disk while you think: its VM is freed, and its next session_exec (or file tool) resumes it with " +
 			"everything it had (files, installed packages, running background processes), with a fresh clock.",
-		InputSchema: map[string]any{"type": "object", "properties": map[string]any{"session": session}, "required": []string{"session"}},
+		InputSchema: schemaFor[sessionArgs](nil),
 		Annotations: annotations[ToolSessionPause],
 	}, s.wrap(s.sessionPause))
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionFork,
 		Description: "Fork a session into new sessions, each a copy of its state now (files, processes), to try several fixes from the " +
 			"same point. The session keeps running; the copies never see each other's changes. Returns the new sessions' names, one per line.",
-		InputSchema: map[string]any{"type": "object", "properties": map[string]any{
-			"session": session,
-			"names": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": wire.MaxForks,
-				"description": "Names of the new sessions (1 to 64 of A-Z a-z 0-9 . _ -); generated when absent"},
-			"count": map[string]any{"type": "integer", "minimum": 1, "maximum": wire.MaxForks, "description": "How many copies, when names are absent (default 1)"},
-		}, "required": []string{"session"}},
+		InputSchema: schemaFor[forkArgs](func(p map[string]*jsonschema.Schema) {
+			p["names"].Description = "Names of the new sessions (" + names.SessionRule + "); generated when absent"
+			p["names"].MaxItems = ptr(wire.MaxForks)
+			p["count"].Minimum, p["count"].Maximum = float(1), float(wire.MaxForks)
+		}),
 		Annotations: annotations[ToolSessionFork],
 	}, s.wrap(s.sessionFork))
 }
@@ -59,11 +58,11 @@ func (s *Server) sessionPause(ctx context.Context, req *mcp.CallToolRequest) *mc
 	return textResult(fmt.Sprintf("session %q paused (%d MiB on disk); its next command resumes it", name, ss.DiskBytes>>20), false)
 }
 
-// forkArgs are session_fork's arguments.
+// forkArgs are session_fork's arguments, and its schema's source.
 type forkArgs struct {
-	Session string   `json:"session"`
-	Names   []string `json:"names"`
-	Count   int      `json:"count"`
+	Session string   `json:"session" jsonschema:"Session name"`
+	Names   []string `json:"names,omitempty"` // at most wire.MaxForks, each names.Session
+	Count   int      `json:"count,omitempty" jsonschema:"How many copies, when names are absent (default 1)"`
 }
 
 // parseFork decodes session_fork's arguments (pure).

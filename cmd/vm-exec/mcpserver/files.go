@@ -12,6 +12,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/vmgate/vmgate/gateway/client"
@@ -35,17 +36,25 @@ const (
 	maxPath     = 4096
 )
 
+// writeArgs are session_write_file's arguments, and its schema's source.
 type writeArgs struct {
-	Session  string `json:"session"`
-	Path     string `json:"path"`
-	Content  string `json:"content"`
-	Encoding string `json:"encoding"` // "text" (default) or "base64"
+	Session  string `json:"session" jsonschema:"Session name, from session_start"`
+	Path     string `json:"path" jsonschema:"Absolute path in the session's VM"`
+	Content  string `json:"content" jsonschema:"The file's content"`
+	Encoding string `json:"encoding,omitempty" jsonschema:"How content is written (default text)"`
 }
 
+// writeArgs.Encoding's values; "" is encodingText.
+const (
+	encodingText   = "text"
+	encodingBase64 = "base64"
+)
+
+// readArgs are session_read_file's arguments, and its schema's source.
 type readArgs struct {
-	Session  string `json:"session"`
-	Path     string `json:"path"`
-	MaxBytes *int   `json:"max_bytes"`
+	Session  string `json:"session" jsonschema:"Session name, from session_start"`
+	Path     string `json:"path" jsonschema:"Absolute path in the session's VM"`
+	MaxBytes *int   `json:"max_bytes,omitempty"` // 1 to maxRead, default defaultRead
 }
 
 // guestPath checks a path the model names in the guest: absolute, clean
@@ -90,8 +99,8 @@ func parseWrite(raw json.RawMessage) (string, string, []byte, error) {
 	}
 	data := []byte(a.Content)
 	switch a.Encoding {
-	case "", "text":
-	case "base64":
+	case "", encodingText:
+	case encodingBase64:
 		if data, err = base64.StdEncoding.DecodeString(a.Content); err != nil {
 			return "", "", nil, fmt.Errorf("%w: \"content\" is not base64: %v", shelltool.ErrArgs, err)
 		}
@@ -222,35 +231,22 @@ func (s *Server) sessionReadFile(ctx context.Context, req *mcp.CallToolRequest) 
 }
 
 func (s *Server) addFileTools() {
-	sessionProp := map[string]any{"type": "string", "description": "Session name, from session_start"}
-	pathProp := map[string]any{"type": "string", "description": "Absolute path in the session's VM"}
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionWriteFile,
 		Description: fmt.Sprintf("Write a file in a session's VM (created with its parent directories, or replaced), from content given as is: "+
 			"no shell quoting. At most %d bytes per call; binary content as base64 with encoding \"base64\".", maxWrite),
-		InputSchema: map[string]any{
-			"type": "object",
-			"properties": map[string]any{
-				"session": sessionProp, "path": pathProp,
-				"content":  map[string]any{"type": "string", "description": "The file's content"},
-				"encoding": map[string]any{"type": "string", "enum": []string{"text", "base64"}, "description": "How content is written (default text)"},
-			},
-			"required": []string{"session", "path", "content"},
-		},
+		InputSchema: schemaFor[writeArgs](func(p map[string]*jsonschema.Schema) {
+			p["encoding"].Enum = []any{encodingText, encodingBase64}
+		}),
 		Annotations: annotations[ToolSessionWriteFile],
 	}, s.wrap(s.sessionWriteFile))
 	s.mcp.AddTool(&mcp.Tool{
 		Name: ToolSessionReadFile,
 		Description: fmt.Sprintf("Read a file in a session's VM: its text, or base64 (marked [base64]) when it is not UTF-8; "+
 			"at most max_bytes (default %d, at most %d), with a note when cut.", defaultRead, maxRead),
-		InputSchema: map[string]any{
-			"type": "object",
-			"properties": map[string]any{
-				"session": sessionProp, "path": pathProp,
-				"max_bytes": map[string]any{"type": "integer", "minimum": 1, "maximum": maxRead},
-			},
-			"required": []string{"session", "path"},
-		},
+		InputSchema: schemaFor[readArgs](func(p map[string]*jsonschema.Schema) {
+			p["max_bytes"].Minimum, p["max_bytes"].Maximum = float(1), float(maxRead)
+		}),
 		Annotations: annotations[ToolSessionReadFile],
 	}, s.wrap(s.sessionReadFile))
 }

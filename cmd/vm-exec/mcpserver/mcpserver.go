@@ -73,11 +73,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/internal/version"
 )
 
@@ -170,22 +172,15 @@ func New(o Options) *Server {
 		Name: ToolSessionStart,
 		Description: "Start a session: a disposable Linux VM kept across session_exec calls (files and installed packages stay; " +
 			"each command starts in the same initial directory) until session_end. Returns the session's name.",
-		InputSchema: map[string]any{
-			"type": "object",
-			"properties": map[string]any{
-				"name": map[string]any{"type": "string", "description": "Session name (1 to 64 of A-Z a-z 0-9 . _ -); generated when absent"},
-			},
-		},
+		InputSchema: schemaFor[startArgs](func(p map[string]*jsonschema.Schema) {
+			p["name"].Description = "Session name (" + names.SessionRule + "); generated when absent"
+		}),
 		Annotations: annotations[ToolSessionStart],
 	}, s.wrap(s.sessionStart))
 	s.mcp.AddTool(&mcp.Tool{
 		Name:        ToolSessionEnd,
 		Description: "End a session started with session_start: its VM is destroyed, with everything in it.",
-		InputSchema: map[string]any{
-			"type":       "object",
-			"properties": map[string]any{"session": map[string]any{"type": "string", "description": "Session name"}},
-			"required":   []string{"session"},
-		},
+		InputSchema: schemaFor[sessionArgs](nil),
 		Annotations: annotations[ToolSessionEnd],
 	}, s.wrap(s.sessionEnd))
 	s.addFileTools()
@@ -209,7 +204,7 @@ func (s *Server) addExecTools(openWorld bool) {
 		Name:         ToolSessionExec,
 		Description:  shelltool.Description + " The command runs as `sh -c` in the VM of a session started with session_start.",
 		InputSchema:  sessionExecSchema(),
-		OutputSchema: execOutputSchema(),
+		OutputSchema: schemaFor[ExecOutput](nil),
 		Annotations:  withOpenWorld(annotations[ToolSessionExec], openWorld),
 	}, s.wrap(s.sessionExec))
 	s.mcp.AddTool(&mcp.Tool{
@@ -217,7 +212,7 @@ func (s *Server) addExecTools(openWorld bool) {
 		Description: shelltool.Description + " The command runs as `sh -c` in a fresh disposable Linux VM, destroyed afterwards: " +
 			"nothing carries over to the next call (use the session tools for that).",
 		InputSchema:  shelltool.Schema(),
-		OutputSchema: execOutputSchema(),
+		OutputSchema: schemaFor[ExecOutput](nil),
 		Annotations:  withOpenWorld(annotations[shelltool.Name], openWorld),
 	}, s.wrap(s.execShellCommand))
 }

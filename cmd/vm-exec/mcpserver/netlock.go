@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
@@ -26,19 +27,17 @@ func (s *Server) addNetLockTool() {
 		Description: "Lock a session's network for the rest of its life, e.g. once its dependencies are installed: only the egress rules in " +
 			"\"allow\" (HOST:PORT, *.DOMAIN:PORT, CIDR:PORT; PORT may be *), none meaning no network at all. The rules must be within what " +
 			"the operator's policy grants and within any earlier lock: a lock can only narrow, never widen. It holds across pauses and forks.",
-		InputSchema: map[string]any{"type": "object", "properties": map[string]any{
-			"session": map[string]any{"type": "string", "description": "Session name"},
-			"allow": map[string]any{"type": "array", "items": map[string]any{"type": "string"}, "maxItems": maxLockRules,
-				"description": "Egress rules still allowed; empty or absent: no network"},
-		}, "required": []string{"session"}},
+		InputSchema: schemaFor[netLockArgs](func(p map[string]*jsonschema.Schema) {
+			p["allow"].MaxItems = ptr(maxLockRules)
+		}),
 		Annotations: annotations[ToolSessionNetLock],
 	}, s.wrap(s.sessionNetLock))
 }
 
-// netLockArgs are session_net_lock's arguments.
+// netLockArgs are session_net_lock's arguments, and its schema's source.
 type netLockArgs struct {
-	Session string   `json:"session"`
-	Allow   []string `json:"allow"`
+	Session string   `json:"session" jsonschema:"Session name"`
+	Allow   []string `json:"allow,omitempty" jsonschema:"Egress rules still allowed; empty or absent: no network"`
 }
 
 // parseNetLock decodes session_net_lock's arguments (pure); the gateway

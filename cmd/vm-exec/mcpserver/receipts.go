@@ -89,6 +89,11 @@ func withRequestID(res *mcp.CallToolResult, o shelltool.Outcome) *mcp.CallToolRe
 
 var requestIDRE = regexp.MustCompile(`^[0-9a-f]{1,64}$`)
 
+// receiptArgs are the receipt tool's arguments, and its schema's source.
+type receiptArgs struct {
+	RequestID *string `json:"request_id,omitempty" jsonschema:"The command's request id (default: the latest command)"`
+}
+
 // parseReceiptArgs decodes the receipt tool's arguments: an optional
 // request_id (hex, as the gateway makes them).
 func parseReceiptArgs(raw json.RawMessage) (string, error) {
@@ -96,9 +101,7 @@ func parseReceiptArgs(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return "", nil
 	}
-	var a struct {
-		RequestID *string `json:"request_id"`
-	}
+	var a receiptArgs
 	if err := json.Unmarshal(raw, &a); err != nil {
 		return "", fmt.Errorf("%w: want {\"request_id\": \"…\"}: %v", shelltool.ErrArgs, err)
 	}
@@ -119,12 +122,7 @@ func (s *Server) addReceiptTool() {
 			" (by its request_id, found in the tool result's _meta \"" + MetaRequestID + "\"; the latest command's without one): " +
 			"a JSON document, signed by the gateway, of what ran, in which image under which policy, what it printed and how it ended; " +
 			"`vmgated receipt verify` checks it offline.",
-		InputSchema: map[string]any{
-			"type": "object",
-			"properties": map[string]any{
-				"request_id": map[string]any{"type": "string", "description": "The command's request id (default: the latest command)"},
-			},
-		},
+		InputSchema: schemaFor[receiptArgs](nil),
 	}, s.wrap(s.receipt))
 }
 

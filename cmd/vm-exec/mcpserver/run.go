@@ -144,53 +144,32 @@ func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, out *li
 }
 
 // ExecOutput is the structured result of exec_shell_command and
-// session_exec (the tools' outputSchema): what the text result says, as
-// fields.
+// session_exec: what the text result says, as fields. The tools'
+// outputSchema is derived from it (schemaFor): its json tags name the
+// properties, the ones without omitempty are required, its jsonschema
+// tags describe them.
 type ExecOutput struct {
 	// ExitCode is the command's exit code as a shell reports it: its
 	// own, or 128+N when signal N ended it (a command killed at its time
 	// limit: 137). The text result says 1 after a timeout, as
 	// llama-server's tool does; timed_out tells.
-	ExitCode int `json:"exit_code"`
+	ExitCode int `json:"exit_code" jsonschema:"Exit code as a shell reports it: the command's own, or 128+N when signal N ended it"`
 	// Signal names the signal that ended the command ("KILL"), if any.
-	Signal string `json:"signal,omitempty"`
+	Signal string `json:"signal,omitempty" jsonschema:"Signal that ended the command (KILL, TERM, …), if any"`
 	// Output is stdout and stderr combined, as they arrived, cut at
 	// max_output_size (bytes that are not UTF-8 shown as U+FFFD).
-	Output    string `json:"output"`
-	Truncated bool   `json:"truncated"`
-	TimedOut  bool   `json:"timed_out"`
+	Output    string `json:"output" jsonschema:"stdout and stderr combined, cut at max_output_size"`
+	Truncated bool   `json:"truncated" jsonschema:"Output beyond max_output_size was dropped"`
+	TimedOut  bool   `json:"timed_out" jsonschema:"The time limit killed the command"`
 	// DurationMS is the command's run time in the VM; TotalMS adds the
 	// wait for a VM and its start.
-	DurationMS int64 `json:"duration_ms"`
-	TotalMS    int64 `json:"total_ms"`
+	DurationMS int64 `json:"duration_ms" jsonschema:"The command's run time in the VM, in milliseconds"`
+	TotalMS    int64 `json:"total_ms" jsonschema:"The whole call, including the wait for a VM and its start, in milliseconds"`
 	// VM is the VM's id, RequestID the gateway's id of the request (the
 	// audit log's request_id).
-	VM        string `json:"vm"`
-	RequestID string `json:"request_id"`
-	Session   string `json:"session,omitempty"`
-}
-
-// execOutputSchema is ExecOutput's JSON schema.
-func execOutputSchema() map[string]any {
-	str := func(d string) map[string]any { return map[string]any{"type": "string", "description": d} }
-	integer := func(d string) map[string]any { return map[string]any{"type": "integer", "description": d} }
-	boolean := func(d string) map[string]any { return map[string]any{"type": "boolean", "description": d} }
-	return map[string]any{
-		"type": "object",
-		"properties": map[string]any{
-			"exit_code":   integer("Exit code as a shell reports it: the command's own, or 128+N when signal N ended it"),
-			"signal":      str("Signal that ended the command (KILL, TERM, …), if any"),
-			"output":      str("stdout and stderr combined, cut at max_output_size"),
-			"truncated":   boolean("Output beyond max_output_size was dropped"),
-			"timed_out":   boolean("The time limit killed the command"),
-			"duration_ms": integer("The command's run time in the VM, in milliseconds"),
-			"total_ms":    integer("The whole call, including the wait for a VM and its start, in milliseconds"),
-			"vm":          str("The VM's id"),
-			"request_id":  str("The gateway's request id (request_id in its audit log)"),
-			"session":     str("The session the command ran in, if any"),
-		},
-		"required": []string{"exit_code", "output", "truncated", "timed_out", "duration_ms", "total_ms", "vm", "request_id"},
-	}
+	VM        string `json:"vm" jsonschema:"The VM's id"`
+	RequestID string `json:"request_id" jsonschema:"The gateway's request id (request_id in its audit log)"`
+	Session   string `json:"session,omitempty" jsonschema:"The session the command ran in, if any"`
 }
 
 // runShell runs a's command through the gateway, in session's VM or a

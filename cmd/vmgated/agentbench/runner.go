@@ -22,12 +22,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/gateway/gatewaytest"
-	"github.com/vmgate/vmgate/internal/procmem"
-
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/client/shelltool"
+	"github.com/vmgate/vmgate/gateway/inproc"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/procmem"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -124,12 +123,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	if err := os.MkdirAll(filepath.Join(o.Out, "traces"), 0o755); err != nil {
-		return nil, err
-	}
-	resf, err := os.OpenFile(filepath.Join(o.Out, "results.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	resf, err := o.createResults()
 	if err != nil {
-		return nil, fmt.Errorf("results: %w (use a new --out directory)", err)
+		return nil, err
 	}
 	defer resf.Close()
 
@@ -142,11 +138,44 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	forks := newForks(o.Scenarios)
-
-	type job struct {
-		sc  *Scenario
-		run int
+	started := time.Now()
+	results, err := o.runTrials(ctx, c, forks, o.jobs(), json.NewEncoder(resf))
+	if err != nil {
+		return nil, err
 	}
+	s := Summarize(results)
+	s.Started, s.Seconds = started, math.Round(time.Since(started).Seconds()*10)/10
+	s.Forks = forks.summaries(o.Scenarios)
+	if err := WriteSummary(o.Out, s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// createResults makes the output directory (with traces/) and creates
+// its results.jsonl, which must not exist yet.
+func (o *Options) createResults() (*os.File, error) {
+	if err := os.MkdirAll(filepath.Join(o.Out, "traces"), 0o755); err != nil {
+		return nil, err
+	}
+	resf, err := os.OpenFile(filepath.Join(o.Out, "results.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("results: %w (use a new --out directory)", err)
+	}
+	return resf, nil
+}
+
+// job is one trial to run: run number run of scenario sc.
+type job struct {
+	sc  *Scenario
+	run int
+}
+
+// jobs are the run's trials, every scenario's Runs of them, shuffled by
+// Seed. With --fork, a scenario's runs go one after the other, so that
+// its copies (made when its first run starts) live only as long as its
+// trials.
+func (o *Options) jobs() []job {
 	var jobs []job
 	for _, sc := range o.Scenarios {
 		for run := 1; run <= o.Runs; run++ {
@@ -157,72 +186,92 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if !o.Fork {
 		rng.Shuffle(len(jobs), func(i, j int) { jobs[i], jobs[j] = jobs[j], jobs[i] })
 	}
-	// With --fork, a scenario's runs go one after the other, so that its
-	// copies (made when its first run starts) live only as long as its
-	// trials.
+	return jobs
+}
 
-	started := time.Now()
-	var (
-		mu      sync.Mutex
-		results []TrialResult
-		werr    error
-		next    int
-		wg      sync.WaitGroup
-	)
-	enc := json.NewEncoder(resf)
+// runTrials runs jobs on Parallel workers and returns their results in
+// the order they finished, each also written to enc (results.jsonl) as
+// it comes. An interrupted run (ctx done) returns ctx's error: a trial
+// cut short says nothing and is not recorded.
+func (o *Options) runTrials(ctx context.Context, c *client.Client, forks *forks, jobs []job, enc *json.Encoder) ([]TrialResult, error) {
+	q := &trialQueue{progress: o.Progress, enc: enc, jobs: jobs}
+	var wg sync.WaitGroup
 	for range min(o.Parallel, len(jobs)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
-				mu.Lock()
-				if next >= len(jobs) || ctx.Err() != nil {
-					mu.Unlock()
+				j, ok := q.take(ctx)
+				if !ok {
 					return
 				}
-				j := jobs[next]
-				next++
-				if o.Progress != nil {
-					fmt.Fprintf(o.Progress, "        %s run %d: started (%d running, %d waiting)\n", j.sc.ID, j.run,
-						next-len(results), len(jobs)-next)
-				}
-				mu.Unlock()
-				var r TrialResult
-				if f, err := forks.get(ctx, &o, c, j.sc); err != nil {
-					r = TrialResult{Scenario: j.sc.ID, Title: j.sc.Title, Category: j.sc.Category, Difficulty: j.sc.Difficulty, Run: j.run,
-						Agent: o.AgentName, Model: o.Model, FailureMode: FailHarness, Error: err.Error()}
-				} else {
-					r = o.trial(ctx, c, j.sc, j.run, f)
-				}
+				r := o.runJob(ctx, c, forks, j)
 				if ctx.Err() != nil {
 					return // interrupted: the trial says nothing
 				}
-				mu.Lock()
-				results = append(results, r)
-				if err := enc.Encode(r); err != nil && werr == nil {
-					werr = fmt.Errorf("results: %w", err)
-				}
-				if o.Progress != nil {
-					fmt.Fprintf(o.Progress, "[%d/%d] %s\n", len(results), len(jobs), progressLine(r))
-				}
-				mu.Unlock()
+				q.record(r)
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	if werr != nil {
-		return nil, werr
+	if q.werr != nil {
+		return nil, q.werr
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s := Summarize(results)
-	s.Started, s.Seconds = started, math.Round(time.Since(started).Seconds()*10)/10
-	s.Forks = forks.summaries(o.Scenarios)
-	if err := WriteSummary(o.Out, s); err != nil {
-		return nil, err
+	return q.results, nil
+}
+
+// runJob runs j's trial; with --fork in a copy of its scenario's
+// injected state, whose failure is the trial's harness error.
+func (o *Options) runJob(ctx context.Context, c *client.Client, forks *forks, j job) TrialResult {
+	f, err := forks.get(ctx, o, c, j.sc)
+	if err != nil {
+		return TrialResult{Scenario: j.sc.ID, Title: j.sc.Title, Category: j.sc.Category, Difficulty: j.sc.Difficulty, Run: j.run,
+			Agent: o.AgentName, Model: o.Model, FailureMode: FailHarness, Error: err.Error()}
 	}
-	return s, nil
+	return o.trial(ctx, c, j.sc, j.run, f)
+}
+
+// trialQueue hands the jobs to the workers one at a time and records
+// their results, with a progress line for each.
+type trialQueue struct {
+	progress io.Writer // nil: no progress lines
+	enc      *json.Encoder
+
+	mu      sync.Mutex
+	jobs    []job
+	next    int // the next job to hand out
+	results []TrialResult
+	werr    error // the first failed write to enc
+}
+
+// take returns the next job, or false when none is left or ctx is done.
+func (q *trialQueue) take(ctx context.Context) (job, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.next >= len(q.jobs) || ctx.Err() != nil {
+		return job{}, false
+	}
+	j := q.jobs[q.next]
+	q.next++
+	if q.progress != nil {
+		fmt.Fprintf(q.progress, "        %s run %d: started (%d running, %d waiting)\n", j.sc.ID, j.run,
+			q.next-len(q.results), len(q.jobs)-q.next)
+	}
+	return j, true
+}
+
+// record keeps r and writes it to results.jsonl.
+func (q *trialQueue) record(r TrialResult) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.results = append(q.results, r)
+	if err := q.enc.Encode(r); err != nil && q.werr == nil {
+		q.werr = fmt.Errorf("results: %w", err)
+	}
+	if q.progress != nil {
+		fmt.Fprintf(q.progress, "[%d/%d] %s\n", len(q.results), len(q.jobs), progressLine(r))
+	}
 }
 
 func progressLine(r TrialResult) string {
@@ -280,7 +329,7 @@ func (o *Options) daemon(ctx context.Context) (*client.Client, func(), error) {
 	if o.Fork {
 		vms += o.Runs + 1 // a scenario's copies and its base live at once
 	}
-	d, err := gatewaytest.StartDaemon(ctx, gatewaytest.DaemonOptions{Dir: dir, ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
+	d, err := inproc.Start(ctx, inproc.Options{Dir: dir, ImageDir: o.ImageDir, TemplateDir: o.TemplateDir,
 		Policy: BenchPolicy(vms, mem), MaxVMs: vms, PoolSize: min(o.Parallel, 2), Accel: o.Accel, Log: o.Log})
 	if err != nil {
 		os.RemoveAll(dir)

@@ -118,7 +118,7 @@ func templateDigests(dir string) map[string]int {
 // place for --name (the default image without one).
 func imageTarget(state, out, name string) (string, error) {
 	if name != "" && !names.Image(name) {
-		return "", fmt.Errorf("%w: --name %q: an image name is 1 to 64 of [A-Za-z0-9._-], starting with a letter or digit", errUsage, name)
+		return "", fmt.Errorf("%w: --name %q: an image name is %s", errUsage, name, names.ImageRule)
 	}
 	if out != "" {
 		if name != "" {

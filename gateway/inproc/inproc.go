@@ -1,4 +1,13 @@
-package gatewaytest
+// Package inproc runs the real daemon in this process, on a Unix socket
+// of its own: gateway.New, a listener, Serve in a goroutine, a client.
+// The benchmarks (vmgated bench exec, bench agent) measure through it,
+// and gateway/gatewaytest builds every in-process daemon test on it.
+//
+// It is part of the vmgated binary, so it imports no testing package
+// (cmd/vmgated's deps test holds that): what only a test needs (a test's
+// cleanup, the check that nothing of the daemon is left) lives in
+// gatewaytest.
+package inproc
 
 import (
 	"context"
@@ -15,8 +24,8 @@ import (
 	"github.com/vmgate/vmgate/vm"
 )
 
-// DaemonOptions configures an in-process vmgated for a benchmark.
-type DaemonOptions struct {
+// Options configures a daemon for a benchmark (Start).
+type Options struct {
 	Dir         string // socket, state, audit log and policy go here
 	ImageDir    string
 	TemplateDir string
@@ -30,9 +39,7 @@ type DaemonOptions struct {
 }
 
 // Daemon is the real gateway serving in this process on a Unix socket of
-// its own: gateway.New, a listener, Serve in a goroutine, a client. Every
-// in-process daemon test uses it (Start), and so do the benchmarks
-// (StartDaemon, Serve).
+// its own, and a client of it.
 type Daemon struct {
 	Config    gateway.Config
 	Socket    string
@@ -44,8 +51,8 @@ type Daemon struct {
 	done   chan error
 }
 
-// StartDaemon writes o's policy into o.Dir and starts a daemon there.
-func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
+// Start writes o's policy into o.Dir and starts a daemon there.
+func Start(ctx context.Context, o Options) (*Daemon, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -70,8 +77,8 @@ func Serve(ctx context.Context, cfg gateway.Config) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	var ln net.Listener
-	if ln, _, err = gateway.Listen(cfg, cfg.Log); err != nil {
+	ln, err := listen(cfg.Socket, cfg.SocketMode)
+	if err != nil {
 		_ = srv.Close()
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -80,6 +87,30 @@ func Serve(ctx context.Context, cfg gateway.Config) (*Daemon, error) {
 		srv: srv, cancel: cancel, done: make(chan error, 1)}
 	go func() { d.done <- srv.Serve(sctx, ln) }()
 	return d, nil
+}
+
+// listen creates the daemon's socket at path with mode (0: 0660, as
+// gateway.Config's default). It never takes a socket systemd passed to
+// this process: a daemon in a benchmark or a test is not the service.
+// The socket's directory is the caller's own (a temporary or work
+// directory), so no other user can reach the socket before its mode is
+// set.
+func listen(path string, mode os.FileMode) (net.Listener, error) {
+	if mode == 0 {
+		mode = 0o660
+	}
+	if len(path) >= 108 {
+		return nil, fmt.Errorf("socket path %s is too long (max 107 bytes)", path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	return ln, nil
 }
 
 // Stop shuts the daemon down (running commands get its grace period),
