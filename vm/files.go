@@ -1,7 +1,8 @@
 package vm
 
 // Files of templates (and saved VMs): moved across filesystems with
-// their holes, written and synced, hashed, sealed into memory.
+// their holes, hashed, sealed into memory. Metadata files are written by
+// package durable.
 
 import (
 	"cmp"
@@ -71,33 +72,6 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	return out.Close()
-}
-
-// writeFileSync writes b to the new file path (0400) and syncs it.
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// syncPath makes the file at path durable, or a directory's entries.
-func syncPath(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // fileSHA256 is the hex SHA-256 of the file at path.

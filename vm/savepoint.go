@@ -58,6 +58,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/durable"
 	"github.com/vmgate/vmgate/vm/image"
 	"github.com/vmgate/vmgate/vm/migstream"
 )
@@ -146,7 +147,7 @@ func (m SavePointMeta) Digest() string {
 // write writes the metadata file (SavePointMetaFile, 0400) into dir.
 func (m SavePointMeta) write(dir string) error {
 	b, _ := json.MarshalIndent(m, "", "  ")
-	return writeFileSync(filepath.Join(dir, SavePointMetaFile), append(b, '\n'))
+	return durable.WriteNew(filepath.Join(dir, SavePointMetaFile), append(b, '\n'), 0o400)
 }
 
 // DiskBytes is the space the save point's files take.

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/internal/durable"
 	"github.com/vmgate/vmgate/vm/migstream"
 )
 
@@ -593,7 +594,7 @@ func (s *saving) sync(context.Context) error {
 		return err
 	}
 	s.hashDisk()
-	if err := syncPath(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
+	if err := durable.Sync(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
 		return err
 	}
 	if s.o.InMemory {
@@ -650,13 +651,13 @@ func (s *saving) seal(context.Context) error {
 			return err
 		}
 	}
-	if err := syncPath(s.tmp); err != nil {
+	if err := durable.Sync(s.tmp); err != nil {
 		return err
 	}
 	if err := os.Rename(s.tmp, s.dir); err != nil {
 		return err
 	}
-	return syncPath(filepath.Dir(s.dir))
+	return durable.Sync(filepath.Dir(s.dir))
 }
 
 // machine records what the save point can be restored into.

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/internal/durable"
 	"github.com/vmgate/vmgate/vm/image"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
@@ -434,7 +435,7 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 	}
 	meta.BuiltAt = time.Now().UTC()
 	b, _ := json.MarshalIndent(meta, "", "  ")
-	if err := writeFileSync(filepath.Join(tmp, TemplateMetaFile), append(b, '\n')); err != nil {
+	if err := durable.WriteNew(filepath.Join(tmp, TemplateMetaFile), append(b, '\n'), 0o400); err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
 	final := filepath.Join(root, meta.Key)
