@@ -1,13 +1,10 @@
 package vm
 
 // Files of templates (and saved VMs): moved across filesystems with
-// their holes, hashed, sealed into memory. Metadata files are written by
+// their holes, sealed into memory. Their sums are package integrity's. Metadata files are written by
 // package durable.
 
 import (
-	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +12,6 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/vmgate/vmgate/vm/migstream"
 )
 
 // moveFile renames src to dst or, when they are on two filesystems (a
@@ -72,114 +67,6 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	return out.Close()
-}
-
-// fileSHA256 is the hex SHA-256 of the file at path.
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	return readerSHA256(f)
-}
-
-// readerSHA256 is the hex SHA-256 of what r yields.
-func readerSHA256(r io.Reader) (string, error) {
-	h := sha256.New()
-	if _, err := io.CopyBuffer(h, r, make([]byte, 1<<20)); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// Domains of a save point's keyed checks (migstream.MAC) other than its
-// RAM's (migstream.MACDomainRAM).
-const (
-	macDomainOverlay = 2
-	macDomainState   = 3
-)
-
-// macChunk is the size of a whole file's chunks in its keyed check.
-const macChunk = 64 << 10
-
-// fileMAC takes the keyed check of a whole file written to it: its bytes
-// in chunks of macChunk at their offsets (the last one shorter), so that
-// the check does not depend on how the bytes are written.
-type fileMAC struct {
-	m   *migstream.MAC
-	buf []byte // the start of the chunk at off
-	off int64
-}
-
-func newFileMAC(key []byte, domain uint32) (*fileMAC, error) {
-	m, err := migstream.NewMAC(key, domain)
-	if err != nil {
-		return nil, err
-	}
-	return &fileMAC{m: m, buf: make([]byte, 0, macChunk)}, nil
-}
-
-func (f *fileMAC) Write(p []byte) (int, error) {
-	n := len(p)
-	if len(f.buf) > 0 {
-		k := min(macChunk-len(f.buf), len(p))
-		f.buf, p = append(f.buf, p[:k]...), p[k:]
-		if len(f.buf) < macChunk {
-			return n, nil
-		}
-		f.m.Add(f.off, f.buf)
-		f.off, f.buf = f.off+macChunk, f.buf[:0]
-	}
-	for len(p) >= macChunk {
-		f.m.Add(f.off, p[:macChunk])
-		f.off, p = f.off+macChunk, p[macChunk:]
-	}
-	f.buf = append(f.buf, p...)
-	return n, nil
-}
-
-// Sum is the check, in hex; nothing may be written after it.
-func (f *fileMAC) Sum() string {
-	if len(f.buf) > 0 {
-		f.m.Add(f.off, f.buf)
-		f.off, f.buf = f.off+int64(len(f.buf)), f.buf[:0]
-	}
-	return f.m.Sum()
-}
-
-// readerMAC is the keyed check (fileMAC) of what r yields.
-func readerMAC(r io.Reader, key []byte, domain uint32) (string, error) {
-	m, err := newFileMAC(key, domain)
-	if err != nil {
-		return "", err
-	}
-	if _, err := io.CopyBuffer(m, r, make([]byte, 1<<20)); err != nil {
-		return "", err
-	}
-	return m.Sum(), nil
-}
-
-// fileSums is the hex SHA-256 of the file at path and its keyed check
-// (fileMAC) under key in domain, each read by a goroutine of its own: a
-// save waits for the longer, SHA-256.
-func fileSums(path string, key []byte, domain uint32) (sum, mac string, err error) {
-	check := make(chan error, 1)
-	go func() {
-		f, err := os.Open(path)
-		if err != nil {
-			check <- err
-			return
-		}
-		defer f.Close()
-		mac, err = readerMAC(f, key, domain)
-		check <- err
-	}()
-	sum, err = fileSHA256(path)
-	if err = cmp.Or(err, <-check); err != nil {
-		return "", "", err
-	}
-	return sum, mac, nil
 }
 
 // allocatedBytes is the space a (sparse) file takes.

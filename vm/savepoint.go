@@ -26,7 +26,7 @@ package vm
 // framing of the RAM's pages (its threat model); only a jailed QEMU loads
 // what it wrote. The files are 0600 in a 0700 directory of vmgated's
 // state directory. When saved, each file gets its SHA-256 (which names
-// the save point in the audit log) and a keyed check (migstream.MAC,
+// the save point in the audit log) and a keyed check (integrity.MAC,
 // under a key drawn for that save point: SavePointMeta.CheckKey); the
 // keyed checks, four times cheaper, are checked before a VM is restored,
 // so a file changed, cut or taken from another save point afterwards (a
@@ -45,7 +45,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -59,8 +58,8 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 	"github.com/vmgate/vmgate/vm/image"
-	"github.com/vmgate/vmgate/vm/migstream"
 )
 
 // Files of a save point (with OverlayFile, RAMFile, TemplateStateFile).
@@ -68,7 +67,7 @@ const (
 	SavePointMetaFile = "savepoint.json"
 	// savePointFormat 3: the files are checked at a restore by their keyed
 	// checks (CheckKey); 2: by their SHA-256, the RAM's being
-	// migstream.PageDigest's; 1: the RAM's extentSHA256's. All three are
+	// integrity.PageDigest's; 1: the RAM's integrity.ExtentSHA256's. All three are
 	// read.
 	savePointFormat = 3
 )
@@ -102,8 +101,8 @@ type SavePointMeta struct {
 	// fork's), not in RAMFile.
 	RAMInMemory bool `json:"ram_in_memory,omitempty"`
 	// Digests of the files (RAM: of its pages that are not all zeros and
-	// their offsets, migstream.PageDigest; in format 1 of its data extents
-	// and their offsets, extentSHA256), and their sizes on disk.
+	// their offsets, integrity.PageDigest; in format 1 of its data extents
+	// and their offsets, integrity.ExtentSHA256), and their sizes on disk.
 	OverlaySHA256 string `json:"overlay_sha256"`
 	StateSHA256   string `json:"state_sha256"`
 	RAMSHA256     string `json:"ram_sha256"`
@@ -111,10 +110,11 @@ type SavePointMeta struct {
 	StateBytes    int64  `json:"state_bytes"`
 	RAMDataBytes  int64  `json:"ram_data_bytes"`
 	// CheckKey (hex; format 3, not a fork point's) is the key of the
-	// files' keyed checks (migstream.MAC; the RAM's by its pages that are
-	// not all zeros, migstream.NewPageCheck; the others' whole, fileMAC),
-	// which a restore checks instead of the digests: four times cheaper,
-	// and the digests taken with them at the save still name what ran.
+	// files' keyed checks (integrity.MAC; the RAM's by its pages that are
+	// not all zeros, integrity.NewPageCheck; the others' whole,
+	// integrity.FileMAC), which a restore checks instead of the digests:
+	// four times cheaper, and the digests taken with them at the save
+	// still name what ran.
 	CheckKey   string `json:"check_key,omitempty"`
 	OverlayMAC string `json:"overlay_mac,omitempty"`
 	StateMAC   string `json:"state_mac,omitempty"`
@@ -128,8 +128,8 @@ func (m SavePointMeta) checkKey() ([]byte, error) {
 		return nil, nil
 	}
 	k, err := hex.DecodeString(m.CheckKey)
-	if err != nil || len(k) != migstream.MACKeySize {
-		return nil, fmt.Errorf("%w: %s: no check key of %d bytes", ErrSavePointDamaged, SavePointMetaFile, migstream.MACKeySize)
+	if err != nil || len(k) != integrity.KeySize {
+		return nil, fmt.Errorf("%w: %s: no check key of %d bytes", ErrSavePointDamaged, SavePointMetaFile, integrity.KeySize)
 	}
 	return k, nil
 }
@@ -195,13 +195,13 @@ func (sp *SavePoint) takeDigests(log *slog.Logger) {
 	m := sp.Meta
 	var err error
 	if m.RAMSHA256 == "" {
-		d := migstream.NewPageDigest()
+		d := integrity.NewPageDigest()
 		if err = readPages(sp.ram, d.Add); err == nil {
 			m.RAMSHA256 = d.Sum()
 		}
 	}
 	if err == nil {
-		m.OverlaySHA256, err = fileSHA256(filepath.Join(sp.Dir, OverlayFile))
+		m.OverlaySHA256, err = integrity.FileSHA256(filepath.Join(sp.Dir, OverlayFile))
 	}
 	if err == nil {
 		err = m.write(sp.Dir)
@@ -525,12 +525,12 @@ func (sp *SavePoint) verify(ram bool) error {
 		file, want string
 		sum        func(*os.File) (string, error)
 	}
-	sha := func(f *os.File) (string, error) { return readerSHA256(f) }
+	sha := func(f *os.File) (string, error) { return integrity.ReaderSHA256(f) }
 	checks := []check{{OverlayFile, sp.Meta.OverlaySHA256, sha}, {TemplateStateFile, sp.Meta.StateSHA256, sha}}
 	if key != nil {
 		checks = []check{
-			{OverlayFile, sp.Meta.OverlayMAC, func(f *os.File) (string, error) { return readerMAC(f, key, macDomainOverlay) }},
-			{TemplateStateFile, sp.Meta.StateMAC, func(f *os.File) (string, error) { return readerMAC(f, key, macDomainState) }},
+			{OverlayFile, sp.Meta.OverlayMAC, func(f *os.File) (string, error) { return integrity.ReaderMAC(f, key, integrity.DomainOverlay) }},
+			{TemplateStateFile, sp.Meta.StateMAC, func(f *os.File) (string, error) { return integrity.ReaderMAC(f, key, integrity.DomainState) }},
 		}
 		if ram {
 			checks = append(checks, check{RAMFile, sp.Meta.RAMMAC, func(f *os.File) (string, error) { return ramMAC(f, key) }})
@@ -624,20 +624,20 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed, late bool) error {
 	case key != nil && late:
 		_, err = copyRAMImage(dst, src)
 	case key != nil:
-		var d *migstream.PageDigest
-		if d, err = migstream.NewPageCheck(key, false); err == nil {
+		var d *integrity.PageDigest
+		if d, err = integrity.NewPageCheck(key, false); err == nil {
 			_, err = copyRAMImage(dst, src, d)
 			got = d.MAC()
 		}
 		want = sp.Meta.RAMMAC
 	case sp.Meta.Format == 1:
 		// Its digest is of the file's extents.
-		if got, err = extentSHA256(src); err == nil {
+		if got, err = integrity.ExtentSHA256(src, func(fn func(off, n int64) error) error { return dataExtents(src, fn) }); err == nil {
 			err = readPages(src, func(off int64, p []byte) error { _, err := dst.WriteAt(p, off); return err })
 		}
 		want = sp.Meta.RAMSHA256
 	default:
-		d := migstream.NewPageDigest()
+		d := integrity.NewPageDigest()
 		_, err = copyRAMImage(dst, src, d)
 		got, want = d.Sum(), sp.Meta.RAMSHA256
 	}
@@ -652,10 +652,10 @@ func (sp *SavePoint) fillRAM(dst *os.File, sealed, late bool) error {
 	return nil
 }
 
-// ramMAC is the keyed check of the RAM file f (migstream.MAC of its
+// ramMAC is the keyed check of the RAM file f (integrity.MAC of its
 // nonzero pages under key), read by its data extents.
 func ramMAC(f *os.File, key []byte) (string, error) {
-	d, err := migstream.NewPageCheck(key, false)
+	d, err := integrity.NewPageCheck(key, false)
 	if err != nil {
 		return "", err
 	}
@@ -678,8 +678,8 @@ func readPages(f *os.File, fn func(off int64, p []byte) error) error {
 func readPagesInto(f *os.File, next func() []byte, fn func(off int64, p []byte) error) error {
 	done := int64(0) // what was read: extents are read in whole pages
 	return dataExtents(f, func(off, n int64) error {
-		end := (off + n + migstream.PageSize - 1) &^ (migstream.PageSize - 1)
-		off = max(off&^(migstream.PageSize-1), done)
+		end := (off + n + integrity.PageSize - 1) &^ (integrity.PageSize - 1)
+		off = max(off&^(integrity.PageSize-1), done)
 		done = max(done, end)
 		for off < end {
 			buf := next()
@@ -694,24 +694,4 @@ func readPagesInto(f *os.File, next func() []byte, fn func(off int64, p []byte) 
 		}
 		return nil
 	})
-}
-
-// extentSHA256 digests a sparse file by its data extents: for each, its
-// offset, its length and its bytes. Holes are not read, so a RAM file's
-// digest costs what its data does.
-func extentSHA256(f *os.File) (string, error) {
-	h := sha256.New()
-	buf := make([]byte, 1<<20)
-	var hdr [16]byte
-	err := dataExtents(f, func(off, n int64) error {
-		binary.BigEndian.PutUint64(hdr[:8], uint64(off))
-		binary.BigEndian.PutUint64(hdr[8:], uint64(n))
-		h.Write(hdr[:])
-		_, err := io.CopyBuffer(h, io.NewSectionReader(f, off, n), buf)
-		return err
-	})
-	if err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 	"github.com/vmgate/vmgate/vm/migstream"
 )
 
@@ -118,7 +119,7 @@ func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, e
 	if !o.InMemory {
 		// A fork point is never restored from its files alone: its copies
 		// are restored at once, without a check (SavePoint.Digest).
-		s.key = make([]byte, migstream.MACKeySize)
+		s.key = make([]byte, integrity.KeySize)
 		_, _ = rand.Read(s.key) // never fails (crypto/rand)
 		s.meta.CheckKey = hex.EncodeToString(s.key)
 	}
@@ -327,7 +328,7 @@ func (s *saving) copyDisk(context.Context) error {
 			s.overlay <- digest{} // taken after the save (SavePoint.Digest)
 			return
 		}
-		sum, mac, err := fileSums(dst, s.key, macDomainOverlay)
+		sum, mac, err := integrity.FileSums(dst, s.key, integrity.DomainOverlay)
 		s.overlay <- digest{sum, mac, err}
 	}()
 	return nil
@@ -354,7 +355,7 @@ func (s *saving) hashDisk() {
 	}
 	s.overlay = make(chan digest, 1)
 	go func() {
-		sum, mac, err := fileSums(filepath.Join(s.tmp, OverlayFile), s.key, macDomainOverlay)
+		sum, mac, err := integrity.FileSums(filepath.Join(s.tmp, OverlayFile), s.key, integrity.DomainOverlay)
 		s.overlay <- digest{sum, mac, err}
 	}()
 }
@@ -408,9 +409,9 @@ func (s *saving) stream(ctx context.Context) error {
 	pw.Close() // QEMU has its own: the stream ends when QEMU closes it
 	h := sha256.New()
 	hw := io.Writer(h)
-	var stateMAC *fileMAC
+	var stateMAC *integrity.FileMAC
 	if s.key != nil {
-		if stateMAC, err = newFileMAC(s.key, macDomainState); err != nil {
+		if stateMAC, err = integrity.NewFileMAC(s.key, integrity.DomainState); err != nil {
 			pw.Close()
 			return err
 		}
@@ -466,7 +467,7 @@ func (s *saving) stream(ctx context.Context) error {
 		m.StateMAC = stateMAC.Sum()
 	}
 	if s.v.ram == nil {
-		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = sp.res.RAMDigest, sp.res.RAMMAC, sp.res.DataPages*migstream.PageSize
+		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = sp.res.RAMDigest, sp.res.RAMMAC, sp.res.DataPages*integrity.PageSize
 		return nil
 	}
 	return s.copyOwnRAM(ram)
@@ -478,13 +479,13 @@ func (s *saving) stream(ctx context.Context) error {
 // point's digest is taken after the save, while its copies are restored
 // (SavePoint.Digest).
 func (s *saving) copyOwnRAM(ram io.WriterAt) error {
-	var sum, check *migstream.PageDigest
+	var sum, check *integrity.PageDigest
 	var pages int64
 	var err error
 	if s.o.InMemory {
 		pages, err = copyRAMImage(ram, s.v.ram)
-	} else if check, err = migstream.NewPageCheck(s.key, false); err == nil {
-		sum = migstream.NewPageDigest()
+	} else if check, err = integrity.NewPageCheck(s.key, false); err == nil {
+		sum = integrity.NewPageDigest()
 		pages, err = copyRAMImage(ram, s.v.ram, sum, check)
 	}
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
@@ -494,7 +495,7 @@ func (s *saving) copyOwnRAM(ram io.WriterAt) error {
 		return fmt.Errorf("copy the guest's RAM: %w", err)
 	}
 	m := &s.meta
-	m.RAMDataBytes = pages * migstream.PageSize
+	m.RAMDataBytes = pages * integrity.PageSize
 	if sum != nil {
 		m.RAMSHA256, m.RAMMAC = sum.Sum(), check.MAC()
 	}
@@ -508,7 +509,7 @@ func (s *saving) copyOwnRAM(ram io.WriterAt) error {
 // resume (into a memory file) and a resumed VM's save (into a file) wait
 // for all, the copy (the destination's page allocation) and SHA-256
 // taking about as long (docs/benchmarks.md).
-func copyRAMImage(dst io.WriterAt, src *os.File, ds ...*migstream.PageDigest) (int64, error) {
+func copyRAMImage(dst io.WriterAt, src *os.File, ds ...*integrity.PageDigest) (int64, error) {
 	const depth = 4 // runs in flight, of 1 MiB
 	type run struct {
 		off  int64
@@ -571,8 +572,8 @@ func copyRAMImage(dst io.WriterAt, src *os.File, ds ...*migstream.PageDigest) (i
 func writeDataPages(dst io.WriterAt, off int64, p []byte) (int64, error) {
 	var pages int64
 	start := -1
-	for i := 0; i <= len(p); i += migstream.PageSize {
-		zero := i == len(p) || migstream.IsZeroPage(p[i:i+migstream.PageSize])
+	for i := 0; i <= len(p); i += integrity.PageSize {
+		zero := i == len(p) || integrity.IsZeroPage(p[i:i+integrity.PageSize])
 		switch {
 		case !zero && start < 0:
 			start = i
@@ -580,7 +581,7 @@ func writeDataPages(dst io.WriterAt, off int64, p []byte) (int64, error) {
 			if _, err := dst.WriteAt(p[start:i], off+int64(start)); err != nil {
 				return pages, err
 			}
-			pages += int64(i-start) / migstream.PageSize
+			pages += int64(i-start) / integrity.PageSize
 			start = -1
 		}
 	}

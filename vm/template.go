@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 	"github.com/vmgate/vmgate/vm/image"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
@@ -254,7 +255,7 @@ func loadRAM(dir string, m *TemplateMeta) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	sum, err := readerSHA256(io.NewSectionReader(ram, 0, size))
+	sum, err := integrity.ReaderSHA256(io.NewSectionReader(ram, 0, size))
 	if err == nil && sum != m.RAMSHA256 {
 		err = fmt.Errorf("RAM sha256 %s, template.json says %s", sum, m.RAMSHA256)
 	}
@@ -277,7 +278,7 @@ func removeTemplateDir(dir string) error {
 // (the RAM file is checked as it is loaded, by loadRAM).
 func verifyTemplateFiles(dir string, m *TemplateMeta) error {
 	for _, c := range []struct{ file, want string }{{OverlayFile, m.OverlaySHA256}, {TemplateStateFile, m.StateSHA256}} {
-		got, err := fileSHA256(filepath.Join(dir, c.file))
+		got, err := integrity.FileSHA256(filepath.Join(dir, c.file))
 		if err != nil {
 			return fmt.Errorf("template %s: %w", dir, err)
 		}
@@ -429,7 +430,7 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 		file string
 		sum  *string
 	}{{OverlayFile, &meta.OverlaySHA256}, {TemplateStateFile, &meta.StateSHA256}, {RAMFile, &meta.RAMSHA256}} {
-		if *h.sum, err = fileSHA256(filepath.Join(tmp, h.file)); err != nil {
+		if *h.sum, err = integrity.FileSHA256(filepath.Join(tmp, h.file)); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
 	}

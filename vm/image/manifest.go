@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 )
 
 // File names inside an image directory.
@@ -199,16 +199,11 @@ func WriteManifest(dir string, m *Manifest) error {
 
 // FileSHA256 is the hex SHA-256 of the file at path.
 func FileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
+	sum, err := integrity.FileSHA256(path)
 	if err != nil {
 		return "", fmt.Errorf("hash %s: %w", path, err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sum, nil
 }
 
 // ArtifactOf describes the file at path as a manifest does.

@@ -34,20 +34,17 @@ package migstream
 
 import (
 	"bufio"
-	"bytes"
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
+
+	"github.com/vmgate/vmgate/internal/integrity"
 )
 
-// PageSize is the page size of the streams read (x86's target page).
-const PageSize = 4096
+// pageSize is the page of the streams read (x86's target page: the
+// configuration's target-page-bits must be 12), the RAM image's.
+const pageSize = integrity.PageSize
 
 // MaxBlocks bounds the RAM block list of a stream.
 const MaxBlocks = 256
@@ -80,7 +77,7 @@ const (
 	flagHook         = 0x80
 	flagCompress     = 0x100
 	flagMultifdFlush = 0x200
-	flagMask         = PageSize - 1
+	flagMask         = pageSize - 1
 )
 
 // unsupported names the record flags of features vmgate never turns on.
@@ -110,7 +107,7 @@ type Options struct {
 	// blocks' pages); 0 means DefaultMaxState.
 	MaxState int64
 	// MACKey, if set, has the block's keyed check taken too
-	// (NewPageCheck; Result.RAMMAC).
+	// (integrity.NewPageCheck; Result.RAMMAC).
 	MACKey []byte
 }
 
@@ -121,7 +118,8 @@ const DefaultMaxState = 64 << 20
 
 // Result is what a split found.
 type Result struct {
-	// RAMDigest is the digest of the block's content (PageDigest).
+	// RAMDigest is the digest of the block's content
+	// (integrity.PageDigest).
 	RAMDigest string
 	// RAMMAC is its keyed check under Options.MACKey, if one was given.
 	RAMMAC string
@@ -145,19 +143,19 @@ func Split(r io.Reader, state io.Writer, ram io.WriterAt, o Options) (Result, er
 	if o.MaxState <= 0 {
 		o.MaxState = DefaultMaxState
 	}
-	if o.BlockBytes <= 0 || o.BlockBytes%PageSize != 0 || o.Block == "" || len(o.Block) > 255 {
+	if o.BlockBytes <= 0 || o.BlockBytes%pageSize != 0 || o.Block == "" || len(o.Block) > 255 {
 		return Result{}, fmt.Errorf("migstream: block %q of %d bytes: not a RAM block", o.Block, o.BlockBytes)
 	}
-	digest := NewPageDigest()
+	digest := integrity.NewPageDigest()
 	if o.MACKey != nil {
 		var err error
-		if digest, err = NewPageCheck(o.MACKey, true); err != nil {
+		if digest, err = integrity.NewPageCheck(o.MACKey, true); err != nil {
 			return Result{}, err
 		}
 	}
 	buf := int(min(runBytes, o.BlockBytes))
 	s := &splitter{
-		in:     bufio.NewReaderSize(r, max(buf, 2*PageSize)),
+		in:     bufio.NewReaderSize(r, max(buf, 2*pageSize)),
 		out:    &limitWriter{w: state, n: o.MaxState},
 		ram:    ram,
 		o:      o,
@@ -179,7 +177,7 @@ type splitter struct {
 	out    *limitWriter
 	ram    io.WriterAt
 	o      Options
-	digest *PageDigest
+	digest *integrity.PageDigest
 
 	ignoreShared bool
 	ramSection   uint32 // the RAM section's id, once started
@@ -491,7 +489,7 @@ func (s *splitter) page(head, flags uint64, addr int64) error {
 		}
 		n := 1
 		if !zero {
-			n = PageSize
+			n = pageSize
 		}
 		b, err := s.bytes(n)
 		if err != nil {
@@ -503,7 +501,7 @@ func (s *splitter) page(head, flags uint64, addr int64) error {
 	if addr < s.next || addr >= s.o.BlockBytes {
 		return s.errorf("page at %#x of RAM block %q: outside it or not after the previous page", addr, block)
 	}
-	s.next = addr + PageSize
+	s.next = addr + pageSize
 	if zero {
 		fill, err := s.u8()
 		if err != nil {
@@ -515,16 +513,18 @@ func (s *splitter) page(head, flags uint64, addr int64) error {
 		s.zeroPages++
 		return nil
 	}
-	b, err := s.bytes(PageSize)
+	b, err := s.bytes(pageSize)
 	if err != nil {
 		return err
 	}
-	if IsZeroPage(b) {
+	if integrity.IsZeroPage(b) {
 		s.zeroPages++
 		return nil
 	}
 	s.dataPages++
-	s.digest.add(addr, b)
+	if err := s.digest.AddPage(addr, b); err != nil {
+		return s.errorf("%v", err)
+	}
 	if len(s.run) > 0 && (s.runAt+int64(len(s.run)) != addr || len(s.run) == cap(s.run)) {
 		if err := s.flush(); err != nil {
 			return err
@@ -667,136 +667,3 @@ func (l *limitWriter) str(v string) {
 	l.u8(byte(len(v)))
 	l.write([]byte(v))
 }
-
-// PageDigest digests a RAM image by its pages that are not all zeros:
-// SHA-256 over each one's offset (8 bytes, big-endian) and content, in
-// the order of their offsets. Zero pages, whether holes or written, do
-// not count, so the digest names the content whatever the layout of the
-// file holding it. It may take, or take instead, a keyed check of the
-// same pages (NewPageCheck): each page a chunk of a MAC at its offset.
-type PageDigest struct {
-	h    hash.Hash // nil: no SHA-256
-	mac  *MAC      // nil: no keyed check
-	next int64
-	hdr  [8]byte
-}
-
-// NewPageDigest returns an empty digest (SHA-256: Sum).
-func NewPageDigest() *PageDigest { return &PageDigest{h: sha256.New()} }
-
-// NewPageCheck returns an empty keyed check of the pages (MAC, under key
-// in domain MACDomainRAM: PageDigest.MAC) and, with digest, their SHA-256
-// too (Sum).
-func NewPageCheck(key []byte, digest bool) (*PageDigest, error) {
-	mac, err := NewMAC(key, MACDomainRAM)
-	if err != nil {
-		return nil, err
-	}
-	d := &PageDigest{mac: mac}
-	if digest {
-		d.h = sha256.New()
-	}
-	return d, nil
-}
-
-// Add adds the pages of p, which starts at offset off (page-aligned, not
-// before the end of what was added before; p a whole number of pages).
-func (d *PageDigest) Add(off int64, p []byte) error {
-	if off%PageSize != 0 || len(p)%PageSize != 0 || off < d.next {
-		return fmt.Errorf("migstream: digest: %d bytes at %#x after %#x", len(p), off, d.next)
-	}
-	for i := 0; i < len(p); i += PageSize {
-		if pg := p[i : i+PageSize]; !IsZeroPage(pg) {
-			d.add(off+int64(i), pg)
-		}
-	}
-	d.next = off + int64(len(p))
-	return nil
-}
-
-func (d *PageDigest) add(off int64, page []byte) {
-	if d.h != nil {
-		binary.BigEndian.PutUint64(d.hdr[:], uint64(off))
-		d.h.Write(d.hdr[:])
-		d.h.Write(page)
-	}
-	if d.mac != nil {
-		d.mac.Add(off, page)
-	}
-	d.next = off + PageSize
-}
-
-// Sum is the digest, in hex ("" for a check without it).
-func (d *PageDigest) Sum() string {
-	if d.h == nil {
-		return ""
-	}
-	return hex.EncodeToString(d.h.Sum(nil))
-}
-
-// MAC is the keyed check, in hex ("" for a digest without it).
-func (d *PageDigest) MAC() string {
-	if d.mac == nil {
-		return ""
-	}
-	return d.mac.Sum()
-}
-
-// MAC is a keyed check of data given as chunks at offsets: each chunk is
-// authenticated by AES-256-GCM as its additional data, with no plaintext,
-// under a nonce of the check's domain (4 bytes) and the chunk's offset (8
-// bytes); the check is SHA-256 of the tags in the order added. Any change
-// to a chunk, a chunk moved, left out or added changes it, unless made
-// by someone who knows the key. It is not a digest: equal checks under
-// different keys say nothing. It is four times cheaper than SHA-256 on
-// the same bytes (GHASH with carry-less multiplication: 40 ms for 240 MiB
-// on this project's 2-core host, against 160).
-//
-// Each offset must be added at most once per key and domain, so that no
-// nonce is used twice for different data when the check is made.
-type MAC struct {
-	aead  cipher.AEAD
-	tags  hash.Hash
-	nonce [12]byte
-	tag   []byte
-}
-
-// MACKeySize is the size of a MAC's key (AES-256).
-const MACKeySize = 32
-
-// MACDomainRAM is the domain of a RAM image's check (NewPageCheck); other
-// checks under the same key use others.
-const MACDomainRAM = 1
-
-// NewMAC returns an empty check under key (MACKeySize bytes) in domain.
-func NewMAC(key []byte, domain uint32) (*MAC, error) {
-	if len(key) != MACKeySize {
-		return nil, fmt.Errorf("migstream: a MAC key of %d bytes, want %d", len(key), MACKeySize)
-	}
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, fmt.Errorf("migstream: MAC: %w", err)
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, fmt.Errorf("migstream: MAC: %w", err)
-	}
-	m := &MAC{aead: aead, tags: sha256.New(), tag: make([]byte, 0, aead.Overhead())}
-	binary.BigEndian.PutUint32(m.nonce[:4], domain)
-	return m, nil
-}
-
-// Add adds the chunk p at offset off.
-func (m *MAC) Add(off int64, p []byte) {
-	binary.BigEndian.PutUint64(m.nonce[4:], uint64(off))
-	m.tag = m.aead.Seal(m.tag[:0], m.nonce[:], nil, p)
-	m.tags.Write(m.tag)
-}
-
-// Sum is the check, in hex.
-func (m *MAC) Sum() string { return hex.EncodeToString(m.tags.Sum(nil)) }
-
-var zeroPage [PageSize]byte
-
-// IsZeroPage tells whether page p holds only zeros.
-func IsZeroPage(p []byte) bool { return bytes.Equal(p, zeroPage[:]) }
