@@ -31,9 +31,10 @@ func moveFile(src, dst string) error {
 }
 
 // copySparse copies src to the new file dst, writing only src's data
-// extents (SEEK_DATA/SEEK_HOLE), so that holes stay holes.
+// extents (SEEK_DATA/SEEK_HOLE), so that holes stay holes. src may be a
+// VM's (openQEMUFile).
 func copySparse(src, dst string) error {
-	in, err := os.Open(src)
+	in, err := openQEMUFile(src, os.O_RDONLY)
 	if err != nil {
 		return err
 	}
@@ -67,6 +68,42 @@ func copySparse(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// openQEMUFile opens a file that a VM's QEMU can write or replace: one in
+// the VM's directory, read-write in its jail, or moved or linked out of
+// it. A QEMU that a guest took over can put a symlink there to any path
+// of the host, which the daemon would follow with its own rights (copy a
+// file of its own into a save point or an error message, change its
+// mode), or a FIFO, whose open would wait for a writer. So the file is
+// opened without following a symlink (O_NOFOLLOW) or waiting
+// (O_NONBLOCK, which a regular file ignores), and must be a regular file;
+// its mode is changed on the open file (chmodQEMUFile), never by path.
+func openQEMUFile(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// chmodQEMUFile sets the mode of a file that a VM's QEMU can write or
+// replace (openQEMUFile) on the open file.
+func chmodQEMUFile(path string, mode os.FileMode) error {
+	f, err := openQEMUFile(path, os.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Chmod(mode)
 }
 
 // allocatedBytes is the space a (sparse) file takes.

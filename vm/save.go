@@ -2,7 +2,9 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -54,13 +56,18 @@ func (v *VM) save(ctx context.Context) error {
 		_ = v.Kill()
 		<-v.exited
 	}
-	// The RAM file must be complete on disk before it is reused.
-	if f, err := os.Open(filepath.Join(v.Dir, RAMFile)); err == nil {
+	// The RAM file must be complete on disk before it is reused. It is
+	// QEMU's, in the VM's directory (openQEMUFile).
+	f, err := openQEMUFile(filepath.Join(v.Dir, RAMFile), os.O_RDONLY)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
 		err = f.Sync()
 		f.Close()
-		if err != nil {
-			return fmt.Errorf("template save: %w", err)
-		}
+	}
+	if err != nil {
+		return fmt.Errorf("template save: %w", err)
 	}
 	return nil
 }

@@ -307,9 +307,15 @@ func (s *saving) stop(ctx context.Context) error {
 func (s *saving) copyDisk(context.Context) error {
 	src, dst := filepath.Join(s.v.Dir, OverlayFile), filepath.Join(s.tmp, OverlayFile)
 	if !s.o.Keep {
+		// link(2) takes a symlink as it is: its mode is set on the file,
+		// which must be a regular one (openQEMUFile), and anything else
+		// leaves the save point at once.
 		err := os.Link(src, dst)
 		if err == nil {
-			return os.Chmod(dst, 0o600)
+			if err = chmodQEMUFile(dst, 0o600); err != nil {
+				_ = os.Remove(dst)
+			}
+			return err
 		}
 		if !errors.Is(err, unix.EXDEV) {
 			return err

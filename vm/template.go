@@ -418,7 +418,8 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 		if err := moveFile(filepath.Join(v.Dir, f), filepath.Join(tmp, f)); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
-		if err := os.Chmod(filepath.Join(tmp, f), 0o400); err != nil {
+		// The file was the VM's: never followed through a symlink.
+		if err := chmodQEMUFile(filepath.Join(tmp, f), 0o400); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
 	}
