@@ -59,7 +59,6 @@ import (
 
 	"github.com/vmgate/vmgate/internal/durable"
 	"github.com/vmgate/vmgate/internal/integrity"
-	"github.com/vmgate/vmgate/vm/image"
 )
 
 // Files of a save point (with OverlayFile, RAMFile, TemplateStateFile).
@@ -80,18 +79,11 @@ var ErrSavePointStale = errors.New("save point does not match this machine")
 // or changed since it was saved.
 var ErrSavePointDamaged = errors.New("save point damaged")
 
-// SavePointMeta describes a save point: what it can be restored into, and
-// its files.
+// SavePointMeta describes a save point: what it can be restored into (its
+// Machine, and the launch's format), and its files.
 type SavePointMeta struct {
-	Format       int    `json:"format"`
-	ImageDigest  string `json:"image_digest"`
-	KernelDigest string `json:"kernel_digest"`
-	InitrdDigest string `json:"initrd_digest"`
-	MemoryMiB    int    `json:"memory_mib"`
-	CPUs         int    `json:"cpus"`
-	Accel        Accel  `json:"accel"`
-	QEMUVersion  string `json:"qemu_version"`
-	Network      bool   `json:"network"`
+	Format int `json:"format"`
+	Machine
 	// Launch is the format of the QEMU command line the VM ran with
 	// (templateFormat: devices, CPU model, kernel arguments).
 	Launch  int       `json:"launch_format"`
@@ -342,45 +334,21 @@ func (sp *SavePoint) remove() error {
 
 // Matches reports whether VMs of opts (the image, the runtime's QEMU, the
 // shape) and accelerator accel are the machine the save point was saved
-// from; an error wrapping ErrSavePointStale says what differs.
+// from, launched as it was; an error wrapping ErrSavePointStale names the
+// first difference (Machine.diff).
 func (sp *SavePoint) Matches(opts Options, accel Accel) error {
-	m := sp.Meta
-	man, err := image.ReadManifest(opts.ImageDir)
+	now, err := machineOf(opts, accel)
 	if err != nil {
 		return err
 	}
-	qv, err := QEMUVersion(opts.QEMU)
-	if err != nil {
-		return err
+	d := difference("the VM's launch (vmgated's version)", sp.Meta.Launch, templateFormat)
+	if d == "" {
+		d = sp.Meta.diff(now)
 	}
-	var diff []string
-	for _, c := range []struct{ what, was, now string }{
-		{"image", m.ImageDigest, man.Artifacts[image.BaseFile].SHA256},
-		{"kernel", m.KernelDigest, man.Artifacts[image.KernelFile].SHA256},
-		{"initramfs", m.InitrdDigest, man.Artifacts[image.InitrdFile].SHA256},
-		{"QEMU", m.QEMUVersion, qv},
-		{"the VM's launch (vmgated's version)", fmt.Sprint(m.Launch), fmt.Sprint(templateFormat)},
-		{"accelerator", string(m.Accel), string(accel)},
-		{"memory (MiB)", fmt.Sprint(m.MemoryMiB), fmt.Sprint(opts.MemoryMiB)},
-		{"CPUs", fmt.Sprint(m.CPUs), fmt.Sprint(opts.CPUs)},
-		{"network", fmt.Sprint(m.Network), fmt.Sprint(opts.Network != nil)},
-	} {
-		if c.was != c.now {
-			diff = append(diff, fmt.Sprintf("%s was %s, is %s", c.what, short(c.was), short(c.now)))
-		}
-	}
-	if len(diff) > 0 {
-		return fmt.Errorf("%w: %v", ErrSavePointStale, diff)
+	if d != "" {
+		return fmt.Errorf("%w: %s", ErrSavePointStale, d)
 	}
 	return nil
-}
-
-// short shortens a digest for a message.
-func short(s string) string {
-	if len(s) == 64 {
-		return s[:12]
-	}
-	return s
 }
 
 // restoreSteps bring a VM up from a save point: a clone's launch, its

@@ -35,8 +35,8 @@ func TestSavePointMatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := Options{Runtime: Runtime{QEMU: qemu}, ImageDir: img, MemoryMiB: 512, CPUs: 1}
-	saved := SavePointMeta{Format: savePointFormat, ImageDigest: strings.Repeat("b", 64), KernelDigest: strings.Repeat("k", 64),
-		InitrdDigest: strings.Repeat("i", 64), MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, QEMUVersion: "QEMU emulator version 7.2.99", Launch: templateFormat}
+	saved := SavePointMeta{Format: savePointFormat, Machine: Machine{ImageDigest: strings.Repeat("b", 64), KernelDigest: strings.Repeat("k", 64),
+		InitrdDigest: strings.Repeat("i", 64), MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, QEMUVersion: "QEMU emulator version 7.2.99"}, Launch: templateFormat}
 	if err := (&SavePoint{Meta: saved}).Matches(opts, AccelTCG); err != nil {
 		t.Fatalf("the machine it was saved from: %v", err)
 	}
@@ -189,7 +189,7 @@ func TestFillRAMDamaged(t *testing.T) {
 	if err := c.Add(0, ram); err != nil {
 		t.Fatal(err)
 	}
-	base := SavePointMeta{MemoryMiB: size >> 20, RAMSHA256: d.Sum()}
+	base := SavePointMeta{Machine: Machine{MemoryMiB: size >> 20}, RAMSHA256: d.Sum()}
 	keyed := base
 	keyed.Format, keyed.CheckKey, keyed.RAMMAC = 3, hex.EncodeToString(key), c.MAC()
 	otherKey := keyed

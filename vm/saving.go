@@ -114,8 +114,7 @@ func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, e
 	if err := os.Mkdir(s.tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("save: %w", err)
 	}
-	s.meta = SavePointMeta{Format: savePointFormat, MemoryMiB: v.opts.MemoryMiB, CPUs: v.opts.CPUs, Accel: v.Accel, Network: v.opts.Network != nil, Launch: templateFormat,
-		RAMInMemory: o.InMemory}
+	s.meta = SavePointMeta{Format: savePointFormat, Launch: templateFormat, RAMInMemory: o.InMemory}
 	if !o.InMemory {
 		// A fork point is never restored from its files alone: its copies
 		// are restored at once, without a check (SavePoint.Digest).
@@ -669,11 +668,10 @@ func (s *saving) seal(context.Context) error {
 
 // machine records what the save point can be restored into.
 func (s *saving) machine() error {
-	want, err := wantTemplate(s.v.opts, s.v.Accel)
+	m, err := machineOf(s.v.opts, s.v.Accel)
 	if err != nil {
 		return err
 	}
-	m := &s.meta
-	m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.QEMUVersion = want.ImageDigest, want.KernelDigest, want.InitrdDigest, want.QEMUVersion
+	s.meta.Machine = m
 	return nil
 }

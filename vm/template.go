@@ -22,7 +22,6 @@ import (
 
 	"github.com/vmgate/vmgate/internal/durable"
 	"github.com/vmgate/vmgate/internal/integrity"
-	"github.com/vmgate/vmgate/vm/image"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
@@ -54,19 +53,14 @@ const (
 	templateFormat = 6
 )
 
-// TemplateMeta describes a built template.
+// TemplateMeta describes a built template: the machine its clones run on,
+// and what a template adds to it (its key, which names its directory,
+// the guest's disk reserve and address space randomisation).
 type TemplateMeta struct {
-	Format       int    `json:"format"`
-	Key          string `json:"key"`
-	ImageDigest  string `json:"image_digest"` // base.qcow2 sha256
-	KernelDigest string `json:"kernel_digest"`
-	InitrdDigest string `json:"initrd_digest"`
-	MemoryMiB    int    `json:"memory_mib"`
-	CPUs         int    `json:"cpus"`
-	DiskMiB      int    `json:"disk_mib"` // the guest's disk limit (its reserve)
-	Accel        Accel  `json:"accel"`
-	QEMUVersion  string `json:"qemu_version"`
-	Network      bool   `json:"network"` // the VM has a NIC
+	Format int    `json:"format"`
+	Key    string `json:"key"`
+	Machine
+	DiskMiB int `json:"disk_mib"` // the guest's disk limit (its reserve)
 	// GuestASLR: the guest kept its address space randomisation
 	// (GuestASLROff).
 	GuestASLR    bool      `json:"guest_aslr"`
@@ -193,8 +187,10 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 	if err == nil {
 		err = verifyTemplateFiles(dir, meta)
 	}
-	if err == nil && meta.Key != want.Key {
-		err = fmt.Errorf("template %s: key %s does not match its directory", dir, meta.Key)
+	if err == nil {
+		if merr := meta.matches(want); merr != nil {
+			err = fmt.Errorf("template %s: %w", dir, merr)
+		}
 	}
 	if err == nil {
 		t.ram, err = loadRAM(dir, meta)
@@ -230,22 +226,27 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 
 // wantTemplate is the metadata a template for opts must have.
 func wantTemplate(opts Options, accel Accel) (TemplateMeta, error) {
-	man, err := image.ReadManifest(opts.ImageDir)
+	m, err := machineOf(opts, accel)
 	if err != nil {
 		return TemplateMeta{}, err
 	}
-	qv, err := QEMUVersion(opts.QEMU)
-	if err != nil {
-		return TemplateMeta{}, err
-	}
-	want := TemplateMeta{
-		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
-		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
-		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, DiskMiB: opts.DiskMiB, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
-		GuestASLR: !GuestASLROff(opts.GuestASLR, accel, qv),
-	}
+	want := TemplateMeta{Format: templateFormat, Machine: m, DiskMiB: opts.DiskMiB, GuestASLR: !GuestASLROff(opts.GuestASLR, accel, m.QEMUVersion)}
 	want.Key = templateKey(want)
 	return want, nil
+}
+
+// matches reports whether the template m, found under want's key, is the
+// one wanted: its machine (Machine.diff) and then its key, which covers
+// the rest (the layout's format, the disk reserve, the guest's address
+// space randomisation).
+func (m *TemplateMeta) matches(want TemplateMeta) error {
+	if d := m.diff(want.Machine); d != "" {
+		return errors.New(d)
+	}
+	if m.Key != want.Key {
+		return fmt.Errorf("key %s does not match its directory", m.Key)
+	}
+	return nil
 }
 
 // loadRAM copies the template's RAM into a sealed memfd and checks it.
