@@ -366,13 +366,7 @@ var restoreSteps = slices.Concat(aheadSteps, []step{{name: "fill", run: (*launch
 // Postcondition: on error nothing of the VM is left, and the save point is
 // as it was.
 func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*VM, error) {
-	if opts.MemoryMiB == 0 {
-		opts.MemoryMiB, opts.CPUs = sp.Meta.MemoryMiB, sp.Meta.CPUs
-	}
-	if opts.BootTimeout == 0 {
-		opts.BootTimeout = RestoreTimeout
-	}
-	opts.setDefaults()
+	opts.setRestoreDefaults(&sp.Meta.Machine)
 	sp.mu.Lock()
 	dropped := sp.ramDropped && sp.ram == nil
 	sp.mu.Unlock()

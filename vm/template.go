@@ -144,13 +144,8 @@ func LoadTemplate(ctx context.Context, opts Options) (*Template, error) {
 }
 
 func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, error) {
-	// A clone is bounded by RestoreTimeout, not a cold boot's limit,
-	// unless the caller says otherwise.
 	clone := opts
-	if clone.BootTimeout == 0 {
-		clone.BootTimeout = RestoreTimeout
-	}
-	clone.setDefaults()
+	clone.setRestoreDefaults(nil)
 	opts.setDefaults()
 	img, accel, err := prepare(ctx, opts)
 	if err != nil {
@@ -554,13 +549,6 @@ func (t *Template) Prestart(ctx context.Context) (*Launched, error) {
 	}
 	return &Launched{tmpl: t, id: l.vm.ID, l: l}, nil
 }
-
-// RestoreTimeout bounds a restore, from QEMU's start to an agent that
-// answers, unless Options.BootTimeout says otherwise. A restore takes well
-// under a second to a few seconds on a loaded host; a clone that takes a
-// minute is broken, and the request gets an error instead of a wait as
-// long as a cold boot's.
-const RestoreTimeout = time.Minute
 
 // HandshakeFailures counts clones whose first agent contact failed.
 func (t *Template) HandshakeFailures() int64 { return t.handshakeFailures.Load() }
