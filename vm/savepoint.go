@@ -351,11 +351,18 @@ func (sp *SavePoint) Matches(opts Options, accel Accel) error {
 	return nil
 }
 
-// restoreSteps bring a VM up from a save point: a clone's launch, its
-// state loaded once the RAM is filled (begun before QEMU starts), and the
-// VM handed over once the save point's files passed their checks (begun
-// once the RAM is filled).
-var restoreSteps = slices.Concat(aheadSteps, []step{{name: "fill", run: (*launch).fill}}, completeSteps, []step{{name: "verify", run: (*launch).verify}})
+// restoreSteps bring a VM up from a save point: the save point checked
+// against the machine first (validate), its state opened and its RAM
+// made ready, with the RAM's copy begun (open), a clone's launch, its
+// state loaded once the RAM is filled, and the VM handed over once the
+// save point's files passed their checks (begun once the RAM is filled).
+var restoreSteps = slices.Concat(
+	[]step{{name: "validate", run: (*launch).validate, ownLimit: true}, {name: "open", run: (*launch).openSaved}},
+	aheadSteps,
+	[]step{{name: "fill", run: (*launch).fill}},
+	completeSteps,
+	[]step{{name: "verify", run: (*launch).verify}},
+)
 
 // Restore starts a VM from the save point with opts (the runtime, the
 // cgroups, the network's configuration; its image and shape must be the
@@ -367,111 +374,184 @@ var restoreSteps = slices.Concat(aheadSteps, []step{{name: "fill", run: (*launch
 // as it was.
 func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*VM, error) {
 	opts.setRestoreDefaults(&sp.Meta.Machine)
+	// A failed check of the save point's files stops the launch at once.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	l := launchOf(opts)
+	l.saved = &restoring{sp: sp, shared: shared || sp.Meta.RAMInMemory, stop: cancel}
+	v, err := l.finish(ctx, restoreSteps)
+	if err != nil {
+		// A failed check is why the launch stopped, or the better reason
+		// for whatever went wrong after the damaged state loaded.
+		return nil, cmp.Or(l.saved.wait(), err)
+	}
+	return v, nil
+}
+
+// restoring is what a launch from a save point holds beside a clone's:
+// the save point, how its RAM is mapped, and the check of its files,
+// which runs beside the launch's steps.
+type restoring struct {
+	sp *SavePoint
+	// shared: the VM maps the save point's sealed copy of its RAM, as
+	// other VMs do (a fork's copies); otherwise a copy of its own.
+	shared bool
+	stop   context.CancelCauseFunc // ends the launch's context
+	// checked is closed once err, the result of the RAM's copy and the
+	// files' check, is set; nil until they begin (open).
+	checked chan struct{}
+	err     error
+}
+
+// wait waits for the copy and the check of the save point's files, if
+// they began, and returns their error: they read its files, and are done
+// before the caller acts on them.
+func (r *restoring) wait() error {
+	if r.checked == nil {
+		return nil
+	}
+	<-r.checked
+	return r.err
+}
+
+// validate checks that the save point can be restored with the launch's
+// options: its RAM is still there, the image is whole and the
+// accelerator resolved, and they are the machine the save point was saved
+// on (SavePoint.Matches). The launch takes the image and accelerator.
+func (l *launch) validate(ctx context.Context) error {
+	sp := l.saved.sp
 	sp.mu.Lock()
 	dropped := sp.ramDropped && sp.ram == nil
 	sp.mu.Unlock()
 	if dropped {
-		return nil, errors.New("restore: the save point's RAM was dropped once its VM ran")
+		return errors.New("restore: the save point's RAM was dropped once its VM ran")
 	}
-	img, accel, err := prepare(ctx, opts)
+	img, accel, err := prepare(ctx, l.opts)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := sp.Matches(opts, accel); err != nil {
-		return nil, err
+	if err := sp.Matches(l.opts, accel); err != nil {
+		return err
 	}
+	l.setImage(img, accel)
+	return nil
+}
+
+// openSaved opens the save point's state for QEMU and makes its RAM
+// ready (restoreRAM), sets the launch's mode (restoreMode), takes a
+// reference to the save point for the VM, and begins the RAM's copy and
+// the files' check beside the next steps (checkFiles).
+func (l *launch) openSaved(context.Context) error {
+	sp := l.saved.sp
 	state, err := os.Open(filepath.Join(sp.Dir, TemplateStateFile))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
-	}
-	// The RAM is a memory copy of the file: QEMU reading a file's holes
-	// (the guest's zero pages) through its mapping costs more than the
-	// copy when the VM is saved again (docs/benchmarks.md). VMs that share
-	// it (a fork's copies) map one sealed copy privately, made and checked
-	// on first use. A VM alone gets a copy of its own, which its QEMU maps
-	// shared, so that its guest writes there and a save copies that file
-	// (VM.ram) instead of migrating the RAM page by page; it is filled
-	// while QEMU starts: QEMU, waiting for its state, does not touch the
-	// guest's RAM before the state loads, which waits for the fill.
-	var ram, fill, own *os.File
-	mode := ramPrivateFD
-	if shared || sp.Meta.RAMInMemory {
-		shared = true
-		ram, err = sp.sealedRAM()
-	} else if ram, err = memFile("vmgate-vm-ram", int64(sp.Meta.MemoryMiB)<<20); err == nil {
-		mode = ramSharedFD
-		if fill, err = dupFile(ram); err == nil {
-			if own, err = dupFile(ram); err != nil {
-				fill.Close()
-			}
-		}
-		if err != nil {
-			ram.Close()
-		}
-	}
-	if err != nil {
-		state.Close()
-		return nil, err
-	}
-	// The save point's files are checked once the RAM is filled, while
-	// its state loads and the guest resumes, so that the checks do not
-	// take the host's CPUs from the fill and QEMU's start; the VM is
-	// handed over only once they passed (the verify step, last), and a
-	// check that fails stops the launch at once (cancel). A save point of
-	// a format before 3 has its RAM's digest checked as it is copied, and
-	// a shared copy is checked when it is made.
-	//
-	// Loading before the check relaxes nothing: the check is against
-	// damage (only vmgated's user can write these files), and a damaged
-	// file reaches only the jailed QEMU and its guest, as any guest's
-	// input does (docs/security.md).
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	filled, verified := make(chan error, 1), make(chan error, 1)
-	var checkErr error
-	checked := make(chan struct{}) // closed when checkErr is set
-	go func() {
-		defer close(checked)
-		// A VM alone has its RAM copied here and checked after the copy,
-		// with the other files; a shared copy was checked when it was made.
-		var err error
-		if fill != nil {
-			err = sp.fillRAM(fill, false, true)
-			fill.Close()
-		}
-		filled <- err
-		if err == nil && !sp.Meta.RAMInMemory {
-			err = sp.verify(fill != nil)
-		}
-		if err != nil {
-			cancel(err)
-		}
-		checkErr = err
-		verified <- err
-	}()
-	m := launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
-		ram: mode, files: []*os.File{ram, state}, restore: true}
-	l := newLaunch(opts, img, accel, m)
-	l.filled, l.verified = filled, verified
-	if own != nil {
-		l.vm.ram = own
-		l.vm.push(own.Close)
+		return fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
 	}
 	l.owned = append(l.owned, state)
-	if !shared {
-		l.owned = append(l.owned, ram) // QEMU's mapping keeps it
+	ram, err := sp.restoreRAM(l.saved.shared)
+	if err != nil {
+		return err
 	}
+	if ram.own != nil {
+		l.vm.ram = ram.own
+		l.vm.push(ram.own.Close)
+		l.owned = append(l.owned, ram.file) // QEMU's mapping keeps it
+	}
+	l.setMode(sp.restoreMode(l.img, ram, state))
 	sp.acquire()
 	l.vm.from = sp
 	l.vm.push(sp.release) // runs last: after QEMU and the VM's files are gone
-	v, err := l.finish(ctx, restoreSteps)
-	if err != nil {
-		<-checked // the check reads the save point's files: done before the caller acts on them
-		// A failed check is why the launch stopped, or the better
-		// reason for whatever went wrong after the damaged state loaded.
-		return nil, cmp.Or(checkErr, err)
+	l.filled, l.verified = l.saved.checkFiles(ram.fill)
+	return nil
+}
+
+// restoredRAM is the memory a VM restored from a save point maps as its
+// RAM (QEMU's fd 4).
+type restoredRAM struct {
+	file *os.File
+	mode ramMode
+	// fill and own are two more descriptors of a VM's own copy (nil for
+	// the shared one): the first to fill it through (checkFiles), the
+	// second kept by the VM for its next save (VM.ram).
+	fill, own *os.File
+}
+
+// restoreRAM makes the memory a VM restored from the save point maps as
+// its RAM. It is a memory copy of the file: QEMU reading a file's holes
+// (the guest's zero pages) through its mapping costs more than the copy
+// when the VM is saved again (docs/benchmarks.md). VMs that share it (a
+// fork's copies) map one sealed copy privately, made and checked on
+// first use. A VM alone gets a copy of its own, which its QEMU maps
+// shared, so that its guest writes there and a save copies that file
+// (VM.ram) instead of migrating the RAM page by page; it is filled while
+// QEMU starts: QEMU, waiting for its state, does not touch the guest's
+// RAM before the state loads, which waits for the fill.
+func (sp *SavePoint) restoreRAM(shared bool) (restoredRAM, error) {
+	if shared {
+		ram, err := sp.sealedRAM()
+		return restoredRAM{file: ram, mode: ramPrivateFD}, err
 	}
-	return v, nil
+	ram, err := memFile("vmgate-vm-ram", int64(sp.Meta.MemoryMiB)<<20)
+	if err != nil {
+		return restoredRAM{}, err
+	}
+	r := restoredRAM{file: ram, mode: ramSharedFD}
+	if r.fill, err = dupFile(ram); err == nil {
+		if r.own, err = dupFile(ram); err != nil {
+			r.fill.Close()
+		}
+	}
+	if err != nil {
+		ram.Close()
+		return restoredRAM{}, err
+	}
+	return r, nil
+}
+
+// restoreMode is how a VM restored from the save point is launched: a
+// new overlay on the save point's disk (written by a VM's QEMU: never
+// opened by the host), ram and state as QEMU's fds 4 and 5, and in its
+// jail the image's files and the save point's. It is pure.
+func (sp *SavePoint) restoreMode(img *imageFiles, ram restoredRAM, state *os.File) launchMode {
+	return launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
+		ram: ram.mode, files: []*os.File{ram.file, state}, restore: true}
+}
+
+// checkFiles copies the save point's RAM into fill, a VM's own copy
+// (nil: the shared copy, checked when it was made), and then checks the
+// save point's files, beside the launch's steps, which wait for the copy
+// (filled: the fill step) and for the check (verified: the verify step).
+// The files are checked once the RAM is filled, while the state loads
+// and the guest resumes, so that the checks do not take the host's CPUs
+// from the fill and QEMU's start. A check that fails stops the launch at
+// once (stop). A save point of a format before 3 has its RAM's digest
+// checked as it is copied.
+//
+// Loading before the check relaxes nothing: the check is against damage
+// (only vmgated's user can write these files), and a damaged file
+// reaches only the jailed QEMU and its guest, as any guest's input does
+// (docs/security.md).
+func (r *restoring) checkFiles(fill *os.File) (filled, verified <-chan error) {
+	filledc, verifiedc := make(chan error, 1), make(chan error, 1)
+	r.checked = make(chan struct{})
+	go func() {
+		defer close(r.checked)
+		var err error
+		if fill != nil {
+			err = r.sp.fillRAM(fill, false, true)
+			fill.Close()
+		}
+		filledc <- err
+		if err == nil && !r.sp.Meta.RAMInMemory {
+			err = r.sp.verify(fill != nil)
+		}
+		if err != nil {
+			r.stop(err)
+		}
+		r.err = err
+		verifiedc <- err
+	}()
+	return filledc, verifiedc
 }
 
 // verify checks the save point's state and disk, and its RAM if ram and
