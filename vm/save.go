@@ -29,19 +29,13 @@ func (v *VM) save(ctx context.Context) error {
 		return fmt.Errorf("template save: %w", err)
 	}
 	defer sf.Close()
-	steps := []struct {
-		cmd  string
-		args any
-		fds  []int
-	}{
+	err = runCalls(ctx, q, []qmpCall{
 		{"stop", nil, nil},
 		{"migrate-set-capabilities", ignoreShared, nil},
 		{"getfd", map[string]any{"fdname": "state"}, []int{int(sf.Fd())}},
-	}
-	for _, s := range steps {
-		if _, err := q.run(ctx, s.cmd, s.args, s.fds...); err != nil {
-			return fmt.Errorf("template save: %w", err)
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("template save: %w", err)
 	}
 	if err := q.runMigration(ctx, "migrate", map[string]any{"uri": "fd:state"}); err != nil {
 		return fmt.Errorf("template save: %w", err)
@@ -68,6 +62,24 @@ func (v *VM) save(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("template save: %w", err)
+	}
+	return nil
+}
+
+// qmpCall is one QMP command of a sequence: its arguments, and the fds
+// passed with it.
+type qmpCall struct {
+	cmd  string
+	args any
+	fds  []int
+}
+
+// runCalls runs calls on q in order, up to the first that fails.
+func runCalls(ctx context.Context, q *qmp, calls []qmpCall) error {
+	for _, c := range calls {
+		if _, err := q.run(ctx, c.cmd, c.args, c.fds...); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -371,16 +372,7 @@ func (s *saving) hashDisk() {
 // template's, its RAM from the image.
 func (s *saving) stream(ctx context.Context) error {
 	size := int64(s.v.opts.MemoryMiB) << 20
-	var err error
-	if s.o.InMemory {
-		s.ram, err = memFile("vmgate-savepoint-ram", size)
-	} else {
-		s.ram, err = os.OpenFile(filepath.Join(s.tmp, RAMFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err == nil {
-			err = s.ram.Truncate(size)
-		}
-	}
-	if err != nil {
+	if err := s.newRAMImage(size); err != nil {
 		return fmt.Errorf("RAM image: %w", err)
 	}
 	sf, err := os.OpenFile(filepath.Join(s.tmp, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -388,52 +380,74 @@ func (s *saving) stream(ctx context.Context) error {
 		return err
 	}
 	defer sf.Close()
-	pr, pw, err := os.Pipe()
+	state, err := newStateWriter(sf, s.key)
 	if err != nil {
 		return err
+	}
+	var ram io.WriterAt = s.ram
+	if !s.o.InMemory {
+		ram = writeBehind{s.ram}
+	}
+	res, err := s.split(ctx, state, ram, size)
+	if err != nil {
+		return err
+	}
+	if err := state.Flush(); err != nil {
+		return cmp.Or(stateDiskFull(err, "the device state"), err)
+	}
+	m := &s.meta
+	m.StateSHA256, m.StateMAC = state.sums()
+	m.StateBytes = res.StateBytes
+	if s.v.ram == nil {
+		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = res.RAMDigest, res.RAMMAC, res.DataPages*integrity.PageSize
+		return nil
+	}
+	return s.copyOwnRAM(ram)
+}
+
+// newRAMImage makes the RAM image of size bytes that the stream's RAM
+// goes to: a memory file (InMemory), or a sparse file in the save point.
+func (s *saving) newRAMImage(size int64) error {
+	var err error
+	if s.o.InMemory {
+		s.ram, err = memFile("vmgate-savepoint-ram", size)
+		return err
+	}
+	if s.ram, err = os.OpenFile(filepath.Join(s.tmp, RAMFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
+		return err
+	}
+	return s.ram.Truncate(size)
+}
+
+// split has the stopped VM's QEMU migrate into a pipe, splits what comes
+// out (migstream.Split) into state and ram (size bytes), and checks that
+// the stream carried the guest's RAM unless it is a memory file of the
+// VM's own, which x-ignore-shared leaves out.
+func (s *saving) split(ctx context.Context, state io.Writer, ram io.WriterAt, size int64) (migstream.Result, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return migstream.Result{}, err
 	}
 	defer pr.Close()
 	// A bigger pipe: fewer wake-ups of either side (best effort: the
 	// default is 64 KiB).
 	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
-	steps := []struct {
-		cmd  string
-		args any
-		fds  []int
-	}{
+	err = runCalls(ctx, s.q, []qmpCall{
 		{"migrate-set-capabilities", ignoreShared, nil},
 		{"migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30}, nil},
 		{"getfd", map[string]any{"fdname": "savepoint"}, []int{int(pw.Fd())}},
-	}
-	for _, st := range steps {
-		if _, err := s.q.run(ctx, st.cmd, st.args, st.fds...); err != nil {
-			pw.Close()
-			return err
-		}
-	}
+	})
 	pw.Close() // QEMU has its own: the stream ends when QEMU closes it
-	h := sha256.New()
-	hw := io.Writer(h)
-	var stateMAC *integrity.FileMAC
-	if s.key != nil {
-		if stateMAC, err = integrity.NewFileMAC(s.key, integrity.DomainState); err != nil {
-			pw.Close()
-			return err
-		}
-		hw = io.MultiWriter(h, stateMAC)
+	if err != nil {
+		return migstream.Result{}, err
 	}
-	bw := bufio.NewWriterSize(io.MultiWriter(sf, hw), 256<<10)
 	type split struct {
 		res migstream.Result
 		err error
 	}
 	done := make(chan split, 1)
-	var ram io.WriterAt = s.ram
-	if !s.o.InMemory {
-		ram = writeBehind{s.ram}
-	}
 	go func() {
-		res, err := migstream.Split(pr, bw, ram, migstream.Options{Block: ramBlock, BlockBytes: size, MACKey: s.key})
+		res, err := migstream.Split(pr, state, ram, migstream.Options{Block: ramBlock, BlockBytes: size, MACKey: s.key})
 		if err != nil {
 			pr.Close() // QEMU's writes fail: the migration ends
 		}
@@ -449,33 +463,55 @@ func (s *saving) stream(ctx context.Context) error {
 	}
 	switch {
 	case sp.err != nil:
-		if errors.Is(sp.err, syscall.ENOSPC) || errors.Is(sp.err, syscall.EDQUOT) {
-			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, sp.err)
-		}
-		return fmt.Errorf("split the migration stream: %w", sp.err)
+		return sp.res, cmp.Or(stateDiskFull(sp.err, "the RAM image"), fmt.Errorf("split the migration stream: %w", sp.err))
 	case merr != nil:
-		return merr
+		return sp.res, merr
 	case s.v.ram == nil && sp.res.DataPages == 0:
-		return errors.New("the migration stream carried none of the guest's RAM")
+		return sp.res, errors.New("the migration stream carried none of the guest's RAM")
 	case s.v.ram != nil && sp.res.DataPages+sp.res.ZeroPages != 0:
-		return errors.New("the migration stream carried the guest's RAM, which is shared")
+		return sp.res, errors.New("the migration stream carried the guest's RAM, which is shared")
 	}
-	if err := bw.Flush(); err != nil {
-		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			return fmt.Errorf("%w (writing the device state: %v)", ErrStateDiskFull, err)
+	return sp.res, nil
+}
+
+// stateWriter writes the device state to its file, buffered, and takes
+// its SHA-256 and, under a save point's key, its keyed check as it goes.
+type stateWriter struct {
+	*bufio.Writer
+	sum hash.Hash
+	mac *integrity.FileMAC // nil without a key
+}
+
+func newStateWriter(f *os.File, key []byte) (*stateWriter, error) {
+	w := &stateWriter{sum: sha256.New()}
+	sums := io.Writer(w.sum)
+	if key != nil {
+		var err error
+		if w.mac, err = integrity.NewFileMAC(key, integrity.DomainState); err != nil {
+			return nil, err
 		}
-		return err
+		sums = io.MultiWriter(w.sum, w.mac)
 	}
-	m := &s.meta
-	m.StateSHA256, m.StateBytes = hex.EncodeToString(h.Sum(nil)), sp.res.StateBytes
-	if stateMAC != nil {
-		m.StateMAC = stateMAC.Sum()
+	w.Writer = bufio.NewWriterSize(io.MultiWriter(f, sums), 256<<10)
+	return w, nil
+}
+
+// sums are the state's SHA-256 and its keyed check ("" without a key),
+// once it is flushed.
+func (w *stateWriter) sums() (sum, mac string) {
+	if w.mac != nil {
+		mac = w.mac.Sum()
 	}
-	if s.v.ram == nil {
-		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = sp.res.RAMDigest, sp.res.RAMMAC, sp.res.DataPages*integrity.PageSize
-		return nil
+	return hex.EncodeToString(w.sum.Sum(nil)), mac
+}
+
+// stateDiskFull is err as ErrStateDiskFull when it says that the state
+// directory's disk is full (ENOSPC, EDQUOT) while writing what, else nil.
+func stateDiskFull(err error, what string) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w (writing %s: %v)", ErrStateDiskFull, what, err)
 	}
-	return s.copyOwnRAM(ram)
+	return nil
 }
 
 // copyOwnRAM copies the guest's RAM when it is a memory file of its own,
@@ -493,11 +529,8 @@ func (s *saving) copyOwnRAM(ram io.WriterAt) error {
 		sum = integrity.NewPageDigest()
 		pages, err = copyRAMImage(ram, s.v.ram, sum, check)
 	}
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
-	}
 	if err != nil {
-		return fmt.Errorf("copy the guest's RAM: %w", err)
+		return cmp.Or(stateDiskFull(err, "the RAM image"), fmt.Errorf("copy the guest's RAM: %w", err))
 	}
 	m := &s.meta
 	m.RAMDataBytes = pages * integrity.PageSize
@@ -607,10 +640,7 @@ func (s *saving) sync(context.Context) error {
 		return seal(s.ram)
 	}
 	if err := s.ram.Sync(); err != nil {
-		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
-		}
-		return err
+		return cmp.Or(stateDiskFull(err, "the RAM image"), err)
 	}
 	s.meta.RAMDataBytes = allocatedBytes(filepath.Join(s.tmp, RAMFile))
 	return nil
