@@ -177,9 +177,14 @@ func (sp *SavePoint) restoreRAM(shared bool) (restoredRAM, error) {
 // restoreMode is how a VM restored from the save point is launched: a
 // new overlay on the save point's disk (written by a VM's QEMU: never
 // opened by the host), ram and state as QEMU's fds 4 and 5, and in its
-// jail the image's files and the save point's. It is pure.
+// jail the image's files and the save point's disk, the one file of it
+// that QEMU opens. The save point's directory is not bound: its
+// savepoint.json holds the key of its keyed checks, which the guest
+// never learns, and its RAM file and state reach QEMU as fds only. It is
+// pure.
 func (sp *SavePoint) restoreMode(img *imageFiles, ram restoredRAM, state *os.File) launchMode {
-	return launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
+	disk := filepath.Join(sp.Dir, OverlayFile)
+	return launchMode{backing: disk, untrustedBacking: true, readOnly: append(img.qemuFiles(), disk),
 		ram: ram.mode, files: []*os.File{ram.file, state}, restore: true}
 }
 

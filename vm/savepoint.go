@@ -31,9 +31,10 @@ package vm
 // keyed checks, four times cheaper, are checked before a VM is restored,
 // so a file changed, cut or taken from another save point afterwards (a
 // damaged disk, a full one) is found and refused (ErrSavePointDamaged).
-// The guest never learns the key, so it cannot fill its RAM so that a
-// changed copy passes; anyone who can read savepoint.json is vmgated's
-// user, who could rewrite the digests as well. A fork's save
+// The guest never learns the key (a restored VM's jail shows its QEMU
+// the save point's disk alone: restoreMode), so it cannot fill its RAM so
+// that a changed copy passes; anyone who can read savepoint.json is
+// vmgated's user, who could rewrite the digests as well. A fork's save
 // point, whose copies are restored from it at once, is not checked
 // again: its files are the daemon's of a moment ago, and its digests,
 // which only name it in the audit log, are taken while its copies are
