@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/durable"
 )
 
 // ProbeTimeout bounds the KVM probe. A working KVM boots the probe kernel to
@@ -194,19 +196,7 @@ func writeProbeCache(dir string, host probeHost, r probeResult) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".accel-probe-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, probeCacheFile))
+	return durable.WriteFile(filepath.Join(dir, probeCacheFile), append(b, '\n'), 0o600)
 }
 
 func openKVM() error {

@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"cmp"
 	"log/slog"
 	"time"
 
@@ -68,7 +69,8 @@ type Options struct {
 	// absolute and through no symlink, as the Runtime's directories
 	// (Options.ResolveDirs).
 	ImageDir string
-	// MemoryMiB defaults to 512, CPUs to 1.
+	// MemoryMiB defaults to DefaultMemoryMiB, CPUs to DefaultCPUs (a VM
+	// restored from a save point: to its shape, when MemoryMiB is 0).
 	MemoryMiB int
 	CPUs      int
 	// DiskMiB bounds what the guest may write to its disk (disk.go): its
@@ -87,8 +89,9 @@ type Options struct {
 	// policy can be replaced later (VM.Network().SetPolicy), as the host
 	// does when it hands a VM out.
 	Network *netstack.Config
-	// BootTimeout bounds a start until the agent answers; default 180s
-	// for a cold boot, RestoreTimeout for a clone of a template.
+	// BootTimeout bounds a start until the agent answers; default
+	// DefaultBootTimeout for a cold boot, RestoreTimeout for a VM
+	// restored from a template or a save point.
 	BootTimeout time.Duration
 	// NetworkTimeout bounds the wait, once the agent answers, for a VM
 	// with a NIC to have a usable network (default
@@ -110,21 +113,34 @@ const (
 // DefaultBootTimeout bounds a cold boot until the agent answers.
 const DefaultBootTimeout = 180 * time.Second
 
-func (o *Options) setDefaults() {
+// RestoreTimeout bounds a restore, from QEMU's start to an agent that
+// answers, unless Options.BootTimeout says otherwise. A restore takes well
+// under a second to a few seconds on a loaded host; a clone that takes a
+// minute is broken, and the request gets an error instead of a wait as
+// long as a cold boot's.
+const RestoreTimeout = time.Minute
+
+// setDefaults fills in what o leaves out, for a cold boot (Start, a
+// template's build).
+func (o *Options) setDefaults() { o.defaults(nil, DefaultBootTimeout) }
+
+// setRestoreDefaults fills in what o leaves out, for a VM restored from
+// saved files (a template's clone, a save point's VM): it is bounded by
+// RestoreTimeout, not a cold boot's limit, and, given the machine a save
+// point was saved on, is of its shape when o names no memory size.
+func (o *Options) setRestoreDefaults(saved *Machine) { o.defaults(saved, RestoreTimeout) }
+
+// defaults is the one home of Options' defaults: the runtime's, the shape
+// (saved's when o names no memory size, else the default shape), the
+// disk limit and the time limits (a boot's: boot).
+func (o *Options) defaults(saved *Machine, boot time.Duration) {
 	o.Runtime.setDefaults()
-	if o.MemoryMiB == 0 {
-		o.MemoryMiB = DefaultMemoryMiB
+	if saved != nil && o.MemoryMiB == 0 {
+		o.MemoryMiB, o.CPUs = saved.MemoryMiB, saved.CPUs
 	}
-	if o.CPUs == 0 {
-		o.CPUs = DefaultCPUs
-	}
-	if o.DiskMiB == 0 {
-		o.DiskMiB = DefaultDiskMiB
-	}
-	if o.BootTimeout == 0 {
-		o.BootTimeout = DefaultBootTimeout
-	}
-	if o.NetworkTimeout == 0 {
-		o.NetworkTimeout = DefaultNetworkTimeout
-	}
+	o.MemoryMiB = cmp.Or(o.MemoryMiB, DefaultMemoryMiB)
+	o.CPUs = cmp.Or(o.CPUs, DefaultCPUs)
+	o.DiskMiB = cmp.Or(o.DiskMiB, DefaultDiskMiB)
+	o.BootTimeout = cmp.Or(o.BootTimeout, boot)
+	o.NetworkTimeout = cmp.Or(o.NetworkTimeout, DefaultNetworkTimeout)
 }

@@ -117,9 +117,10 @@ func lastLines(b []byte, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// fileTail returns the last n bytes of the file at path.
+// fileTail returns the last n bytes of the file at path, a VM's
+// (openQEMUFile), or nothing.
 func fileTail(path string, n int64) []byte {
-	f, err := os.Open(path)
+	f, err := openQEMUFile(path, os.O_RDONLY)
 	if err != nil {
 		return nil
 	}

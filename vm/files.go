@@ -1,12 +1,10 @@
 package vm
 
 // Files of templates (and saved VMs): moved across filesystems with
-// their holes, written and synced, hashed, sealed into memory.
+// their holes, sealed into memory. Their sums are package integrity's. Metadata files are written by
+// package durable.
 
 import (
-	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,8 +12,6 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/vmgate/vmgate/vm/migstream"
 )
 
 // moveFile renames src to dst or, when they are on two filesystems (a
@@ -35,9 +31,10 @@ func moveFile(src, dst string) error {
 }
 
 // copySparse copies src to the new file dst, writing only src's data
-// extents (SEEK_DATA/SEEK_HOLE), so that holes stay holes.
+// extents (SEEK_DATA/SEEK_HOLE), so that holes stay holes. src may be a
+// VM's (openQEMUFile).
 func copySparse(src, dst string) error {
-	in, err := os.Open(src)
+	in, err := openQEMUFile(src, os.O_RDONLY)
 	if err != nil {
 		return err
 	}
@@ -73,139 +70,40 @@ func copySparse(src, dst string) error {
 	return out.Close()
 }
 
-// writeFileSync writes b to the new file path (0400) and syncs it.
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// syncPath makes the file at path durable, or a directory's entries.
-func syncPath(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}
-
-// fileSHA256 is the hex SHA-256 of the file at path.
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	return readerSHA256(f)
-}
-
-// readerSHA256 is the hex SHA-256 of what r yields.
-func readerSHA256(r io.Reader) (string, error) {
-	h := sha256.New()
-	if _, err := io.CopyBuffer(h, r, make([]byte, 1<<20)); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// Domains of a save point's keyed checks (migstream.MAC) other than its
-// RAM's (migstream.MACDomainRAM).
-const (
-	macDomainOverlay = 2
-	macDomainState   = 3
-)
-
-// macChunk is the size of a whole file's chunks in its keyed check.
-const macChunk = 64 << 10
-
-// fileMAC takes the keyed check of a whole file written to it: its bytes
-// in chunks of macChunk at their offsets (the last one shorter), so that
-// the check does not depend on how the bytes are written.
-type fileMAC struct {
-	m   *migstream.MAC
-	buf []byte // the start of the chunk at off
-	off int64
-}
-
-func newFileMAC(key []byte, domain uint32) (*fileMAC, error) {
-	m, err := migstream.NewMAC(key, domain)
+// openQEMUFile opens a file that a VM's QEMU can write or replace: one in
+// the VM's directory, read-write in its jail, or moved or linked out of
+// it. A QEMU that a guest took over can put a symlink there to any path
+// of the host, which the daemon would follow with its own rights (copy a
+// file of its own into a save point or an error message, change its
+// mode), or a FIFO, whose open would wait for a writer. So the file is
+// opened without following a symlink (O_NOFOLLOW) or waiting
+// (O_NONBLOCK, which a regular file ignores), and must be a regular file;
+// its mode is changed on the open file (chmodQEMUFile), never by path.
+func openQEMUFile(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	return &fileMAC{m: m, buf: make([]byte, 0, macChunk)}, nil
-}
-
-func (f *fileMAC) Write(p []byte) (int, error) {
-	n := len(p)
-	if len(f.buf) > 0 {
-		k := min(macChunk-len(f.buf), len(p))
-		f.buf, p = append(f.buf, p[:k]...), p[k:]
-		if len(f.buf) < macChunk {
-			return n, nil
-		}
-		f.m.Add(f.off, f.buf)
-		f.off, f.buf = f.off+macChunk, f.buf[:0]
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
 	}
-	for len(p) >= macChunk {
-		f.m.Add(f.off, p[:macChunk])
-		f.off, p = f.off+macChunk, p[macChunk:]
-	}
-	f.buf = append(f.buf, p...)
-	return n, nil
-}
-
-// Sum is the check, in hex; nothing may be written after it.
-func (f *fileMAC) Sum() string {
-	if len(f.buf) > 0 {
-		f.m.Add(f.off, f.buf)
-		f.off, f.buf = f.off+int64(len(f.buf)), f.buf[:0]
-	}
-	return f.m.Sum()
-}
-
-// readerMAC is the keyed check (fileMAC) of what r yields.
-func readerMAC(r io.Reader, key []byte, domain uint32) (string, error) {
-	m, err := newFileMAC(key, domain)
 	if err != nil {
-		return "", err
+		f.Close()
+		return nil, err
 	}
-	if _, err := io.CopyBuffer(m, r, make([]byte, 1<<20)); err != nil {
-		return "", err
-	}
-	return m.Sum(), nil
+	return f, nil
 }
 
-// fileSums is the hex SHA-256 of the file at path and its keyed check
-// (fileMAC) under key in domain, each read by a goroutine of its own: a
-// save waits for the longer, SHA-256.
-func fileSums(path string, key []byte, domain uint32) (sum, mac string, err error) {
-	check := make(chan error, 1)
-	go func() {
-		f, err := os.Open(path)
-		if err != nil {
-			check <- err
-			return
-		}
-		defer f.Close()
-		mac, err = readerMAC(f, key, domain)
-		check <- err
-	}()
-	sum, err = fileSHA256(path)
-	if err = cmp.Or(err, <-check); err != nil {
-		return "", "", err
+// chmodQEMUFile sets the mode of a file that a VM's QEMU can write or
+// replace (openQEMUFile) on the open file.
+func chmodQEMUFile(path string, mode os.FileMode) error {
+	f, err := openQEMUFile(path, os.O_RDONLY)
+	if err != nil {
+		return err
 	}
-	return sum, mac, nil
+	defer f.Close()
+	return f.Chmod(mode)
 }
 
 // allocatedBytes is the space a (sparse) file takes.

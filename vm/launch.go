@@ -73,6 +73,9 @@ type launch struct {
 	// owned are files the launch opened for QEMU (a clone's state file):
 	// closed once QEMU has its copies, or when the launch fails.
 	owned []*os.File
+	// saved is a save point's restore (SavePoint.Restore), nil for
+	// other launches.
+	saved *restoring
 	// filled, when set, says whether a restore's RAM was copied (while
 	// QEMU starts); load_state waits for it (the fill step). verified,
 	// when set, says whether the files a restore loaded are whole (checked
@@ -117,12 +120,34 @@ type launchMode struct {
 	untrustedBacking bool
 }
 
+// newLaunch is the launch of a new VM of opts from the image img, under
+// accel, as m says.
 func newLaunch(opts Options, img *imageFiles, accel Accel, m launchMode) *launch {
+	l := launchOf(opts)
+	l.setImage(img, accel)
+	l.setMode(m)
+	return l
+}
+
+// launchOf is the launch of a new VM of opts, whose image, accelerator
+// and mode its first steps set (a save point's restore: validate, open).
+func launchOf(opts Options) *launch {
 	id := newID()
 	now := time.Now()
-	return &launch{opts: opts, img: img, accel: accel, mode: m, started: now, mark: now,
-		vm: &VM{ID: id, Accel: accel, log: opts.Log.With("vm", id), exited: make(chan struct{}),
-			opts: opts, img: img, flat: m.backing == img.base && img.base != ""}}
+	return &launch{opts: opts, started: now, mark: now,
+		vm: &VM{ID: id, log: opts.Log.With("vm", id), exited: make(chan struct{}), opts: opts}}
+}
+
+// setImage sets the image the VM is launched from, and its accelerator.
+func (l *launch) setImage(img *imageFiles, accel Accel) {
+	l.img, l.accel = img, accel
+	l.vm.img, l.vm.Accel = img, accel
+}
+
+// setMode sets how the VM is launched (after setImage).
+func (l *launch) setMode(m launchMode) {
+	l.mode = m
+	l.vm.flat = m.backing == l.img.base && l.img.base != ""
 }
 
 // Start boots a fresh VM on a new overlay of the image and waits until its

@@ -2,7 +2,9 @@ package vm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -27,19 +29,13 @@ func (v *VM) save(ctx context.Context) error {
 		return fmt.Errorf("template save: %w", err)
 	}
 	defer sf.Close()
-	steps := []struct {
-		cmd  string
-		args any
-		fds  []int
-	}{
+	err = runCalls(ctx, q, []qmpCall{
 		{"stop", nil, nil},
 		{"migrate-set-capabilities", ignoreShared, nil},
 		{"getfd", map[string]any{"fdname": "state"}, []int{int(sf.Fd())}},
-	}
-	for _, s := range steps {
-		if _, err := q.run(ctx, s.cmd, s.args, s.fds...); err != nil {
-			return fmt.Errorf("template save: %w", err)
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("template save: %w", err)
 	}
 	if err := q.runMigration(ctx, "migrate", map[string]any{"uri": "fd:state"}); err != nil {
 		return fmt.Errorf("template save: %w", err)
@@ -54,12 +50,35 @@ func (v *VM) save(ctx context.Context) error {
 		_ = v.Kill()
 		<-v.exited
 	}
-	// The RAM file must be complete on disk before it is reused.
-	if f, err := os.Open(filepath.Join(v.Dir, RAMFile)); err == nil {
+	// The RAM file must be complete on disk before it is reused. It is
+	// QEMU's, in the VM's directory (openQEMUFile).
+	f, err := openQEMUFile(filepath.Join(v.Dir, RAMFile), os.O_RDONLY)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
 		err = f.Sync()
 		f.Close()
-		if err != nil {
-			return fmt.Errorf("template save: %w", err)
+	}
+	if err != nil {
+		return fmt.Errorf("template save: %w", err)
+	}
+	return nil
+}
+
+// qmpCall is one QMP command of a sequence: its arguments, and the fds
+// passed with it.
+type qmpCall struct {
+	cmd  string
+	args any
+	fds  []int
+}
+
+// runCalls runs calls on q in order, up to the first that fails.
+func runCalls(ctx context.Context, q *qmp, calls []qmpCall) error {
+	for _, c := range calls {
+		if _, err := q.run(ctx, c.cmd, c.args, c.fds...); err != nil {
+			return err
 		}
 	}
 	return nil

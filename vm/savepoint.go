@@ -26,14 +26,15 @@ package vm
 // framing of the RAM's pages (its threat model); only a jailed QEMU loads
 // what it wrote. The files are 0600 in a 0700 directory of vmgated's
 // state directory. When saved, each file gets its SHA-256 (which names
-// the save point in the audit log) and a keyed check (migstream.MAC,
+// the save point in the audit log) and a keyed check (integrity.MAC,
 // under a key drawn for that save point: SavePointMeta.CheckKey); the
 // keyed checks, four times cheaper, are checked before a VM is restored,
 // so a file changed, cut or taken from another save point afterwards (a
 // damaged disk, a full one) is found and refused (ErrSavePointDamaged).
-// The guest never learns the key, so it cannot fill its RAM so that a
-// changed copy passes; anyone who can read savepoint.json is vmgated's
-// user, who could rewrite the digests as well. A fork's save
+// The guest never learns the key (a restored VM's jail shows its QEMU
+// the save point's disk alone: restoreMode), so it cannot fill its RAM so
+// that a changed copy passes; anyone who can read savepoint.json is
+// vmgated's user, who could rewrite the digests as well. A fork's save
 // point, whose copies are restored from it at once, is not checked
 // again: its files are the daemon's of a moment ago, and its digests,
 // which only name it in the audit log, are taken while its copies are
@@ -42,24 +43,19 @@ package vm
 // accelerator and shape (ErrSavePointStale otherwise).
 
 import (
-	"cmp"
-	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
-	"github.com/vmgate/vmgate/vm/image"
-	"github.com/vmgate/vmgate/vm/migstream"
+	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 )
 
 // Files of a save point (with OverlayFile, RAMFile, TemplateStateFile).
@@ -67,7 +63,7 @@ const (
 	SavePointMetaFile = "savepoint.json"
 	// savePointFormat 3: the files are checked at a restore by their keyed
 	// checks (CheckKey); 2: by their SHA-256, the RAM's being
-	// migstream.PageDigest's; 1: the RAM's extentSHA256's. All three are
+	// integrity.PageDigest's; 1: the RAM's integrity.ExtentSHA256's. All three are
 	// read.
 	savePointFormat = 3
 )
@@ -80,18 +76,11 @@ var ErrSavePointStale = errors.New("save point does not match this machine")
 // or changed since it was saved.
 var ErrSavePointDamaged = errors.New("save point damaged")
 
-// SavePointMeta describes a save point: what it can be restored into, and
-// its files.
+// SavePointMeta describes a save point: what it can be restored into (its
+// Machine, and the launch's format), and its files.
 type SavePointMeta struct {
-	Format       int    `json:"format"`
-	ImageDigest  string `json:"image_digest"`
-	KernelDigest string `json:"kernel_digest"`
-	InitrdDigest string `json:"initrd_digest"`
-	MemoryMiB    int    `json:"memory_mib"`
-	CPUs         int    `json:"cpus"`
-	Accel        Accel  `json:"accel"`
-	QEMUVersion  string `json:"qemu_version"`
-	Network      bool   `json:"network"`
+	Format int `json:"format"`
+	Machine
 	// Launch is the format of the QEMU command line the VM ran with
 	// (templateFormat: devices, CPU model, kernel arguments).
 	Launch  int       `json:"launch_format"`
@@ -101,8 +90,8 @@ type SavePointMeta struct {
 	// fork's), not in RAMFile.
 	RAMInMemory bool `json:"ram_in_memory,omitempty"`
 	// Digests of the files (RAM: of its pages that are not all zeros and
-	// their offsets, migstream.PageDigest; in format 1 of its data extents
-	// and their offsets, extentSHA256), and their sizes on disk.
+	// their offsets, integrity.PageDigest; in format 1 of its data extents
+	// and their offsets, integrity.ExtentSHA256), and their sizes on disk.
 	OverlaySHA256 string `json:"overlay_sha256"`
 	StateSHA256   string `json:"state_sha256"`
 	RAMSHA256     string `json:"ram_sha256"`
@@ -110,10 +99,11 @@ type SavePointMeta struct {
 	StateBytes    int64  `json:"state_bytes"`
 	RAMDataBytes  int64  `json:"ram_data_bytes"`
 	// CheckKey (hex; format 3, not a fork point's) is the key of the
-	// files' keyed checks (migstream.MAC; the RAM's by its pages that are
-	// not all zeros, migstream.NewPageCheck; the others' whole, fileMAC),
-	// which a restore checks instead of the digests: four times cheaper,
-	// and the digests taken with them at the save still name what ran.
+	// files' keyed checks (integrity.MAC; the RAM's by its pages that are
+	// not all zeros, integrity.NewPageCheck; the others' whole,
+	// integrity.FileMAC), which a restore checks instead of the digests:
+	// four times cheaper, and the digests taken with them at the save
+	// still name what ran.
 	CheckKey   string `json:"check_key,omitempty"`
 	OverlayMAC string `json:"overlay_mac,omitempty"`
 	StateMAC   string `json:"state_mac,omitempty"`
@@ -127,8 +117,8 @@ func (m SavePointMeta) checkKey() ([]byte, error) {
 		return nil, nil
 	}
 	k, err := hex.DecodeString(m.CheckKey)
-	if err != nil || len(k) != migstream.MACKeySize {
-		return nil, fmt.Errorf("%w: %s: no check key of %d bytes", ErrSavePointDamaged, SavePointMetaFile, migstream.MACKeySize)
+	if err != nil || len(k) != integrity.KeySize {
+		return nil, fmt.Errorf("%w: %s: no check key of %d bytes", ErrSavePointDamaged, SavePointMetaFile, integrity.KeySize)
 	}
 	return k, nil
 }
@@ -146,7 +136,7 @@ func (m SavePointMeta) Digest() string {
 // write writes the metadata file (SavePointMetaFile, 0400) into dir.
 func (m SavePointMeta) write(dir string) error {
 	b, _ := json.MarshalIndent(m, "", "  ")
-	return writeFileSync(filepath.Join(dir, SavePointMetaFile), append(b, '\n'))
+	return durable.WriteNew(filepath.Join(dir, SavePointMetaFile), append(b, '\n'), 0o400)
 }
 
 // DiskBytes is the space the save point's files take.
@@ -194,13 +184,13 @@ func (sp *SavePoint) takeDigests(log *slog.Logger) {
 	m := sp.Meta
 	var err error
 	if m.RAMSHA256 == "" {
-		d := migstream.NewPageDigest()
+		d := integrity.NewPageDigest()
 		if err = readPages(sp.ram, d.Add); err == nil {
 			m.RAMSHA256 = d.Sum()
 		}
 	}
 	if err == nil {
-		m.OverlaySHA256, err = fileSHA256(filepath.Join(sp.Dir, OverlayFile))
+		m.OverlaySHA256, err = integrity.FileSHA256(filepath.Join(sp.Dir, OverlayFile))
 	}
 	if err == nil {
 		err = m.write(sp.Dir)
@@ -341,376 +331,19 @@ func (sp *SavePoint) remove() error {
 
 // Matches reports whether VMs of opts (the image, the runtime's QEMU, the
 // shape) and accelerator accel are the machine the save point was saved
-// from; an error wrapping ErrSavePointStale says what differs.
+// from, launched as it was; an error wrapping ErrSavePointStale names the
+// first difference (Machine.diff).
 func (sp *SavePoint) Matches(opts Options, accel Accel) error {
-	m := sp.Meta
-	man, err := image.ReadManifest(opts.ImageDir)
+	now, err := machineOf(opts, accel)
 	if err != nil {
 		return err
 	}
-	qv, err := QEMUVersion(opts.QEMU)
-	if err != nil {
-		return err
+	d := difference("the VM's launch (vmgated's version)", sp.Meta.Launch, templateFormat)
+	if d == "" {
+		d = sp.Meta.diff(now)
 	}
-	var diff []string
-	for _, c := range []struct{ what, was, now string }{
-		{"image", m.ImageDigest, man.Artifacts[image.BaseFile].SHA256},
-		{"kernel", m.KernelDigest, man.Artifacts[image.KernelFile].SHA256},
-		{"initramfs", m.InitrdDigest, man.Artifacts[image.InitrdFile].SHA256},
-		{"QEMU", m.QEMUVersion, qv},
-		{"the VM's launch (vmgated's version)", fmt.Sprint(m.Launch), fmt.Sprint(templateFormat)},
-		{"accelerator", string(m.Accel), string(accel)},
-		{"memory (MiB)", fmt.Sprint(m.MemoryMiB), fmt.Sprint(opts.MemoryMiB)},
-		{"CPUs", fmt.Sprint(m.CPUs), fmt.Sprint(opts.CPUs)},
-		{"network", fmt.Sprint(m.Network), fmt.Sprint(opts.Network != nil)},
-	} {
-		if c.was != c.now {
-			diff = append(diff, fmt.Sprintf("%s was %s, is %s", c.what, short(c.was), short(c.now)))
-		}
-	}
-	if len(diff) > 0 {
-		return fmt.Errorf("%w: %v", ErrSavePointStale, diff)
+	if d != "" {
+		return fmt.Errorf("%w: %s", ErrSavePointStale, d)
 	}
 	return nil
-}
-
-// short shortens a digest for a message.
-func short(s string) string {
-	if len(s) == 64 {
-		return s[:12]
-	}
-	return s
-}
-
-// restoreSteps bring a VM up from a save point: a clone's launch, its
-// state loaded once the RAM is filled (begun before QEMU starts), and the
-// VM handed over once the save point's files passed their checks (begun
-// once the RAM is filled).
-var restoreSteps = slices.Concat(aheadSteps, []step{{name: "fill", run: (*launch).fill}}, completeSteps, []step{{name: "verify", run: (*launch).verify}})
-
-// Restore starts a VM from the save point with opts (the runtime, the
-// cgroups, the network's configuration; its image and shape must be the
-// save point's: Matches), its clock and entropy refreshed. shared maps the
-// RAM through one sealed copy that the save point keeps, for several VMs
-// (a fork's copies); otherwise the VM maps the RAM file itself.
-//
-// Postcondition: on error nothing of the VM is left, and the save point is
-// as it was.
-func (sp *SavePoint) Restore(ctx context.Context, opts Options, shared bool) (*VM, error) {
-	if opts.MemoryMiB == 0 {
-		opts.MemoryMiB, opts.CPUs = sp.Meta.MemoryMiB, sp.Meta.CPUs
-	}
-	if opts.BootTimeout == 0 {
-		opts.BootTimeout = RestoreTimeout
-	}
-	opts.setDefaults()
-	sp.mu.Lock()
-	dropped := sp.ramDropped && sp.ram == nil
-	sp.mu.Unlock()
-	if dropped {
-		return nil, errors.New("restore: the save point's RAM was dropped once its VM ran")
-	}
-	img, accel, err := prepare(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	if err := sp.Matches(opts, accel); err != nil {
-		return nil, err
-	}
-	state, err := os.Open(filepath.Join(sp.Dir, TemplateStateFile))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
-	}
-	// The RAM is a memory copy of the file: QEMU reading a file's holes
-	// (the guest's zero pages) through its mapping costs more than the
-	// copy when the VM is saved again (docs/benchmarks.md). VMs that share
-	// it (a fork's copies) map one sealed copy privately, made and checked
-	// on first use. A VM alone gets a copy of its own, which its QEMU maps
-	// shared, so that its guest writes there and a save copies that file
-	// (VM.ram) instead of migrating the RAM page by page; it is filled
-	// while QEMU starts: QEMU, waiting for its state, does not touch the
-	// guest's RAM before the state loads, which waits for the fill.
-	var ram, fill, own *os.File
-	mode := ramPrivateFD
-	if shared || sp.Meta.RAMInMemory {
-		shared = true
-		ram, err = sp.sealedRAM()
-	} else if ram, err = memFile("vmgate-vm-ram", int64(sp.Meta.MemoryMiB)<<20); err == nil {
-		mode = ramSharedFD
-		if fill, err = dupFile(ram); err == nil {
-			if own, err = dupFile(ram); err != nil {
-				fill.Close()
-			}
-		}
-		if err != nil {
-			ram.Close()
-		}
-	}
-	if err != nil {
-		state.Close()
-		return nil, err
-	}
-	// The save point's files are checked once the RAM is filled, while
-	// its state loads and the guest resumes, so that the checks do not
-	// take the host's CPUs from the fill and QEMU's start; the VM is
-	// handed over only once they passed (the verify step, last), and a
-	// check that fails stops the launch at once (cancel). A save point of
-	// a format before 3 has its RAM's digest checked as it is copied, and
-	// a shared copy is checked when it is made.
-	//
-	// Loading before the check relaxes nothing: the check is against
-	// damage (only vmgated's user can write these files), and a damaged
-	// file reaches only the jailed QEMU and its guest, as any guest's
-	// input does (docs/security.md).
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	filled, verified := make(chan error, 1), make(chan error, 1)
-	var checkErr error
-	checked := make(chan struct{}) // closed when checkErr is set
-	go func() {
-		defer close(checked)
-		// A VM alone has its RAM copied here and checked after the copy,
-		// with the other files; a shared copy was checked when it was made.
-		var err error
-		if fill != nil {
-			err = sp.fillRAM(fill, false, true)
-			fill.Close()
-		}
-		filled <- err
-		if err == nil && !sp.Meta.RAMInMemory {
-			err = sp.verify(fill != nil)
-		}
-		if err != nil {
-			cancel(err)
-		}
-		checkErr = err
-		verified <- err
-	}()
-	m := launchMode{backing: filepath.Join(sp.Dir, OverlayFile), untrustedBacking: true, readOnly: append(img.qemuFiles(), sp.Dir),
-		ram: mode, files: []*os.File{ram, state}, restore: true}
-	l := newLaunch(opts, img, accel, m)
-	l.filled, l.verified = filled, verified
-	if own != nil {
-		l.vm.ram = own
-		l.vm.push(own.Close)
-	}
-	l.owned = append(l.owned, state)
-	if !shared {
-		l.owned = append(l.owned, ram) // QEMU's mapping keeps it
-	}
-	sp.acquire()
-	l.vm.from = sp
-	l.vm.push(sp.release) // runs last: after QEMU and the VM's files are gone
-	v, err := l.finish(ctx, restoreSteps)
-	if err != nil {
-		<-checked // the check reads the save point's files: done before the caller acts on them
-		// A failed check is why the launch stopped, or the better
-		// reason for whatever went wrong after the damaged state loaded.
-		return nil, cmp.Or(checkErr, err)
-	}
-	return v, nil
-}
-
-// verify checks the save point's state and disk, and its RAM if ram and
-// the save point has keyed checks (format 3; an older one's RAM is checked
-// as it is copied: fillRAM), reading them through files of their own: by
-// their keyed checks, or by their digests before format 3.
-func (sp *SavePoint) verify(ram bool) error {
-	key, err := sp.Meta.checkKey()
-	if err != nil {
-		return err
-	}
-	type check struct {
-		file, want string
-		sum        func(*os.File) (string, error)
-	}
-	sha := func(f *os.File) (string, error) { return readerSHA256(f) }
-	checks := []check{{OverlayFile, sp.Meta.OverlaySHA256, sha}, {TemplateStateFile, sp.Meta.StateSHA256, sha}}
-	if key != nil {
-		checks = []check{
-			{OverlayFile, sp.Meta.OverlayMAC, func(f *os.File) (string, error) { return readerMAC(f, key, macDomainOverlay) }},
-			{TemplateStateFile, sp.Meta.StateMAC, func(f *os.File) (string, error) { return readerMAC(f, key, macDomainState) }},
-		}
-		if ram {
-			checks = append(checks, check{RAMFile, sp.Meta.RAMMAC, func(f *os.File) (string, error) { return ramMAC(f, key) }})
-		}
-	}
-	// The files are read at once: a restore waits for the longest.
-	errs := make([]error, len(checks))
-	var wg sync.WaitGroup
-	for i, c := range checks {
-		wg.Go(func() {
-			f, err := os.Open(filepath.Join(sp.Dir, c.file))
-			if err != nil {
-				errs[i] = fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
-				return
-			}
-			got, err := c.sum(f)
-			f.Close()
-			switch {
-			case err != nil:
-				errs[i] = fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, c.file, err)
-			case got != c.want:
-				errs[i] = changed(c.file, key != nil, got, c.want)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// changed is the error of a save point's file whose digest, or keyed
-// check (mac), is not what was saved.
-func changed(file string, mac bool, got, want string) error {
-	kind := "sha256"
-	if mac {
-		kind = "check"
-	}
-	return fmt.Errorf("%w: %s has changed since it was saved (%s %s, saved as %s)", ErrSavePointDamaged, file, kind, short(got), short(want))
-}
-
-// sealedRAM is the sealed copy of the save point's RAM that shared
-// restores map, made (and its digest checked) on first use.
-func (sp *SavePoint) sealedRAM() (*os.File, error) {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.ram != nil {
-		return sp.ram, nil
-	}
-	ram, err := sp.copyRAM()
-	if err != nil {
-		return nil, err
-	}
-	sp.ram = ram
-	return ram, nil
-}
-
-// copyRAM copies the save point's RAM file into a new sealed memory file,
-// checking its digest as it reads it (one pass).
-func (sp *SavePoint) copyRAM() (*os.File, error) {
-	dst, err := memFile("vmgate-savepoint-ram", int64(sp.Meta.MemoryMiB)<<20)
-	if err != nil {
-		return nil, err
-	}
-	if err := sp.fillRAM(dst, true, false); err != nil {
-		dst.Close()
-		return nil, err
-	}
-	return dst, nil
-}
-
-// fillRAM copies the save point's RAM file into dst, a new memory file of
-// its size, checking the file's digest as it reads it (one pass), and
-// seals dst if sealed. With late, a format-3 save point's RAM is only
-// copied, for the caller to check it apart (verify); an older format's is
-// checked as it is copied regardless.
-func (sp *SavePoint) fillRAM(dst *os.File, sealed, late bool) error {
-	src, err := os.Open(filepath.Join(sp.Dir, RAMFile))
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrSavePointDamaged, err)
-	}
-	defer src.Close()
-	size := int64(sp.Meta.MemoryMiB) << 20
-	if st, err := src.Stat(); err != nil || st.Size() != size {
-		return fmt.Errorf("%w: %s is not %d bytes (%v)", ErrSavePointDamaged, RAMFile, size, err)
-	}
-	key, err := sp.Meta.checkKey()
-	if err != nil {
-		return err
-	}
-	var got, want string
-	switch {
-	case key != nil && late:
-		_, err = copyRAMImage(dst, src)
-	case key != nil:
-		var d *migstream.PageDigest
-		if d, err = migstream.NewPageCheck(key, false); err == nil {
-			_, err = copyRAMImage(dst, src, d)
-			got = d.MAC()
-		}
-		want = sp.Meta.RAMMAC
-	case sp.Meta.Format == 1:
-		// Its digest is of the file's extents.
-		if got, err = extentSHA256(src); err == nil {
-			err = readPages(src, func(off int64, p []byte) error { _, err := dst.WriteAt(p, off); return err })
-		}
-		want = sp.Meta.RAMSHA256
-	default:
-		d := migstream.NewPageDigest()
-		_, err = copyRAMImage(dst, src, d)
-		got, want = d.Sum(), sp.Meta.RAMSHA256
-	}
-	switch {
-	case err != nil:
-		return fmt.Errorf("%w: %s: %w", ErrSavePointDamaged, RAMFile, err)
-	case got != want:
-		return changed(RAMFile, key != nil, got, want)
-	case sealed:
-		return seal(dst)
-	}
-	return nil
-}
-
-// ramMAC is the keyed check of the RAM file f (migstream.MAC of its
-// nonzero pages under key), read by its data extents.
-func ramMAC(f *os.File, key []byte) (string, error) {
-	d, err := migstream.NewPageCheck(key, false)
-	if err != nil {
-		return "", err
-	}
-	if err := readPages(f, d.Add); err != nil {
-		return "", err
-	}
-	return d.MAC(), nil
-}
-
-// readPages reads f's data extents (SEEK_DATA/SEEK_HOLE) in whole pages,
-// in order, up to 1 MiB at a time, and gives each run to fn (its
-// offset and bytes; the bytes are reused after fn returns).
-func readPages(f *os.File, fn func(off int64, p []byte) error) error {
-	buf := make([]byte, 1<<20)
-	return readPagesInto(f, func() []byte { return buf }, fn)
-}
-
-// readPagesInto is readPages reading each run into a buffer of next's
-// (1 MiB, or more); fn then owns it.
-func readPagesInto(f *os.File, next func() []byte, fn func(off int64, p []byte) error) error {
-	done := int64(0) // what was read: extents are read in whole pages
-	return dataExtents(f, func(off, n int64) error {
-		end := (off + n + migstream.PageSize - 1) &^ (migstream.PageSize - 1)
-		off = max(off&^(migstream.PageSize-1), done)
-		done = max(done, end)
-		for off < end {
-			buf := next()
-			k := min(int64(len(buf)), end-off)
-			if _, err := f.ReadAt(buf[:k], off); err != nil && !errors.Is(err, io.EOF) {
-				return err
-			}
-			if err := fn(off, buf[:k]); err != nil {
-				return err
-			}
-			off += k
-		}
-		return nil
-	})
-}
-
-// extentSHA256 digests a sparse file by its data extents: for each, its
-// offset, its length and its bytes. Holes are not read, so a RAM file's
-// digest costs what its data does.
-func extentSHA256(f *os.File) (string, error) {
-	h := sha256.New()
-	buf := make([]byte, 1<<20)
-	var hdr [16]byte
-	err := dataExtents(f, func(off, n int64) error {
-		binary.BigEndian.PutUint64(hdr[:8], uint64(off))
-		binary.BigEndian.PutUint64(hdr[8:], uint64(n))
-		h.Write(hdr[:])
-		_, err := io.CopyBuffer(h, io.NewSectionReader(f, off, n), buf)
-		return err
-	})
-	if err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/integrity"
 	"github.com/vmgate/vmgate/internal/testutil"
-	"github.com/vmgate/vmgate/vm/migstream"
 )
 
 // TestSavePoint saves a running clone and restores copies from it: each
@@ -316,7 +316,7 @@ func checkSavedDigests(t *testing.T, sp *SavePoint) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := migstream.NewPageDigest()
+	d := integrity.NewPageDigest()
 	if err := d.Add(0, ram); err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func checkSavedDigests(t *testing.T, sp *SavePoint) {
 		t.Errorf("%s: RAM digest %s, its file's is %s", sp.Dir, short(sp.Meta.RAMSHA256), short(d.Sum()))
 	}
 	for file, want := range map[string]string{OverlayFile: sp.Meta.OverlaySHA256, TemplateStateFile: sp.Meta.StateSHA256} {
-		if got, err := fileSHA256(filepath.Join(sp.Dir, file)); err != nil || got != want {
+		if got, err := integrity.FileSHA256(filepath.Join(sp.Dir, file)); err != nil || got != want {
 			t.Errorf("%s: %s digest %s, its file's is %s (%v)", sp.Dir, file, short(want), short(got), err)
 		}
 	}
@@ -336,7 +336,7 @@ func checkSavedDigests(t *testing.T, sp *SavePoint) {
 func checkForkDigest(t *testing.T, sp *SavePoint) {
 	t.Helper()
 	m := sp.Meta
-	d := migstream.NewPageDigest()
+	d := integrity.NewPageDigest()
 	buf := make([]byte, 16<<20)
 	for off := int64(0); off < int64(m.MemoryMiB)<<20; off += int64(len(buf)) {
 		if _, err := sp.ram.ReadAt(buf, off); err != nil {

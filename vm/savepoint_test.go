@@ -12,8 +12,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/vmgate/vmgate/internal/integrity"
 	"github.com/vmgate/vmgate/vm/image"
-	"github.com/vmgate/vmgate/vm/migstream"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
@@ -35,8 +35,8 @@ func TestSavePointMatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := Options{Runtime: Runtime{QEMU: qemu}, ImageDir: img, MemoryMiB: 512, CPUs: 1}
-	saved := SavePointMeta{Format: savePointFormat, ImageDigest: strings.Repeat("b", 64), KernelDigest: strings.Repeat("k", 64),
-		InitrdDigest: strings.Repeat("i", 64), MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, QEMUVersion: "QEMU emulator version 7.2.99", Launch: templateFormat}
+	saved := SavePointMeta{Format: savePointFormat, Machine: Machine{ImageDigest: strings.Repeat("b", 64), KernelDigest: strings.Repeat("k", 64),
+		InitrdDigest: strings.Repeat("i", 64), MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, QEMUVersion: "QEMU emulator version 7.2.99"}, Launch: templateFormat}
 	if err := (&SavePoint{Meta: saved}).Matches(opts, AccelTCG); err != nil {
 		t.Fatalf("the machine it was saved from: %v", err)
 	}
@@ -73,7 +73,7 @@ func TestSavePointMatches(t *testing.T) {
 // src's as one pass computes them, and a write that fails ends the copy
 // with its error, without waiting for the rest.
 func TestCopyRAMImage(t *testing.T) {
-	const page = migstream.PageSize
+	const page = integrity.PageSize
 	const size = 64 << 20
 	dir := t.TempDir()
 	srcPath := filepath.Join(dir, "ram")
@@ -102,8 +102,8 @@ func TestCopyRAMImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	clear(want[1100*page : 1101*page])
-	key := bytes.Repeat([]byte{7}, migstream.MACKeySize)
-	serial := must(migstream.NewPageCheck(key, true))
+	key := bytes.Repeat([]byte{7}, integrity.KeySize)
+	serial := must(integrity.NewPageCheck(key, true))
 	if err := serial.Add(0, want); err != nil {
 		t.Fatal(err)
 	}
@@ -115,8 +115,8 @@ func TestCopyRAMImage(t *testing.T) {
 	}
 	defer mem.Close()
 	// The digest and the check beside each other, and both in one.
-	sum, check := migstream.NewPageDigest(), must(migstream.NewPageCheck(key, false))
-	both := must(migstream.NewPageCheck(key, true))
+	sum, check := integrity.NewPageDigest(), must(integrity.NewPageCheck(key, false))
+	both := must(integrity.NewPageCheck(key, true))
 	pages, err := copyRAMImage(mem, src, sum, check, both)
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestCopyRAMImage(t *testing.T) {
 
 	// A failing write.
 	full := &failingWriter{after: 2}
-	if _, err := copyRAMImage(full, src, migstream.NewPageDigest()); !errors.Is(err, syscall.ENOSPC) {
+	if _, err := copyRAMImage(full, src, integrity.NewPageDigest()); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("copy into a full disk: %v, want ENOSPC", err)
 	}
 }
@@ -175,25 +175,25 @@ func (w *failingWriter) WriteAt(p []byte, _ int64) (int, error) {
 // then verify). A check under another key refuses the intact file.
 func TestFillRAMDamaged(t *testing.T) {
 	const size = 8 << 20
-	const page = migstream.PageSize
+	const page = integrity.PageSize
 	ram := make([]byte, size)
 	for i := range 300 * page {
 		ram[i] = byte(i*7 + 1)
 	}
-	d := migstream.NewPageDigest()
+	d := integrity.NewPageDigest()
 	if err := d.Add(0, ram); err != nil {
 		t.Fatal(err)
 	}
-	key := bytes.Repeat([]byte{9}, migstream.MACKeySize)
-	c := must(migstream.NewPageCheck(key, false))
+	key := bytes.Repeat([]byte{9}, integrity.KeySize)
+	c := must(integrity.NewPageCheck(key, false))
 	if err := c.Add(0, ram); err != nil {
 		t.Fatal(err)
 	}
-	base := SavePointMeta{MemoryMiB: size >> 20, RAMSHA256: d.Sum()}
+	base := SavePointMeta{Machine: Machine{MemoryMiB: size >> 20}, RAMSHA256: d.Sum()}
 	keyed := base
 	keyed.Format, keyed.CheckKey, keyed.RAMMAC = 3, hex.EncodeToString(key), c.MAC()
 	otherKey := keyed
-	otherKey.CheckKey = strings.Repeat("a", 2*migstream.MACKeySize)
+	otherKey.CheckKey = strings.Repeat("a", 2*integrity.KeySize)
 	noKey := keyed
 	noKey.CheckKey = ""
 	old := base
@@ -210,19 +210,19 @@ func TestFillRAMDamaged(t *testing.T) {
 // (ErrSavePointDamaged), checking the RAM as it is copied and after it.
 func fillDamaged(t *testing.T, m SavePointMeta, ram []byte, bad bool) {
 	t.Helper()
-	const page = migstream.PageSize
+	const page = integrity.PageSize
 	size := int64(len(ram))
 	sp := &SavePoint{Dir: t.TempDir(), Meta: m}
 	// An intact disk and state, for verify.
 	key, _ := m.checkKey()
-	for file, domain := range map[string]uint32{OverlayFile: macDomainOverlay, TemplateStateFile: macDomainState} {
+	for file, domain := range map[string]integrity.Domain{OverlayFile: integrity.DomainOverlay, TemplateStateFile: integrity.DomainState} {
 		path := filepath.Join(sp.Dir, file)
 		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		sum, mac := must(readerSHA256(strings.NewReader(file))), ""
+		sum, mac := must(integrity.ReaderSHA256(strings.NewReader(file))), ""
 		if key != nil {
-			sum, mac, _ = fileSums(path, key, domain)
+			sum, mac, _ = integrity.FileSums(path, key, domain)
 		}
 		if file == OverlayFile {
 			sp.Meta.OverlaySHA256, sp.Meta.OverlayMAC = sum, mac
@@ -276,21 +276,21 @@ func fillDamaged(t *testing.T, m SavePointMeta, ram []byte, bad bool) {
 // their SHA-256 (format 2); a file changed is refused either way, naming
 // it.
 func TestVerifyFormats(t *testing.T) {
-	key := bytes.Repeat([]byte{6}, migstream.MACKeySize)
+	key := bytes.Repeat([]byte{6}, integrity.KeySize)
 	files := map[string][]byte{OverlayFile: bytes.Repeat([]byte("qcow"), 50000), TemplateStateFile: []byte("device state")}
-	sums := func(file string, domain uint32) (string, string) {
+	sums := func(file string, domain integrity.Domain) (string, string) {
 		path := filepath.Join(t.TempDir(), file)
 		if err := os.WriteFile(path, files[file], 0o600); err != nil {
 			t.Fatal(err)
 		}
-		sum, mac, err := fileSums(path, key, domain)
+		sum, mac, err := integrity.FileSums(path, key, domain)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return sum, mac
 	}
-	oSum, oMAC := sums(OverlayFile, macDomainOverlay)
-	sSum, sMAC := sums(TemplateStateFile, macDomainState)
+	oSum, oMAC := sums(OverlayFile, integrity.DomainOverlay)
+	sSum, sMAC := sums(TemplateStateFile, integrity.DomainState)
 	keyed := SavePointMeta{Format: 3, CheckKey: hex.EncodeToString(key), OverlaySHA256: "not checked", StateSHA256: "not checked", OverlayMAC: oMAC, StateMAC: sMAC}
 	old := SavePointMeta{Format: 2, OverlaySHA256: oSum, StateSHA256: sSum}
 	for _, m := range []SavePointMeta{keyed, old} {
@@ -312,64 +312,6 @@ func TestVerifyFormats(t *testing.T) {
 				t.Errorf("format %d, %s damaged: %v", m.Format, damaged, err)
 			}
 		}
-	}
-}
-
-// TestFileMAC: a whole file's keyed check does not depend on how its
-// bytes are written (in one piece, across chunks, byte by byte), and
-// changes with a byte, a cut, an added byte, the key and the domain.
-func TestFileMAC(t *testing.T) {
-	rnd := rand.New(rand.NewPCG(3, 4))
-	data := make([]byte, 3*macChunk+1234)
-	for i := range data {
-		data[i] = byte(rnd.Uint32())
-	}
-	key := bytes.Repeat([]byte{1}, 32)
-	sum := func(key []byte, domain uint32, b []byte, pieces ...int) string {
-		t.Helper()
-		m, err := newFileMAC(key, domain)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range pieces {
-			n = min(n, len(b))
-			_, _ = m.Write(b[:n])
-			b = b[n:]
-		}
-		_, _ = m.Write(b)
-		return m.Sum()
-	}
-	whole := sum(key, macDomainState, data)
-	ones := make([]int, 2000)
-	for i := range ones {
-		ones[i] = 1
-	}
-	for name, got := range map[string]string{
-		"across chunks": sum(key, macDomainState, data, 100, macChunk, 3, macChunk-2, 5),
-		"byte by byte":  sum(key, macDomainState, data, ones...),
-	} {
-		if got != whole {
-			t.Errorf("%s: %s, want %s", name, short(got), short(whole))
-		}
-	}
-	if got, err := readerMAC(bytes.NewReader(data), key, macDomainState); err != nil || got != whole {
-		t.Errorf("readerMAC: %s %v, want %s", short(got), err, short(whole))
-	}
-	changed := bytes.Clone(data)
-	changed[2*macChunk+7] ^= 1
-	for name, got := range map[string]string{
-		"a byte changed": sum(key, macDomainState, changed),
-		"cut":            sum(key, macDomainState, data[:len(data)-1]),
-		"a byte added":   sum(key, macDomainState, append(bytes.Clone(data), 0)),
-		"another key":    sum(bytes.Repeat([]byte{2}, 32), macDomainState, data),
-		"another domain": sum(key, macDomainOverlay, data),
-	} {
-		if got == whole {
-			t.Errorf("%s: the same check", name)
-		}
-	}
-	if _, err := newFileMAC(key[:16], macDomainState); err == nil {
-		t.Error("a key of 16 bytes was taken")
 	}
 }
 

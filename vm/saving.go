@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -19,6 +20,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 	"github.com/vmgate/vmgate/vm/migstream"
 )
 
@@ -112,12 +115,11 @@ func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, e
 	if err := os.Mkdir(s.tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("save: %w", err)
 	}
-	s.meta = SavePointMeta{Format: savePointFormat, MemoryMiB: v.opts.MemoryMiB, CPUs: v.opts.CPUs, Accel: v.Accel, Network: v.opts.Network != nil, Launch: templateFormat,
-		RAMInMemory: o.InMemory}
+	s.meta = SavePointMeta{Format: savePointFormat, Launch: templateFormat, RAMInMemory: o.InMemory}
 	if !o.InMemory {
 		// A fork point is never restored from its files alone: its copies
 		// are restored at once, without a check (SavePoint.Digest).
-		s.key = make([]byte, migstream.MACKeySize)
+		s.key = make([]byte, integrity.KeySize)
 		_, _ = rand.Read(s.key) // never fails (crypto/rand)
 		s.meta.CheckKey = hex.EncodeToString(s.key)
 	}
@@ -318,9 +320,15 @@ func (s *saving) stop(ctx context.Context) error {
 func (s *saving) copyDisk(context.Context) error {
 	src, dst := filepath.Join(s.v.Dir, OverlayFile), filepath.Join(s.tmp, OverlayFile)
 	if !s.o.Keep {
+		// link(2) takes a symlink as it is: its mode is set on the file,
+		// which must be a regular one (openQEMUFile), and anything else
+		// leaves the save point at once.
 		err := os.Link(src, dst)
 		if err == nil {
-			return os.Chmod(dst, 0o600)
+			if err = chmodQEMUFile(dst, 0o600); err != nil {
+				_ = os.Remove(dst)
+			}
+			return err
 		}
 		if !errors.Is(err, unix.EXDEV) {
 			return err
@@ -339,7 +347,7 @@ func (s *saving) copyDisk(context.Context) error {
 			s.overlay <- digest{} // taken after the save (SavePoint.Digest)
 			return
 		}
-		sum, mac, err := fileSums(dst, s.key, macDomainOverlay)
+		sum, mac, err := integrity.FileSums(dst, s.key, integrity.DomainOverlay)
 		s.overlay <- digest{sum, mac, err}
 	}()
 	return nil
@@ -366,7 +374,7 @@ func (s *saving) hashDisk() {
 	}
 	s.overlay = make(chan digest, 1)
 	go func() {
-		sum, mac, err := fileSums(filepath.Join(s.tmp, OverlayFile), s.key, macDomainOverlay)
+		sum, mac, err := integrity.FileSums(filepath.Join(s.tmp, OverlayFile), s.key, integrity.DomainOverlay)
 		s.overlay <- digest{sum, mac, err}
 	}()
 }
@@ -377,16 +385,7 @@ func (s *saving) hashDisk() {
 // template's, its RAM from the image.
 func (s *saving) stream(ctx context.Context) error {
 	size := int64(s.v.opts.MemoryMiB) << 20
-	var err error
-	if s.o.InMemory {
-		s.ram, err = memFile("vmgate-savepoint-ram", size)
-	} else {
-		s.ram, err = os.OpenFile(filepath.Join(s.tmp, RAMFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if err == nil {
-			err = s.ram.Truncate(size)
-		}
-	}
-	if err != nil {
+	if err := s.newRAMImage(size); err != nil {
 		return fmt.Errorf("RAM image: %w", err)
 	}
 	sf, err := os.OpenFile(filepath.Join(s.tmp, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -394,52 +393,74 @@ func (s *saving) stream(ctx context.Context) error {
 		return err
 	}
 	defer sf.Close()
-	pr, pw, err := os.Pipe()
+	state, err := newStateWriter(sf, s.key)
 	if err != nil {
 		return err
+	}
+	var ram io.WriterAt = s.ram
+	if !s.o.InMemory {
+		ram = writeBehind{s.ram}
+	}
+	res, err := s.split(ctx, state, ram, size)
+	if err != nil {
+		return err
+	}
+	if err := state.Flush(); err != nil {
+		return cmp.Or(stateDiskFull(err, "the device state"), err)
+	}
+	m := &s.meta
+	m.StateSHA256, m.StateMAC = state.sums()
+	m.StateBytes = res.StateBytes
+	if s.v.ram == nil {
+		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = res.RAMDigest, res.RAMMAC, res.DataPages*integrity.PageSize
+		return nil
+	}
+	return s.copyOwnRAM(ram)
+}
+
+// newRAMImage makes the RAM image of size bytes that the stream's RAM
+// goes to: a memory file (InMemory), or a sparse file in the save point.
+func (s *saving) newRAMImage(size int64) error {
+	var err error
+	if s.o.InMemory {
+		s.ram, err = memFile("vmgate-savepoint-ram", size)
+		return err
+	}
+	if s.ram, err = os.OpenFile(filepath.Join(s.tmp, RAMFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err != nil {
+		return err
+	}
+	return s.ram.Truncate(size)
+}
+
+// split has the stopped VM's QEMU migrate into a pipe, splits what comes
+// out (migstream.Split) into state and ram (size bytes), and checks that
+// the stream carried the guest's RAM unless it is a memory file of the
+// VM's own, which x-ignore-shared leaves out.
+func (s *saving) split(ctx context.Context, state io.Writer, ram io.WriterAt, size int64) (migstream.Result, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return migstream.Result{}, err
 	}
 	defer pr.Close()
 	// A bigger pipe: fewer wake-ups of either side (best effort: the
 	// default is 64 KiB).
 	_, _ = unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 1<<20)
-	steps := []struct {
-		cmd  string
-		args any
-		fds  []int
-	}{
+	err = runCalls(ctx, s.q, []qmpCall{
 		{"migrate-set-capabilities", ignoreShared, nil},
 		{"migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30}, nil},
 		{"getfd", map[string]any{"fdname": "savepoint"}, []int{int(pw.Fd())}},
-	}
-	for _, st := range steps {
-		if _, err := s.q.run(ctx, st.cmd, st.args, st.fds...); err != nil {
-			pw.Close()
-			return err
-		}
-	}
+	})
 	pw.Close() // QEMU has its own: the stream ends when QEMU closes it
-	h := sha256.New()
-	hw := io.Writer(h)
-	var stateMAC *fileMAC
-	if s.key != nil {
-		if stateMAC, err = newFileMAC(s.key, macDomainState); err != nil {
-			pw.Close()
-			return err
-		}
-		hw = io.MultiWriter(h, stateMAC)
+	if err != nil {
+		return migstream.Result{}, err
 	}
-	bw := bufio.NewWriterSize(io.MultiWriter(sf, hw), 256<<10)
 	type split struct {
 		res migstream.Result
 		err error
 	}
 	done := make(chan split, 1)
-	var ram io.WriterAt = s.ram
-	if !s.o.InMemory {
-		ram = writeBehind{s.ram}
-	}
 	go func() {
-		res, err := migstream.Split(pr, bw, ram, migstream.Options{Block: ramBlock, BlockBytes: size, MACKey: s.key})
+		res, err := migstream.Split(pr, state, ram, migstream.Options{Block: ramBlock, BlockBytes: size, MACKey: s.key})
 		if err != nil {
 			pr.Close() // QEMU's writes fail: the migration ends
 		}
@@ -455,33 +476,55 @@ func (s *saving) stream(ctx context.Context) error {
 	}
 	switch {
 	case sp.err != nil:
-		if errors.Is(sp.err, syscall.ENOSPC) || errors.Is(sp.err, syscall.EDQUOT) {
-			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, sp.err)
-		}
-		return fmt.Errorf("split the migration stream: %w", sp.err)
+		return sp.res, cmp.Or(stateDiskFull(sp.err, "the RAM image"), fmt.Errorf("split the migration stream: %w", sp.err))
 	case merr != nil:
-		return merr
+		return sp.res, merr
 	case s.v.ram == nil && sp.res.DataPages == 0:
-		return errors.New("the migration stream carried none of the guest's RAM")
+		return sp.res, errors.New("the migration stream carried none of the guest's RAM")
 	case s.v.ram != nil && sp.res.DataPages+sp.res.ZeroPages != 0:
-		return errors.New("the migration stream carried the guest's RAM, which is shared")
+		return sp.res, errors.New("the migration stream carried the guest's RAM, which is shared")
 	}
-	if err := bw.Flush(); err != nil {
-		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			return fmt.Errorf("%w (writing the device state: %v)", ErrStateDiskFull, err)
+	return sp.res, nil
+}
+
+// stateWriter writes the device state to its file, buffered, and takes
+// its SHA-256 and, under a save point's key, its keyed check as it goes.
+type stateWriter struct {
+	*bufio.Writer
+	sum hash.Hash
+	mac *integrity.FileMAC // nil without a key
+}
+
+func newStateWriter(f *os.File, key []byte) (*stateWriter, error) {
+	w := &stateWriter{sum: sha256.New()}
+	sums := io.Writer(w.sum)
+	if key != nil {
+		var err error
+		if w.mac, err = integrity.NewFileMAC(key, integrity.DomainState); err != nil {
+			return nil, err
 		}
-		return err
+		sums = io.MultiWriter(w.sum, w.mac)
 	}
-	m := &s.meta
-	m.StateSHA256, m.StateBytes = hex.EncodeToString(h.Sum(nil)), sp.res.StateBytes
-	if stateMAC != nil {
-		m.StateMAC = stateMAC.Sum()
+	w.Writer = bufio.NewWriterSize(io.MultiWriter(f, sums), 256<<10)
+	return w, nil
+}
+
+// sums are the state's SHA-256 and its keyed check ("" without a key),
+// once it is flushed.
+func (w *stateWriter) sums() (sum, mac string) {
+	if w.mac != nil {
+		mac = w.mac.Sum()
 	}
-	if s.v.ram == nil {
-		m.RAMSHA256, m.RAMMAC, m.RAMDataBytes = sp.res.RAMDigest, sp.res.RAMMAC, sp.res.DataPages*migstream.PageSize
-		return nil
+	return hex.EncodeToString(w.sum.Sum(nil)), mac
+}
+
+// stateDiskFull is err as ErrStateDiskFull when it says that the state
+// directory's disk is full (ENOSPC, EDQUOT) while writing what, else nil.
+func stateDiskFull(err error, what string) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w (writing %s: %v)", ErrStateDiskFull, what, err)
 	}
-	return s.copyOwnRAM(ram)
+	return nil
 }
 
 // copyOwnRAM copies the guest's RAM when it is a memory file of its own,
@@ -490,23 +533,20 @@ func (s *saving) stream(ctx context.Context) error {
 // point's digest is taken after the save, while its copies are restored
 // (SavePoint.Digest).
 func (s *saving) copyOwnRAM(ram io.WriterAt) error {
-	var sum, check *migstream.PageDigest
+	var sum, check *integrity.PageDigest
 	var pages int64
 	var err error
 	if s.o.InMemory {
 		pages, err = copyRAMImage(ram, s.v.ram)
-	} else if check, err = migstream.NewPageCheck(s.key, false); err == nil {
-		sum = migstream.NewPageDigest()
+	} else if check, err = integrity.NewPageCheck(s.key, false); err == nil {
+		sum = integrity.NewPageDigest()
 		pages, err = copyRAMImage(ram, s.v.ram, sum, check)
 	}
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
-	}
 	if err != nil {
-		return fmt.Errorf("copy the guest's RAM: %w", err)
+		return cmp.Or(stateDiskFull(err, "the RAM image"), fmt.Errorf("copy the guest's RAM: %w", err))
 	}
 	m := &s.meta
-	m.RAMDataBytes = pages * migstream.PageSize
+	m.RAMDataBytes = pages * integrity.PageSize
 	if sum != nil {
 		m.RAMSHA256, m.RAMMAC = sum.Sum(), check.MAC()
 	}
@@ -520,7 +560,7 @@ func (s *saving) copyOwnRAM(ram io.WriterAt) error {
 // resume (into a memory file) and a resumed VM's save (into a file) wait
 // for all, the copy (the destination's page allocation) and SHA-256
 // taking about as long (docs/benchmarks.md).
-func copyRAMImage(dst io.WriterAt, src *os.File, ds ...*migstream.PageDigest) (int64, error) {
+func copyRAMImage(dst io.WriterAt, src *os.File, ds ...*integrity.PageDigest) (int64, error) {
 	const depth = 4 // runs in flight, of 1 MiB
 	type run struct {
 		off  int64
@@ -583,8 +623,8 @@ func copyRAMImage(dst io.WriterAt, src *os.File, ds ...*migstream.PageDigest) (i
 func writeDataPages(dst io.WriterAt, off int64, p []byte) (int64, error) {
 	var pages int64
 	start := -1
-	for i := 0; i <= len(p); i += migstream.PageSize {
-		zero := i == len(p) || migstream.IsZeroPage(p[i:i+migstream.PageSize])
+	for i := 0; i <= len(p); i += integrity.PageSize {
+		zero := i == len(p) || integrity.IsZeroPage(p[i:i+integrity.PageSize])
 		switch {
 		case !zero && start < 0:
 			start = i
@@ -592,7 +632,7 @@ func writeDataPages(dst io.WriterAt, off int64, p []byte) (int64, error) {
 			if _, err := dst.WriteAt(p[start:i], off+int64(start)); err != nil {
 				return pages, err
 			}
-			pages += int64(i-start) / migstream.PageSize
+			pages += int64(i-start) / integrity.PageSize
 			start = -1
 		}
 	}
@@ -606,17 +646,14 @@ func (s *saving) sync(context.Context) error {
 		return err
 	}
 	s.hashDisk()
-	if err := syncPath(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
+	if err := durable.Sync(filepath.Join(s.tmp, TemplateStateFile)); err != nil {
 		return err
 	}
 	if s.o.InMemory {
 		return seal(s.ram)
 	}
 	if err := s.ram.Sync(); err != nil {
-		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			return fmt.Errorf("%w (writing the RAM image: %v)", ErrStateDiskFull, err)
-		}
-		return err
+		return cmp.Or(stateDiskFull(err, "the RAM image"), err)
 	}
 	s.meta.RAMDataBytes = allocatedBytes(filepath.Join(s.tmp, RAMFile))
 	return nil
@@ -663,22 +700,21 @@ func (s *saving) seal(context.Context) error {
 			return err
 		}
 	}
-	if err := syncPath(s.tmp); err != nil {
+	if err := durable.Sync(s.tmp); err != nil {
 		return err
 	}
 	if err := os.Rename(s.tmp, s.dir); err != nil {
 		return err
 	}
-	return syncPath(filepath.Dir(s.dir))
+	return durable.Sync(filepath.Dir(s.dir))
 }
 
 // machine records what the save point can be restored into.
 func (s *saving) machine() error {
-	want, err := wantTemplate(s.v.opts, s.v.Accel)
+	m, err := machineOf(s.v.opts, s.v.Accel)
 	if err != nil {
 		return err
 	}
-	m := &s.meta
-	m.ImageDigest, m.KernelDigest, m.InitrdDigest, m.QEMUVersion = want.ImageDigest, want.KernelDigest, want.InitrdDigest, want.QEMUVersion
+	s.meta.Machine = m
 	return nil
 }

@@ -20,7 +20,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/vmgate/vmgate/vm/image"
+	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 	"github.com/vmgate/vmgate/vm/netstack"
 )
 
@@ -52,19 +53,14 @@ const (
 	templateFormat = 6
 )
 
-// TemplateMeta describes a built template.
+// TemplateMeta describes a built template: the machine its clones run on,
+// and what a template adds to it (its key, which names its directory,
+// the guest's disk reserve and address space randomisation).
 type TemplateMeta struct {
-	Format       int    `json:"format"`
-	Key          string `json:"key"`
-	ImageDigest  string `json:"image_digest"` // base.qcow2 sha256
-	KernelDigest string `json:"kernel_digest"`
-	InitrdDigest string `json:"initrd_digest"`
-	MemoryMiB    int    `json:"memory_mib"`
-	CPUs         int    `json:"cpus"`
-	DiskMiB      int    `json:"disk_mib"` // the guest's disk limit (its reserve)
-	Accel        Accel  `json:"accel"`
-	QEMUVersion  string `json:"qemu_version"`
-	Network      bool   `json:"network"` // the VM has a NIC
+	Format int    `json:"format"`
+	Key    string `json:"key"`
+	Machine
+	DiskMiB int `json:"disk_mib"` // the guest's disk limit (its reserve)
 	// GuestASLR: the guest kept its address space randomisation
 	// (GuestASLROff).
 	GuestASLR    bool      `json:"guest_aslr"`
@@ -148,13 +144,8 @@ func LoadTemplate(ctx context.Context, opts Options) (*Template, error) {
 }
 
 func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, error) {
-	// A clone is bounded by RestoreTimeout, not a cold boot's limit,
-	// unless the caller says otherwise.
 	clone := opts
-	if clone.BootTimeout == 0 {
-		clone.BootTimeout = RestoreTimeout
-	}
-	clone.setDefaults()
+	clone.setRestoreDefaults(nil)
 	opts.setDefaults()
 	img, accel, err := prepare(ctx, opts)
 	if err != nil {
@@ -191,8 +182,10 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 	if err == nil {
 		err = verifyTemplateFiles(dir, meta)
 	}
-	if err == nil && meta.Key != want.Key {
-		err = fmt.Errorf("template %s: key %s does not match its directory", dir, meta.Key)
+	if err == nil {
+		if merr := meta.matches(want); merr != nil {
+			err = fmt.Errorf("template %s: %w", dir, merr)
+		}
 	}
 	if err == nil {
 		t.ram, err = loadRAM(dir, meta)
@@ -228,22 +221,27 @@ func ensureTemplate(ctx context.Context, opts Options, build bool) (*Template, e
 
 // wantTemplate is the metadata a template for opts must have.
 func wantTemplate(opts Options, accel Accel) (TemplateMeta, error) {
-	man, err := image.ReadManifest(opts.ImageDir)
+	m, err := machineOf(opts, accel)
 	if err != nil {
 		return TemplateMeta{}, err
 	}
-	qv, err := QEMUVersion(opts.QEMU)
-	if err != nil {
-		return TemplateMeta{}, err
-	}
-	want := TemplateMeta{
-		Format: templateFormat, ImageDigest: man.Artifacts[image.BaseFile].SHA256,
-		KernelDigest: man.Artifacts[image.KernelFile].SHA256, InitrdDigest: man.Artifacts[image.InitrdFile].SHA256,
-		MemoryMiB: opts.MemoryMiB, CPUs: opts.CPUs, DiskMiB: opts.DiskMiB, Accel: accel, QEMUVersion: qv, Network: opts.Network != nil,
-		GuestASLR: !GuestASLROff(opts.GuestASLR, accel, qv),
-	}
+	want := TemplateMeta{Format: templateFormat, Machine: m, DiskMiB: opts.DiskMiB, GuestASLR: !GuestASLROff(opts.GuestASLR, accel, m.QEMUVersion)}
 	want.Key = templateKey(want)
 	return want, nil
+}
+
+// matches reports whether the template m, found under want's key, is the
+// one wanted: its machine (Machine.diff) and then its key, which covers
+// the rest (the layout's format, the disk reserve, the guest's address
+// space randomisation).
+func (m *TemplateMeta) matches(want TemplateMeta) error {
+	if d := m.diff(want.Machine); d != "" {
+		return errors.New(d)
+	}
+	if m.Key != want.Key {
+		return fmt.Errorf("key %s does not match its directory", m.Key)
+	}
+	return nil
 }
 
 // loadRAM copies the template's RAM into a sealed memfd and checks it.
@@ -253,7 +251,7 @@ func loadRAM(dir string, m *TemplateMeta) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	sum, err := readerSHA256(io.NewSectionReader(ram, 0, size))
+	sum, err := integrity.ReaderSHA256(io.NewSectionReader(ram, 0, size))
 	if err == nil && sum != m.RAMSHA256 {
 		err = fmt.Errorf("RAM sha256 %s, template.json says %s", sum, m.RAMSHA256)
 	}
@@ -276,7 +274,7 @@ func removeTemplateDir(dir string) error {
 // (the RAM file is checked as it is loaded, by loadRAM).
 func verifyTemplateFiles(dir string, m *TemplateMeta) error {
 	for _, c := range []struct{ file, want string }{{OverlayFile, m.OverlaySHA256}, {TemplateStateFile, m.StateSHA256}} {
-		got, err := fileSHA256(filepath.Join(dir, c.file))
+		got, err := integrity.FileSHA256(filepath.Join(dir, c.file))
 		if err != nil {
 			return fmt.Errorf("template %s: %w", dir, err)
 		}
@@ -416,7 +414,8 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 		if err := moveFile(filepath.Join(v.Dir, f), filepath.Join(tmp, f)); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
-		if err := os.Chmod(filepath.Join(tmp, f), 0o400); err != nil {
+		// The file was the VM's: never followed through a symlink.
+		if err := chmodQEMUFile(filepath.Join(tmp, f), 0o400); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
 	}
@@ -428,13 +427,13 @@ func buildTemplate(ctx context.Context, opts Options, img *imageFiles, accel Acc
 		file string
 		sum  *string
 	}{{OverlayFile, &meta.OverlaySHA256}, {TemplateStateFile, &meta.StateSHA256}, {RAMFile, &meta.RAMSHA256}} {
-		if *h.sum, err = fileSHA256(filepath.Join(tmp, h.file)); err != nil {
+		if *h.sum, err = integrity.FileSHA256(filepath.Join(tmp, h.file)); err != nil {
 			return nil, fmt.Errorf("template: %w", err)
 		}
 	}
 	meta.BuiltAt = time.Now().UTC()
 	b, _ := json.MarshalIndent(meta, "", "  ")
-	if err := writeFileSync(filepath.Join(tmp, TemplateMetaFile), append(b, '\n')); err != nil {
+	if err := durable.WriteNew(filepath.Join(tmp, TemplateMetaFile), append(b, '\n'), 0o400); err != nil {
 		return nil, fmt.Errorf("template: %w", err)
 	}
 	final := filepath.Join(root, meta.Key)
@@ -550,13 +549,6 @@ func (t *Template) Prestart(ctx context.Context) (*Launched, error) {
 	}
 	return &Launched{tmpl: t, id: l.vm.ID, l: l}, nil
 }
-
-// RestoreTimeout bounds a restore, from QEMU's start to an agent that
-// answers, unless Options.BootTimeout says otherwise. A restore takes well
-// under a second to a few seconds on a loaded host; a clone that takes a
-// minute is broken, and the request gets an error instead of a wait as
-// long as a cold boot's.
-const RestoreTimeout = time.Minute
 
 // HandshakeFailures counts clones whose first agent contact failed.
 func (t *Template) HandshakeFailures() int64 { return t.handshakeFailures.Load() }

@@ -12,7 +12,7 @@ import (
 )
 
 func TestTemplateKey(t *testing.T) {
-	base := TemplateMeta{ImageDigest: "i", KernelDigest: "k", InitrdDigest: "r", MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, QEMUVersion: "q"}
+	base := TemplateMeta{Machine: Machine{ImageDigest: "i", KernelDigest: "k", InitrdDigest: "r", MemoryMiB: 512, CPUs: 1, Accel: AccelTCG, QEMUVersion: "q"}}
 	k0 := templateKey(base)
 	if len(k0) != 16 || templateKey(base) != k0 {
 		t.Fatalf("key %q not stable", k0)
@@ -52,7 +52,7 @@ func TestRemoveStaleTemplates(t *testing.T) {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		m := TemplateMeta{Format: templateFormat, Key: key, MemoryMiB: mem, CPUs: 1, DiskMiB: disk, Network: network}
+		m := TemplateMeta{Format: templateFormat, Key: key, Machine: Machine{MemoryMiB: mem, CPUs: 1, Network: network}, DiskMiB: disk}
 		b, _ := json.Marshal(m)
 		for _, f := range []string{OverlayFile, RAMFile, TemplateStateFile} {
 			if err := os.WriteFile(filepath.Join(d, f), nil, 0o600); err != nil {
@@ -84,7 +84,7 @@ func TestRemoveStaleTemplates(t *testing.T) {
 		}
 		defer l.Close()
 	}
-	if err := removeStaleTemplates(root, TemplateMeta{Key: "aaaa", MemoryMiB: 512, CPUs: 1, DiskMiB: 1024}); err != nil {
+	if err := removeStaleTemplates(root, TemplateMeta{Key: "aaaa", Machine: Machine{MemoryMiB: 512, CPUs: 1}, DiskMiB: 1024}); err != nil {
 		t.Fatal(err)
 	}
 	for d, want := range map[string]bool{keep: true, stale: false, busy: true, nic: true, other: true, disk: true, leftover: false, busyBuild: true} {

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/vmgate/vmgate/internal/durable"
 )
 
 // The key files: the effects of this package, apart from the pure rest.
@@ -50,7 +52,7 @@ func LoadKey(path string) (ed25519.PrivateKey, error) {
 	have, err := os.ReadFile(pp)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if err := writeFileAtomic(pp, MarshalPublicKey(pub), 0o644); err != nil {
+		if err := durable.WriteFile(pp, MarshalPublicKey(pub), 0o644); err != nil {
 			return nil, fmt.Errorf("receipt signing key: public half: %w", err)
 		}
 	case err != nil:
@@ -96,10 +98,10 @@ func LoadOrCreateKey(path string, create bool) (key ed25519.PrivateKey, created 
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, false, fmt.Errorf("receipt signing key: %w", err)
 	}
-	if err := writeFileAtomic(path, data, 0o600); err != nil {
+	if err := durable.WriteFile(path, data, 0o600); err != nil {
 		return nil, false, fmt.Errorf("receipt signing key: %w", err)
 	}
-	if err := writeFileAtomic(pp, MarshalPublicKey(priv.Public().(ed25519.PublicKey)), 0o644); err != nil {
+	if err := durable.WriteFile(pp, MarshalPublicKey(priv.Public().(ed25519.PublicKey)), 0o644); err != nil {
 		return nil, false, fmt.Errorf("receipt signing key: public half: %w", err)
 	}
 	return priv, true, nil
@@ -167,31 +169,4 @@ func readBounded(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s is over %d bytes", path, maxKeyFile)
 	}
 	return data, nil
-}
-
-// writeFileAtomic writes data to a temporary file beside path and renames
-// it into place: a crash leaves no file or a whole one.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // fails harmlessly after the rename
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

@@ -59,6 +59,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/vmgate/vmgate/internal/durable"
 )
 
 // Limits on the authorized-keys file. A 16384-bit RSA key in base64 is
@@ -296,7 +298,7 @@ func LoadOrCreateHostKey(path string) (signer ssh.Signer, created bool, err erro
 	}
 	if created {
 		pub := append(bytes.TrimSpace(ssh.MarshalAuthorizedKey(signer.PublicKey())), []byte(" vmgated host key\n")...)
-		if err := writeFileAtomic(path+".pub", pub, 0o644); err != nil {
+		if err := durable.WriteFile(path+".pub", pub, 0o644); err != nil {
 			return nil, false, err
 		}
 	}
@@ -338,35 +340,5 @@ func createHostKey(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return fmt.Errorf("host key: %w", err)
 	}
-	return writeFileAtomic(path, pem.EncodeToMemory(block), 0o600)
-}
-
-// writeFileAtomic writes data to a temporary file beside path and renames
-// it into place, so that a crash leaves either no file or a whole one.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // fails harmlessly after the rename
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return durable.WriteFile(path, pem.EncodeToMemory(block), 0o600)
 }

@@ -16,12 +16,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/durable"
+	"github.com/vmgate/vmgate/internal/integrity"
 )
 
 // File names inside an image directory.
@@ -192,44 +194,16 @@ func WriteManifest(dir string, m *Manifest) error {
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
 	}
-	return writeFileSync(filepath.Join(dir, ManifestFile), append(b, '\n'), 0o644)
-}
-
-func writeFileSync(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return durable.WriteFile(filepath.Join(dir, ManifestFile), append(b, '\n'), 0o644)
 }
 
 // FileSHA256 is the hex SHA-256 of the file at path.
 func FileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
+	sum, err := integrity.FileSHA256(path)
 	if err != nil {
 		return "", fmt.Errorf("hash %s: %w", path, err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sum, nil
 }
 
 // ArtifactOf describes the file at path as a manifest does.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/vmgate/vmgate/internal/integrity"
 )
 
 // stream builds migration streams as QEMU writes them.
@@ -87,7 +89,7 @@ func (b *stream) eos() *stream              { return b.u64(flagEOS).footer() }
 // devices is what follows the RAM section: passed on unread.
 var devices = append([]byte{secFull, 0, 0, 0, 3, 4, 'a', 'p', 'i', 'c', 0, 0, 0, 0, 0, 0, 0, 1, 0xaa, secFooter, 0, 0, 0, 3, secEOF}, `{"page_size": 4096}`...)
 
-func fill(c byte) []byte { return bytes.Repeat([]byte{c}, PageSize) }
+func fill(c byte) []byte { return bytes.Repeat([]byte{c}, pageSize) }
 
 // mem is an io.WriterAt over a byte slice.
 type mem struct{ b []byte }
@@ -101,32 +103,32 @@ func (m *mem) WriteAt(p []byte, off int64) (int, error) {
 
 const ramPages = 16
 
-var blocks = []block{{"ram", ramPages * PageSize}, {"pc.bios", 2 * PageSize}, {"/rom@etc/acpi/tables", PageSize}}
+var blocks = []block{{"ram", ramPages * pageSize}, {"pc.bios", 2 * pageSize}, {"/rom@etc/acpi/tables", pageSize}}
 
 // sample is a stream of a VM: RAM pages with data, zero pages and pages of
 // zeros sent as data, in two sections, the firmware's pages among them;
 // want the state it must leave, image the RAM image.
 func sample() (in, want []byte, image []byte) {
 	var s, w stream
-	image = make([]byte, ramPages*PageSize)
+	image = make([]byte, ramPages*pageSize)
 	for _, b := range []*stream{&s, &w} {
 		b.header("x-ignore-shared").start(blocks...)
 		b.section(secPart)
 	}
-	s.page("ram", 0, fill(1)).page("", PageSize, nil).page("", 2*PageSize, fill(2)).page("", 3*PageSize, fill(3))
+	s.page("ram", 0, fill(1)).page("", pageSize, nil).page("", 2*pageSize, fill(2)).page("", 3*pageSize, fill(3))
 	copy(image[0:], fill(1))
-	copy(image[2*PageSize:], fill(2))
-	copy(image[3*PageSize:], fill(3))
+	copy(image[2*pageSize:], fill(2))
+	copy(image[3*pageSize:], fill(3))
 	for _, b := range []*stream{&s, &w} {
-		b.page("pc.bios", 0, fill(9)).page("", PageSize, nil)
+		b.page("pc.bios", 0, fill(9)).page("", pageSize, nil)
 	}
-	s.page("ram", 4*PageSize, fill(0)).page("", 9*PageSize, fill(4))
-	copy(image[9*PageSize:], fill(4))
+	s.page("ram", 4*pageSize, fill(0)).page("", 9*pageSize, fill(4))
+	copy(image[9*pageSize:], fill(4))
 	for _, b := range []*stream{&s, &w} {
 		b.eos().section(secEnd)
 	}
-	s.page("ram", 10*PageSize, fill(5)).page("", 15*PageSize, nil)
-	copy(image[10*PageSize:], fill(5))
+	s.page("ram", 10*pageSize, fill(5)).page("", 15*pageSize, nil)
+	copy(image[10*pageSize:], fill(5))
 	for _, b := range []*stream{&s, &w} {
 		b.page("/rom@etc/acpi/tables", 0, fill(7)).eos()
 		b.Write(devices)
@@ -137,8 +139,8 @@ func sample() (in, want []byte, image []byte) {
 func TestSplit(t *testing.T) {
 	in, want, image := sample()
 	var state bytes.Buffer
-	ram := &mem{make([]byte, ramPages*PageSize)}
-	res, err := Split(bytes.NewReader(in), &state, ram, Options{Block: "ram", BlockBytes: ramPages * PageSize})
+	ram := &mem{make([]byte, ramPages*pageSize)}
+	res, err := Split(bytes.NewReader(in), &state, ram, Options{Block: "ram", BlockBytes: ramPages * pageSize})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +150,7 @@ func TestSplit(t *testing.T) {
 	if !bytes.Equal(ram.b, image) {
 		t.Error("the RAM image is not the VM's RAM")
 	}
-	d := NewPageDigest()
+	d := integrity.NewPageDigest()
 	if err := d.Add(0, image); err != nil {
 		t.Fatal(err)
 	}
@@ -156,85 +158,21 @@ func TestSplit(t *testing.T) {
 		t.Errorf("result %+v; want digest %s, no check, 5 data pages, 3 zero, %d bytes of state", res, d.Sum(), len(want))
 	}
 	// With a key, the keyed check too.
-	key := bytes.Repeat([]byte{5}, MACKeySize)
-	c, _ := NewPageCheck(key, true)
+	key := bytes.Repeat([]byte{5}, integrity.KeySize)
+	c, _ := integrity.NewPageCheck(key, true)
 	_ = c.Add(0, image)
-	keyed, err := Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize, MACKey: key})
+	keyed, err := Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*pageSize)}, Options{Block: "ram", BlockBytes: ramPages * pageSize, MACKey: key})
 	if err != nil || keyed.RAMDigest != d.Sum() || keyed.RAMMAC != c.MAC() || c.MAC() == "" {
 		t.Errorf("split with a key: %+v %v; want digest %s, check %s", keyed, err, d.Sum(), c.MAC())
 	}
-	if _, err := Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize, MACKey: key[:5]}); err == nil {
+	if _, err := Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*pageSize)}, Options{Block: "ram", BlockBytes: ramPages * pageSize, MACKey: key[:5]}); err == nil {
 		t.Error("split with a key of 5 bytes")
 	}
 	// The state is itself a stream with no page of the block.
 	var again bytes.Buffer
-	res2, err := Split(bytes.NewReader(want), &again, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize})
+	res2, err := Split(bytes.NewReader(want), &again, &mem{make([]byte, ramPages*pageSize)}, Options{Block: "ram", BlockBytes: ramPages * pageSize})
 	if err != nil || !bytes.Equal(again.Bytes(), want) || res2.DataPages+res2.ZeroPages != 0 {
 		t.Errorf("split of the state: %+v %v", res2, err)
-	}
-}
-
-// TestPageDigest: the digest of an image, and its keyed check, do not
-// depend on how it is added, nor on zero pages; they depend on where each
-// page is, on its bytes, and the check on its key.
-func TestPageDigest(t *testing.T) {
-	_, _, image := sample()
-	key := bytes.Repeat([]byte{3}, MACKeySize)
-	newDigest := func() *PageDigest {
-		d, err := NewPageCheck(key, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	whole := newDigest()
-	_ = whole.Add(0, image)
-	parts := newDigest()
-	for off := 0; off < len(image); off += 3 * PageSize {
-		if err := parts.Add(int64(off), image[off:min(off+3*PageSize, len(image))]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sparse := newDigest()
-	for off := 0; off < len(image); off += PageSize {
-		if !IsZeroPage(image[off : off+PageSize]) {
-			_ = sparse.Add(int64(off), image[off:off+PageSize])
-		}
-	}
-	if whole.Sum() != parts.Sum() || whole.Sum() != sparse.Sum() || whole.MAC() != parts.MAC() || whole.MAC() != sparse.MAC() {
-		t.Error("the digest or the check depends on how the image is read")
-	}
-	alone := NewPageDigest()
-	_ = alone.Add(0, image)
-	checkOnly, _ := NewPageCheck(key, false)
-	_ = checkOnly.Add(0, image)
-	if alone.Sum() != whole.Sum() || alone.MAC() != "" || checkOnly.MAC() != whole.MAC() || checkOnly.Sum() != "" {
-		t.Error("the digest or the check depends on the other being taken")
-	}
-	moved := newDigest()
-	_ = moved.Add(PageSize, image[:len(image)-PageSize])
-	changed := newDigest()
-	b := bytes.Clone(image)
-	b[len(b)-1] ^= 0x80
-	_ = changed.Add(0, b)
-	for name, d := range map[string]*PageDigest{"moved": moved, "changed": changed} {
-		if d.Sum() == whole.Sum() || d.MAC() == whole.MAC() {
-			t.Errorf("%s: the digest or the check did not change", name)
-		}
-	}
-	other, _ := NewPageCheck(bytes.Repeat([]byte{4}, MACKeySize), false)
-	_ = other.Add(0, image)
-	if other.MAC() == whole.MAC() {
-		t.Error("the check does not depend on its key")
-	}
-	if err := whole.Add(0, image[:PageSize]); err == nil {
-		t.Error("pages added out of order")
-	}
-	if err := NewPageDigest().Add(1, image[:PageSize]); err == nil {
-		t.Error("an unaligned page")
-	}
-	if _, err := NewPageCheck(key[1:], false); err == nil {
-		t.Error("a key of 31 bytes")
 	}
 }
 
@@ -260,21 +198,21 @@ func TestSplitRefuses(t *testing.T) {
 		{"no main block", func() []byte { var s stream; s.header("x-ignore-shared").start(blocks[1:]...); return s.Bytes() }, "no RAM block"},
 		{"main block of another size", func() []byte {
 			var s stream
-			s.header("x-ignore-shared").start(block{"ram", PageSize})
+			s.header("x-ignore-shared").start(block{"ram", pageSize})
 			return s.Bytes()
 		}, "want one of"},
 		{"blocks over the total", func() []byte {
 			var s stream
-			s.header("x-ignore-shared").u8(secStart).u32(2).str("ram").u32(0).u32(4).u64(PageSize | flagMemSize).str("ram").u64(2 * PageSize).u64(0)
+			s.header("x-ignore-shared").u8(secStart).u32(2).str("ram").u32(0).u32(4).u64(pageSize | flagMemSize).str("ram").u64(2 * pageSize).u64(0)
 			return s.Bytes()
 		}, "more than the"},
 		{"page out of order", func() []byte {
-			return good().page("ram", 2*PageSize, fill(1)).page("", PageSize, fill(1)).Bytes()
+			return good().page("ram", 2*pageSize, fill(1)).page("", pageSize, fill(1)).Bytes()
 		}, "not after the previous page"},
 		{"page twice", func() []byte {
-			return good().page("ram", PageSize, fill(1)).page("", PageSize, fill(1)).Bytes()
+			return good().page("ram", pageSize, fill(1)).page("", pageSize, fill(1)).Bytes()
 		}, "not after the previous page"},
-		{"page outside the block", func() []byte { return good().page("ram", ramPages*PageSize, fill(1)).Bytes() }, "outside it"},
+		{"page outside the block", func() []byte { return good().page("ram", ramPages*pageSize, fill(1)).Bytes() }, "outside it"},
 		{"a continuation of nothing", func() []byte { return good().page("", 0, fill(1)).Bytes() }, "continues no block"},
 		{"filled page", func() []byte { return good().u64(flagZero).str("ram").u8(7).Bytes() }, "filled with"},
 		{"compressed page", func() []byte { return good().u64(flagCompress).Bytes() }, "compression"},
@@ -286,7 +224,7 @@ func TestSplitRefuses(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := Split(bytes.NewReader(c.in()), io.Discard, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize})
+			_, err := Split(bytes.NewReader(c.in()), io.Discard, &mem{make([]byte, ramPages*pageSize)}, Options{Block: "ram", BlockBytes: ramPages * pageSize})
 			if !errors.Is(err, ErrStream) || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("got %v, want an ErrStream saying %q", err, c.want)
 			}
@@ -304,7 +242,7 @@ func TestSplitEveryCut(t *testing.T) {
 		if n > 400 && n < end-100 && n%61 != 0 {
 			continue
 		}
-		_, err := Split(bytes.NewReader(in[:n]), io.Discard, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize})
+		_, err := Split(bytes.NewReader(in[:n]), io.Discard, &mem{make([]byte, ramPages*pageSize)}, Options{Block: "ram", BlockBytes: ramPages * pageSize})
 		if !errors.Is(err, ErrStream) {
 			t.Fatalf("cut at %d of %d: %v", n, end, err)
 		}
@@ -318,11 +256,11 @@ func (errWriterAt) WriteAt([]byte, int64) (int, error) { return 0, syscall.ENOSP
 
 func TestSplitWriteErrors(t *testing.T) {
 	in, want, _ := sample()
-	_, err := Split(bytes.NewReader(in), io.Discard, errWriterAt{}, Options{Block: "ram", BlockBytes: ramPages * PageSize})
+	_, err := Split(bytes.NewReader(in), io.Discard, errWriterAt{}, Options{Block: "ram", BlockBytes: ramPages * pageSize})
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("a RAM image that cannot be written: %v", err)
 	}
-	_, err = Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*PageSize)}, Options{Block: "ram", BlockBytes: ramPages * PageSize, MaxState: int64(len(want) - 1)})
+	_, err = Split(bytes.NewReader(in), io.Discard, &mem{make([]byte, ramPages*pageSize)}, Options{Block: "ram", BlockBytes: ramPages * pageSize, MaxState: int64(len(want) - 1)})
 	if !errors.Is(err, ErrStateTooBig) {
 		t.Errorf("a state over the bound: %v", err)
 	}
@@ -340,25 +278,25 @@ func FuzzSplit(f *testing.F) {
 	// Small seeds: the fuzzer minimises what it finds, which is slow on
 	// streams of many pages.
 	var s stream
-	s.header("x-ignore-shared").start(blocks...).section(secEnd).page("ram", PageSize, []byte(strings.Repeat("\x01", PageSize))).page("pc.bios", 0, nil).eos()
+	s.header("x-ignore-shared").start(blocks...).section(secEnd).page("ram", pageSize, []byte(strings.Repeat("\x01", pageSize))).page("pc.bios", 0, nil).eos()
 	s.Write(devices)
 	f.Add(s.Bytes())
 	f.Add(in[:200])
 	f.Fuzz(func(t *testing.T, in []byte) {
-		o := Options{Block: "ram", BlockBytes: ramPages * PageSize, MaxState: 1 << 20}
-		ram := &mem{make([]byte, ramPages*PageSize)}
+		o := Options{Block: "ram", BlockBytes: ramPages * pageSize, MaxState: 1 << 20}
+		ram := &mem{make([]byte, ramPages*pageSize)}
 		var state bytes.Buffer
 		res, err := Split(bytes.NewReader(in), &state, ram, o)
 		if err != nil {
 			return
 		}
-		d := NewPageDigest()
+		d := integrity.NewPageDigest()
 		_ = d.Add(0, ram.b)
 		if d.Sum() != res.RAMDigest {
 			t.Fatalf("digest %s of the image, reported %s", d.Sum(), res.RAMDigest)
 		}
 		var again bytes.Buffer
-		res2, err := Split(bytes.NewReader(state.Bytes()), &again, &mem{make([]byte, ramPages*PageSize)}, o)
+		res2, err := Split(bytes.NewReader(state.Bytes()), &again, &mem{make([]byte, ramPages*pageSize)}, o)
 		if err != nil || !bytes.Equal(again.Bytes(), state.Bytes()) || res2.DataPages+res2.ZeroPages != 0 {
 			t.Fatalf("the state does not split into itself: %+v %v", res2, err)
 		}

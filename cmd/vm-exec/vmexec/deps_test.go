@@ -21,6 +21,7 @@ var clientPackages = []string{
 	"github.com/vmgate/vmgate/gateway/wire",
 	"github.com/vmgate/vmgate/internal/bytestr",
 	"github.com/vmgate/vmgate/gateway/receipt",
+	"github.com/vmgate/vmgate/internal/durable", // receipt's key files
 	"github.com/vmgate/vmgate/internal/signum",
 	"github.com/vmgate/vmgate/internal/tty",
 	"github.com/vmgate/vmgate/internal/names",
