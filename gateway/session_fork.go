@@ -147,7 +147,7 @@ func (x *sessions) checkForkNames(ss *session, newNames []string) error {
 	for _, n := range newNames {
 		switch {
 		case !names.Session(n):
-			return bad("%q is not a session name (1 to %d of %s, not . or ..)", n, names.MaxLen, names.Charset)
+			return bad("%q is not a session name (%s)", n, names.SessionRule)
 		case seen[n]:
 			return bad("%q is named twice", n)
 		case x.table[sessionKey{ss.Owner, n}] != nil:

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/durable"
 	"github.com/vmgate/vmgate/internal/names"
 )
 
@@ -56,7 +57,7 @@ func (n *lostNotes) note(key sessionKey, sid, why string, at time.Time) {
 	b, err := json.Marshal(l)
 	if err == nil {
 		if err = os.MkdirAll(n.dir, 0o700); err == nil {
-			err = writeSynced(l.file, b)
+			err = durable.WriteFile(l.file, b, 0o600)
 		}
 	}
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/internal/durable"
 	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/vm"
 )
@@ -55,31 +56,10 @@ func (x *sessions) store(ss *session, change func(*sessionRecord)) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("session file: %w", err)
 	}
-	tmp := filepath.Join(dir, sessionFileName+".tmp")
-	if err := writeSynced(tmp, append(b, '\n')); err != nil {
-		return fmt.Errorf("session file: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, sessionFileName)); err != nil {
+	if err := durable.WriteFile(filepath.Join(dir, sessionFileName), append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("session file: %w", err)
 	}
 	return nil
-}
-
-// writeSynced writes b to path (0600) and syncs it.
-func writeSynced(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // load finds the sessions the daemon's last run left: the paused ones are
