@@ -69,6 +69,9 @@ type saving struct {
 	// meanwhile).
 	hungUp     handBackMark
 	handedBack bool
+	// noHandBack: the guest agent did not close its port in time; it
+	// will not take a new connection either (undo).
+	noHandBack error
 }
 
 type digest struct {
@@ -204,8 +207,19 @@ func (s *saving) undo() (err error) {
 		if err != nil {
 			s.v.setCause(fmt.Errorf("%w: it could not run again after a failed save: %w", ErrAgentUnresponsive, err))
 			_ = s.v.Kill()
+			// Gone once undo returns: its caller ends what the VM held.
+			select {
+			case <-s.v.exited:
+			case <-time.After(undoLimit):
+			}
 		}
 	}()
+	if s.noHandBack != nil {
+		// An agent that did not let go of its port in handBackLimit
+		// will not answer a new connection: waiting undoLimit more for
+		// it would hold the caller (a pause worker) for nothing.
+		return s.noHandBack
+	}
 	if s.stopped {
 		q, err := dialQMP(ctx, filepath.Join(s.v.Dir, QMPSocket), s.v.exited)
 		if err != nil {
@@ -249,6 +263,7 @@ func (s *saving) handOver(ctx context.Context) error {
 	s.q.onEvent = nil
 	by, err := s.v.awaitHandBack(ctx, s.q, s.hungUp, s.handedBack)
 	if err != nil {
+		s.noHandBack = err
 		return s.v.fail("save", nil, err)
 	}
 	s.v.handedBackBy = by
