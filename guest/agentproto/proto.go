@@ -132,9 +132,15 @@ type ExecSpec struct {
 	Env []string
 	// Dir is the working directory; empty means the user's home.
 	Dir string
-	// User is "root" (default when empty) or UnprivilegedUser.
+	// User is the account the command runs as: "root" (the default, when
+	// empty) or, with [FeatureUsers], any account of the guest's; an
+	// older agent takes UnprivilegedUser only. An account other than
+	// root that has uid 0 or gid 0 is refused, never run as root.
 	User string
 }
+
+// FeatureUsers: ExecSpec.User may name any account of the guest.
+const FeatureUsers = "users"
 
 // SetTime is the argument of CallSetTime.
 type SetTime struct {
