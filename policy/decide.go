@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -144,6 +145,13 @@ type Request struct {
 	// NetLock is the network lock of the session the request runs in, as
 	// the daemon keeps it (never the client's word); nil: none.
 	NetLock *NetLimit
+	// User is the guest user the caller asks to run as; "": the
+	// profile's user. It must be one of the profile's users.
+	User string
+	// Detach starts the command as a background process of its session
+	// (Session set): it outlives its client, and without Timeout its time
+	// limit is timeout.max rather than timeout.default.
+	Detach bool
 }
 
 // transferOnly reports whether req copies files and runs nothing.
@@ -177,6 +185,13 @@ type Limits struct {
 	// on the host, and bounds their connections.
 	Publish PublishLimits
 	Files   FileLimits
+	// MaxCommands bounds the commands that run at once in one session
+	// (sessions.max_commands), MaxProcesses its background processes
+	// (sessions.max_processes), and ProcessBuffer the bytes of each of
+	// their streams that are kept (sessions.process_buffer).
+	MaxCommands   int
+	MaxProcesses  int
+	ProcessBuffer int64
 }
 
 // FileLimits bound file transfers (vm-exec --put, --get, cp): the content
@@ -205,6 +220,10 @@ type Upload struct {
 	Files int
 	Bytes int64
 }
+
+// RuleUsers is the rule of a verdict that refused a request's user (not
+// one of the profile's users).
+const RuleUsers = "users"
 
 // Verdict is the outcome of [Policy.Decide].
 //
@@ -284,6 +303,9 @@ func (prof *profile) decide(req Request) Verdict {
 	if reason := checkRequest(&req); reason != "" {
 		return deny("", reason)
 	}
+	if req.User != "" && !slices.Contains(prof.users, req.User) {
+		return deny(RuleUsers, fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(req.User), strings.Join(prof.users, ", ")))
+	}
 	timeout, reason := prof.check(&req)
 	if reason != "" {
 		return deny("", reason)
@@ -335,6 +357,10 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 	if len(req.Env) > 0 {
 		env = append(make([]string, 0, len(req.Env)), req.Env...)
 	}
+	user := prof.user
+	if req.User != "" {
+		user = req.User // checked against prof.users
+	}
 	return Verdict{
 		Allowed: true,
 		Profile: prof.name,
@@ -342,7 +368,7 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 		Reason:  why,
 		Limits:  limits,
 		Env:     env,
-		User:    prof.user,
+		User:    user,
 		Image:   prof.image,
 		Network: prof.net,
 	}
@@ -591,12 +617,18 @@ func (prof *profile) check(req *Request) (time.Duration, string) {
 	if req.Interactive && (!prof.allowShell || !prof.limits.AllowSessions) {
 		return 0, "interactive shells are not allowed: the profile needs allow_shell = true and sessions.allowed = true; run a command instead"
 	}
+	if req.Detach && (req.Session == "" || req.Interactive || len(req.Puts)+req.Gets > 0) {
+		return 0, "a background process runs in a session, without a terminal or file transfers"
+	}
 	if reason := prof.limits.Files.check(req); reason != "" {
 		return 0, reason
 	}
 	timeout := prof.limits.Timeout
-	if req.Interactive {
+	switch {
+	case req.Interactive:
 		timeout = prof.limits.SessionMax
+	case req.Detach:
+		timeout = prof.timeoutMax
 	}
 	if req.Timeout > 0 {
 		if req.Timeout > prof.timeoutMax {

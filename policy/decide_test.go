@@ -324,7 +324,7 @@ func TestDecideLimits(t *testing.T) {
 		MaxVMs:      2, CallerVMs: 1, CallerQueue: 4,
 		SessionIdle:   5 * time.Minute,
 		SessionMax:    2 * time.Hour,
-		AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16, Idle: 5 * time.Minute},
+		AllowSessions: true, Paused: PausedLimits{MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16, Idle: 5 * time.Minute}, MaxCommands: 8, MaxProcesses: 32, ProcessBuffer: 1 << 20,
 		Files: FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 	}
 	if !v.Allowed || v.Limits != want || v.User != "root" || v.Image != "default" || len(v.Env) != 1 || v.Env[0] != "LANG=C" {
@@ -729,5 +729,74 @@ match = { uids = [1001] }
 	}
 	if _, ok := (*Policy)(nil).GrantOf(Identity{UID: 1}); ok {
 		t.Error("a nil policy granted something")
+	}
+}
+
+// TestDecideUsers: a caller may name one of the profile's users; another
+// is refused naming the key, and the default is the profile's user.
+func TestDecideUsers(t *testing.T) {
+	p := mustParse(t, "users.toml", `version = 1
+[[profile]]
+name = "p"
+match = { uids = [1000] }
+user = "agent"
+users = ["agent", "root", "www-data"]
+sessions = { allowed = true }
+[[profile]]
+name = "q"
+match = { uids = [1001] }
+`)
+	id, other := Identity{UID: 1000, User: "u"}, Identity{UID: 1001, User: "o"}
+	for _, tc := range []struct {
+		id         Identity
+		user, want string
+		rule       string
+	}{
+		{id, "", "agent", ""},
+		{id, "root", "root", ""},
+		{id, "www-data", "www-data", ""},
+		{id, "postgres", "", RuleUsers},
+		{other, "", "agent", ""},
+		{other, "agent", "agent", ""},
+		{other, "root", "", RuleUsers},
+	} {
+		v := p.Decide(tc.id, Request{Argv: []string{"id"}, User: tc.user})
+		switch {
+		case tc.rule != "" && (v.Allowed || v.Rule != tc.rule || !strings.Contains(v.Reason, "is not one of the profile's users")):
+			t.Errorf("%s as %q: %+v, want refused by %s", tc.id.User, tc.user, v, tc.rule)
+		case tc.rule == "" && (!v.Allowed || v.User != tc.want):
+			t.Errorf("%s as %q: %+v, want user %q", tc.id.User, tc.user, v, tc.want)
+		}
+	}
+}
+
+// TestDecideDetach: a background process runs in a session, without a
+// terminal or transfers, and its time limit is timeout.max unless it asks
+// for less.
+func TestDecideDetach(t *testing.T) {
+	p := mustParse(t, "detach.toml", `version = 1
+[[profile]]
+name = "p"
+match = { uids = [1000] }
+sessions = { allowed = true }
+timeout = { default = "30s", max = "20m" }
+`)
+	id := Identity{UID: 1000, User: "u"}
+	for _, tc := range []struct {
+		name string
+		req  Request
+		want time.Duration // 0: refused
+	}{
+		{"in a session", Request{Argv: []string{"sleep", "9"}, Session: "s", Detach: true}, 20 * time.Minute},
+		{"with a timeout", Request{Argv: []string{"sleep", "9"}, Session: "s", Detach: true, Timeout: time.Minute}, time.Minute},
+		{"past timeout.max", Request{Argv: []string{"sleep", "9"}, Session: "s", Detach: true, Timeout: time.Hour}, 0},
+		{"without a session", Request{Argv: []string{"sleep", "9"}, Detach: true}, 0},
+		{"with a put", Request{Argv: []string{"sleep", "9"}, Session: "s", Detach: true, Puts: []Upload{{Files: 1, Bytes: 1}}}, 0},
+		{"a command", Request{Argv: []string{"sleep", "9"}, Session: "s"}, 30 * time.Second},
+	} {
+		v := p.Decide(id, tc.req)
+		if got := map[bool]time.Duration{true: v.Limits.Timeout, false: 0}[v.Allowed]; got != tc.want {
+			t.Errorf("%s: %+v, want timeout %v", tc.name, v, tc.want)
+		}
 	}
 }

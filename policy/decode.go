@@ -34,6 +34,7 @@ type isolateDoc struct {
 type settingsDoc struct {
 	Image       *string      `toml:"image"`
 	User        *string      `toml:"user"`
+	Users       *[]string    `toml:"users"`
 	MemoryMiB   *int64       `toml:"memory_mib"`
 	DiskMiB     *int64       `toml:"disk_mib"`
 	CPUs        *int64       `toml:"cpus"`
@@ -74,6 +75,12 @@ type sessionsDoc struct {
 	PublishAnyAddress *bool   `toml:"publish_any_address"`
 	PublishMaxConns   *int64  `toml:"publish_max_conns"`
 	PublishIdle       *string `toml:"publish_idle"`
+	// MaxCommands, MaxProcesses and ProcessBuffer: what runs in a
+	// session at once (commands, background processes) and how much of
+	// a background process's output is kept.
+	MaxCommands   *int64     `toml:"max_commands"`
+	MaxProcesses  *int64     `toml:"max_processes"`
+	ProcessBuffer *sizeValue `toml:"process_buffer"`
 }
 
 type networkDoc struct {

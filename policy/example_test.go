@@ -158,7 +158,7 @@ func TestDefaultPolicy(t *testing.T) {
 			SessionIdle: 10 * time.Minute,
 			SessionMax:  time.Hour,
 			// An idle session is paused, not ended.
-			AllowSessions: true, Paused: PausedLimits{After: 5 * time.Minute, MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16, Idle: 5 * time.Minute},
+			AllowSessions: true, Paused: PausedLimits{After: 5 * time.Minute, MaxCount: 4, MaxBytes: 4 << 30}, Publish: PublishLimits{MaxConns: 16, Idle: 5 * time.Minute}, MaxCommands: 8, MaxProcesses: 32, ProcessBuffer: 1 << 20,
 			Files: FileLimits{PutBytes: 64 << 20, PutFiles: 10000, GetBytes: 64 << 20, GetFiles: 10000},
 		}
 		if !v.Allowed || v.Profile != "default" || v.Rule != "default" || v.Limits != want || v.User != "agent" || v.Image != "default" {

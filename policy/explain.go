@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -70,8 +71,12 @@ func (prof *profile) explain(b *strings.Builder, i, n int) {
 func (prof *profile) explainGuest(b *strings.Builder) {
 	l := &prof.limits
 	fmt.Fprintf(b, "  matches:  %s\n", prof.match.describe())
+	user := prof.user
+	if len(prof.users) > 1 {
+		user += " (a caller may name " + strings.Join(prof.users, ", ") + ")"
+	}
 	fmt.Fprintf(b, "  guest:    image %q, user %s, %d %s, %d MiB memory, %d MiB to write on its disk, network %s\n",
-		prof.image, prof.user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, l.DiskMiB, prof.network)
+		prof.image, user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, l.DiskMiB, prof.network)
 	fmt.Fprintf(b, "  limits:   timeout %s by default, at most %s; output %s per stream; at most %d %s at once, %d per caller (%d more waiting)\n",
 		formatDuration(l.Timeout), formatDuration(prof.timeoutMax), formatSize(l.OutputLimit), l.MaxVMs, plural(l.MaxVMs, "VM", "VMs"), l.CallerVMs, l.CallerQueue)
 	if nw := prof.net; nw != nil {
@@ -147,8 +152,11 @@ func (prof *profile) relaxations() (relax, notes []string) {
 	if prof.match.ssh {
 		relax = append(relax, "SSH keys that name this profile get it (vmgated serve --ssh-listen): callers need no local account")
 	}
-	if prof.user == userRoot {
+	switch {
+	case prof.user == userRoot:
 		relax = append(relax, "commands run as root in the guest")
+	case slices.Contains(prof.users, userRoot):
+		relax = append(relax, "a caller may run commands as root in the guest (users)")
 	}
 	if prof.allowShell {
 		relax = append(relax, "shell strings (vm-exec -c) allowed")

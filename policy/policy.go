@@ -65,6 +65,7 @@ type profile struct {
 	rotate     bool // may rotate the audit log (audit_rotate)
 	image      string
 	user       string
+	users      []string // the users a caller may name (Request.User); user among them
 	network    string
 	net        *NetworkPolicy // set when network == "allowlist"
 	limits     Limits         // Timeout holds timeout.default

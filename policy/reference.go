@@ -325,6 +325,10 @@ var refDefaults = map[string]string{
 	"profile.sessions.publish_any_address": strconv.FormatBool(builtinPublishAny),
 	"profile.sessions.publish_max_conns":   strconv.Itoa(builtinPublishConns),
 	"profile.sessions.publish_idle":        tomlDuration(builtinPublishIdle),
+	"profile.sessions.max_commands":        strconv.Itoa(builtinMaxCommands),
+	"profile.sessions.max_processes":       strconv.Itoa(builtinMaxProcesses),
+	"profile.sessions.process_buffer":      tomlSize(builtinProcessBuffer),
+	"profile.users":                        "",
 
 	"profile.network.mode":            strconv.Quote(builtinNetwork),
 	"profile.network.allow":           "",
@@ -385,8 +389,10 @@ var refDescriptions = map[string]string{
 	"profile.image": "Name of the guest image: " + strings.Replace(names.ImageRule, names.Charset, "`"+names.Charset+"`", 1) + ". " +
 		"`default` is the daemon's image (`vmgated serve --image`); any other NAME is `STATE/images/NAME`, built with `vmgated image build --name NAME` or imported with `vmgated image import --name NAME ROOTFS.tar` " +
 		"(`vmgated image list` shows them). Each image has its own templates and pools; vmgated refuses a policy naming an image that is not built, at start and at reload.",
-	"profile.user": fmt.Sprintf("Guest user that commands run as: `%q`, unprivileged, or `%q`, a relaxation that lets commands change the (disposable) guest system.",
-		userAgent, userRoot),
+	"profile.user": fmt.Sprintf("Guest user that commands run as unless the caller names another of `users`: `%q`, unprivileged, `%q`, a relaxation that lets commands change the (disposable) guest system, "+
+		"or any account of the guest's (%s); one other than root that has uid 0 there is refused.", userAgent, userRoot, accountRule),
+	"profile.users": "The guest users a caller may name (`vm-exec --user NAME`, the socket API's and MCP's `user`); another name is refused, naming this key. " +
+		"Default: `user` alone. `root` in it is a relaxation. The audit record and the receipt say which user ran a command.",
 	"profile.memory_mib": fmt.Sprintf("Guest memory in MiB, %d to %d.", minMemoryMiB, maxMemoryMiB),
 	"profile.cpus":       fmt.Sprintf("Guest CPUs, 1 to %d.", maxCPUs),
 	"profile.disk_mib": fmt.Sprintf("What a VM may write to its disk, in MiB, %d to %d. ", minDiskMiB, maxDiskMiB) +
@@ -458,6 +464,10 @@ var refDescriptions = map[string]string{
 		"which other machines can reach, a logged relaxation. Needs `publish`.",
 	"profile.sessions.publish_max_conns": fmt.Sprintf("Connections one published port carries at once, 1 to %d; ", maxPublishConns) +
 		"one beyond is refused at once (closed, reset over TCP) and audited.",
+	"profile.sessions.max_commands": fmt.Sprintf("Commands that run at once in one session, 1 to %d; the next waits (as long as for a VM) and is then refused as busy, naming this key. ", maxMaxCommands) +
+		"A pause or a fork waits for the ones running.",
+	"profile.sessions.max_processes":  fmt.Sprintf("Background processes (`vm-exec --detach`) one session keeps running at once, 0 to %d; one more is refused, naming this key.", maxMaxProcesses),
+	"profile.sessions.process_buffer": fmt.Sprintf("Output of a background process kept per stream, stdout and stderr each, 1KiB to %dMiB: past it the oldest bytes go, and the count dropped is reported.", maxProcessBuffer>>20),
 	"profile.sessions.publish_idle": "A connection of a published port over which no byte moves either way for this long is cut " +
 		"(and its record says so): an idle one holds one of the port's connections. The bytes a port carries count as use of its " +
 		"session, which then neither idles out nor pauses; an open but silent connection does not.",

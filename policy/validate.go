@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,16 +44,24 @@ const (
 	builtinPublishAny   = false
 	builtinPublishConns = 16
 	builtinPublishIdle  = 5 * time.Minute
-	maxPublishConns     = 1024
-	builtinNetwork      = networkNone
-	builtinNetMaxConns  = 32
-	builtinNetMaxBytes  = 256 << 20
-	builtinNetRate      = 120
-	builtinFileBytes    = 64 << 20 // files.put_max_bytes, get_max_bytes
-	builtinFileCount    = 10000    // files.put_max_files, get_max_files
-	builtinSeccomp      = "required"
-	builtinCgroups      = "auto"
-	builtinGuestASLR    = "auto"
+	// A session runs 8 commands at once and keeps 32 background
+	// processes, with 1 MiB of each one's stdout and stderr.
+	builtinMaxCommands   = 8
+	builtinMaxProcesses  = 32
+	builtinProcessBuffer = 1 << 20
+	maxMaxCommands       = 256
+	maxMaxProcesses      = 1024     // agentproto.MaxProcs
+	maxProcessBuffer     = 64 << 20 // agentproto.MaxProcBuffer
+	maxPublishConns      = 1024
+	builtinNetwork       = networkNone
+	builtinNetMaxConns   = 32
+	builtinNetMaxBytes   = 256 << 20
+	builtinNetRate       = 120
+	builtinFileBytes     = 64 << 20 // files.put_max_bytes, get_max_bytes
+	builtinFileCount     = 10000    // files.put_max_files, get_max_files
+	builtinSeccomp       = "required"
+	builtinCgroups       = "auto"
+	builtinGuestASLR     = "auto"
 )
 
 // DefaultDiskMiB is disk_mib when neither a profile nor [defaults] sets
@@ -76,6 +85,12 @@ const (
 	maxNetRate     = 100000
 	maxFileCount   = 1000000
 )
+
+// accountRE is a guest account's name, as useradd takes it by default.
+var accountRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
+
+// accountRule is accountRE's text.
+const accountRule = "1 to 32 of [a-z0-9_-], starting with a letter or _"
 
 const (
 	userAgent        = "agent"
@@ -242,6 +257,10 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 	}
 	p.image = pick(builtinImage, s.image)
 	p.user = pick(builtinUser, s.user)
+	p.users = pick([]string{p.user}, s.users)
+	if !slices.Contains(p.users, p.user) {
+		c.errorf("%s: user %q is not one of users %q: the default user must be one a caller may name", label, p.user, p.users)
+	}
 	p.network = pick(builtinNetwork, s.network)
 	if p.network == networkAllowlist {
 		p.net = &NetworkPolicy{
@@ -282,6 +301,9 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 			MaxConns:   pick(builtinPublishConns, s.publishConns),
 			Idle:       pick(builtinPublishIdle, s.publishIdle),
 		},
+		MaxCommands:   pick(builtinMaxCommands, s.maxCommands),
+		MaxProcesses:  pick(builtinMaxProcesses, s.maxProcesses),
+		ProcessBuffer: pick(int64(builtinProcessBuffer), s.processBuffer),
 		Files: FileLimits{
 			PutBytes: pick(builtinFileBytes, s.putBytes), PutFiles: pick(builtinFileCount, s.putFiles),
 			GetBytes: pick(builtinFileBytes, s.getBytes), GetFiles: pick(builtinFileCount, s.getFiles),
@@ -389,6 +411,9 @@ type settings struct {
 	publish, publishAny        *bool
 	publishConns               *int
 	publishIdle                *time.Duration
+	users                      *[]string
+	maxCommands, maxProcesses  *int
+	processBuffer              *int64
 	badTimeout, badSessions    bool
 	netAllow                   *netrule.Rules
 	netRanges                  *[]netip.Prefix
@@ -431,6 +456,10 @@ func (s settings) merge(d settings) settings {
 	m.publishAny = first(s.publishAny, d.publishAny)
 	m.publishConns = first(s.publishConns, d.publishConns)
 	m.publishIdle = first(s.publishIdle, d.publishIdle)
+	m.users = first(s.users, d.users)
+	m.maxCommands = first(s.maxCommands, d.maxCommands)
+	m.maxProcesses = first(s.maxProcesses, d.maxProcesses)
+	m.processBuffer = first(s.processBuffer, d.processBuffer)
 	m.putBytes = first(s.putBytes, d.putBytes)
 	m.putFiles = first(s.putFiles, d.putFiles)
 	m.getBytes = first(s.getBytes, d.getBytes)
@@ -485,11 +514,30 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		}
 	}
 	if d.User != nil {
-		switch *d.User {
-		case userAgent, userRoot:
+		if accountRE.MatchString(*d.User) {
 			s.user = d.User
-		default:
-			c.errorf("%s: user %q: must be %q or %q", label, *d.User, userAgent, userRoot)
+		} else {
+			c.errorf("%s: user %q: must be a guest account's name (%s)", label, *d.User, accountRule)
+		}
+	}
+	if d.Users != nil {
+		users, ok := []string{}, true
+		for _, u := range *d.Users {
+			switch {
+			case !accountRE.MatchString(u):
+				c.errorf("%s: users: %q: must be a guest account's name (%s)", label, u, accountRule)
+				ok = false
+			case slices.Contains(users, u):
+				c.errorf("%s: users: %q is listed twice", label, u)
+				ok = false
+			default:
+				users = append(users, u)
+			}
+		}
+		if len(users) == 0 && ok {
+			c.errorf("%s: users is empty: list the guest users a caller may name, the default user among them", label)
+		} else if ok {
+			s.users = &users
 		}
 	}
 	s.memoryMiB = c.intIn(label, "memory_mib", d.MemoryMiB, minMemoryMiB, maxMemoryMiB)
@@ -527,6 +575,15 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		s.publish, s.publishAny = ss.Publish, ss.PublishAnyAddress
 		s.publishConns = c.intIn(label, "sessions.publish_max_conns", ss.PublishMaxConns, 1, maxPublishConns)
 		s.publishIdle = c.duration(label, "sessions.publish_idle", ss.PublishIdle)
+		s.maxCommands = c.intIn(label, "sessions.max_commands", ss.MaxCommands, 1, maxMaxCommands)
+		s.maxProcesses = c.intIn(label, "sessions.max_processes", ss.MaxProcesses, 0, maxMaxProcesses)
+		if b := c.size(label, "sessions.process_buffer", ss.ProcessBuffer); b != nil {
+			if *b < 1024 || *b > maxProcessBuffer {
+				c.errorf("%s: sessions.process_buffer %d: must be 1KiB to %dMiB", label, *b, maxProcessBuffer>>20)
+			} else {
+				s.processBuffer = b
+			}
+		}
 		s.badSessions = len(c.errs) > before
 	}
 	if n := d.Network; n != nil {
