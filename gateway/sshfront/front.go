@@ -370,7 +370,7 @@ func (f *Front) peersOf(batch []net.Conn) []identified {
 			out[i].p, out[i].err = f.uidPeer(uid, true)
 			continue
 		}
-		out[i].p = peer{group: c.RemoteAddr().String()}
+		out[i].p = addrPeer(c)
 		if tc, ok := loopbackTCP(c); ok {
 			local = append(local, tc)
 		}
@@ -392,6 +392,15 @@ func (f *Front) peersOf(batch []net.Conn) []identified {
 		}
 	}
 	return out
+}
+
+// addrPeer is the peer of a connection whose uid is not known: its
+// remote IP over TCP (not its port: every connection has its own).
+func addrPeer(c net.Conn) peer {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return peer{group: ta.IP.String()}
+	}
+	return peer{group: c.RemoteAddr().String()}
 }
 
 // loopbackTCP is c as its client's socket lists it, when c is a TCP

@@ -1,6 +1,8 @@
 package sshfront
 
 import (
+	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -128,6 +130,57 @@ func TestTCPOwners_Self(t *testing.T) {
 		got, err := tcpOwners(procNetTCP, []tcpConn{tc})
 		if uid, found := got[tc]; err != nil || !found || uid != uint32(os.Getuid()) {
 			t.Errorf("%s: owner %d (found %v, %v), want uid %d", addr, uid, found, err, os.Getuid())
+		}
+	}
+}
+
+// TestPeersOf_OwnerUnknown: a loopback TCP connection whose client socket
+// the tables do not list (closed already), or all of them when the
+// tables cannot be read, is grouped by its IP address, never by its
+// address and port, which would make each connection a peer of its own;
+// a listed one by its owner's uid, counted as Config.CallerOf says.
+func TestPeersOf_OwnerUnknown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var batch []net.Conn
+	for range 2 {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		batch = append(batch, s)
+	}
+	var logs strings.Builder
+	f := &Front{warn: newBurstLog(slog.New(slog.NewTextHandler(&logs, nil)), time.Minute)}
+	empty := t.TempDir()
+	if err := os.WriteFile(empty+"/tcp", []byte(procTCPHeader), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{empty, t.TempDir() /* no tables at all */} {
+		f.procNet = dir
+		for i, id := range f.peersOf(batch) {
+			if id.err != nil || id.p.group != "127.0.0.1" || id.p.hasUID || id.p.capped {
+				t.Errorf("%s: connection %d: %+v, want the group 127.0.0.1 and no uid", dir, i, id)
+			}
+		}
+	}
+	if !strings.Contains(logs.String(), "grouped by IP address") {
+		t.Errorf("tables that cannot be read should be logged:\n%s", logs.String())
+	}
+	f.procNet = procNetTCP
+	f.cfg.CallerOf = func(uid uint32) (uint32, error) { return uid + 1, nil }
+	for i, id := range f.peersOf(batch) {
+		if want := fmt.Sprintf("uid %d", os.Getuid()+1); id.err != nil || id.p.group != want || id.p.ranAs != uint32(os.Getuid()) || id.p.capped {
+			t.Errorf("connection %d: %+v, want the group %q, not capped (TCP)", i, id, want)
 		}
 	}
 }
