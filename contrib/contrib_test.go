@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/isolate/seccomp"
 	"github.com/vmgate/vmgate/vm"
 	"github.com/vmgate/vmgate/vm/netproc"
@@ -541,6 +542,51 @@ func TestUnits_NoJailBreakingDirectives(t *testing.T) {
 		"PrivateNetwork": "yes", "RestrictAddressFamilies": "AF_UNIX", "PrivateDevices": "yes", "BindPaths": "-/dev/kvm"} {
 		if got := directives(t, k); len(got) != 1 || got[0] != want {
 			t.Errorf("%s= %q, want %q", k, got, want)
+		}
+	}
+}
+
+// daemonTasks is what the task bound of vmgated.service keeps for the
+// daemon itself (its Go runtime's threads) beside its QEMUs.
+const daemonTasks = 256
+
+// TestUnits_ResourceBounds: vmgated.service bounds its memory and its
+// tasks, so that a daemon that grows without end (issue 43: a QEMU's
+// monitor line read without a bound) is stopped inside its unit, not by
+// the host's OOM killer; a QEMU killed at the bound ends its VM, not the
+// service. The task bound leaves room for the daemon and for every QEMU
+// the defaults run at once (--max-vms, the pool and the clone launched
+// ahead of one shape, a template build) at its own cgroup's cap: a guest
+// that makes its QEMU spawn threads meets its VM's cap first, never the
+// unit's, which would crash the daemon (the Go runtime dies when it
+// cannot make a thread). docs/operator.md names the shipped values.
+func TestUnits_ResourceBounds(t *testing.T) {
+	mem := directives(t, "MemoryMax")
+	if len(mem) != 1 || mem[0] == "" || mem[0] == "infinity" {
+		t.Errorf("MemoryMax= %q, want one bound", mem)
+	}
+	tasks := directives(t, "TasksMax")
+	n := 0
+	if len(tasks) == 1 {
+		n, _ = strconv.Atoi(tasks[0])
+	}
+	qemus := gateway.DefaultMaxVMs + gateway.DefaultPoolSize + gateway.DefaultAhead + 1
+	perVM := int(vm.JailLimits(512, 1).Pids)
+	if need := daemonTasks + qemus*perVM; n < need {
+		t.Errorf("TasksMax= %q, want a number of at least %d (%d for the daemon, %d QEMUs of %d tasks)", tasks, need, daemonTasks, qemus, perVM)
+	}
+	if got := directives(t, "OOMPolicy"); len(got) != 1 || got[0] != "continue" {
+		t.Errorf("OOMPolicy= %q, want continue: a QEMU killed for memory must not stop the service", got)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "operator.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"MemoryMax", "TasksMax"} {
+		for _, v := range directives(t, d) {
+			if w := "`" + d + "=" + v + "`"; !bytes.Contains(doc, []byte(w)) {
+				t.Errorf("docs/operator.md does not name %s", w)
+			}
 		}
 	}
 }

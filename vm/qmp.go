@@ -12,11 +12,25 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// qmpMaxLine bounds one line QEMU sends on its monitor. The longest
+// vmgate asks for (query-migrate, x-query-virtio) is a few KiB; a QEMU
+// the guest took over (the save path's threat model) may send a line
+// without end, which unbounded reads buffered at about twice the rate it
+// came, until the daemon was killed for its memory (issue 43, item 2).
+const qmpMaxLine = 64 << 10
+
+// errQMPLineTooLong is the end of a monitor whose QEMU sent a line over
+// the bound.
+var errQMPLineTooLong = errors.New("qemu sent a monitor line longer than vmgated reads")
+
 // qmp is a minimal client of QEMU's machine protocol on the VM's QMP
 // socket: one command at a time; events are skipped, except by waitEvent.
+// Every line is read by readLine, which bounds it.
 type qmp struct {
 	c *net.UnixConn
-	r *bufio.Reader
+	r *bufio.Reader // its size is the bound of a line (qmpMaxLine)
+	// broken, once set, is the error of every read: the monitor ended.
+	broken error
 	// onEvent, when set, sees the events run and waitEvent read past on
 	// the way to what they wait for.
 	onEvent func(r qmpReply)
@@ -63,7 +77,7 @@ func dialQMP(ctx context.Context, path string, exited <-chan struct{}) (*qmp, er
 	for {
 		c, err := net.DialTimeout("unix", path, time.Second)
 		if err == nil {
-			q := &qmp{c: c.(*net.UnixConn), r: bufio.NewReaderSize(c, 64<<10)}
+			q := &qmp{c: c.(*net.UnixConn), r: bufio.NewReaderSize(c, qmpMaxLine)}
 			if err := q.handshake(ctx); err != nil {
 				c.Close()
 				return nil, err
@@ -82,7 +96,7 @@ func dialQMP(ctx context.Context, path string, exited <-chan struct{}) (*qmp, er
 
 func (q *qmp) handshake(ctx context.Context) error {
 	q.deadline(ctx)
-	line, err := q.r.ReadBytes('\n')
+	line, err := q.readLine()
 	if err != nil {
 		return fmt.Errorf("qmp greeting: %w", err)
 	}
@@ -104,6 +118,9 @@ func (q *qmp) deadline(ctx context.Context) {
 // run executes a command with arguments (nil for none), passing fds with
 // it (SCM_RIGHTS, for getfd), and returns its "return" value.
 func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.RawMessage, error) {
+	if q.broken != nil {
+		return nil, fmt.Errorf("qmp %s: %w", cmd, q.broken)
+	}
 	q.deadline(ctx)
 	msg := map[string]any{"execute": cmd}
 	if args != nil {
@@ -121,7 +138,7 @@ func (q *qmp) run(ctx context.Context, cmd string, args any, fds ...int) (json.R
 		return nil, fmt.Errorf("qmp %s: %w", cmd, err)
 	}
 	for {
-		line, err := q.r.ReadBytes('\n')
+		line, err := q.readLine()
 		if err != nil {
 			return nil, fmt.Errorf("qmp %s: %w", cmd, err)
 		}
@@ -154,12 +171,7 @@ func (q *qmp) waitEvent(ctx context.Context, name string, match func(r qmpReply)
 // data match accepts, the connection ends or its deadline passes.
 func (q *qmp) readUntil(name string, match func(r qmpReply) bool) error {
 	for {
-		// Bounded by the reader's buffer: a QEMU that the guest took
-		// over may send a line without end.
-		line, err := q.r.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			return fmt.Errorf("qmp: waiting for %s: a line longer than %d bytes", name, q.r.Size())
-		}
+		line, err := q.readLine()
 		if err != nil {
 			return fmt.Errorf("qmp: waiting for %s: %w", name, err)
 		}
@@ -174,6 +186,26 @@ func (q *qmp) readUntil(name string, match func(r qmpReply) bool) error {
 			q.onEvent(r)
 		}
 	}
+}
+
+// readLine returns QEMU's next line, valid until the next read: the one
+// read of the monitor. A line longer than the reader's buffer ends the
+// monitor: the connection is closed (what follows cannot be told apart
+// from the rest of that line) and every later read fails the same way.
+// Nothing past the buffer is ever held.
+func (q *qmp) readLine() ([]byte, error) {
+	if q.broken != nil {
+		return nil, q.broken
+	}
+	line, err := q.r.ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) {
+		q.broken = fmt.Errorf("%w (%d bytes): QEMU no longer speaks QMP, a guest may have taken it over; its monitor is closed", errQMPLineTooLong, q.r.Size())
+		if q.c != nil {
+			_ = q.c.Close()
+		}
+		return nil, q.broken
+	}
+	return line, err
 }
 
 // status returns the VM's run state (query-status), e.g. "running",

@@ -3,8 +3,12 @@ package vm
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -97,8 +101,104 @@ func TestWaitEventBounded(t *testing.T) {
 		_, _ = b.Write(bytes.Repeat([]byte("x"), 10000))
 	}()
 	err := q.readUntil("BLOCK_IO_ERROR", func(qmpReply) bool { return true })
-	if err == nil || !strings.Contains(err.Error(), "longer than 4096") {
+	if !errors.Is(err, errQMPLineTooLong) || !strings.Contains(err.Error(), "(4096 bytes)") {
 		t.Fatalf("waitEvent: %v", err)
+	}
+}
+
+// endlessLine is how much of a line without end the fake QEMU of
+// TestQMPEndlessLine sends at most: far over qmpMaxLine, and more than
+// the bound on what the daemon may allocate for it.
+const endlessLine = 32 << 20
+
+// hijackedQMP serves one connection on a QMP socket in a temporary directory
+// as a QEMU taken over by its guest would: it sends the greeting (unless
+// endlessGreeting) and answers qmp_capabilities, then starts a line that
+// does not end, in place of the greeting or of the next command's reply.
+// It returns the socket's path and a channel that gets how many bytes of
+// the endless line were written before the daemon's side closed.
+func hijackedQMP(t *testing.T, endlessGreeting bool) (string, <-chan int) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "qmp.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	sent := make(chan int, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			sent <- 0
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		if !endlessGreeting {
+			fmt.Fprintln(c, `{"QMP": {"version": {}, "capabilities": []}}`)
+			_, err := r.ReadString('\n') // qmp_capabilities
+			if err == nil {
+				fmt.Fprintln(c, `{"return": {}}`)
+				_, err = r.ReadString('\n') // the command answered without end
+			}
+			if err != nil {
+				sent <- 0
+				return
+			}
+		}
+		chunk := append([]byte(`{"return": "`), bytes.Repeat([]byte("x"), 64<<10)...)
+		n := 0
+		for n < endlessLine {
+			w, err := c.Write(chunk)
+			n += w
+			if err != nil {
+				break
+			}
+		}
+		sent <- n
+	}()
+	return path, sent
+}
+
+// TestQMPEndlessLine: a QEMU that sends a line without end, as its
+// greeting or as a command's reply, costs the daemon no more than the
+// bound of one line: the read ends with an error that says what
+// happened, and the monitor is closed (the fake QEMU's writes fail).
+// Before every read was bounded, one such line of 32 MiB made the
+// daemon allocate about twice that, and a longer one would have grown
+// it until it was killed (issue 43, item 2).
+func TestQMPEndlessLine(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		greeting bool
+	}{{"greeting", true}, {"reply", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			path, sent := hijackedQMP(t, c.greeting)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var err error
+			q, err := dialQMP(ctx, path, nil)
+			if err == nil {
+				_, err = q.run(ctx, "query-status", nil)
+				if _, again := q.run(ctx, "query-status", nil); !errors.Is(again, errQMPLineTooLong) {
+					t.Errorf("a command after the endless line: %v, want the monitor's end", again)
+				}
+				q.Close()
+			}
+			runtime.ReadMemStats(&after)
+			if !errors.Is(err, errQMPLineTooLong) || !strings.Contains(err.Error(), "monitor is closed") {
+				t.Errorf("err = %v, want the line's bound", err)
+			}
+			if n := <-sent; n >= endlessLine {
+				t.Errorf("the fake QEMU wrote all %d bytes: the monitor was not closed", n)
+			}
+			if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+				t.Errorf("allocated %d KiB for one endless line, want at most 1024 KiB (the line's bound is %d KiB)", got>>10, qmpMaxLine>>10)
+			}
+		})
 	}
 }
 

@@ -394,3 +394,51 @@ func TestLinkThenRemove(t *testing.T) {
 		t.Fatalf("the old name is still there: %v", err)
 	}
 }
+
+// TestVerifyFiles_GzipBomb: a rotated .gz file that unpacks to a first
+// line without end costs the verifier at most a bounded line, however
+// far it unpacks: VerifyFiles orders the directory by each file's first
+// record, and then verifies each, and both reads stop at MaxLineSize of
+// decompressed bytes with an error that names the file and the line.
+// Before, ordering read the whole first line: a .gz of 191 KiB made
+// audit verify and receipt verify --audit allocate 438 MiB.
+func TestVerifyFiles_GzipBomb(t *testing.T) {
+	const unpacked = 128 << 20
+	dir := t.TempDir()
+	l, err := Open(Options{Path: filepath.Join(dir, "audit.jsonl"), SyncInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRecs(t, l, 2)
+	l.Close()
+	f, err := os.OpenFile(filepath.Join(dir, "audit.jsonl.1.gz"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zw, _ := gzip.NewWriterLevel(f, gzip.BestCompression)
+	chunk := bytes.Repeat([]byte("a"), 1<<20)
+	for range unpacked / len(chunk) {
+		if _, err := zw.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = VerifyFiles(dir)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrChainBroken) || !strings.Contains(err.Error(), "audit.jsonl.1.gz") || !strings.Contains(err.Error(), "line 1: longer than") {
+		t.Errorf("err = %v, want the bomb's first line refused as too long", err)
+	}
+	// Two reads of at most one line each (ordering, then verifying), and
+	// the slices a line grows through.
+	if got, limit := after.TotalAlloc-before.TotalAlloc, uint64(6*MaxLineSize); got > limit {
+		t.Errorf("allocated %d MiB for a first line of %d MiB, want at most %d MiB", got>>20, unpacked>>20, limit>>20)
+	}
+}

@@ -61,6 +61,13 @@ type Config struct {
 	// on and audited as this argv with policy.Request.Interactive set
 	// (default DefaultInteractiveShell).
 	InteractiveShell []string
+	// CallerOf, when set, is the uid a peer uid counts as: the daemon's
+	// attribution of callers, which counts a subordinate uid (subuid(5))
+	// as its login, so that a login's 65,536 subordinate uids share one
+	// per-uid bound and one pending group, as on the local API. An error
+	// (the uid's caller cannot be told) closes the connection at accept.
+	// nil counts every uid as its own.
+	CallerOf func(uid uint32) (uint32, error)
 }
 
 // DefaultHandshakeTimeout is Config.HandshakeTimeout's default.

@@ -31,11 +31,13 @@
 //     without a key, so connections not yet admitted have a budget of
 //     their own (Config.MaxUnauthConns) and HandshakeTimeout from accept;
 //     when it is full a new one displaces the oldest of the peer holding
-//     the most, so holding connections open keeps no key holder out.
+//     the most (a peer is a uid wherever the kernel tells it, over loopback
+//     TCP too: tcpowner.go), so holding connections open keeps no key
+//     holder out.
 //     Authenticated connections are bounded in all (MaxConns) and per key
 //     (MaxConnsPerKey): over them, sessions are refused with the reason.
-//     On unix: listeners each peer uid (SO_PEERCRED) is bounded as well
-//     (MaxConnsPerUID). Refusals are logged once per burst. Sessions per
+//     On unix: listeners each peer uid (SO_PEERCRED; a subordinate uid
+//     as its login, Config.CallerOf) is bounded as well (MaxConnsPerUID). Refusals are logged once per burst. Sessions per
 //     connection and idle connections are bounded too; an interactive
 //     shell ends after the profile's sessions.idle_timeout without traffic
 //     and sessions.max_lifetime at most. Closing a channel or dropping the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -89,6 +90,8 @@ type Front struct {
 	budget *budget   // connections against their limits (limits.go)
 	warn   *burstLog // refusals, logged once per burst
 	hostFP string    // the host key's fingerprint
+	// procNet holds the TCP socket tables (procNetTCP; tests).
+	procNet string
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -110,7 +113,7 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 	cfg.setDefaults(stateDir)
 	log = log.With("front", "ssh")
 	pol := core.Policy()
-	f := &Front{core: core, cfg: cfg, log: log, conns: map[net.Conn]struct{}{},
+	f := &Front{core: core, cfg: cfg, log: log, conns: map[net.Conn]struct{}{}, procNet: procNetTCP,
 		budget: newBudget(cfg.MaxUnauthConns, cfg.MaxConns, cfg.MaxConnsPerKey, cfg.MaxConnsPerUID), warn: newBurstLog(log, refusalLogEvery)}
 	for _, ln := range cfg.Listeners {
 		f.lns = append(f.lns, listener{ln: ln})
@@ -289,7 +292,21 @@ func (f *Front) Serve() {
 // (burstLog).
 const refusalLogEvery = time.Minute
 
+// admitBatch bounds the connections accepted and not yet counted in the
+// budget: those admitLoop identifies together with one read of the TCP
+// socket tables. Beyond it, new connections wait in the kernel's backlog.
+const admitBatch = 64
+
+// acceptLoop accepts connections and hands them to admitLoop, which
+// identifies and counts them.
 func (f *Front) acceptLoop(l listener) {
+	queue := make(chan net.Conn, admitBatch)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		f.admitLoop(l, queue)
+	}()
+	defer close(queue)
 	for {
 		c, err := l.ln.Accept()
 		if err != nil {
@@ -300,60 +317,168 @@ func (f *Front) acceptLoop(l listener) {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		remote := c.RemoteAddr().String()
-		if l.unix != "" {
-			remote = "unix:" + l.unix
-		} else if _, ok := c.(*net.UnixConn); ok {
-			remote = "unix:" + l.ln.Addr().String()
-		}
-		p, err := peerOf(c)
-		if err != nil {
-			// Fail closed: a uid that cannot be read cannot be bounded.
-			f.warn.warn("peercred", "cannot read an SSH client's peer credentials, closing its connection", "remote", remote, "err", err)
-			c.Close()
-			continue
-		}
-		if !f.track(c) {
-			c.Close()
-			return
-		}
-		t, displaced, lim := f.budget.open(p, c)
-		if lim == limitUID {
-			f.warn.warn(p.group, "too many SSH connections from one uid, closing new ones", "uid", p.uid, "max", f.cfg.MaxConnsPerUID, "remote", remote)
-			f.untrack(c)
-			c.Close()
-			continue
-		}
-		if displaced != nil {
-			f.warn.warn("pending", "too many SSH connections not yet authenticated, closing the oldest of the peer with the most",
-				"max", f.cfg.MaxUnauthConns, "closed_peer", displaced.peer.group, "new_peer", p.group)
-			_ = displaced.closer.Close()
-		}
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			defer f.budget.done(t)
-			defer f.untrack(c)
-			defer c.Close()
-			f.serveConn(c, t, remote)
-		}()
+		queue <- c
 	}
 }
 
-// peerOf is who c comes from: its uid (SO_PEERCRED) on a unix: listener,
-// its IP over TCP.
-func peerOf(c net.Conn) (peer, error) {
-	if uc, ok := c.(*net.UnixConn); ok {
-		uid, err := peerUID(uc)
-		if err != nil {
+// admitLoop takes the connections acceptLoop accepted, those waiting
+// together as one batch, identifies the batch's peers (one read of the
+// TCP socket tables for all of its loopback connections) and opens each
+// in the budget, in the order they were accepted.
+func (f *Front) admitLoop(l listener, queue <-chan net.Conn) {
+	for c := range queue {
+		batch := []net.Conn{c}
+	more:
+		for len(batch) < admitBatch {
+			select {
+			case c, ok := <-queue:
+				if !ok {
+					break more
+				}
+				batch = append(batch, c)
+			default:
+				break more
+			}
+		}
+		peers := f.peersOf(batch)
+		for i, c := range batch {
+			f.open(l, c, peers[i])
+		}
+	}
+}
+
+// identified is a connection's peer, or why it cannot be told.
+type identified struct {
+	p   peer
+	err error
+}
+
+// peersOf is who each connection of batch comes from: its uid where the
+// kernel tells it (SO_PEERCRED on a unix: listener; on loopback TCP the
+// owner of the client's socket, all of the batch's from one read of the
+// socket tables), counted as its caller (Config.CallerOf); else its IP.
+func (f *Front) peersOf(batch []net.Conn) []identified {
+	out := make([]identified, len(batch))
+	var local []tcpConn
+	for i, c := range batch {
+		if uc, ok := c.(*net.UnixConn); ok {
+			uid, err := peerUID(uc)
+			if err != nil {
+				out[i].err = err
+				continue
+			}
+			out[i].p, out[i].err = f.uidPeer(uid, true)
+			continue
+		}
+		out[i].p = addrPeer(c)
+		if tc, ok := loopbackTCP(c); ok {
+			local = append(local, tc)
+		}
+	}
+	if len(local) == 0 {
+		return out
+	}
+	owners, err := tcpOwners(f.procNet, local)
+	if err != nil {
+		f.warn.warn("tcp owners", "cannot tell which uid owns local SSH clients' sockets: they are grouped by IP address", "err", err)
+	}
+	for i, c := range batch {
+		tc, ok := loopbackTCP(c)
+		if !ok {
+			continue
+		}
+		if uid, ok := owners[tc]; ok {
+			out[i].p, out[i].err = f.uidPeer(uid, false)
+		}
+	}
+	return out
+}
+
+// addrPeer is the peer of a connection whose uid is not known: its
+// remote IP over TCP (not its port: every connection has its own).
+func addrPeer(c net.Conn) peer {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return peer{group: ta.IP.String()}
+	}
+	return peer{group: c.RemoteAddr().String()}
+}
+
+// loopbackTCP is c as its client's socket lists it, when c is a TCP
+// connection from a loopback address: its client is then in the daemon's
+// network namespace, and in its socket tables.
+func loopbackTCP(c net.Conn) (tcpConn, bool) {
+	ra, ok1 := c.RemoteAddr().(*net.TCPAddr)
+	la, ok2 := c.LocalAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		return tcpConn{}, false
+	}
+	client, server := ra.AddrPort(), la.AddrPort()
+	client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+	server = netip.AddrPortFrom(server.Addr().Unmap(), server.Port())
+	if !client.Addr().IsLoopback() {
+		return tcpConn{}, false
+	}
+	return tcpConn{client: client, server: server}, true
+}
+
+// uidPeer is the peer of a process that ran as uid: grouped, and counted
+// against MaxConnsPerUID when capped, as the caller Config.CallerOf
+// counts it as.
+func (f *Front) uidPeer(uid uint32, capped bool) (peer, error) {
+	caller := uid
+	if f.cfg.CallerOf != nil {
+		var err error
+		if caller, err = f.cfg.CallerOf(uid); err != nil {
 			return peer{}, err
 		}
-		return peer{group: fmt.Sprintf("uid %d", uid), uid: uid, hasUID: true}, nil
 	}
-	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		return peer{group: ta.IP.String()}, nil
+	return peer{group: fmt.Sprintf("uid %d", caller), uid: caller, ranAs: uid, hasUID: true, capped: capped}, nil
+}
+
+// open counts a connection in the budget and serves it, or closes it:
+// when its peer cannot be told, or its uid holds MaxConnsPerUID.
+func (f *Front) open(l listener, c net.Conn, id identified) {
+	remote := c.RemoteAddr().String()
+	if l.unix != "" {
+		remote = "unix:" + l.unix
+	} else if _, ok := c.(*net.UnixConn); ok {
+		remote = "unix:" + l.ln.Addr().String()
 	}
-	return peer{group: c.RemoteAddr().String()}, nil
+	p := id.p
+	if id.err != nil {
+		// Fail closed: a peer that cannot be told cannot be bounded.
+		f.warn.warn("peercred", "cannot tell who an SSH client is, closing its connection", "remote", remote, "err", id.err)
+		c.Close()
+		return
+	}
+	if !f.track(c) {
+		c.Close()
+		return
+	}
+	t, displaced, lim := f.budget.open(p, c)
+	if lim == limitUID {
+		args := []any{"uid", p.uid}
+		if p.ranAs != p.uid {
+			args = append(args, "ran_as", p.ranAs)
+		}
+		f.warn.warn(p.group, "too many SSH connections from one uid, closing new ones", append(args, "max", f.cfg.MaxConnsPerUID, "remote", remote)...)
+		f.untrack(c)
+		c.Close()
+		return
+	}
+	if displaced != nil {
+		f.warn.warn("pending", "too many SSH connections not yet authenticated, closing the oldest of the peer with the most",
+			"max", f.cfg.MaxUnauthConns, "closed_peer", displaced.peer.group, "new_peer", p.group)
+		_ = displaced.closer.Close()
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer f.budget.done(t)
+		defer f.untrack(c)
+		defer c.Close()
+		f.serveConn(c, t, remote)
+	}()
 }
 
 func (f *Front) track(c net.Conn) bool {
@@ -465,6 +590,9 @@ func (f *Front) serveConn(c net.Conn, t *tracked, remote string) {
 	log := f.log.With("remote", remote, "key", id.SSH.Fingerprint)
 	if t.peer.hasUID {
 		log = log.With("peer_uid", t.peer.uid)
+		if t.peer.ranAs != t.peer.uid {
+			log = log.With("peer_ran_as", t.peer.ranAs)
+		}
 	}
 	log.Info("ssh connection", "user", id.SSH.User, "comment", id.SSH.Comment, "profile", id.SSH.Profile)
 	go ssh.DiscardRequests(reqs)

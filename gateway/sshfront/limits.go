@@ -26,17 +26,21 @@ import (
 //     oldest pending connection of the peer that holds the most of them
 //     (pickVictim). Holding connections open therefore keeps nobody out;
 //     only opening them faster than a client completes its handshake can
-//     delay new logins. Over TCP the group is the remote IP, which does
-//     not tell local processes apart (any of them may bind a source
-//     address in 127.0.0.0/8); on a unix: listener it is the peer's uid,
-//     which the kernel vouches for, so a uid's flood displaces its own
-//     connections first and delays only its own logins. Authenticated
+//     delay new logins. The group is the peer's uid wherever the kernel
+//     tells it: SO_PEERCRED on a unix: listener, and on loopback TCP the
+//     owner of the client's socket (tcpowner.go); a subordinate uid counts
+//     as its login (Config.CallerOf). A uid's flood then displaces its own
+//     connections first and delays only its own logins. Over TCP from
+//     another host, or when the client's socket is gone, the group is the
+//     remote IP, which does not tell local processes apart (any of them
+//     may bind a source address in 127.0.0.0/8). Authenticated
 //     connections are never displaced.
 //   - Authenticated connections are bounded in all (maxAuthed) and per key
 //     (perKey), so that one key cannot hold the front door for the others.
-//   - On a unix: listener the peer's uid (SO_PEERCRED) is bounded too
-//     (perUID), authenticated or not, whoever it is: vmgated's own uid
-//     and root get no exemption, as no process needs more than its share.
+//   - On a unix: listener the peer's uid (SO_PEERCRED; its login's for a
+//     subordinate uid) is bounded too (perUID), authenticated or not,
+//     whoever it is: vmgated's own uid and root get no exemption, as no
+//     process needs more than its share.
 //
 // Refusals are logged once per burst (burstLog), not once per connection:
 // a log flood is a denial of service too.
@@ -55,11 +59,15 @@ const (
 // peer is where a connection comes from, as far as the front door can
 // tell.
 type peer struct {
-	// group is the eviction group: "uid N" on a unix: listener, the
-	// remote IP over TCP.
-	group  string
-	uid    uint32
-	hasUID bool // a unix: connection whose uid was read
+	// group is the eviction group: "uid N" when the peer's uid is known,
+	// else the remote IP.
+	group string
+	// uid is the caller's uid, when known (hasUID): the uid the peer ran
+	// as (ranAs), or the login Config.CallerOf counts it as.
+	uid, ranAs uint32
+	hasUID     bool
+	// capped counts the connection against perUID: a unix: connection.
+	capped bool
 }
 
 // tracked is one connection in the budget.
@@ -102,7 +110,7 @@ func newBudget(maxPre, maxAuthed, perKey, perUID int) *budget {
 func (b *budget) open(p peer, c io.Closer) (t, displaced *tracked, l limit) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if p.hasUID && b.uids[p.uid] >= b.perUID {
+	if p.capped && b.uids[p.uid] >= b.perUID {
 		return nil, nil, limitUID
 	}
 	t = &tracked{peer: p, closer: c}
@@ -113,7 +121,7 @@ func (b *budget) open(p peer, c io.Closer) (t, displaced *tracked, l limit) {
 		b.dropLocked(displaced)
 	}
 	b.pending = append(b.pending, t)
-	if p.hasUID {
+	if p.capped {
 		b.uids[p.uid]++
 	}
 	return t, displaced, limitNone
@@ -184,7 +192,7 @@ func (b *budget) dropLocked(t *tracked) {
 			delete(b.keys, t.key)
 		}
 	}
-	if t.peer.hasUID {
+	if t.peer.capped {
 		if b.uids[t.peer.uid]--; b.uids[t.peer.uid] <= 0 {
 			delete(b.uids, t.peer.uid)
 		}

@@ -44,7 +44,7 @@ func TestBudget(t *testing.T) {
 	b := newBudget(2, 2, 1, 2)
 	var closed int
 	c := nopCloser{&closed}
-	u := peer{group: "uid 7", uid: 7, hasUID: true}
+	u := peer{group: "uid 7", uid: 7, hasUID: true, capped: true}
 	tcp := peer{group: "127.0.0.1"}
 	t1, _, _ := b.open(u, c)
 	t2, d, l := b.open(u, c)

@@ -11,7 +11,6 @@ import (
 	iofs "io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -53,12 +52,13 @@ then its public half as a PEM block: save the output as a file for vmgated recei
 --key and vmgated audit verify --key. It reads STATE/receipt.pub, written beside the key.`
 
 const receiptVerifyLong = `Checks each receipt (a file, or every *.receipt and *.receipt.json file under a directory):
-its signature under --key (default: the local daemon's STATE/receipt.pub), and with --audit
-that the audit log holds the receipt's record at its sequence number with its hash, request
-id and stream hashes, that the chain is intact up to it (rotated files too), and that the
-chain head it saw is there. With --audit and no --key the key is the one that signed the
-log's checkpoints. Exit status: 0 all valid, 1 one is not (the output names what failed),
-2 an invalid command line.`
+its signature under --key (default: the local daemon's STATE/receipt.pub; without either it
+refuses), and with --audit that the audit log holds the receipt's record at its sequence
+number with its hash, request id and stream hashes, that the chain is intact up to it
+(rotated files too), that its checkpoints are signed by the same key, and that the chain
+head it saw is there. A key named in the audit log is never trusted: whoever can write the
+log can name their own. Exit status: 0 all valid, 1 one is not (the output names what
+failed), 2 an invalid command line or no key.`
 
 func receiptKey(fs *pflag.FlagSet) runFunc {
 	state := fs.String("state-dir", receiptStateDir(), "state directory (the key is STATE/"+receipt.DefaultKeyFile+")")
@@ -188,11 +188,11 @@ type receiptVerifier struct {
 	keySource string // where the keys came from, for the output
 	logs      []string
 	// The audit log's index, built on first use: the intact records by
-	// Seq with their line hashes, the checkpoint keys, its range, and why
-	// the chain ends early (nil: intact to its end).
+	// Seq with their line hashes, its range, and why the chain ends early
+	// (nil: intact to its end; a checkpoint by a key other than keys
+	// ends it).
 	indexed  bool
 	records  map[uint64]auditLine
-	logKeys  []ed25519.PublicKey
 	first    uint64
 	last     uint64
 	chainErr error
@@ -212,19 +212,24 @@ func newReceiptVerifier(keyFiles, logs []string, state string) (*receiptVerifier
 		}
 		rv.keys = append(rv.keys, k)
 	}
-	switch {
-	case len(rv.keys) > 0:
+	if len(rv.keys) > 0 {
 		rv.keySource = "--key"
-	case len(logs) > 0:
-		rv.keySource = "the audit log's checkpoints"
-	default:
-		def := filepath.Join(state, receipt.PublicPath(receipt.DefaultKeyFile))
-		k, err := receipt.ReadPublicKey(def)
-		if err != nil {
-			return nil, fmt.Errorf("receipt verify: no key to verify against: pass --key PUB (vmgated receipt key prints the daemon's) or --audit LOG (%v)", err)
-		}
-		rv.keys, rv.keySource = []ed25519.PublicKey{k}, def
+		return rv, nil
 	}
+	// The local daemon's key, never one an audit log names: who can
+	// write the log (a collector, a backup, a copy shipped off the host:
+	// those checkpoints defend against) can write a checkpoint and a
+	// record under a key of their own, and sign a receipt with it.
+	const noKey = "receipt verify: no key to verify against: pass --key PUB (vmgated receipt key prints the daemon's; a key an audit log names is not trusted)"
+	if state == "" {
+		return nil, errors.New(noKey + " (no state directory for the local " + receipt.PublicPath(receipt.DefaultKeyFile) + ")")
+	}
+	def := filepath.Join(state, receipt.PublicPath(receipt.DefaultKeyFile))
+	k, err := receipt.ReadPublicKey(def)
+	if err != nil {
+		return nil, fmt.Errorf("%s (%w)", noKey, err)
+	}
+	rv.keys, rv.keySource = []ed25519.PublicKey{k}, def
 	return rv, nil
 }
 
@@ -247,18 +252,12 @@ func (rv *receiptVerifier) one(file string) receiptResult {
 	if err != nil {
 		return fail(err)
 	}
-	keys := rv.keys
 	if len(rv.logs) > 0 {
 		if err := rv.index(); err != nil {
 			return fail(err)
 		}
-		if len(keys) == 0 {
-			if keys = rv.logKeys; len(keys) == 0 {
-				return fail(fmt.Errorf("the given audit log has no checkpoint, so no key to verify against: pass --key PUB"))
-			}
-		}
 	}
-	b, err := receipt.Verify(doc, keys...)
+	b, err := receipt.Verify(doc, rv.keys...)
 	if err != nil {
 		return fail(err)
 	}
@@ -292,15 +291,15 @@ func readReceipt(file string) ([]byte, error) {
 	return doc, nil
 }
 
-// index reads the audit log once: every intact record, the checkpoint
-// keys (pinned to rv.keys when given).
+// index reads the audit log once: every intact record, its checkpoints
+// pinned to rv.keys.
 func (rv *receiptVerifier) index() error {
 	if rv.indexed {
 		return rv.chainErrIfEmpty()
 	}
 	rv.indexed = true
 	rv.records = map[uint64]auditLine{}
-	reps, err := audit.VerifyFilesWith(audit.VerifyOptions{Keys: rv.keys, Visit: func(r *audit.Record, hash string) {
+	_, err := audit.VerifyFilesWith(audit.VerifyOptions{Keys: rv.keys, Visit: func(r *audit.Record, hash string) {
 		rv.records[r.Seq] = auditLine{rec: *r, hash: hash}
 		if rv.first == 0 {
 			rv.first = r.Seq
@@ -308,14 +307,6 @@ func (rv *receiptVerifier) index() error {
 		rv.last = r.Seq
 	}}, rv.logs...)
 	rv.chainErr = err
-	for _, rep := range reps {
-		for _, ku := range rep.Keys {
-			k, derr := receipt.DecodePublicKey(ku.PublicKey)
-			if derr == nil && !slices.ContainsFunc(rv.logKeys, func(x ed25519.PublicKey) bool { return x.Equal(k) }) {
-				rv.logKeys = append(rv.logKeys, k)
-			}
-		}
-	}
 	return rv.chainErrIfEmpty()
 }
 

@@ -23,10 +23,14 @@ type receiptFixture struct {
 }
 
 func newReceiptFixture(t *testing.T) *receiptFixture {
+	return newReceiptFixtureKey(t, ed25519.NewKeyFromSeed(bytes.Repeat([]byte{3}, 32)))
+}
+
+// newReceiptFixtureKey is newReceiptFixture with the signing key key.
+func newReceiptFixtureKey(t *testing.T, key ed25519.PrivateKey) *receiptFixture {
 	t.Helper()
 	dir := t.TempDir()
-	f := &receiptFixture{dir: dir, log: filepath.Join(dir, "audit", "audit.jsonl"), pub: filepath.Join(dir, "daemon.pub"),
-		key: ed25519.NewKeyFromSeed(bytes.Repeat([]byte{3}, 32))}
+	f := &receiptFixture{dir: dir, log: filepath.Join(dir, "audit", "audit.jsonl"), pub: filepath.Join(dir, "daemon.pub"), key: key}
 	if err := os.WriteFile(f.pub, receipt.MarshalPublicKey(f.key.Public().(ed25519.PublicKey)), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +85,13 @@ func (f *receiptFixture) exec(t *testing.T, id string, denied bool, key ed25519.
 
 func verifyOut(t *testing.T, args ...string) (string, int) {
 	t.Helper()
+	out, code, _ := verifyOutErr(t, args...)
+	return out, code
+}
+
+// verifyOutErr is verifyOut with the command's error.
+func verifyOutErr(t *testing.T, args ...string) (string, int, error) {
+	t.Helper()
 	// The command prints to os.Stdout: catch it.
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -97,7 +108,7 @@ func verifyOut(t *testing.T, args ...string) (string, int) {
 	_, rerr := run(t, append([]string{"receipt", "verify"}, args...)...)
 	os.Stdout = old
 	w.Close()
-	return <-done, exitCode(rerr)
+	return <-done, exitCode(rerr), rerr
 }
 
 // TestReceiptVerify: valid receipts pass, alone and against the audit
@@ -122,9 +133,14 @@ func TestReceiptVerify(t *testing.T) {
 	if out, code := verifyOut(t, "--key", f.pub, ok1, okDeny); code != 0 || strings.Contains(out, "audit record") {
 		t.Fatalf("signatures only: exit %d\n%s", code, out)
 	}
-	// With --audit alone the key is the one of the log's checkpoints.
-	if out, code := verifyOut(t, "--audit", auditDir, ok3); code != 0 || !strings.Contains(out, "the audit log's checkpoints") {
-		t.Fatalf("key from the log: exit %d\n%s", code, out)
+	// Without --key the key is the local daemon's receipt.pub.
+	state := t.TempDir()
+	pubData, _ := os.ReadFile(f.pub)
+	if err := os.WriteFile(filepath.Join(state, "receipt.pub"), pubData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := verifyOut(t, "--state-dir", state, "--audit", auditDir, ok3); code != 0 || !strings.Contains(out, "key from "+filepath.Join(state, "receipt.pub")) {
+		t.Fatalf("the local key: exit %d\n%s", code, out)
 	}
 	// JSON.
 	jout, code := verifyOut(t, "--key", f.pub, "--audit", auditDir, "--json", ok1)
@@ -281,5 +297,57 @@ func TestReceiptKey(t *testing.T) {
 	}
 	if _, err := capture("receipt", "key", "--state-dir", t.TempDir()); err == nil || !strings.Contains(err.Error(), "creates the key at its first start") {
 		t.Fatalf("no key: %v", err)
+	}
+}
+
+// TestReceiptVerify_LogKeysNotTrusted: whoever can write the audit log
+// (a collector, a backup, a copy shipped off the host) writes a log of
+// their own, its checkpoints and a record under their key, and signs a
+// receipt of that record with it. receipt verify --audit must not take
+// the key from that log: without --key it uses the local daemon's
+// receipt.pub, which refuses the forgery, and without that it refuses to
+// guess and asks for --key; the daemon's key passed with --key refuses it
+// too. Before, without --key, the forged receipt was "valid" (exit 0),
+// its key "from the audit log's checkpoints" (issue 43, item 3).
+func TestReceiptVerify_LogKeysNotTrusted(t *testing.T) {
+	daemon := newReceiptFixture(t)
+	daemon.exec(t, "r1", false, daemon.key, "r1.receipt", nil)
+	_ = daemon.l.Close()
+	forger := newReceiptFixtureKey(t, ed25519.NewKeyFromSeed(bytes.Repeat([]byte{9}, 32)))
+	forged := forger.exec(t, "r1", false, forger.key, "forged.receipt", nil)
+	_ = forger.l.Close()
+	forgedLog := filepath.Dir(forger.log)
+	// The forger's log and receipt hold together: against the forger's
+	// own key they are valid, so only the key makes the difference.
+	if out, code := verifyOut(t, "--key", forger.pub, "--audit", forgedLog, forged); code != 0 {
+		t.Fatalf("the forgery against its own key: exit %d\n%s", code, out)
+	}
+	local := t.TempDir()
+	pubData, _ := os.ReadFile(daemon.pub)
+	if err := os.WriteFile(filepath.Join(local, "receipt.pub"), pubData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no --key, no local key", []string{"--state-dir", t.TempDir()}, receiptUsage, "pass --key"},
+		{"no --key, no state directory", []string{"--state-dir", ""}, receiptUsage, "pass --key"},
+		{"no --key, the local daemon's key", []string{"--state-dir", local}, receiptInvalid, "not a pinned key"},
+		{"the daemon's key", []string{"--key", daemon.pub}, receiptInvalid, "not a pinned key"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append(c.args, "--audit", forgedLog, forged)
+			out, code, err := verifyOutErr(t, args...)
+			msg := out
+			if err != nil {
+				msg += err.Error()
+			}
+			if code != c.code || strings.Contains(out, ": valid:") || !strings.Contains(msg, c.want) {
+				t.Errorf("exit %d, want %d and %q\n%s", code, c.code, c.want, msg)
+			}
+		})
 	}
 }

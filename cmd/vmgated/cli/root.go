@@ -111,7 +111,7 @@ policies and audit logs, shows the daemon's state, and benchmarks. See README.md
 Exit status: 0, 1 for a failure the message explains, 207 for an invalid command line
 (vmgate's own codes are above a guest command's: docs/protocol.md); debug run exits
 with its command's status; receipt verify exits 0 valid, 1 invalid, 2 for an invalid
-command line, as verifiers do.`,
+command line or no key to trust, as verifiers do.`,
 		Version:       version.Get().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
