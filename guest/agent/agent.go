@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -158,10 +159,14 @@ func decodeSetTime(args []byte) (agentproto.SetTime, error) {
 	return st, nil
 }
 
+// features are what this agent can do beyond running commands
+// (agentproto.Info.Features).
+var features = []string{agentproto.FeatureTransfer, agentproto.FeatureUsers}
+
 // systemInfo collects the guest facts reported by CallInfo. Facts that
 // cannot be read are left empty.
 func systemInfo(version string) agentproto.Info {
-	info := agentproto.Info{AgentVersion: version, Kernel: kernelRelease(), Features: []string{agentproto.FeatureTransfer}}
+	info := agentproto.Info{AgentVersion: version, Kernel: kernelRelease(), Features: slices.Clone(features)}
 	if h, err := os.Hostname(); err == nil {
 		info.Hostname = h
 	}
