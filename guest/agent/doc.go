@@ -12,6 +12,12 @@
 // entry point that opens the port device and serves one host connection
 // after another on it.
 //
+// Background processes (agentproto's proc calls, procs.go) are the
+// agent's, not a connection's: a table of them, each with its output in
+// bounded buffers (procbuf.go) and its input queued (procinput.go),
+// outlives every host connection, so that the next connection, and the
+// VM after a pause, a restore or a fork, finds them by their handles.
+//
 // # Threat model
 //
 // The VM, not the agent, is the security boundary. The agent runs as root in
