@@ -177,7 +177,7 @@ func decodeSetTime(args []byte) (agentproto.SetTime, error) {
 
 // features are what this agent can do beyond running commands
 // (agentproto.Info.Features).
-var features = []string{agentproto.FeatureTransfer, agentproto.FeatureUsers, agentproto.FeatureProcs}
+var features = []string{agentproto.FeatureTransfer, agentproto.FeatureUsers, agentproto.FeatureProcs, agentproto.FeatureFS}
 
 // systemInfo collects the guest facts reported by CallInfo. Facts that
 // cannot be read are left empty.

@@ -207,7 +207,7 @@ func TestInfo(t *testing.T) {
 	if info.Kernel == "" {
 		t.Error("Kernel is empty")
 	}
-	for _, f := range []string{agentproto.FeatureTransfer, agentproto.FeatureUsers, agentproto.FeatureProcs} {
+	for _, f := range []string{agentproto.FeatureTransfer, agentproto.FeatureUsers, agentproto.FeatureProcs, agentproto.FeatureFS} {
 		if !slices.Contains(info.Features, f) {
 			t.Errorf("Features = %q, want %s among them", info.Features, f)
 		}
