@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,7 +21,11 @@ type ExecRequest struct {
 	Argv []string
 	Env  []string // KEY=VALUE
 	Dir  string
-	User string // "" or "root", or agentproto.UnprivilegedUser
+	// User is the guest account: "" or "root", agentproto.UnprivilegedUser,
+	// or, with agentproto.FeatureUsers, any account of the guest's (one
+	// it does not have, or one other than root with uid or gid 0, ends
+	// the command with 126 and a message naming it).
+	User string
 
 	Stdin          io.Reader // nil: empty stdin
 	Stdout, Stderr io.Writer // nil: discarded
@@ -461,9 +464,5 @@ func GetCommand(path string, maxBytes int64, maxFiles int) []string {
 // them for a request to serve its port. It asks the agent, within
 // controlTimeout and while ctx lasts.
 func (v *VM) CanTransfer(ctx context.Context) (bool, error) {
-	info, err := v.Info(ctx)
-	if err != nil {
-		return false, err
-	}
-	return slices.Contains(info.Features, agentproto.FeatureTransfer), nil
+	return v.Has(ctx, agentproto.FeatureTransfer)
 }

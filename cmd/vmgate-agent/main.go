@@ -27,6 +27,10 @@ func main() {
 		}
 		boot.Run() // never returns
 	}
+	if len(os.Args) > 1 && os.Args[1] == agentproto.FSCommand {
+		// A file operation (agentproto.FSArgv), run as a command.
+		os.Exit(agent.FS(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	if len(os.Args) > 1 {
 		// A file transfer (vm-exec --put/--get), run as a command.
 		os.Exit(agent.Transfer(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,12 +40,22 @@ type Config struct {
 	// lookupUser finds the unprivileged user's account; nil means
 	// user.Lookup. Tests replace it with a fake account database.
 	lookupUser lookupUserFunc
+	// procs is the table of background processes, which outlives each
+	// connection; nil means the process's one table (agentProcs). Main
+	// makes its own; tests give each agent its own.
+	procs *procTable
 }
+
+// agentProcs is the table of background processes shared by every
+// connection Serve serves whose Config names none.
+var agentProcs = sync.OnceValue(func() *procTable { return newProcTable(nil) })
 
 // Serve serves one host connection on conn (package agentconn) until the
 // connection ends or ctx is done, then closes conn. Commands still running
 // when the connection ends are killed, and Serve returns only after they
-// have been reaped and all of its goroutines have finished.
+// have been reaped and all of its goroutines have finished. Background
+// processes (agentproto's proc calls) are the agent's, not the
+// connection's: they run on, and the next connection finds them.
 //
 // Serve returns nil when the host closed the connection, ctx.Err() when
 // ctx ended it, and an error when the host did not speak the protocol or
@@ -57,6 +69,9 @@ func Serve(ctx context.Context, conn net.Conn, cfg Config) error {
 // arrived.
 func serve(ctx context.Context, conn net.Conn, cfg Config) (helloDone bool, err error) {
 	log := cfg.logger()
+	if cfg.procs == nil {
+		cfg.procs = agentProcs()
+	}
 	s := &server{cfg: cfg, log: log}
 	helloDone, err = agentconn.Serve(ctx, conn, agentconn.ServeConfig{Handler: s, AgentVersion: cfg.Version, Log: log})
 	if err != nil && ctx.Err() == nil {
@@ -93,6 +108,8 @@ func (s *server) Call(ctx context.Context, op string, args []byte) (encoding.Bin
 		return systemInfo(s.cfg.Version), nil
 	case agentproto.CallNetReady:
 		return s.netReady(ctx, args)
+	case agentproto.CallProcStart, agentproto.CallProcList, agentproto.CallProcLogs, agentproto.CallProcInput, agentproto.CallProcSignal:
+		return s.procCall(ctx, op, args)
 	}
 	s.log.Debug("rejecting call", "op", op)
 	return nil, fmt.Errorf("unknown call %q", op)
@@ -158,10 +175,14 @@ func decodeSetTime(args []byte) (agentproto.SetTime, error) {
 	return st, nil
 }
 
+// features are what this agent can do beyond running commands
+// (agentproto.Info.Features).
+var features = []string{agentproto.FeatureTransfer, agentproto.FeatureUsers, agentproto.FeatureProcs, agentproto.FeatureFS}
+
 // systemInfo collects the guest facts reported by CallInfo. Facts that
 // cannot be read are left empty.
 func systemInfo(version string) agentproto.Info {
-	info := agentproto.Info{AgentVersion: version, Kernel: kernelRelease(), Features: []string{agentproto.FeatureTransfer}}
+	info := agentproto.Info{AgentVersion: version, Kernel: kernelRelease(), Features: slices.Clone(features)}
 	if h, err := os.Hostname(); err == nil {
 		info.Hostname = h
 	}

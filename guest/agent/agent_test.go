@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -206,8 +207,10 @@ func TestInfo(t *testing.T) {
 	if info.Kernel == "" {
 		t.Error("Kernel is empty")
 	}
-	if len(info.Features) != 1 || info.Features[0] != agentproto.FeatureTransfer {
-		t.Errorf("Features = %q, want [%s]", info.Features, agentproto.FeatureTransfer)
+	for _, f := range []string{agentproto.FeatureTransfer, agentproto.FeatureUsers, agentproto.FeatureProcs, agentproto.FeatureFS} {
+		if !slices.Contains(info.Features, f) {
+			t.Errorf("Features = %q, want %s among them", info.Features, f)
+		}
 	}
 	if h, _ := os.Hostname(); info.Hostname != h {
 		t.Errorf("Hostname = %q, want %q", info.Hostname, h)

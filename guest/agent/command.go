@@ -47,26 +47,28 @@ type identity struct {
 type lookupUserFunc func(name string) (*user.User, error)
 
 // lookupIdentity resolves an ExecSpec user ("" meaning root). Root commands
-// keep the agent's own credentials (root in the guest); the unprivileged
-// user's uid, gid and supplementary groups come from the account database
-// through lookup (nil: user.Lookup).
+// keep the agent's own credentials (root in the guest); any other account's
+// uid, gid and supplementary groups come from the account database through
+// lookup (nil: user.Lookup).
 //
-// The unprivileged user must be unprivileged: an account database that
-// gives it uid 0 or gid 0 (an imported root file system may have its own
-// "agent" entry) is an error, never a root command under another name.
+// An account other than root must be unprivileged: an account database
+// that gives it uid 0 or gid 0 (an imported root file system may have its
+// own "agent" entry, or a "toor") is an error, never a root command under
+// another name. An account the guest does not have is errUnknownUser.
 func lookupIdentity(name string, lookup lookupUserFunc) (identity, error) {
 	if name == "" || name == "root" {
 		return rootIdentity(), nil
-	}
-	if name != agentproto.UnprivilegedUser {
-		return identity{}, fmt.Errorf("user %q is not allowed", name)
 	}
 	if lookup == nil {
 		lookup = user.Lookup
 	}
 	u, err := lookup(name)
 	if err != nil {
-		return identity{}, fmt.Errorf("look up user: %w", err)
+		var unknown user.UnknownUserError
+		if errors.As(err, &unknown) {
+			return identity{}, fmt.Errorf("user %q: %w", name, errUnknownUser)
+		}
+		return identity{}, fmt.Errorf("look up user %q: %w", name, err)
 	}
 	id := identity{name: u.Username, home: u.HomeDir, shell: loginShell(passwdPath, u.Username), switchCred: true}
 	if id.uid, err = parseID(u.Uid); err != nil {
@@ -92,9 +94,12 @@ func lookupIdentity(name string, lookup lookupUserFunc) (identity, error) {
 	return id, nil
 }
 
-// errPrivilegedUser reports an unprivileged user that is root's in
+// errPrivilegedUser reports an account other than root that is root's in
 // disguise.
 var errPrivilegedUser = errors.New("it is root's, not an unprivileged user: refusing to run the command as it")
+
+// errUnknownUser reports an account the guest does not have.
+var errUnknownUser = errors.New("no such account in this guest")
 
 // rootIdentity describes root commands, which run with the agent's own
 // credentials; HOME and SHELL come from root's account when it exists.

@@ -7,6 +7,8 @@ import (
 	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -192,8 +194,15 @@ func TestLookupIdentity(t *testing.T) {
 			t.Errorf("lookupIdentity(%q) = %+v, %v", name, id, err)
 		}
 	}
-	if _, err := lookupIdentity("nobody", nil); err == nil {
-		t.Error("lookupIdentity(nobody) succeeded")
+	if _, err := lookupIdentity("vmgate-no-such-user", nil); !errors.Is(err, errUnknownUser) || !strings.Contains(err.Error(), `"vmgate-no-such-user"`) {
+		t.Errorf("lookupIdentity of a missing account: %v, want errUnknownUser naming it", err)
+	}
+	// Any account of the guest's, not only the unprivileged user.
+	if u, err := user.Lookup("nobody"); err == nil {
+		id, err := lookupIdentity("nobody", nil)
+		if err != nil || !id.switchCred || id.name != "nobody" || strconv.FormatUint(uint64(id.uid), 10) != u.Uid {
+			t.Errorf("lookupIdentity(nobody) = %+v, %v", id, err)
+		}
 	}
 	id, err := lookupIdentity(agentproto.UnprivilegedUser, nil)
 	if err != nil {
@@ -208,23 +217,35 @@ func TestLookupIdentity(t *testing.T) {
 // fakeAccounts is an account database holding only the unprivileged user,
 // with uid and gid as given.
 func fakeAccounts(uid, gid string) lookupUserFunc {
-	return func(name string) (*user.User, error) {
-		if name != agentproto.UnprivilegedUser {
-			return nil, user.UnknownUserError(name)
+	return fakeAccountsOf(agentproto.UnprivilegedUser, uid, gid)
+}
+
+// fakeAccountsOf is an account database holding only the account name,
+// with uid and gid as given.
+func fakeAccountsOf(name, uid, gid string) lookupUserFunc {
+	return func(n string) (*user.User, error) {
+		if n != name {
+			return nil, user.UnknownUserError(n)
 		}
-		return &user.User{Uid: uid, Gid: gid, Username: name, HomeDir: "/home/" + name}, nil
+		return &user.User{Uid: uid, Gid: gid, Username: n, HomeDir: "/home/" + n}, nil
 	}
 }
 
-// TestLookupIdentityRefusesRoot: an "agent" account that is root's (uid
-// 0 or gid 0, as an imported root file system may have it) is refused,
-// never a root command under the unprivileged user's name.
+// TestLookupIdentityRefusesRoot: an account other than root that is
+// root's (uid 0 or gid 0, as an imported root file system may have it) is
+// refused, never a root command under another name: the unprivileged
+// user, or any other.
 func TestLookupIdentityRefusesRoot(t *testing.T) {
-	for _, tc := range []struct{ uid, gid string }{{"0", "0"}, {"0", "1000"}, {"1000", "0"}} {
-		id, err := lookupIdentity(agentproto.UnprivilegedUser, fakeAccounts(tc.uid, tc.gid))
-		if !errors.Is(err, errPrivilegedUser) {
-			t.Errorf("uid %s gid %s: %+v, %v; want errPrivilegedUser", tc.uid, tc.gid, id, err)
+	for _, name := range []string{agentproto.UnprivilegedUser, "toor", "builder"} {
+		for _, tc := range []struct{ uid, gid string }{{"0", "0"}, {"0", "1000"}, {"1000", "0"}} {
+			id, err := lookupIdentity(name, fakeAccountsOf(name, tc.uid, tc.gid))
+			if !errors.Is(err, errPrivilegedUser) {
+				t.Errorf("%s, uid %s gid %s: %+v, %v; want errPrivilegedUser", name, tc.uid, tc.gid, id, err)
+			}
 		}
+	}
+	if id, err := lookupIdentity("builder", fakeAccountsOf("builder", "1001", "1001")); err != nil || id.uid != 1001 || !id.switchCred {
+		t.Errorf("an ordinary account: %+v, %v", id, err)
 	}
 	if _, err := lookupIdentity(agentproto.UnprivilegedUser, fakeAccounts("x", "1000")); err == nil || errors.Is(err, errPrivilegedUser) {
 		t.Errorf("a bad uid: %v", err)

@@ -291,7 +291,8 @@ func TestInvalidCommands(t *testing.T) {
 		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, Env: []string{"NOEQUALS"}}}, "env[0]"},
 		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, Env: []string{"=x"}}}, "env[0]"},
 		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, Dir: "/tmp\x00"}}, "dir contains a NUL byte"},
-		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, User: "nobody"}}, `user "nobody" is not allowed`},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, User: "no:body"}}, `user "no:body" is not an account name`},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"echo"}, User: strings.Repeat("u", agentproto.MaxUserName+1)}}, "is not an account name"},
 		{agentproto.Open{Spec: argv("echo"), PTY: &agentproto.PTY{Term: "xterm", Columns: 1 << 20, Rows: 24}}, "invalid terminal"},
 		{agentproto.Open{Spec: argv("echo"), PTY: &agentproto.PTY{Term: "x\nterm", Columns: 80, Rows: 24}}, "invalid terminal"},
 	} {
@@ -432,6 +433,30 @@ func TestUnprivilegedUser(t *testing.T) {
 	want := u.Uid + "\n" + u.Gid + "\n" + u.Username + " " + u.HomeDir + "\n"
 	if res.status != 0 || res.stdout != want {
 		t.Fatalf("got %+v, want stdout %q", res, want)
+	}
+}
+
+// TestAnyUser: a command may run as any account of the guest's; one the
+// guest does not have ends with 126 and a message naming it, as other
+// start failures do.
+func TestAnyUser(t *testing.T) {
+	t.Parallel()
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no nobody account on this host: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("switching users needs root")
+	}
+	c := client(t)
+	res := run(t, c, agentproto.ExecSpec{Argv: []string{"sh", "-c", "id -u; id -g; echo $USER"}, User: "nobody", Dir: "/"}, nil)
+	if want := u.Uid + "\n" + u.Gid + "\nnobody\n"; res.status != 0 || res.stdout != want {
+		t.Errorf("as nobody: %+v, want stdout %q", res, want)
+	}
+	res = run(t, c, agentproto.ExecSpec{Argv: []string{"true"}, User: "vmgate-no-such-user"}, nil)
+	want := "vmgate-agent: user \"vmgate-no-such-user\": no such account in this guest\n"
+	if res.status != agentproto.ExitNotExecutable || res.stderr != want {
+		t.Errorf("as a missing account: %+v, want 126 and %q", res, want)
 	}
 }
 

@@ -34,6 +34,9 @@ const (
 	// the agent spin.
 	minRetryDelay = 50 * time.Millisecond
 	maxRetryDelay = time.Second
+	// procCloseWait bounds the wait for the background processes killed
+	// when Main returns.
+	procCloseWait = 5 * time.Second
 )
 
 // defaultPortPaths are the places where the agent port device shows up.
@@ -72,7 +75,12 @@ func Main(ctx context.Context, log *slog.Logger, version string) error {
 
 	port := &devicePort{f: f, reopen: open, interval: hostPollInterval, recheck: hostRecheck, log: log}
 	defer port.close()
-	cfg := Config{Logger: log, Version: version}
+	// The background processes are the agent's: they outlive each host
+	// connection, not the agent (the guest is going down, or a restart
+	// would find no table to reach them by).
+	procs := newProcTable(log)
+	defer procs.close(procCloseWait)
+	cfg := Config{Logger: log, Version: version, procs: procs}
 	if rd, err := openRandomDevice(); err != nil {
 		log.Warn("each reseed opens /dev/urandom", "err", err)
 	} else {

@@ -31,7 +31,7 @@ func validateOpen(o agentproto.Open) error {
 
 // validateExecSpec checks the invariants of an ExecSpec: a non-empty argv
 // with a non-empty program name, no NUL bytes anywhere, KEY=VALUE
-// environment entries and an allowed user.
+// environment entries and a user name that an account could have.
 func validateExecSpec(spec agentproto.ExecSpec) error {
 	if len(spec.Argv) == 0 {
 		return errors.New("invalid exec spec: argv is empty")
@@ -52,16 +52,18 @@ func validateExecSpec(spec agentproto.ExecSpec) error {
 	if hasNUL(spec.Dir) {
 		return errors.New("invalid exec spec: dir contains a NUL byte")
 	}
-	if !allowedUser(spec.User) {
-		return fmt.Errorf("invalid exec spec: user %q is not allowed (want %q, %q or empty)",
-			spec.User, "root", agentproto.UnprivilegedUser)
+	if !validUserName(spec.User) {
+		return fmt.Errorf("invalid exec spec: user %q is not an account name", spec.User)
 	}
 	return nil
 }
 
-// allowedUser reports whether name may be used as ExecSpec.User.
-func allowedUser(name string) bool {
-	return name == "" || name == "root" || name == agentproto.UnprivilegedUser
+// validUserName reports whether name may be used as ExecSpec.User: empty
+// (root) or a name the account database could hold (at most
+// agentproto.MaxUserName bytes, none of them NUL, ':' or a newline).
+// Whether the guest has the account is the lookup's question.
+func validUserName(name string) bool {
+	return len(name) <= agentproto.MaxUserName && !strings.ContainsAny(name, "\x00:\n")
 }
 
 // validateEnvEntry checks one KEY=VALUE environment entry.

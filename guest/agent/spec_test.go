@@ -37,7 +37,11 @@ func TestDecodeOpen(t *testing.T) {
 		{agentproto.Open{Spec: spec("a"), PTY: xterm}, true},
 		{agentproto.Open{}, false},
 		{agentproto.Open{Spec: spec("")}, false},
-		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, User: "Root"}}, false},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, User: "Root"}}, true},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, User: "builder"}}, true},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, User: "a:b"}}, false},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, User: "a\nb"}}, false},
+		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, User: "a\x00"}}, false},
 		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, Env: []string{"K"}}}, false},
 		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, Env: []string{"\x00=1"}}}, false},
 		{agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"a"}, Env: []string{"K=\x00"}}}, false},
@@ -113,7 +117,7 @@ func FuzzDecodeOpen(f *testing.F) {
 				t.Fatalf("accepted env entry %q", kv)
 			}
 		}
-		if !allowedUser(spec.User) {
+		if !validUserName(spec.User) {
 			t.Fatalf("accepted user %q", spec.User)
 		}
 		// An accepted open re-encodes to the same bytes: one encoding per

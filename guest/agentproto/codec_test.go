@@ -32,6 +32,24 @@ func samples() []message {
 		&NetReady{TimeoutMS: 60_000},
 		&NetReadyStatus{Ready: true, Interface: "eth0", Address: "10.0.2.15/24", Gateway: "10.0.2.2", Resolver: "10.0.2.3", WaitedMS: 12},
 		&NetReadyStatus{Detail: "no IPv4 address on eth0", WaitedMS: 60_000},
+		&ProcStart{Spec: ExecSpec{Argv: []string{"sh", "-c", "sleep 9"}, Env: []string{"A=1"}, Dir: "/srv", User: "builder"},
+			TimeoutMS: 60_000, BufferBytes: 1 << 20, Stdin: true, MaxProcs: 32},
+		&ProcStart{Spec: ExecSpec{Argv: []string{"true"}}},
+		&ProcInfo{Handle: 7, PID: 4242, Argv: []string{"make", "-j2"}, User: "root", Dir: "/root", State: ProcRunning,
+			Started: 1_700_000_000_000_000_000, Out: 10, Err: 2, Next: 12, StdinOpen: true},
+		&ProcInfo{Handle: 8, Argv: []string{"x"}, ArgvCut: true, State: ProcExited, Exit: &Exit{Signal: "KILL"}, TimedOut: true,
+			Ended: 5, OutDropped: 1, ErrDropped: 3},
+		&ProcInfo{Handle: 9, State: ProcExited, Exit: &Exit{Status: 127}},
+		&ProcListQuery{After: 12},
+		&ProcList{},
+		&ProcList{Procs: []ProcInfo{{Handle: 1, State: ProcRunning}, {Handle: 2, State: ProcExited, Exit: &Exit{Status: 3}}}, More: true},
+		&ProcLogs{Handle: 3, Since: 100, Max: MaxLogsChunk, WaitMS: 1000},
+		&ProcOutput{Next: 5, Info: ProcInfo{Handle: 3, State: ProcRunning}},
+		&ProcOutput{Chunks: []OutputChunk{{Stream: StreamStdout, Offset: 4, Data: []byte("out")}, {Stream: StreamStderr, Offset: 7, Data: []byte("err\xff")}},
+			Next: 11, Dropped: 4, Info: ProcInfo{Handle: 3, State: ProcExited, Exit: &Exit{Status: 0}, Next: 11}},
+		&ProcInput{Handle: 3, Data: []byte("input\n")},
+		&ProcInput{Handle: 3, EOF: true},
+		&ProcSignal{Handle: 3, Signal: "TERM"},
 	}
 }
 
@@ -108,6 +126,46 @@ func TestDecodeBounds(t *testing.T) {
 	}
 	if err := r.UnmarshalBinary([]byte{2}); err == nil || !strings.Contains(err.Error(), "flag") {
 		t.Fatalf("a flag of 2: %v", err)
+	}
+}
+
+func TestDecodeProcBounds(t *testing.T) {
+	// A count of chunks or processes that the payload cannot hold fails
+	// before any allocation.
+	var out ProcOutput
+	if err := out.UnmarshalBinary([]byte{0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0}); err == nil {
+		t.Fatal("2^31 chunks accepted")
+	}
+	var list ProcList
+	if err := list.UnmarshalBinary([]byte{0, 0, 0x10, 0, 1}); err == nil {
+		t.Fatal("4096 processes in 5 bytes accepted")
+	}
+	// A chunk of a third stream, an exit's malformed signal name.
+	b, _ := ProcOutput{Chunks: []OutputChunk{{Stream: 3, Data: []byte("x")}}}.MarshalBinary()
+	if err := out.UnmarshalBinary(b); err == nil {
+		t.Fatal("a chunk of stream 3 accepted")
+	}
+	b, _ = ProcInfo{State: ProcExited, Exit: &Exit{Signal: "kill me"}}.MarshalBinary()
+	var info ProcInfo
+	if err := info.UnmarshalBinary(b); err == nil {
+		t.Fatal("a signal name of lower case and a space accepted")
+	}
+}
+
+func TestProcErrorCode(t *testing.T) {
+	for _, tc := range []struct{ msg, code, detail string }{
+		{"no-handle: no process 7", ProcErrNoHandle, "no process 7"},
+		{"limit: 32 processes run", ProcErrLimit, "32 processes run"},
+		{"ended: process 3 has ended", ProcErrEnded, "process 3 has ended"},
+		{"busy: 1048576 bytes not read", ProcErrBusy, "1048576 bytes not read"},
+		{"invalid: since 9 past 4", ProcErrInvalid, "since 9 past 4"},
+		{"unknown call \"proc.start\"", "", "unknown call \"proc.start\""},
+		{"no-handle", "", "no-handle"},
+		{"other: x", "", "other: x"},
+	} {
+		if code, detail := ProcErrorCode(tc.msg); code != tc.code || detail != tc.detail {
+			t.Errorf("ProcErrorCode(%q) = %q, %q; want %q, %q", tc.msg, code, detail, tc.code, tc.detail)
+		}
 	}
 }
 

@@ -11,6 +11,17 @@ import "strconv"
 // stdout (stat: a FileEntry; ls: a FileList), a file's bytes (read), or
 // nothing; a failure is a one-line message on stderr and one of the
 // FSExit codes.
+//
+// Symbolic links are followed where the system call follows them: read,
+// write and the directory ls lists; stat, mv and rm act on the link.
+// ls walks no symbolic link and lists a subdirectory it cannot read
+// without its entries. read and write without --max have no bound. write
+// stops at --max: nothing past it is written, a file it created is
+// removed, one that existed is left empty (truncated at the open, as a
+// shell's ">" does), and it exits FSExitTooBig; --mode is the new file's
+// mode exactly (not masked), and an existing file keeps its own. JSON
+// cannot carry a name's bytes that are not UTF-8: such a name is shown
+// with U+FFFD in their place.
 
 // FeatureFS: the agent has the fs subcommand (FSArgv).
 const FeatureFS = "fs"
@@ -21,9 +32,9 @@ const FSCommand = "fs"
 // File operations (FSArgv's op).
 const (
 	FSStat   = "stat"  // PATH → FileEntry (a symlink's own entry)
-	FSList   = "ls"    // PATH, --depth N (1: its entries), --max N (entries) → FileList
+	FSList   = "ls"    // PATH, --depth N (1, the default: its entries), --max N (entries) → FileList
 	FSMkdir  = "mkdir" // PATH, --parents
-	FSMove   = "mv"    // SRC DST: rename(2), a directory included
+	FSMove   = "mv"    // SRC DST: rename(2), a directory included (onto an empty one too)
 	FSRemove = "rm"    // PATH, --recursive for a directory with entries
 	FSRead   = "read"  // PATH, --max N (bytes) → its bytes on stdout
 	FSWrite  = "write" // PATH, --max N (bytes), --mode OCTAL: stdin into it (created or truncated)

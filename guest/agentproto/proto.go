@@ -133,14 +133,19 @@ type ExecSpec struct {
 	// Dir is the working directory; empty means the user's home.
 	Dir string
 	// User is the account the command runs as: "root" (the default, when
-	// empty) or, with [FeatureUsers], any account of the guest's; an
-	// older agent takes UnprivilegedUser only. An account other than
-	// root that has uid 0 or gid 0 is refused, never run as root.
+	// empty) or, with [FeatureUsers], any account of the guest's (at most
+	// MaxUserName bytes); an older agent takes UnprivilegedUser only. An
+	// account other than root that has uid 0 or gid 0 is refused, never
+	// run as root; so is one the guest does not have. Either refusal is a
+	// start failure: exit status 126 and a message naming the user.
 	User string
 }
 
 // FeatureUsers: ExecSpec.User may name any account of the guest.
 const FeatureUsers = "users"
+
+// MaxUserName bounds ExecSpec.User.
+const MaxUserName = 256
 
 // SetTime is the argument of CallSetTime.
 type SetTime struct {
@@ -162,7 +167,8 @@ type Info struct {
 	Hostname     string
 	BootID       string
 	// Features lists what this agent can do beyond running commands
-	// ([FeatureTransfer]); an older agent lists nothing.
+	// ([FeatureTransfer], [FeatureProcs], [FeatureUsers], [FeatureFS]);
+	// an older agent lists fewer, or nothing.
 	Features []string
 }
 
