@@ -453,24 +453,23 @@ func TestAnyUser(t *testing.T) {
 	if want := u.Uid + "\n" + u.Gid + "\nnobody\n"; res.status != 0 || res.stdout != want {
 		t.Errorf("as nobody: %+v, want stdout %q", res, want)
 	}
-	res = run(t, c, agentproto.ExecSpec{Argv: []string{"true"}, User: "vmgate-no-such-user"}, nil)
-	want := "vmgate-agent: user \"vmgate-no-such-user\": no such account in this guest\n"
-	if res.status != agentproto.ExitNotExecutable || res.stderr != want {
-		t.Errorf("as a missing account: %+v, want 126 and %q", res, want)
+	// A user the guest has no account for: the command is refused, never
+	// started (the host reports the guest's refusal).
+	if why := refusal(t, c, agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"true"}, User: "vmgate-no-such-user"}}); why != `user "vmgate-no-such-user": no such account in this guest` {
+		t.Errorf("as a missing account: refused with %q", why)
 	}
 }
 
 // TestExecRefusesRootAgent: when the guest's account database gives the
-// unprivileged user uid 0, a command for that user does not run: it ends
-// with 126 and a message that says why, as other start failures do.
+// unprivileged user uid 0, a command for that user does not run: it is
+// refused, with the reason.
 func TestExecRefusesRootAgent(t *testing.T) {
 	t.Parallel()
 	c := startAgent(t, func(cfg *Config) { cfg.lookupUser = fakeAccounts("0", "0") }).dial(t)
 	marker := filepath.Join(t.TempDir(), "ran")
-	res := run(t, c, agentproto.ExecSpec{Argv: []string{"touch", marker}, User: agentproto.UnprivilegedUser}, nil)
-	want := "vmgate-agent: user agent has uid 0, gid 0 in this guest: it is root's, not an unprivileged user: refusing to run the command as it\n"
-	if res.status != agentproto.ExitNotExecutable || res.stderr != want {
-		t.Errorf("got %+v, want 126 and %q", res, want)
+	why := refusal(t, c, agentproto.Open{Spec: agentproto.ExecSpec{Argv: []string{"touch", marker}, User: agentproto.UnprivilegedUser}})
+	if want := "user agent has uid 0, gid 0 in this guest: it is root's, not an unprivileged user: refusing to run the command as it"; why != want {
+		t.Errorf("refused with %q, want %q", why, want)
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("the command ran")

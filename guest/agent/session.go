@@ -130,11 +130,17 @@ func (s *session) signal(name string) {
 }
 
 // begin validates the command, allocates its terminal and starts it,
-// reporting whether the channel was accepted. Failures to start the
-// command, its user's included, are reported as exit codes 126 and 127
-// with a message.
+// reporting whether the channel was accepted. A user the guest has no
+// account for (or one that is root's in disguise) rejects the channel
+// with the reason: the command never was, and the host says so as the
+// guest's refusal. Failures to start the command are reported as exit
+// codes 126 and 127 with a message, as a shell would.
 func (s *session) begin(o agentproto.Open) bool {
 	err := validateOpen(o)
+	var id identity
+	if err == nil {
+		id, err = lookupIdentity(o.Spec.User, s.lookup)
+	}
 	if err == nil && o.PTY != nil {
 		err = s.allocatePty(*o.PTY)
 	}
@@ -150,11 +156,6 @@ func (s *session) begin(o agentproto.Open) bool {
 		return false
 	}
 	spec := o.Spec
-	id, err := lookupIdentity(spec.User, s.lookup)
-	if err != nil {
-		s.exitEarly(userFailure(err))
-		return true
-	}
 	term := ""
 	if s.pty != nil {
 		term = s.pty.term
