@@ -285,6 +285,17 @@ func (r *peerResolver) identify(c net.Conn) (id policy.Identity, cred peerCred, 
 	return id, cred, err
 }
 
+// callerOf is the uid a peer uid counts as: its login's, for a
+// subordinate uid of one (attribute's rules), else itself. The SSH front
+// door's unix: listener counts its peers so (sshfront.Config.CallerOf).
+func (r *peerResolver) callerOf(uid uint32) (uint32, error) {
+	id, err := attribute(peerCred{UID: uid}, r.db, r.ranges, r.daemonUID)
+	if err != nil {
+		return 0, err
+	}
+	return id.UID, nil
+}
+
 // ranges returns the subordinate uid ranges, logging the file's skipped
 // lines once per version of it.
 func (r *peerResolver) ranges() ([]subRange, error) {

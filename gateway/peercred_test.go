@@ -251,3 +251,28 @@ func TestUnidentifiedRefused(t *testing.T) {
 		t.Errorf("refused connections counted: %v", l.open)
 	}
 }
+
+// TestCallerOf: the SSH front door's unix: listener counts a subordinate
+// uid as its login, as the socket does (attribute), and any other uid as
+// itself; a uid that two logins' ranges hold is an error.
+func TestCallerOf(t *testing.T) {
+	db := fakeDB{users: []account{{0, 0, "root"}, {1000, 1000, "alice"}, {1001, 1001, "bob"}}}
+	ranges := []subRange{{"alice", 100000, 65536}, {"bob", 100010, 10}}
+	r := &peerResolver{db: db, daemonUID: 999, log: slog.New(slog.DiscardHandler)}
+	r.subUIDs = &subUIDFile{path: filepath.Join(t.TempDir(), "subuid")}
+	var b strings.Builder
+	for _, rg := range ranges {
+		fmt.Fprintf(&b, "%s:%d:%d\n", rg.Owner, rg.First, rg.Count)
+	}
+	if err := os.WriteFile(r.subUIDs.path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for uid, want := range map[uint32]uint32{1000: 1000, 0: 0, 100001: 1000, 4242: 4242} {
+		if got, err := r.callerOf(uid); err != nil || got != want {
+			t.Errorf("callerOf(%d) = %d, %v; want %d", uid, got, err, want)
+		}
+	}
+	if got, err := r.callerOf(100011); err == nil {
+		t.Errorf("a uid of two logins' ranges counts as %d", got)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // round4Policy: sessions with a network to a.test, published ports that
@@ -225,11 +226,21 @@ s.serve_forever()'`)
 	// Finding 7: guests that stop their agent cost their own sessions,
 	// not another's pause at the stop.
 	t.Run("a stop pauses every session in time, whatever guests do", func(t *testing.T) {
+		// Each hostile guest stops its agent once its command is over,
+		// and says so on its console, which the test reads from the host.
+		var consoles []string
 		for _, s := range []string{"h1", "h2"} {
-			sh(s, `setsid sh -c 'sleep 1; pkill -STOP -x vmgate-agent' </dev/null >/dev/null 2>&1 &`)
+			res, _, _ := d.MustExec(t, wire.ExecRequest{Argv: []string{`setsid sh -c 'sleep 1; pkill -STOP -x vmgate-agent && echo vmgate-test-agent-stopped > /dev/console' </dev/null >/dev/null 2>&1 &`},
+				Shell: true, Session: s}, nil)
+			consoles = append(consoles, filepath.Join(d.Config.VM.StateDir, "vms", res.VMID, vm.ConsoleLog))
 		}
 		sh("n", "echo kept > /root/kept")
-		time.Sleep(2 * time.Second) // the two agents are stopped now
+		for _, c := range consoles {
+			waitFor(t, 60*time.Second, "a hostile guest to stop its agent", func() bool {
+				b, _ := os.ReadFile(c)
+				return strings.Contains(string(b), "vmgate-test-agent-stopped")
+			})
+		}
 		t0 := time.Now()
 		stopped := make(chan error, 1)
 		go func() { stopped <- d.Stop() }()

@@ -332,7 +332,12 @@ func New(cfg Config) (_ *Server, err error) {
 	// The SSH front door's files and addresses are checked before any VM
 	// work starts; it serves once the daemon is ready.
 	if cfg.SSH != nil {
-		if s.ssh, err = sshfront.New(sshCore{s}, *cfg.SSH, cfg.VM.StateDir, log); err != nil {
+		sc := *cfg.SSH
+		if sc.CallerOf == nil {
+			// A subordinate uid counts as its login, as on the socket.
+			sc.CallerOf = newPeerResolver(DefaultSubUIDFile, log).callerOf
+		}
+		if s.ssh, err = sshfront.New(sshCore{s}, sc, cfg.VM.StateDir, log); err != nil {
 			return nil, err
 		}
 		s.push(func() error { s.ssh.CloseListeners(); return nil })
