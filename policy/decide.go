@@ -408,6 +408,28 @@ type Grant struct {
 	Allow    []string // that network's rules, as the policy writes them
 }
 
+// DecideFile decides a file operation of id's in one of its sessions
+// (stat, list, mkdir, move, remove, read or write one file), run in the
+// guest as user ("": the profile's user): allowed when the profile allows
+// sessions and user is one of its users. The verdict's User is the user,
+// its Limits.Files bound a read (GetBytes) and a write (PutBytes). Pure;
+// argv rules do not apply.
+func (p *Policy) DecideFile(id Identity, user string) Verdict {
+	v := p.DecideSession(id)
+	if !v.Allowed {
+		return v
+	}
+	prof, _ := p.profileFor(id)
+	if user != "" {
+		if !slices.Contains(prof.users, user) {
+			return Verdict{Profile: prof.name, Rule: RuleUsers, Reason: fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(user), strings.Join(prof.users, ", "))}
+		}
+		v.User = user
+	}
+	v.Rule, v.Reason = "files", "file operations in a session are allowed"
+	return v
+}
+
 // GrantOf returns what id's profile grants; ok is false when no profile
 // takes id. Pure.
 func (p *Policy) GrantOf(id Identity) (g Grant, ok bool) {

@@ -800,3 +800,30 @@ timeout = { default = "30s", max = "20m" }
 		}
 	}
 }
+
+// TestDecideFile: a file operation needs sessions and a user of the
+// profile's; it runs as that user.
+func TestDecideFile(t *testing.T) {
+	p := mustParse(t, "files.toml", `version = 1
+[[profile]]
+name = "p"
+match = { uids = [1000] }
+users = ["agent", "root"]
+sessions = { allowed = true }
+[[profile]]
+name = "q"
+match = { uids = [1001] }
+`)
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, ""); !v.Allowed || v.User != "agent" || v.Limits.Files.GetBytes == 0 {
+		t.Errorf("the default user: %+v", v)
+	}
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, "root"); !v.Allowed || v.User != "root" {
+		t.Errorf("root: %+v", v)
+	}
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, "www-data"); v.Allowed || v.Rule != RuleUsers {
+		t.Errorf("another user: %+v", v)
+	}
+	if v := p.DecideFile(Identity{UID: 1001, User: "o"}, ""); v.Allowed || !strings.Contains(v.Reason, "sessions are not allowed") {
+		t.Errorf("without sessions: %+v", v)
+	}
+}

@@ -390,7 +390,7 @@ var refDescriptions = map[string]string{
 		"`default` is the daemon's image (`vmgated serve --image`); any other NAME is `STATE/images/NAME`, built with `vmgated image build --name NAME` or imported with `vmgated image import --name NAME ROOTFS.tar` " +
 		"(`vmgated image list` shows them). Each image has its own templates and pools; vmgated refuses a policy naming an image that is not built, at start and at reload.",
 	"profile.user": fmt.Sprintf("Guest user that commands run as unless the caller names another of `users`: `%q`, unprivileged, `%q`, a relaxation that lets commands change the (disposable) guest system, "+
-		"or any account of the guest's (%s); one other than root that has uid 0 there is refused.", userAgent, userRoot, accountRule),
+		"or any account of the guest's (%s); one other than root that has uid 0 there is refused.", userAgent, userRoot, names.AccountRule),
 	"profile.users": "The guest users a caller may name (`vm-exec --user NAME`, the socket API's and MCP's `user`); another name is refused, naming this key. " +
 		"Default: `user` alone. `root` in it is a relaxation. The audit record and the receipt say which user ran a command.",
 	"profile.memory_mib": fmt.Sprintf("Guest memory in MiB, %d to %d.", minMemoryMiB, maxMemoryMiB),

@@ -86,12 +86,6 @@ const (
 	maxFileCount   = 1000000
 )
 
-// accountRE is a guest account's name, as useradd takes it by default.
-var accountRE = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
-
-// accountRule is accountRE's text.
-const accountRule = "1 to 32 of [a-z0-9_-], starting with a letter or _"
-
 const (
 	userAgent        = "agent"
 	userRoot         = "root"
@@ -514,18 +508,18 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		}
 	}
 	if d.User != nil {
-		if accountRE.MatchString(*d.User) {
+		if names.Account(*d.User) {
 			s.user = d.User
 		} else {
-			c.errorf("%s: user %q: must be a guest account's name (%s)", label, *d.User, accountRule)
+			c.errorf("%s: user %q: must be a guest account's name (%s)", label, *d.User, names.AccountRule)
 		}
 	}
 	if d.Users != nil {
 		users, ok := []string{}, true
 		for _, u := range *d.Users {
 			switch {
-			case !accountRE.MatchString(u):
-				c.errorf("%s: users: %q: must be a guest account's name (%s)", label, u, accountRule)
+			case !names.Account(u):
+				c.errorf("%s: users: %q: must be a guest account's name (%s)", label, u, names.AccountRule)
 				ok = false
 			case slices.Contains(users, u):
 				c.errorf("%s: users: %q is listed twice", label, u)

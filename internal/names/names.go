@@ -61,6 +61,25 @@ func Image(s string) bool {
 	return Session(s)
 }
 
+// AccountRule is the text of the rule of a guest account's name
+// (Account).
+const AccountRule = "1 to 32 of [a-z0-9_-], starting with a letter or _"
+
+// Account reports whether s can name a guest account (a command's user):
+// 1 to 32 of [a-z0-9_-], starting with a letter or an underscore, as
+// useradd takes it by default.
+func Account(s string) bool {
+	if s == "" || len(s) > 32 || !(s[0] >= 'a' && s[0] <= 'z' || s[0] == '_') {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // CheckHost accepts DNS names of letters, digits, hyphens, underscores
 // and dots: at most 253 bytes, labels of 1 to 63 that neither start nor
 // end with a hyphen. It expects a lower-case name without a trailing dot.
