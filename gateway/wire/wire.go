@@ -44,6 +44,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/vmgate/vmgate/internal/bytestr"
+	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/internal/signum"
 	"github.com/vmgate/vmgate/internal/transfer"
 	"github.com/vmgate/vmgate/internal/tty"
@@ -163,6 +164,9 @@ type ExecRequest struct {
 	// --no-network, --net-allow): nil, the profile's (or the session's
 	// lock's).
 	Net *NetLimit `json:"net,omitempty"`
+	// User is the guest user to run as (vm-exec --user): one of the
+	// profile's users; empty, the profile's user.
+	User string `json:"user,omitempty"`
 }
 
 // NetLimit is a network narrowed to the egress rules in Allow (the
@@ -409,6 +413,9 @@ type Error struct {
 	// Receipt is the signed receipt of a refused or failed request that
 	// asked for one, when its decision was recorded (a denial says so).
 	Receipt json.RawMessage `json:"receipt,omitempty"`
+	// FileError names a file operation's refusal by the guest
+	// (FileNotFound, …).
+	FileError string `json:"file_error,omitempty"`
 }
 
 // Session describes a kept VM (GET /v1/sessions).
@@ -421,6 +428,9 @@ type Session struct {
 	LastUsed  time.Time `json:"last_used"`
 	ExpiresAt time.Time `json:"expires_at"`
 	Busy      bool      `json:"busy"`
+	// Commands counts the commands that run in it now (at most the
+	// profile's sessions.max_commands).
+	Commands int `json:"commands,omitempty"`
 	// State is SessionRunning or SessionPaused; a paused session has no
 	// VM: PausedAt is when it was paused, DiskBytes what its saved state
 	// takes in vmgated's state directory.
@@ -711,6 +721,9 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 		if !tty.SizeOK(t.Cols, t.Rows) || !tty.NameOK(t.Term) {
 			return nil, errors.New("exec request: unreasonable tty size or terminal name")
 		}
+	}
+	if req.User != "" && !names.Account(req.User) {
+		return nil, fmt.Errorf("exec request: user %q: must be %s", req.User, names.AccountRule)
 	}
 	strs := append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...)
 	if req.Net != nil {
