@@ -30,6 +30,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/status", s.handleStatus)
 	mux.HandleFunc("POST /v1/audit/rotate", s.handleAuditRotate)
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
+	procsAPI{s}.routes(mux)
+	filesAPI{s}.routes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		refuse(w, wire.KindNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})

@@ -32,6 +32,8 @@ type RequestError struct {
 	Rule      string
 	// Receipt is the signed receipt of a request that asked for one.
 	Receipt []byte
+	// FileError names a file operation's refusal by the guest.
+	FileError string
 }
 
 func (e *RequestError) Error() string { return e.Msg }
@@ -39,7 +41,7 @@ func (e *RequestError) Unwrap() error { return e.Kind }
 
 // Wire is the error as the protocol carries it.
 func (e *RequestError) Wire() wire.Error {
-	return wire.Error{Code: e.Kind.Code, Error: e.Msg, RequestID: e.RequestID, Profile: e.Profile, Rule: e.Rule, Receipt: e.Receipt}
+	return wire.Error{Code: e.Kind.Code, Error: e.Msg, RequestID: e.RequestID, Profile: e.Profile, Rule: e.Rule, Receipt: e.Receipt, FileError: e.FileError}
 }
 
 // requestError is err as a *RequestError: itself, or of kind ErrVMFailed

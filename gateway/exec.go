@@ -128,6 +128,23 @@ func (a *admitted) Run(ctx context.Context, sio execIO) (wire.Result, error) {
 	return a.s.runExec(ctx, a.log, a.st, a.target, sio)
 }
 
+// Detach starts the command as a background process of its session
+// (procs.go) instead of running it with a front door's streams, and
+// releases its share of the session; its decision was audited, its end
+// will be. A start that failed is audited now.
+func (a *admitted) Detach(ctx context.Context) (wire.Proc, *RequestError) {
+	defer a.lease.end()
+	ctx, cancel := a.lease.g.within(ctx)
+	defer cancel()
+	p, err := a.s.sessions.startProc(ctx, a.st, a.target)
+	a.s.release(a.target, !a.target.vm.Gone())
+	if err != nil {
+		a.s.auditExec(a.st, execOutcome{target: a.target, err: err})
+		return wire.Proc{}, requestError(err, &a.st.request)
+	}
+	return p, nil
+}
+
 // Abort gives the request up before its command ran: its VM is released
 // as one not fit for use.
 func (a *admitted) Abort() {

@@ -43,6 +43,7 @@ func (s *Server) auditExec(st *execState, o execOutcome) {
 		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdin.Bytes, StdinSHA256: o.stdin.SHA256, StdoutSHA256: o.stdout.SHA256, StderrSHA256: o.stderr.SHA256}
 	setCaller(&rec, st.id)
+	rec.GuestUser = st.verdict.User
 	rec.Network = auditNetwork(st.verdict)
 	if t := o.target; t != nil {
 		rec.VMID, rec.BootMS, rec.VMStart, rec.DiskBytes = t.vm.ID, t.boot.Milliseconds(), t.start, o.diskBytes

@@ -69,6 +69,7 @@ func receiptBody(st *execState, o execOutcome, f receiptFacts) receipt.Body {
 	if v.Allowed {
 		b.Verdict, b.Reason = receipt.VerdictAllow, ""
 		b.Image = &receipt.Image{Name: v.Image, SHA256: f.imageDigest}
+		b.GuestUser = v.User
 	}
 	b.Network.Narrowed = v.NetNarrowed
 	setReceiptCaller(&b.Caller, st.id)

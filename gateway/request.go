@@ -51,6 +51,8 @@ type execState struct {
 	// it cannot serve): the core audits it as a denial, without a policy
 	// decision.
 	refused error
+	// detach starts the command as a background process of its session.
+	detach bool
 }
 
 // newExecState starts the record of a command from id. The argv decided
@@ -66,9 +68,15 @@ func newExecState(id policy.Identity, req *wire.ExecRequest, interactive bool) *
 // decisionRecord is what a command's decision record says of it.
 func (st *execState) decisionRecord() audit.Record {
 	rec := audit.Record{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
-		EnvNames: envNames(st.req.Env), Dir: st.req.Dir, TTY: st.req.TTY != nil, Transfers: auditTransfers(st.req, nil)}
-	if st.interactive {
+		EnvNames: envNames(st.req.Env), Dir: st.req.Dir, TTY: st.req.TTY != nil, Transfers: auditTransfers(st.req, nil), GuestUser: st.req.User}
+	if st.verdict.Allowed {
+		rec.GuestUser = st.verdict.User
+	}
+	switch {
+	case st.interactive:
 		rec.Message = "interactive shell"
+	case st.detach:
+		rec.Message = "background process"
 	}
 	return rec
 }
@@ -77,7 +85,7 @@ func (st *execState) decisionRecord() audit.Record {
 func (st *execState) policyRequest() policy.Request {
 	return policy.Request{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
-		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock}
+		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock, User: st.req.User, Detach: st.detach}
 }
 
 // sessionRequest is an operation on a session itself (pause, fork, a
@@ -86,8 +94,10 @@ func (st *execState) policyRequest() policy.Request {
 type sessionRequest struct {
 	request
 	// name is the session's; what is the operation, as its decision
-	// record names it ("pause", "fork a b", "net-lock …").
+	// record names it ("pause", "fork a b", "net-lock …"); process the
+	// background process it is on, if any.
 	name, what string
+	process    int64
 }
 
 func newSessionRequest(id policy.Identity, name, what string) *sessionRequest {
@@ -96,7 +106,7 @@ func newSessionRequest(id policy.Identity, name, what string) *sessionRequest {
 
 // decisionRecord is what a session operation's decision record says.
 func (q *sessionRequest) decisionRecord() audit.Record {
-	return audit.Record{Session: q.name, Message: q.what}
+	return audit.Record{Session: q.name, Message: q.what, Process: q.process}
 }
 
 // envNames returns the names of KEY=VALUE entries: the audit records

@@ -58,6 +58,9 @@ type sessionRecord struct {
 	// NetLock is its network lock (netlock.go), nil when unlocked:
 	// replaced by a narrower one, never changed or removed.
 	NetLock *policy.NetLimit `json:"net_lock,omitempty"`
+	// Procs are its background processes whose end is still to be
+	// audited (procs.go).
+	Procs []pendingProc `json:"procs,omitempty"`
 }
 
 // sessionRecordVersion is the version of the session file's format.
@@ -85,16 +88,25 @@ type session struct {
 	ended chan struct{} // closed when State becomes stateEnded
 	// pubs are its published ports (publish.go).
 	pubs []*publication
+	// watching holds the background processes whose end is watched now,
+	// by handle, with the VM they are watched in (procs.go).
+	watching map[int64]*vm.VM
 }
 
-// sessionUse is how a session is used, for its owner's turn (take/give),
-// its idleness and the reaper. Guarded by session.mu.
+// sessionUse is how a session is used: by commands, many at once (up to
+// sessions.max_commands), or by one operation that owns it alone (a
+// pause, a resume, a fork, a network lock); and its idleness for the
+// reaper. Guarded by session.mu.
 type sessionUse struct {
-	busy bool
-	free chan struct{} // closed and replaced whenever it stops being busy
-	// lastUsed is when an operation last gave it back, or its published
-	// ports last carried bytes: traffic is use, an open connection alone
-	// is not.
+	cmds int  // commands (and calls on its processes) that use it now
+	excl bool // an operation owns it alone
+	// wantExcl counts operations waiting to own it alone: new commands
+	// wait behind them, so that a pause is not starved by a stream of
+	// commands.
+	wantExcl int
+	free     chan struct{} // closed and replaced whenever a use ends
+	// lastUsed is when a use last ended, or its published ports last
+	// carried bytes: traffic is use, an open connection alone is not.
 	lastUsed time.Time
 	// noPauseUntil: an automatic pause that was refused (a budget) is
 	// not tried again before it.
@@ -103,6 +115,9 @@ type sessionUse struct {
 	// runs once the session is not in use (whenIdle).
 	idleWork []func()
 }
+
+// inUse reports whether anything uses the session now.
+func (u *sessionUse) inUse() bool { return u.cmds > 0 || u.excl }
 
 // sessionNet is what a session's network between commands is made of:
 // its profile's network under its lock (policy.SessionNetwork) and the
@@ -113,12 +128,12 @@ type sessionNet struct {
 	audit func(netstack.Record)
 }
 
-// newSession makes the session of rec, owned by its creator (busy) until
-// it gives it up.
+// newSession makes the session of rec, owned by its creator alone
+// until it gives it up (give) or runs its first command in it (share).
 func newSession(rec sessionRecord) *session {
 	rec.Version = sessionRecordVersion
 	return &session{sessionRecord: rec, sid: newRequestID(),
-		use: sessionUse{busy: true, free: make(chan struct{}), lastUsed: time.Now()}, ended: make(chan struct{})}
+		use: sessionUse{excl: true, free: make(chan struct{}), lastUsed: time.Now()}, ended: make(chan struct{})}
 }
 
 // newSessionRecord is the record of a new session key of caller id, as
@@ -133,21 +148,68 @@ func newSessionRecord(key sessionKey, id policy.Identity, v policy.Verdict, shap
 // for it: the request starts a new one.
 var errSessionEnded = errors.New("session ended")
 
-// take waits until the session is free, at most wait and while ctx
-// lasts, and makes the caller its owner.
+// take waits until no command or operation uses the session, at most
+// wait and while ctx lasts, and makes the caller its only user: a pause,
+// a resume, a fork, a network lock, the daemon's stop.
 func (ss *session) take(ctx context.Context, wait time.Duration) error {
+	ss.mu.Lock()
+	ss.use.wantExcl++
+	ss.mu.Unlock()
+	defer func() {
+		ss.mu.Lock()
+		ss.use.wantExcl--
+		ss.signalLocked() // commands held back behind it may go
+		ss.mu.Unlock()
+	}()
+	return ss.await(ctx, wait, func() (bool, error) {
+		if ss.use.inUse() {
+			return false, nil
+		}
+		ss.use.excl = true
+		return true, nil
+	}, func() error {
+		what := "another operation"
+		if n := ss.use.cmds; n > 0 {
+			what = fmt.Sprintf("%d %s", n, plural(n, "command", "commands"))
+		}
+		return &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q still runs %s after %v: this waits for them; nothing was done", ss.Name, what, wait)}
+	})
+}
+
+// share waits until the session can take one more command (fewer than
+// max run in it, and no operation owns it or waits to), at most wait and
+// while ctx lasts, and counts the caller's command in.
+func (ss *session) share(ctx context.Context, wait time.Duration, max int) error {
+	return ss.await(ctx, wait, func() (bool, error) {
+		if ss.use.excl || ss.use.wantExcl > 0 || ss.use.cmds >= max {
+			return false, nil
+		}
+		ss.use.cmds++
+		return true, nil
+	}, func() error {
+		if ss.use.cmds >= max {
+			return &RequestError{Kind: ErrSessionBusy, Rule: "sessions.max_commands",
+				Msg: fmt.Sprintf("session %q still runs %d commands after %v, the most its profile runs at once (sessions.max_commands = %d)", ss.Name, ss.use.cmds, wait, max)}
+		}
+		return &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is still being paused, resumed or forked after %v", ss.Name, wait)}
+	})
+}
+
+// await waits, at most wait and while ctx lasts, until try (under
+// ss.mu) succeeds; busy (under ss.mu) is the error of a wait that timed
+// out. An ended session is errSessionEnded.
+func (ss *session) await(ctx context.Context, wait time.Duration, try func() (bool, error), busy func() error) error {
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
 		ss.mu.Lock()
-		switch {
-		case ss.State == stateEnded:
+		if ss.State == stateEnded {
 			ss.mu.Unlock()
 			return errSessionEnded
-		case !ss.use.busy:
-			ss.use.busy = true
+		}
+		if ok, err := try(); ok || err != nil {
 			ss.mu.Unlock()
-			return nil
+			return err
 		}
 		free := ss.use.free
 		ss.mu.Unlock()
@@ -155,36 +217,68 @@ func (ss *session) take(ctx context.Context, wait time.Duration) error {
 		case <-free:
 		case <-ss.ended:
 		case <-t.C:
-			return &RequestError{Kind: ErrSessionBusy, Msg: fmt.Sprintf("session %q is still running another command after %v", ss.Name, wait)}
+			ss.mu.Lock()
+			defer ss.mu.Unlock()
+			return busy()
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
 
-// tryTake makes the caller the session's owner if it is free now.
+// tryTake makes the caller the session's only user if nothing uses it
+// now.
 func (ss *session) tryTake() bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if ss.State == stateEnded || ss.use.busy {
+	if ss.State == stateEnded || ss.use.inUse() || ss.use.wantExcl > 0 {
 		return false
 	}
-	ss.use.busy = true
+	ss.use.excl = true
 	return true
 }
 
-// give ends the caller's ownership; used says whether that counts as
-// use of the session (an automatic pause that did not happen does not:
-// the session still reaches its idle timeout).
+// give ends the caller's sole use; used says whether that counts as use
+// of the session (an automatic pause that did not happen does not: the
+// session still reaches its idle timeout).
 func (ss *session) give(used bool) {
 	ss.mu.Lock()
-	ss.use.busy = false
+	defer ss.mu.Unlock()
+	ss.use.excl = false
+	ss.endUseLocked(used)
+}
+
+// unshare ends one command's use.
+func (ss *session) unshare(used bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.use.cmds--
+	ss.endUseLocked(used)
+}
+
+// toShared turns the caller's sole use into one command's (a session it
+// made or resumed for its command).
+func (ss *session) toShared() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.use.excl = false
+	ss.use.cmds++
+	ss.signalLocked()
+}
+
+// endUseLocked records the end of a use. Precondition: ss.mu held.
+func (ss *session) endUseLocked(used bool) {
 	if used {
 		ss.use.lastUsed = time.Now()
 	}
+	ss.signalLocked()
+}
+
+// signalLocked wakes whoever waits for the session. Precondition: ss.mu
+// held.
+func (ss *session) signalLocked() {
 	close(ss.use.free)
 	ss.use.free = make(chan struct{})
-	ss.mu.Unlock()
 }
 
 // whenIdle has the reaper run f (in a goroutine of its own) at its first
@@ -269,7 +363,7 @@ func (ss *session) expiryLocked() time.Time {
 // pause_after is set. Precondition: ss.mu held.
 func (ss *session) pauseDueLocked(now time.Time) bool {
 	after := ss.Paused.After
-	if after <= 0 || ss.State != stateRunning || ss.use.busy || now.Before(ss.use.noPauseUntil) {
+	if after <= 0 || ss.State != stateRunning || ss.use.inUse() || now.Before(ss.use.noPauseUntil) {
 		return false
 	}
 	return !now.Before(ss.use.lastUsed.Add(min(after, ss.Idle)))
@@ -279,7 +373,7 @@ func (ss *session) info() wire.Session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	out := wire.Session{Name: ss.Name, Profile: ss.Profile, Created: ss.Created,
-		LastUsed: ss.use.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.use.busy, State: wire.SessionRunning, Parent: ss.Parent,
+		LastUsed: ss.use.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.use.inUse(), Commands: ss.use.cmds, State: wire.SessionRunning, Parent: ss.Parent,
 		NetLock: (*wire.NetLimit)(ss.NetLock)}
 	for _, p := range ss.pubs {
 		out.Published = append(out.Published, fmt.Sprintf("%s->%d", p.host, p.port))
@@ -293,4 +387,12 @@ func (ss *session) info() wire.Session {
 		}
 	}
 	return out
+}
+
+// plural is one or many by n.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

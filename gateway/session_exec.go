@@ -34,7 +34,7 @@ func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) 
 			}
 			return x.create(ctx, st, key)
 		}
-		if err := ss.take(ctx, x.queueWait); err != nil {
+		if err := ss.share(ctx, x.queueWait, max(st.verdict.Limits.MaxCommands, 1)); err != nil {
 			if errors.Is(err, errSessionEnded) {
 				continue // ended meanwhile: this command starts a new one
 			}
@@ -49,12 +49,14 @@ func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) 
 			continue
 		}
 		if rerr := checkNetLock(ss, &st.request); rerr != nil {
-			ss.give(true)
+			ss.unshare(true)
 			return nil, rerr
 		}
 		if ss.state() == statePaused {
-			if err := x.resume(ctx, ss, &st.request); err != nil {
-				ss.give(true)
+			if err := x.resumeFor(ctx, ss, &st.request); err != nil {
+				if errors.Is(err, errSessionEnded) {
+					continue
+				}
 				return nil, err
 			}
 		}
@@ -88,6 +90,7 @@ func (x *sessions) create(ctx context.Context, st *execState, key sessionKey) (*
 		}
 		return nil, &RequestError{Kind: ErrVMFailed, Msg: "start session: " + err.Error()}
 	}
+	ss.toShared() // its first command runs now; others may join it
 	limitToLifetime(st, ss)
 	t.session, t.slot = ss, nil
 	return t, nil
@@ -100,7 +103,27 @@ func (x *sessions) release(t *vmTarget, ok bool) {
 	if !ok {
 		x.destroy(t.session, "vm failed")
 	}
-	t.session.give(true)
+	t.session.unshare(true)
+}
+
+// resumeFor resumes the paused session ss for q's command, which has a
+// share of it: the share is given up while q waits to own the session
+// alone (the commands that run in a session that is being resumed are
+// none), and is q's again once it runs, resumed by q or by another
+// request meanwhile.
+func (x *sessions) resumeFor(ctx context.Context, ss *session, q *request) error {
+	ss.unshare(false)
+	if err := ss.take(ctx, x.queueWait); err != nil {
+		return err
+	}
+	if ss.state() == statePaused {
+		if err := x.resume(ctx, ss, q); err != nil {
+			ss.give(false)
+			return err
+		}
+	}
+	ss.toShared()
+	return nil
 }
 
 // limitToLifetime ends a session's command, at the latest, when the

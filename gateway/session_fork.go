@@ -185,5 +185,8 @@ func (x *sessions) forkCopy(ctx context.Context, parent *session, q *request, sp
 		_ = v.Close()
 		return nil, err
 	}
+	// The copy's background processes are copies of its parent's, ended
+	// (and audited) as the copy's.
+	x.watchAll(c, v)
 	return c, nil
 }

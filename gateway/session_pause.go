@@ -272,6 +272,7 @@ func (x *sessions) resume(ctx context.Context, ss *session, q *request) error {
 		return &RequestError{Kind: ErrVMFailed, Msg: fmt.Sprintf("resume session %q: %v; this command did not run", ss.Name, errSessionClosed)}
 	}
 	x.rec.metrics.resumed(time.Since(t0))
+	x.watchAll(ss, v)
 	// The VM holds the RAM now; the save point stays as its disk's
 	// backing, and its RAM file is removed once the session is idle
 	// (DropRAMFile).

@@ -29,7 +29,7 @@ func (x *sessions) reap(now time.Time) {
 	for _, ss := range x.all() {
 		ss.mu.Lock()
 		dead := ss.State == stateRunning && ss.vm != nil && ss.vm.Gone()
-		busy := ss.use.busy
+		busy := ss.use.inUse()
 		expired := !busy && !now.Before(ss.expiryLocked())
 		due := ss.pauseDueLocked(now)
 		var work []func()

@@ -87,6 +87,8 @@ func (x *sessions) load() {
 			continue
 		}
 		if why != "" {
+			ss.State = stateEnded // its file goes: it is not written again
+			x.endProcs(ss, "lost: "+why)
 			x.lost.note(ss.key(), ss.sid, why, time.Now())
 			x.rec.metrics.sessionLost()
 			_ = os.RemoveAll(x.dir(ss.sid))

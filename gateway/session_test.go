@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -61,8 +63,8 @@ func TestSkippedPauseIsNoUse(t *testing.T) {
 	x.reap(time.Now())
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if ss.use.busy || !ss.use.lastUsed.Equal(last) {
-		t.Errorf("after a skipped pause: busy %v, last used %v (was %v)", ss.use.busy, ss.use.lastUsed, last)
+	if ss.use.inUse() || !ss.use.lastUsed.Equal(last) {
+		t.Errorf("after a skipped pause: busy %v, last used %v (was %v)", ss.use.inUse(), ss.use.lastUsed, last)
 	}
 }
 
@@ -107,5 +109,55 @@ func TestPauseBudgetReserves(t *testing.T) {
 	a.sp = &vm.SavePoint{Meta: vm.SavePointMeta{OverlayBytes: 100 << 20}}
 	if _, err := x.pauseBudget(a, v, small); err == nil || !strings.Contains(err.Error(), "sessions.max_paused_mib") {
 		t.Errorf("a resumed session's pause past the disk budget: %v", err)
+	}
+}
+
+// TestSessionUse: commands share a session up to max at once, the next
+// waits and is refused naming sessions.max_commands; an operation that
+// owns it alone (a pause) waits for the commands, and commands that come
+// while it waits wait behind it.
+func TestSessionUse(t *testing.T) {
+	ctx := context.Background()
+	ss := newSession(newSessionRecord(sessionKey{"uid:1", "s"}, policy.Identity{}, policy.Verdict{}, vm.Shape{}, time.Now()))
+	ss.give(true) // made: nobody uses it now
+	for range 2 {
+		if err := ss.share(ctx, time.Second, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := ss.share(ctx, 100*time.Millisecond, 2)
+	var rerr *RequestError
+	if !errors.As(err, &rerr) || rerr.Kind != ErrSessionBusy || rerr.Rule != "sessions.max_commands" || !strings.Contains(rerr.Msg, "sessions.max_commands = 2") {
+		t.Fatalf("a third command of two at most: %v", err)
+	}
+	if err := ss.take(ctx, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "still runs 2 commands") {
+		t.Fatalf("a pause while two commands run: %v", err)
+	}
+	took := make(chan error, 1)
+	go func() { took <- ss.take(ctx, 10*time.Second) }()
+	waitUntil(t, func() bool { ss.mu.Lock(); defer ss.mu.Unlock(); return ss.use.wantExcl == 1 })
+	if err := ss.share(ctx, 100*time.Millisecond, 8); err == nil {
+		t.Fatal("a command went ahead of a waiting pause")
+	}
+	ss.unshare(true)
+	ss.unshare(true)
+	if err := <-took; err != nil {
+		t.Fatalf("the pause once the commands ended: %v", err)
+	}
+	if ss.tryTake() {
+		t.Fatal("two sole owners")
+	}
+	ss.toShared() // it resumed the session for its command
+	if err := ss.share(ctx, time.Second, 8); err != nil {
+		t.Fatalf("a command beside the resumer's: %v", err)
+	}
+}
+
+func waitUntil(t *testing.T, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("waited 10 s")
+		}
 	}
 }

@@ -167,6 +167,7 @@ func (x *sessions) destroy(ss *session, why string) {
 	}
 	x.mu.Unlock()
 	ss.stopPublications("the session ended: " + why)
+	x.endProcs(ss, why)
 	vmID := ""
 	if v != nil {
 		vmID = v.ID
@@ -234,6 +235,85 @@ func (x *sessions) operate(ctx context.Context, q *sessionRequest, ss *session, 
 	defer ss.give(true)
 	if err := op(l.ctx); err != nil {
 		return requestError(err, &q.request)
+	}
+	return nil
+}
+
+// onRunning is the way in for an operation on a session's guest that
+// runs no command of its own (one on its background processes, a file
+// operation): a lease, the policy's decision of q (the session's profile,
+// decideSession; audited), then op in the session's VM with a share of the
+// session, as a command has (resumed first when paused, made running
+// again by another request meanwhile or not). ctx ends when the client
+// goes away or the shutdown grace period is over.
+func (x *sessions) onRunning(ctx context.Context, q *sessionRequest, ss *session, op func(context.Context, *vm.VM) error) *RequestError {
+	return x.onRunningAs(ctx, q, ss, decideSession(), nil, op)
+}
+
+// onRunningAs is onRunning with the decision decide, and, when outcome is
+// set, one audit record of the operation made after it (outcome turns its
+// error into it) in place of the decision's record, which an allowed
+// operation then does not write: a file operation is one record.
+func (x *sessions) onRunningAs(ctx context.Context, q *sessionRequest, ss *session, decide func(*policy.Policy, *sessionRequest) policy.Verdict,
+	outcome func(error) audit.Record, op func(context.Context, *vm.VM) error) (rerr *RequestError) {
+	l, rerr := x.core.enter(ctx)
+	if rerr != nil {
+		rerr.RequestID = q.reqID
+		return rerr
+	}
+	defer l.end()
+	q.policy = x.core.policyNow()
+	q.verdict = decide(q.policy, q)
+	unaudited := func(err error) *RequestError {
+		return &RequestError{Kind: ErrAuditUnavailable, Msg: "refusing to run unaudited: " + err.Error(), RequestID: q.reqID}
+	}
+	if outcome == nil || !q.verdict.Allowed {
+		if err := x.rec.decision(&q.request, q.decisionRecord()); err != nil {
+			return unaudited(err)
+		}
+	} else if err := x.rec.Healthy(); err != nil {
+		return unaudited(err)
+	}
+	if !q.verdict.Allowed {
+		return &RequestError{Kind: ErrDenied, Msg: q.verdict.Reason, Profile: q.verdict.Profile, Rule: q.verdict.Rule, RequestID: q.reqID}
+	}
+	if outcome != nil {
+		var opErr error
+		defer func() {
+			rec := outcome(opErr)
+			rec.RequestID, rec.Session, rec.Profile, rec.Verdict = q.reqID, ss.Name, q.verdict.Profile, audit.VerdictAllow
+			if rerr != nil && rec.Error == "" {
+				rec.Error = rerr.Msg
+			}
+			setCaller(&rec, q.id)
+			if err := x.rec.Write(rec); err != nil {
+				x.log.Error("audit a file operation", "session", ss.Name, "err", err)
+			}
+		}()
+		inner := op
+		op = func(ctx context.Context, v *vm.VM) error {
+			opErr = inner(ctx, v)
+			return opErr
+		}
+	}
+	if err := ss.share(l.ctx, x.queueWait, max(q.verdict.Limits.MaxCommands, 1)); err != nil {
+		if errors.Is(err, errSessionEnded) {
+			return &RequestError{Kind: wire.KindNotFound, Msg: fmt.Sprintf("session %q ended", ss.Name), RequestID: q.reqID}
+		}
+		return requestError(err, &q.request)
+	}
+	if ss.state() == statePaused {
+		if err := x.resumeFor(l.ctx, ss, &q.request); err != nil {
+			return requestError(err, &q.request)
+		}
+	}
+	defer ss.unshare(true)
+	v := ss.running()
+	if v == nil {
+		return &RequestError{Kind: wire.KindNotFound, Msg: fmt.Sprintf("session %q ended", ss.Name), RequestID: q.reqID}
+	}
+	if err := op(l.ctx, v); err != nil {
+		return opError(err, ss.Name, q.reqID)
 	}
 	return nil
 }

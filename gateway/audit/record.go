@@ -21,6 +21,9 @@ const (
 	KindDecision Kind = "decision"
 	// KindExec records the outcome of a command run in a VM.
 	KindExec Kind = "exec"
+	// KindFile records a file operation in a session's guest (stat,
+	// list, mkdir, move, remove, read, write): decision and outcome.
+	KindFile Kind = "file"
 	// KindSession records the start or end of an interactive session.
 	KindSession Kind = "session"
 	// KindNet records a guest network event: a DNS query or a connection,
@@ -39,7 +42,7 @@ const (
 
 func (k Kind) valid() bool {
 	switch k {
-	case KindDecision, KindExec, KindSession, KindDaemon, KindNet, KindRotate, KindCheckpoint:
+	case KindDecision, KindExec, KindFile, KindSession, KindDaemon, KindNet, KindRotate, KindCheckpoint:
 		return true
 	}
 	return false
@@ -111,6 +114,13 @@ type Record struct {
 	EnvNames bytestr.List `json:"env_names,omitempty"`
 	Dir      string       `json:"dir,omitempty"`
 	TTY      bool         `json:"tty,omitempty"`
+	// GuestUser is the guest account the command ran (or was to run) as.
+	GuestUser string `json:"guest_user,omitempty"`
+	// Process is the handle of a session's background process the
+	// record is of (its start, its end, an operation on it).
+	Process int64 `json:"process,omitempty"`
+	// File is the file operation a KindFile record is of.
+	File *FileOp `json:"file,omitempty"`
 
 	// Verdict, Rule and Reason describe a policy decision.
 	Verdict Verdict `json:"verdict,omitempty"`
@@ -282,4 +292,14 @@ type SSHClient struct {
 	User string `json:"user,omitempty"`
 	// Remote is the client's address.
 	Remote string `json:"remote,omitempty"`
+}
+
+// FileOp is a file operation in a session's guest, as its record says:
+// the operation, its path (and a move's destination), and the bytes a
+// read or a write moved.
+type FileOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	To    string `json:"to,omitempty"`
+	Bytes int64  `json:"bytes,omitempty"`
 }

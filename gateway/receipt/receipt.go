@@ -78,6 +78,8 @@ type Body struct {
 	EnvNames []string `json:"env_names,omitempty"`
 	Dir      string   `json:"dir,omitempty"`
 	TTY      bool     `json:"tty,omitempty"`
+	// GuestUser is the guest account the command ran as (allowed).
+	GuestUser string `json:"guest_user,omitempty"`
 	// VMID is the VM that ran it.
 	VMID string `json:"vm_id,omitempty"`
 	// Start is when the daemon took the request in, End when it signed
