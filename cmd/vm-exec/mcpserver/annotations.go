@@ -57,6 +57,14 @@ var annotations = map[string]*mcp.ToolAnnotations{
 		DestructiveHint: ptr(false), IdempotentHint: true, OpenWorldHint: ptr(false)},
 	ToolReceipt: {Title: "Get the signed receipt of a command that ran",
 		ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	ToolProcStart: {Title: "Start a command in the background of a session",
+		DestructiveHint: ptr(true), OpenWorldHint: ptr(true)},
+	ToolProcOutput: {Title: "Read a background process's output",
+		ReadOnlyHint: true, OpenWorldHint: ptr(false)},
+	ToolProcInput: {Title: "Send input to a background process",
+		DestructiveHint: ptr(false), OpenWorldHint: ptr(false)},
+	ToolProcKill: {Title: "Signal a background process",
+		DestructiveHint: ptr(true), IdempotentHint: true, OpenWorldHint: ptr(false)},
 }
 
 func ptr[T any](v T) *T { return &v }

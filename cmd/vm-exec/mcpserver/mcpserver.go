@@ -187,6 +187,7 @@ func New(o Options) *Server {
 	s.addBranchTools()
 	s.addNetLockTool()
 	s.addReceiptTool()
+	s.addProcTools()
 	return s
 }
 
@@ -215,6 +216,7 @@ func (s *Server) addExecTools(openWorld bool) {
 		OutputSchema: schemaFor[ExecOutput](nil),
 		Annotations:  withOpenWorld(annotations[shelltool.Name], openWorld),
 	}, s.wrap(s.execShellCommand))
+	s.mcp.AddTool(s.procStartTool(openWorld), s.wrap(s.procStart))
 }
 
 // listToolsWhole is a middleware that answers tools/list once the probe

@@ -140,6 +140,7 @@ func checkToolList(t *testing.T, cs *mcp.ClientSession) {
 		shelltool.Name:   asJSON(t, shelltool.Schema()),
 		ToolSessionExec:  asJSON(t, sessionExecSchema()),
 		ToolSessionStart: nil, ToolSessionEnd: nil, ToolSessionWriteFile: nil, ToolSessionReadFile: nil, ToolSessionPause: nil, ToolSessionFork: nil, ToolSessionNetLock: nil, ToolReceipt: nil,
+		ToolProcStart: nil, ToolProcOutput: nil, ToolProcInput: nil, ToolProcKill: nil,
 	}
 	if len(schemas) != len(want) {
 		t.Errorf("tools %v, want %d", schemas, len(want))

@@ -44,6 +44,8 @@ type vmexecOpts struct {
 	env, envFiles                           []string
 	argv                                    []string
 	puts, gets                              []copySpec
+	user                                    string
+	proc                                    procOpts
 }
 
 // flagSet defines vm-exec's flags on o. Parsing stops at the first
@@ -75,6 +77,8 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.BoolVar(&o.pause, "pause", false, "with --session: pause the session to disk (its VM is freed; its next command resumes it)")
 	fs.StringArrayVar(&o.forks, "fork", nil, "with --session: make the new session `NEW`, a copy of the session's state now (repeatable)")
 	fs.StringVar(&o.publish, "publish", "", "with --session: forward host connections on `[ADDR:]PORT:GUESTPORT` (ADDR 127.0.0.1 by default, PORT 0 a free one; or SOCKET_PATH:GUESTPORT) into the guest's port, until the session ends or this is stopped")
+	fs.StringVarP(&o.user, "user", "u", "", "run as the guest user `NAME` (one of the profile's users; default: its user)")
+	o.proc.flags(fs)
 	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
 	fs.BoolVarP(&o.help, "help", "h", false, "show this help")
 	fs.BoolVar(&o.version, "version", false, "print the version")
@@ -115,7 +119,12 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 		o.gets = append(o.gets, g)
 	}
 	shellSet := fs.Changed("command")
+	if err := o.proc.parse(fs, o, shellSet, len(puts)+len(gets) > 0); err != nil {
+		return nil, err
+	}
 	switch {
+	case o.proc.op != "" && o.proc.op != procDetach:
+		return o, nil
 	case o.list || o.endSession != "":
 		if len(o.argv) > 0 || shellSet || o.receipt != "" {
 			return nil, usagef("--list-sessions and --end-session take no command and no --receipt")
@@ -205,6 +214,10 @@ starts with a dash, or is named mcp, ps or cp.
                                           SOCKET_PATH:GUESTPORT), until the session ends
   vm-exec --session NAME --net-lock [RULE …]
                                           lock NAME's network to RULEs (none: no network) for good
+  vm-exec --session NAME --detach PROG …  run PROG in the background of NAME: it outlives vm-exec,
+                                          which prints its handle H at once (docs/sessions.md)
+  vm-exec --session NAME --procs | --logs H [--follow] [--since N] | --attach H | --kill H
+                                          [--signal SIG] | --wait H      its background processes
   vm-exec ps [--json]         the caller's live VMs and sessions (vmgated status)
   vm-exec mcp [--socket PATH] an MCP server on stdin/stdout (docs/agents.md)
 
@@ -296,6 +309,9 @@ func Run(args []string) int {
 	if err := resolveEnv(o, os.LookupEnv, os.ReadFile); err != nil {
 		fmt.Fprintf(os.Stderr, "vm-exec: %v\n", err)
 		return wire.ExitUsage
+	}
+	if o.proc.op != "" {
+		return runProc(ctx, c, o)
 	}
 	return runExec(ctx, c, o)
 }
@@ -393,7 +409,7 @@ func vmexecMCP(args []string) int {
 }
 
 func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
-	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode,
+	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode, User: o.user,
 		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds(), Receipt: o.receipt != ""}
 	if o.noNetwork || len(o.netAllow) > 0 {
 		req.Net = &wire.NetLimit{Allow: o.netAllow}

@@ -128,13 +128,19 @@ type ExecReport struct {
 	// Sessions that last and branch (sessions.go): a session of the
 	// default shape that wrote SessionFileMiB of files and runs a
 	// background process.
-	PauseMS       Stat               `json:"pause_ms"`
-	ResumeMS      Stat               `json:"resume_ms"`
-	ForkMS        Stat               `json:"fork_ms"`
-	Fork4MS       Stat               `json:"fork4_ms"`
-	ForkIdle      Memory             `json:"fork_idle"`
-	ForkIdlePSS   float64            `json:"fork_idle_pss_mib"`
-	PausedDiskMiB float64            `json:"paused_disk_mib"`
-	Ratios        map[string]float64 `json:"ratios"`
-	Notes         []string           `json:"notes,omitempty"`
+	PauseMS       Stat    `json:"pause_ms"`
+	ResumeMS      Stat    `json:"resume_ms"`
+	ForkMS        Stat    `json:"fork_ms"`
+	Fork4MS       Stat    `json:"fork4_ms"`
+	ForkIdle      Memory  `json:"fork_idle"`
+	ForkIdlePSS   float64 `json:"fork_idle_pss_mib"`
+	PausedDiskMiB float64 `json:"paused_disk_mib"`
+	// A session as a machine (machine.go): a command beside three that
+	// run, a background process's start, and the logs of a finished one
+	// that wrote 64 KiB.
+	SessionConcurrentMS Stat               `json:"session_concurrent_ms"`
+	DetachMS            Stat               `json:"detach_ms"`
+	LogsMS              Stat               `json:"logs_ms"`
+	Ratios              map[string]float64 `json:"ratios"`
+	Notes               []string           `json:"notes,omitempty"`
 }

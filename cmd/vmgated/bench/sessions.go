@@ -64,7 +64,10 @@ func (r *execRun) sessions(ctx context.Context) error {
 	if rep.Fork4MS, err = s.forkTimes(ctx, 4, runs); err != nil {
 		return err
 	}
-	return s.idleCopies(ctx, o.ForkIdle)
+	if err := s.idleCopies(ctx, o.ForkIdle); err != nil {
+		return err
+	}
+	return s.machine(ctx, o.Runs)
 }
 
 // baseSession is the session that is paused and forked; its copies are

@@ -41,6 +41,9 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	row("resume: paused -> first command answered", r.ResumeMS)
 	row("fork into 1: -> the copy answered", r.ForkMS)
 	row("fork into 4: -> every copy answered", r.Fork4MS)
+	row("command in a session beside 3 running", r.SessionConcurrentMS)
+	row("background process started (--detach)", r.DetachMS)
+	row("logs of a finished process, 64 KiB", r.LogsMS)
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "paused session on disk: %.1f MiB; %d idle copies of one fork point: PSS %.1f MiB each (RSS %.1f)\n",
 		r.PausedDiskMiB, r.ForkIdle.VMs, r.ForkIdle.PSSMiB, r.ForkIdle.RSSMiB)
