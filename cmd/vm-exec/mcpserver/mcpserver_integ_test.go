@@ -228,6 +228,51 @@ func TestMCP_Gateway(t *testing.T) {
 		}
 	})
 	t.Run("pause and fork", func(t *testing.T) { testBranch(t, c) })
+	t.Run("background processes", func(t *testing.T) {
+		name, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "bg"})
+		if isErr || name != "bg" {
+			t.Fatalf("session_start: %q", name)
+		}
+		text, isErr := tc.call(t, ToolProcStart, map[string]any{"session": "bg", "stdin": true,
+			"command": "echo ready; while read l; do echo got $l; done; echo done"})
+		var h int64
+		if _, err := fmt.Sscanf(text, "started background process %d", &h); isErr || err != nil {
+			t.Fatalf("%s: %q (%v)", ToolProcStart, text, err)
+		}
+		if text, isErr = tc.call(t, ToolProcInput, map[string]any{"session": "bg", "handle": h, "input": "one\n", "eof": true}); isErr {
+			t.Fatalf("%s: %q", ToolProcInput, text)
+		}
+		var all string
+		for range 20 {
+			text, isErr = tc.call(t, ToolProcOutput, map[string]any{"session": "bg", "handle": h, "wait": 5})
+			if isErr {
+				t.Fatalf("%s: %q", ToolProcOutput, text)
+			}
+			all = text
+			if strings.Contains(text, "exited with code 0") {
+				break
+			}
+		}
+		if !strings.HasPrefix(all, "ready\ngot one\ndone\n") || !strings.Contains(all, "exited with code 0; next: ") {
+			t.Errorf("%s: %q", ToolProcOutput, all)
+		}
+		text, _ = tc.call(t, ToolProcStart, map[string]any{"session": "bg", "command": "sleep 600"})
+		if _, err := fmt.Sscanf(text, "started background process %d", &h); err != nil {
+			t.Fatalf("%s: %q", ToolProcStart, text)
+		}
+		if text, isErr = tc.call(t, ToolProcKill, map[string]any{"session": "bg", "handle": h, "signal": "KILL"}); isErr {
+			t.Fatalf("%s: %q", ToolProcKill, text)
+		}
+		if text, isErr = tc.call(t, ToolProcOutput, map[string]any{"session": "bg", "handle": h, "wait": 10}); isErr || !strings.Contains(text, "killed by signal KILL") {
+			t.Errorf("after the kill: %q", text)
+		}
+		if text, isErr = tc.call(t, ToolProcOutput, map[string]any{"session": "bg", "handle": 999}); !isErr {
+			t.Errorf("an unknown handle: %q", text)
+		}
+		if text, isErr = tc.call(t, ToolSessionEnd, map[string]any{"session": "bg"}); isErr {
+			t.Fatalf("session_end: %q", text)
+		}
+	})
 	t.Run("closing the client ends its sessions", func(t *testing.T) {
 		tc2 := connect(t, c, nil)
 		a, isErr := tc2.call(t, ToolSessionStart, map[string]any{"name": "left-a"})
