@@ -14,7 +14,6 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
 )
@@ -195,7 +194,7 @@ func (h *headerOnWrite) Write(p []byte) (int, error) {
 }
 
 // entryOf is a file entry as the wire carries it.
-func entryOf(e agentproto.FileEntry) wire.FileEntry {
+func entryOf(e vm.FileEntry) wire.FileEntry {
 	return wire.FileEntry{Path: e.Path, Name: e.Name, Type: e.Type, Size: e.Size, Mode: e.Mode, ModTime: e.ModTime,
 		UID: e.UID, GID: e.GID, Owner: e.Owner, Group: e.Group, Target: e.Target}
 }

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -108,13 +107,13 @@ func (a procsAPI) logs(w http.ResponseWriter, r *http.Request) {
 		flusher, _ := w.(http.Flusher)
 		sent, end := int64(0), int64(-1)
 		for {
-			want := int64(agentproto.MaxLogsChunk)
+			want := int64(vm.MaxLogsChunk)
 			if limit > 0 {
 				want = min(want, limit-sent)
 			}
-			lr := agentproto.ProcLogs{Handle: h, Since: since, Max: want}
+			lr := vm.ProcLogsRequest{Handle: h, Since: since, Max: want}
 			if follow {
-				lr.WaitMS = agentproto.MaxLogsWait / 2
+				lr.WaitMS = vm.MaxLogsWait / 2
 			}
 			out, err := v.ProcLogs(ctx, lr)
 			if err != nil {
@@ -137,7 +136,7 @@ func (a procsAPI) logs(w http.ResponseWriter, r *http.Request) {
 			if end < 0 {
 				end = out.Info.Next // without follow: what it had written when asked
 			}
-			done := since >= end && !follow || since >= out.Info.Next && out.Info.State == agentproto.ProcExited
+			done := since >= end && !follow || since >= out.Info.Next && out.Info.State == vm.ProcExited
 			if done || (limit > 0 && sent >= limit) {
 				return nil, errStreamed
 			}
@@ -182,11 +181,11 @@ func (a procsAPI) wait(w http.ResponseWriter, r *http.Request) {
 		deadline := time.Now().Add(limit)
 		for {
 			left := time.Until(deadline)
-			out, err := v.ProcLogs(ctx, agentproto.ProcLogs{Handle: h, WaitMS: max(1, min(left, agentproto.MaxLogsWait*time.Millisecond).Milliseconds())})
+			out, err := v.ProcLogs(ctx, vm.ProcLogsRequest{Handle: h, WaitMS: max(1, min(left, vm.MaxLogsWait*time.Millisecond).Milliseconds())})
 			if err != nil {
 				return nil, err
 			}
-			if out.Info.State == agentproto.ProcExited || time.Until(deadline) <= 0 {
+			if out.Info.State == vm.ProcExited || time.Until(deadline) <= 0 {
 				return procOf(out.Info), nil
 			}
 		}

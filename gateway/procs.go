@@ -2,7 +2,7 @@ package gateway
 
 // Background processes of sessions (vm-exec --session S --detach; the
 // socket API's /v1/sessions/{name}/procs). The guest agent keeps them,
-// with their output, in the guest's memory (agentproto's procs), so that
+// with their output, in the guest's memory (its process table), so that
 // a pause, a resume, a fork and a daemon's restart carry them: the daemon
 // keeps nothing of a process but the note that its end is still to be
 // audited (sessionRecord.Procs), and watches each one's end while its
@@ -18,7 +18,6 @@ import (
 
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
-	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -42,12 +41,12 @@ const procWatchWait = 60 * time.Second
 func (x *sessions) startProc(ctx context.Context, st *execState, target *vmTarget) (wire.Proc, error) {
 	ss, v := target.session, target.vm
 	lim := st.verdict.Limits
-	info, err := v.ProcStart(ctx, agentproto.ProcStart{
-		Spec:      agentproto.ExecSpec{Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User},
+	info, err := v.ProcStart(ctx, vm.ProcStartRequest{
+		Spec:      vm.ExecSpec{Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User},
 		TimeoutMS: lim.Timeout.Milliseconds(), BufferBytes: lim.ProcessBuffer, Stdin: st.req.Stdin, MaxProcs: lim.MaxProcesses,
 	})
 	if err != nil {
-		if has, herr := v.Has(ctx, agentproto.FeatureProcs); herr == nil && !has {
+		if has, herr := v.Has(ctx, vm.FeatureProcs); herr == nil && !has {
 			err = errAgentTooOld
 		}
 		return wire.Proc{}, opError(err, ss.Name, st.reqID)
@@ -90,14 +89,14 @@ func (x *sessions) watchProc(ss *session, v *vm.VM, p pendingProc) {
 			ss.mu.Unlock()
 		}()
 		for {
-			out, err := v.ProcLogs(context.Background(), agentproto.ProcLogs{Handle: p.Handle, WaitMS: procWatchWait.Milliseconds()})
+			out, err := v.ProcLogs(context.Background(), vm.ProcLogsRequest{Handle: p.Handle, WaitMS: procWatchWait.Milliseconds()})
 			if err != nil {
 				if errors.Is(err, vm.ErrNoProcess) {
 					x.procEnded(ss, v, p, nil, "the guest agent no longer has it (its agent restarted, or its table forgot it)")
 				}
 				return
 			}
-			if out.Info.State == agentproto.ProcExited {
+			if out.Info.State == vm.ProcExited {
 				x.procEnded(ss, v, p, &out.Info, "")
 				return
 			}
@@ -118,7 +117,7 @@ func (x *sessions) watchAll(ss *session, v *vm.VM) {
 
 // procEnded audits the end of p (info nil: unknown, why says so), and
 // forgets it.
-func (x *sessions) procEnded(ss *session, v *vm.VM, p pendingProc, info *agentproto.ProcInfo, why string) {
+func (x *sessions) procEnded(ss *session, v *vm.VM, p pendingProc, info *vm.ProcInfo, why string) {
 	ss.mu.Lock()
 	kept := ss.Procs[:0]
 	found := false
@@ -216,7 +215,7 @@ var fileErrors = map[error]string{
 }
 
 // procOf is a process as the wire carries it.
-func procOf(i agentproto.ProcInfo) wire.Proc {
+func procOf(i vm.ProcInfo) wire.Proc {
 	p := wire.Proc{Handle: i.Handle, PID: i.PID, Argv: i.Argv, User: i.User, Dir: i.Dir, State: i.State, TimedOut: i.TimedOut,
 		Started: time.Unix(0, i.Started).UTC(), StdoutBytes: i.Out, StderrBytes: i.Err, StdoutDropped: i.OutDropped, StderrDropped: i.ErrDropped,
 		Next: i.Next, StdinOpen: i.StdinOpen}
@@ -238,11 +237,11 @@ func procOf(i agentproto.ProcInfo) wire.Proc {
 }
 
 // outputOf is a page of a process's output as the wire carries it.
-func outputOf(o agentproto.ProcOutput) wire.ProcOutput {
+func outputOf(o vm.ProcOutput) wire.ProcOutput {
 	out := wire.ProcOutput{Chunks: make([]wire.ProcChunk, 0, len(o.Chunks)), Next: o.Next, Dropped: o.Dropped, Proc: procOf(o.Info)}
 	for _, c := range o.Chunks {
 		stream := wire.StreamStdout
-		if c.Stream == agentproto.StreamStderr {
+		if c.Stream == vm.StreamStderr {
 			stream = wire.StreamStderr
 		}
 		out.Chunks = append(out.Chunks, wire.ProcChunk{Stream: stream, Offset: c.Offset, Data: c.Data})
