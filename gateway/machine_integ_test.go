@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,9 +17,11 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/bytestr"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -67,6 +70,7 @@ func TestGateway_SessionIsAMachine(t *testing.T) {
 		return res, so, se
 	}
 	run("m", "true")
+	var termed int64 // the handle of the process ended by TERM
 
 	t.Run("commands at once", func(t *testing.T) {
 		first := make(chan error, 1)
@@ -157,6 +161,7 @@ func TestGateway_SessionIsAMachine(t *testing.T) {
 		if code, ok := end.ExitStatus(); err != nil || !ok || code != 3 {
 			t.Errorf("after TERM: %+v %v", end, err)
 		}
+		termed = p.Handle
 		// Another session's handle, and another caller's session: not found.
 		run("other", "true")
 		if err := d.Client.ProcSignal(ctx, "other", p.Handle, "KILL"); !isNotFound(err) {
@@ -167,6 +172,27 @@ func TestGateway_SessionIsAMachine(t *testing.T) {
 		}
 		if err := d.Client.EndSession(ctx, "other"); err != nil {
 			t.Error(err)
+		}
+	})
+
+	t.Run("a time limit", func(t *testing.T) {
+		// The limit kills the process with its whole tree.
+		p, err := d.Client.StartProc(ctx, "m", wire.ExecRequest{Argv: []string{"sleep 301 & sleep 302 & wait"}, Shell: true, TimeoutMS: 1500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		end, err := d.Client.ProcWait(ctx, "m", p.Handle, 60*time.Second)
+		if _, ok := end.ExitStatus(); err != nil || !ok || !end.TimedOut {
+			t.Errorf("a process past its time limit: %+v %v", end, err)
+		}
+		if _, so, _ := run("m", "pgrep -c -f 'sleep 30[12]'; true"); strings.TrimSpace(so) != "0" {
+			t.Errorf("%q of its children outlived the process", strings.TrimSpace(so))
+		}
+		// A limit past the profile's timeout.max is refused.
+		_, err = d.Client.StartProc(ctx, "m", wire.ExecRequest{Argv: []string{"true"}, TimeoutMS: (11 * time.Minute).Milliseconds()})
+		var ae *client.APIError
+		if !errors.As(err, &ae) || ae.Body.ExitCode() != wire.ExitDenied {
+			t.Errorf("a process with a limit past timeout.max: %v", err)
 		}
 	})
 
@@ -358,6 +384,47 @@ func TestGateway_SessionIsAMachine(t *testing.T) {
 		wg.Wait()
 		if _, so, _ := run("m", "wc -l < /tmp/both"); strings.TrimSpace(so) != "600" {
 			t.Errorf("two commands appending at once wrote %q lines, want 600", so)
+		}
+	})
+
+	// Each background process is one record from start to end (its
+	// stderr: "err", and the shell's word on the sleep TERM ended); each
+	// file operation is one record; each says which guest user it ran as.
+	t.Run("audit", func(t *testing.T) {
+		var ends, files []audit.Record
+		root := false
+		for _, r := range testutil.JSONLines[audit.Record](t, filepath.Join(state, "audit.jsonl")) {
+			switch {
+			case r.Kind == audit.KindExec && r.Process == termed && termed != 0 && r.Session == "m":
+				ends = append(ends, r)
+			case r.Kind == audit.KindFile && r.File != nil:
+				files = append(files, r)
+			case r.Kind == audit.KindExec && r.Process == 0 && r.GuestUser == "root" && slices.Equal(r.Argv, bytestr.List{"id", "-un"}):
+				root = true
+			}
+		}
+		if len(ends) != 1 || ends[0].ExitCode == nil || *ends[0].ExitCode != 3 || ends[0].GuestUser != "root" ||
+			ends[0].StdoutBytes != 4 || ends[0].StderrBytes < 4 || ends[0].DurationMS <= 0 || ends[0].Session != "m" {
+			t.Errorf("the records of process %d: %+v", termed, ends)
+		}
+		if !root {
+			t.Error("no record of id -un as root says guest_user root")
+		}
+		var ops []string
+		for _, r := range files {
+			if r.GuestUser == "" || r.Session != "m" {
+				t.Errorf("a file record without its user or session: %+v", r)
+			}
+			op := r.File.Op
+			if r.File.Bytes > 0 {
+				op += fmt.Sprint("=", r.File.Bytes)
+			}
+			ops = append(ops, op)
+		}
+		for _, want := range []string{"mkdir", "write=5", "stat", "move", "list", "read=5", "remove"} {
+			if !slices.Contains(ops, want) {
+				t.Errorf("no file record %s in %v", want, ops)
+			}
 		}
 	})
 }
