@@ -45,9 +45,12 @@ type ptyState struct {
 type process struct {
 	cmd  *exec.Cmd
 	pgid int
-	// done is closed once the command has been reaped and its end reported
-	// to the host.
-	done chan struct{}
+	// reaped is closed once the command has exited and been reaped,
+	// before its end is reported: from then on its process group holds
+	// only what it left running in the background, which outlives it as
+	// it would outlive a command of a shell. done is closed once its end
+	// has been reported to the host.
+	reaped, done chan struct{}
 }
 
 // serveSession runs the command of a new channel, then serves the host's
@@ -86,13 +89,16 @@ func (s *session) handle(e agentconn.Event) {
 // still running and waits until the session's goroutines are done.
 func (s *session) finish() {
 	if p := s.proc; p != nil {
+		// Reaped, not done: the host closes its end once it has the exit
+		// record, before done; a command that ended must not take what
+		// it left in the background with it.
 		select {
-		case <-p.done:
+		case <-p.reaped:
 		default:
 			s.log.Info("session closed while the command runs; killing its process group", "pgid", p.pgid)
 			_ = syscall.Kill(-p.pgid, syscall.SIGKILL)
-			<-p.done
 		}
+		<-p.done
 	}
 	if s.pty != nil {
 		// Unblock an input copier stuck writing to the terminal.
@@ -112,7 +118,7 @@ func (p *ptyState) close() {
 }
 
 // signal delivers a signal to the command's whole process group until the
-// command's end has been reported.
+// command has been reaped (not to what it left in the background).
 func (s *session) signal(name string) {
 	sig, ok := parseSignal(name)
 	if !ok || s.proc == nil {
@@ -120,7 +126,7 @@ func (s *session) signal(name string) {
 		return
 	}
 	select {
-	case <-s.proc.done:
+	case <-s.proc.reaped:
 		return
 	default:
 	}
@@ -215,7 +221,7 @@ func (s *session) start(cmd *exec.Cmd) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	s.proc = &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{})}
+	s.proc = &process{cmd: cmd, pgid: cmd.Process.Pid, reaped: make(chan struct{}), done: make(chan struct{})}
 	s.io.Go(func() { copyInput(stdin, s.ch, true) })
 	go s.wait(nil)
 	return nil
@@ -232,7 +238,7 @@ func (s *session) startPty(cmd *exec.Cmd) error {
 	// master ends (EIO) once the command and its children are gone.
 	_ = tty.Close()
 	s.pty.tty = nil
-	s.proc = &process{cmd: cmd, pgid: cmd.Process.Pid, done: make(chan struct{})}
+	s.proc = &process{cmd: cmd, pgid: cmd.Process.Pid, reaped: make(chan struct{}), done: make(chan struct{})}
 	ptmx := s.pty.ptmx
 	s.io.Go(func() { copyInput(ptmx, s.ch, false) })
 	output := make(chan struct{})
@@ -276,6 +282,7 @@ func (s *session) wait(output <-chan struct{}) {
 		}
 	}
 	s.log.Debug("command ended", "pid", p.pgid, "state", p.cmd.ProcessState)
+	close(p.reaped)
 	s.report(exitRecord(p.cmd.ProcessState))
 	close(p.done)
 }

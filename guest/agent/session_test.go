@@ -2,8 +2,12 @@ package agent
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vmgate/vmgate/guest/agentproto"
 )
@@ -89,5 +93,50 @@ func TestSessionReportsStartFailure(t *testing.T) {
 	checkOrder(t, events, "exit 127")
 	if stderr == 0 {
 		t.Error("no message on stderr")
+	}
+}
+
+// TestSessionLeavesItsBackground: what a command leaves running in its
+// process group (`cmd &` in a shell) outlives the command's end and the
+// channel's close, as it outlives a command of a shell. The agent's
+// report closes the channel before it is done with the command; a
+// session that then took the close for a client gone away killed the
+// group, and with it the background, at random (a hostile-guest test's
+// `setsid …&` died before it could leave the group).
+func TestSessionLeavesItsBackground(t *testing.T) {
+	a := startAgent(t, nil)
+	c := a.dial(t)
+	var pids []int
+	for range 150 {
+		// As the host does: the channel closed as soon as the exit
+		// record came.
+		r := start(t, c, argv("sh", "-c", "sleep 120 </dev/null >/dev/null 2>&1 & echo $!"))
+		_ = r.ch.CloseWrite()
+		select {
+		case <-r.ch.Exited():
+		case <-time.After(testTimeout):
+			t.Fatal("the command did not end")
+		}
+		_ = r.ch.Close()
+		<-r.done
+		pid, err := strconv.Atoi(strings.TrimSpace(r.stdout.String()))
+		if err != nil {
+			t.Fatalf("%q: %v", r.stdout.String(), err)
+		}
+		pids = append(pids, pid)
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	}
+	// Every session is over once Serve has returned.
+	c.Close()
+	_ = a.waitServe(t)
+	killed := 0
+	for _, pid := range pids {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if i := strings.LastIndexByte(string(b), ')'); err != nil || i < 0 || strings.HasPrefix(string(b[i+1:]), " Z") {
+			killed++
+		}
+	}
+	if killed > 0 {
+		t.Errorf("%d of %d background processes were killed with their command's end", killed, len(pids))
 	}
 }
