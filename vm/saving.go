@@ -488,6 +488,11 @@ func (s *saving) split(ctx context.Context, state io.Writer, ram io.WriterAt, si
 	case <-ctx.Done():
 		pr.Close()
 		sp = <-done
+		if sp.err != nil {
+			// The read failed because the pipe was closed here: the
+			// cause is the deadline (a stop's grace), not the stream.
+			return sp.res, fmt.Errorf("the migration stream was cut: %w", context.Cause(ctx))
+		}
 	}
 	switch {
 	case sp.err != nil:

@@ -222,3 +222,60 @@ func loadPolicyFile(file string, builtin bool) (*policy.Policy, error) {
 	}
 	return p, err
 }
+
+// benchCompare compares saved exec reports (bench exec --json): the
+// runs of a baseline build (--base, repeated or comma-separated) against
+// the runs given as arguments, figure by figure. With --fail it exits 1
+// when a figure is worse than --threshold.
+func benchCompare(fs *pflag.FlagSet) runFunc {
+	base := fs.StringSlice("base", nil, "reports of the baseline build's runs (required)")
+	threshold := fs.Float64("threshold", 15, "percent worse at which a figure is flagged")
+	fail := fs.Bool("fail", false, "exit 1 if a figure is flagged")
+	asJSON := fs.Bool("json", false, "print the comparison as JSON")
+	return func(_ context.Context, args []string) error {
+		if len(*base) == 0 || *threshold < 0 {
+			return fmt.Errorf("%w: --base names at least one report, --threshold is not negative", errUsage)
+		}
+		read := func(paths []string) ([]map[string]float64, error) {
+			var out []map[string]float64
+			for _, p := range paths {
+				b, err := os.ReadFile(p)
+				if err != nil {
+					return nil, err
+				}
+				f, err := bench.Figures(b)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", p, err)
+				}
+				out = append(out, f)
+			}
+			return out, nil
+		}
+		b, err := read(*base)
+		if err != nil {
+			return err
+		}
+		n, err := read(args)
+		if err != nil {
+			return err
+		}
+		rows := bench.Compare(b, n, *threshold)
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(rows); err != nil {
+				return err
+			}
+		} else {
+			bench.WriteComparison(os.Stdout, rows, len(b), len(n))
+		}
+		if *fail {
+			for _, r := range rows {
+				if r.Regressed {
+					return &exitError{code: 1, err: fmt.Errorf("%s is %.1f%% worse than the baseline", r.Figure, r.WorsePct)}
+				}
+			}
+		}
+		return nil
+	}
+}

@@ -139,6 +139,7 @@ command line or no key to trust, as verifiers do.`,
 		group("debug", "Debugging aids", debug),
 		group("bench", "Benchmarks (docs/benchmarks.md, docs/scenarios.md)",
 			verb("exec", "Exec-path benchmark: fresh-VM latency, throughput, memory", "", cobra.NoArgs, benchExec),
+			verb("compare [flags] NEW.json…", "Compare exec reports (--json) of runs with a baseline build's (--base)", "", cobra.MinimumNArgs(1), benchCompare),
 			verb("agent", "Agent benchmark: can an LLM fix a broken server?", "", cobra.NoArgs, benchAgent),
 			verb("report DIR", "Write report.html and report.md of a bench agent run", "", cobra.ExactArgs(1), benchReport)),
 	)
