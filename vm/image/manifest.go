@@ -75,6 +75,9 @@ type Inputs struct {
 	// Import is "sha256:HEX" of the root file system tarball of an
 	// imported image (Suite is then ImportSuite).
 	Import string `json:"import,omitempty"`
+	// KeepSetid is set when the import kept set-user-ID and
+	// set-group-ID bits (vmgated image import --keep-setid).
+	KeepSetid bool `json:"keep_setid,omitempty"`
 }
 
 // Normalize sorts and de-duplicates the package list so that order does not

@@ -139,6 +139,7 @@ func imageImport(fs *pflag.FlagSet) runFunc {
 	out := fs.String("out", "", "output directory (default STATE/images/NAME)")
 	name := fs.String("name", "", "image name for profile.image")
 	force := fs.Bool("force", false, "import again even if an up-to-date image exists")
+	keepSetid := fs.Bool("keep-setid", false, "keep set-user-ID and set-group-ID bits (docs/security.md: a command may become the guest's root through them)")
 	agent := fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)")
 	diskMiB := fs.Int("disk-size", 4096, "guest root filesystem size in MiB")
 	level := fs.String("log-level", "info", "log level")
@@ -163,7 +164,7 @@ func imageImport(fs *pflag.FlagSet) runFunc {
 			log = newLogger(io.Discard, lvl)
 		}
 		res, err := imagebuild.Import(ctx, imagebuild.ImportOptions{OutDir: *out, Tarball: args[0], AgentPath: *agent,
-			DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress})
+			DiskSizeMiB: *diskMiB, Force: *force, KeepSetid: *keepSetid, Log: log, Progress: progress})
 		if err != nil {
 			return err
 		}

@@ -14,17 +14,20 @@
 //
 // Import takes a root file system tarball that the operator may not have
 // made (a `docker export` of someone's image). What it holds is the
-// guest's business; it must not reach the host. So: it is unpacked within
-// bounds on its bytes and entries (DefaultImportMaxBytes,
-// DefaultImportMaxEntries; a compressed tarball is a few KiB that could
-// expand to any size); every later read and write goes through an os.Root,
-// which no link leads out of; the package list is parsed in Go from dpkg's
-// status file, with a size cap, rather than by dpkg-query run as root; and
-// the guest user "agent" is made fresh, replacing any entry of that name
-// the tarball has (the guest agent refuses an "agent" of uid 0 as well).
-// That does not keep "agent" from becoming the guest's root: set-user-ID
-// and set-group-ID files are unpacked with their bits and owners (tar
-// --same-permissions as root), so a set-user-ID-root program the tarball
-// holds is root's to any command (docs/security.md, "Imported images under
-// attack").
+// guest's business; it must not reach the host. So: it is unpacked in Go
+// (unpacker) within bounds on its bytes and entries
+// (DefaultImportMaxBytes, DefaultImportMaxEntries; a compressed tarball
+// is a few KiB that could expand to any size); names with ".." or
+// absolute ones are refused; every write, link and later read goes
+// through an os.Root, which no link leads out of (GNU tar, run once per
+// layer of a container image, would follow a symlink an earlier layer
+// left); device nodes and FIFOs are skipped, never made on the host; the
+// package list is parsed in Go from dpkg's status file, with a size cap,
+// rather than by dpkg-query run as root; and the guest user "agent" is
+// made fresh, replacing any entry of that name the tarball has (the guest
+// agent refuses an "agent" of uid 0 as well). Set-user-ID and
+// set-group-ID bits are cleared, since a set-user-ID-root program the
+// tarball holds would let "agent" become the guest's root; an operator
+// who needs them passes --keep-setid, which is logged as a warning
+// (docs/security.md, "Imported images under attack").
 package imagebuild

@@ -35,13 +35,17 @@ type ImportOptions struct {
 	// and leaves nothing behind.
 	MaxBytes   int64
 	MaxEntries int
-	Log        *slog.Logger
+	// KeepSetid keeps set-user-ID and set-group-ID bits; by default
+	// they are cleared (docs/security.md, "Imported images under
+	// attack").
+	KeepSetid bool
+	Log       *slog.Logger
 	// Progress, when non-nil, receives a human progress display (a TTY).
 	Progress io.Writer
 }
 
 // importTools are what an import runs.
-var importTools = []string{"tar", "mkfs.ext4", "qemu-img", "dpkg-deb", "apt-get", "apt-cache"}
+var importTools = []string{"mkfs.ext4", "qemu-img", "dpkg-deb", "apt-get", "apt-cache"}
 
 // ImportSuite is Inputs.Suite of an imported image.
 const ImportSuite = "import"
@@ -82,7 +86,7 @@ func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	in := image.Inputs{BuilderVersion: image.BuilderVersion, Suite: ImportSuite, Import: "sha256:" + tarSum, AgentSHA256: agentSum,
-		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096)}.Normalize()
+		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096), KeepSetid: opts.KeepSetid}.Normalize()
 	if err := validateInputs(in); err != nil {
 		return nil, err
 	}
@@ -97,9 +101,17 @@ func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
 	if lim.entries <= 0 {
 		lim.entries = DefaultImportMaxEntries
 	}
+	uo := unpackOptions{lim: lim, keepSetid: opts.KeepSetid, owners: true}
+	if opts.KeepSetid {
+		log := opts.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("IMAGE WARNING: --keep-setid: set-user-ID and set-group-ID files are kept as the image has them")
+	}
 	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
 		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*image.Manifest, error) {
-			return b.importRoot(ctx, tarball, lim)
+			return b.importRoot(ctx, tarball, uo)
 		}})
 }
 
@@ -111,7 +123,7 @@ func cmpInt(v, def int) int {
 }
 
 // importRoot runs the steps of an import up to a complete image in b.tmp.
-func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimits) (*image.Manifest, error) {
+func (b *builder) importRoot(ctx context.Context, tarball string, uo unpackOptions) (*image.Manifest, error) {
 	if err := b.begin(); err != nil {
 		return nil, err
 	}
@@ -120,7 +132,8 @@ func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimi
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	b.p.step("unpacking " + filepath.Base(tarball))
-	if err := unpack(ctx, tarball, root, lim); err != nil {
+	uo.log = b.log
+	if err := unpack(ctx, tarball, root, uo); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	r, err := os.OpenRoot(root)
