@@ -80,3 +80,34 @@ func FuzzLayerEntry(f *testing.F) {
 		}
 	})
 }
+
+var archiveMemberCases = []struct {
+	name   string
+	marker string
+	ok     bool
+}{
+	{"oci-layout", "oci-layout", true},
+	{"./manifest.json", "manifest.json", true},
+	{"index.json", "", true},
+	{"blobs/", "", true},
+	{"blobs/sha256/", "", true},
+	{"blobs/sha256/0123abcd", "", true},
+	{"repositories", "", true},
+	{strings.Repeat("ab", 32) + "/layer.tar", "", true},
+	{strings.Repeat("ab", 32) + ".json", "", true},
+	{strings.Repeat("ab", 32) + ".tar.gz", "", true},
+	{"sha256:" + strings.Repeat("ab", 32), "", true},
+	{"./", "", true},
+	{"etc/passwd", "", false},
+	{"bin", "", false},
+	{"blobs/sha256/x/y", "", false},
+	{"manifest.json/x", "", false},
+}
+
+func TestArchiveMember(t *testing.T) {
+	for _, tc := range archiveMemberCases {
+		if marker, ok := archiveMember(tc.name); marker != tc.marker || ok != tc.ok {
+			t.Errorf("archiveMember(%q) = %q, %v; want %q, %v", tc.name, marker, ok, tc.marker, tc.ok)
+		}
+	}
+}

@@ -276,7 +276,7 @@ func TestImportOverLimitLeavesNothing(t *testing.T) {
 	}
 	parent := t.TempDir()
 	out := filepath.Join(parent, "img")
-	_, err = Import(t.Context(), ImportOptions{OutDir: out, Tarball: zeroTarball(t, 64<<20, "zeros"), AgentPath: bb, MaxBytes: 8 << 20})
+	_, err = Import(t.Context(), ImportOptions{OutDir: out, Source: zeroTarball(t, 64<<20, "zeros"), AgentPath: bb, MaxBytes: 8 << 20})
 	if !errors.Is(err, errTooLarge) {
 		t.Fatalf("Import: %v, want errTooLarge", err)
 	}
