@@ -3,17 +3,20 @@ package imagebuild
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -379,11 +382,7 @@ func TestImportBadImages(t *testing.T) {
 			}
 		}
 	}
-	other := layerTar(t, []tfile{{name: "etc/hostname", body: "not the layer the manifest names"}})
-	var otherGz bytes.Buffer
-	ol, _ := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(other)), nil })
-	rc, _ := ol.Compressed()
-	_, _ = io.Copy(&otherGz, rc)
+	otherGz := layerTarGz(t, []tfile{{name: "etc/hostname", body: "not the layer the manifest names"}})
 
 	one := func(entries ...tfile) v1.Image { return testImage(t, "amd64", testLayer(t, entries)) }
 	two := func(a, b []tfile) v1.Image { return testImage(t, "amd64", testLayer(t, a), testLayer(t, b)) }
@@ -396,7 +395,7 @@ func TestImportBadImages(t *testing.T) {
 	}{
 		{"a layer whose digest does not match its descriptor", func(t *testing.T) string {
 			dir := writeLayout(t, good)
-			write(t, otherGz.Bytes())(layoutBlob(t, dir, second))
+			write(t, otherGz)(layoutBlob(t, dir, second))
 			return dir
 		}, testLimits, ErrDigest, "does not match its digest"},
 		{"a truncated layer", func(t *testing.T) string {
@@ -619,4 +618,113 @@ func FuzzManifestKind(f *testing.F) {
 func TestMain(m *testing.M) {
 	slog.SetDefault(slog.New(slog.DiscardHandler))
 	os.Exit(m.Run())
+}
+
+// TestImportFailureLeavesNothing: an import or a pull of a bad image
+// fails, and the images directory is as it was: the earlier image of
+// that name intact, no other image, no build directory.
+func TestImportFailureLeavesNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("image import needs root")
+	}
+	for _, tool := range importTools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("image import needs %s", tool)
+		}
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("no busybox here")
+	}
+	good := testImage(t, "amd64", testLayer(t, []tfile{{name: "bin/sh", body: "x"}}), testLayer(t, []tfile{{name: "etc/hostname", body: "x"}}))
+	layers, _ := good.Layers()
+	second, _ := layers[1].Digest()
+	badDigest := writeLayout(t, good)
+	if err := os.WriteFile(layoutBlob(t, badDigest, second), layerTarGz(t, []tfile{{name: "etc/hostname", body: "other"}}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg := testRegistry(t, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.Contains(r.URL.Path, "/manifests/") {
+				_, _ = w.Write([]byte("garbage"))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
+	images := filepath.Join(t.TempDir(), "images")
+	existing := filepath.Join(images, "mine")
+	if err := os.MkdirAll(existing, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(existing, "manifest.json"), []byte("the earlier image"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(ImportOptions) error
+	}{
+		{"a layer whose digest does not match", func(o ImportOptions) error {
+			o.Source = badDigest
+			_, err := Import(t.Context(), o)
+			return err
+		}},
+		{"a name with ..", func(o ImportOptions) error {
+			o.Source = tarDir(t, writeLayout(t, testImage(t, "amd64", testLayer(t, []tfile{{name: "../x", body: "x"}}))))
+			_, err := Import(t.Context(), o)
+			return err
+		}},
+		{"an image over the entry bound", func(o ImportOptions) error {
+			o.Source, o.MaxEntries = dockerSave(t, good), 1
+			_, err := Import(t.Context(), o)
+			return err
+		}},
+		{"an index without linux/amd64", func(o ImportOptions) error {
+			o.Source = writeLayout(t, nil, testImage(t, "arm64", testLayer(t, nil)))
+			_, err := Import(t.Context(), o)
+			return err
+		}},
+		{"a registry answering garbage", func(o ImportOptions) error {
+			o.Source = reg + "/r/img:1"
+			_, err := Pull(t.Context(), PullOptions{ImportOptions: o, Timeout: 20 * time.Second})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, name := range []string{"mine", "new"} {
+				err := tc.run(ImportOptions{OutDir: filepath.Join(images, name), AgentPath: bb})
+				if err == nil {
+					t.Fatal("no error")
+				}
+				t.Log(err)
+				var left []string
+				ents, _ := os.ReadDir(images)
+				for _, e := range ents {
+					if !strings.HasSuffix(e.Name(), ".lock") {
+						left = append(left, e.Name())
+					}
+				}
+				if !reflect.DeepEqual(left, []string{"mine"}) {
+					t.Errorf("images after a failed import into %s: %v", name, left)
+				}
+				if b, _ := os.ReadFile(filepath.Join(existing, "manifest.json")); string(b) != "the earlier image" {
+					t.Errorf("the earlier image changed: %q", b)
+				}
+			}
+		})
+	}
+}
+
+// layerTarGz is a gzipped tar of entries.
+func layerTarGz(t *testing.T, entries []tfile) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	z := gzip.NewWriter(&buf)
+	if _, err := z.Write(layerTar(t, entries)); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }

@@ -134,9 +134,9 @@ func cmpDuration(d, def time.Duration) time.Duration {
 }
 
 // checkScheme refuses a registry that the library would speak plain
-// HTTP to (it does to private and link-local addresses and *.local
-// names), except on loopback: a tag's answer is not checked against
-// anything, so it must come over TLS.
+// HTTP to (it does to private addresses and *.localhost names), except
+// to a loopback address: a tag's answer is checked against nothing, so
+// it must come over TLS.
 func checkScheme(reg name.Registry) error {
 	if reg.Scheme() == "https" {
 		return nil

@@ -37,8 +37,9 @@ type unpackLimits struct {
 	entries int
 }
 
-// errTooLarge reports a tarball over its unpackLimits.
-var errTooLarge = errors.New("the tarball is larger than an import allows")
+// errTooLarge reports a tarball, an image or a registry's answer over
+// its bounds.
+var errTooLarge = errors.New("larger than an import allows")
 
 // decompressors are the compressions unpack knows, by their magic
 // number: gzip and bzip2 in Go, xz and zstd by their tools (as GNU tar
