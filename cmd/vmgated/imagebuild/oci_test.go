@@ -163,6 +163,7 @@ func multiLayerImage(t *testing.T) (v1.Image, map[string]string) {
 		{name: "a/z", body: "z"},          // a whiteout of the layer's own file
 		{name: "a/.wh.z"},                 // does nothing
 		{name: ".wh.r"},                   // layer 2's file r deleted
+		{name: "n/.wh..wh..opq"},          // an opaque directory no layer below has: made
 		{name: "work/", typ: tar.TypeDir}, //
 		{name: "etc/passwd-link", typ: tar.TypeLink, link: "etc/passwd"},
 	}
@@ -176,6 +177,7 @@ func multiLayerImage(t *testing.T) (v1.Image, map[string]string) {
 		"keep": "file:v2",
 		"f":    "dir", "f/inner": "file:in",
 		"work": "dir",
+		"n":    "dir",
 	}
 	return img, want
 }

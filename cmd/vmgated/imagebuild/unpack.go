@@ -229,10 +229,16 @@ func (u *unpacker) entry(l *layerState, kind entryKind, p string, h *tar.Header,
 		}
 		return u.root.RemoveAll(p)
 	case entryOpaque:
+		// The directory is the layer's own (overlayfs marks it so), so
+		// it is made if the layers below lack it.
+		if err := u.root.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		l.wrote(p)
 		return u.clearLower(l, p)
 	}
 	switch h.Typeflag {
-	case tar.TypeDir, tar.TypeReg, tar.TypeSymlink, tar.TypeLink:
+	case tar.TypeDir, tar.TypeReg, tar.TypeGNUSparse, tar.TypeSymlink, tar.TypeLink:
 	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
 		u.skipped = append(u.skipped, p)
 		return nil
@@ -262,7 +268,7 @@ func (u *unpacker) entry(l *layerState, kind entryKind, p string, h *tar.Header,
 		if err := u.root.Mkdir(p, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
-	case tar.TypeReg:
+	case tar.TypeReg, tar.TypeGNUSparse: // archive/tar reads a sparse file's holes as zeros
 		f, err := u.root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			return err
