@@ -1,9 +1,16 @@
 package imagebuild
 
 import (
+	"archive/tar"
+	"bytes"
 	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
 	"path"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -110,4 +117,99 @@ func TestArchiveMember(t *testing.T) {
 			t.Errorf("archiveMember(%q) = %q, %v; want %q, %v", tc.name, marker, ok, tc.marker, tc.ok)
 		}
 	}
+}
+
+// FuzzUnpackLayers: whatever two layers hold (names, types, link
+// targets, whiteouts; "OUT" stands for a directory beside the root),
+// unpacking them writes nothing outside the root and makes no device
+// node, whether it fails or not. Each line of a layer is
+// "TYPE NAME [TARGET]"; layers are split by "--".
+func FuzzUnpackLayers(f *testing.F) {
+	f.Add("l out OUT\n--\nf out/x")
+	f.Add("l up ../../OUT\nf up/x")
+	f.Add("h shadow ../OUT/secret")
+	f.Add("l e OUT\n--\nh s e/secret\nf .wh.e")
+	f.Add("d d\nf d/a\n--\nf d/.wh..wh..opq\nf d/b\nf .wh.d")
+	f.Add("c dev/null\nb dev/sda\np fifo\nf /abs\nf ../up")
+	f.Fuzz(func(t *testing.T, spec string) {
+		parent := t.TempDir()
+		outside := filepath.Join(parent, "OUT")
+		root := filepath.Join(parent, "root")
+		for _, d := range []string{outside, root} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("s"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		u, err := newUnpacker(root, unpackOptions{lim: unpackLimits{bytes: 1 << 20, entries: 100}, log: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer u.close()
+		for layer := range strings.SplitSeq(spec, "--") {
+			b, ok := fuzzLayer(strings.ReplaceAll(layer, "OUT", outside))
+			if !ok {
+				return
+			}
+			if u.apply(t.Context(), bytes.NewReader(b), true) != nil {
+				break
+			}
+		}
+		ents, _ := os.ReadDir(outside)
+		if len(ents) != 1 || ents[0].Name() != "secret" {
+			t.Fatalf("written outside the root: %v", ents)
+		}
+		if b, _ := os.ReadFile(filepath.Join(outside, "secret")); string(b) != "s" {
+			t.Fatalf("a file outside the root changed: %q", b)
+		}
+		if fi, _ := os.Stat(filepath.Join(outside, "secret")); fi.Sys().(*syscall.Stat_t).Nlink != 1 {
+			t.Fatal("a file outside the root got a hard link")
+		}
+		if ents, _ := os.ReadDir(parent); len(ents) != 2 {
+			t.Fatalf("written beside the root: %v", ents)
+		}
+		_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type()&(fs.ModeDevice|fs.ModeNamedPipe) != 0 {
+				t.Fatalf("%s is a device or FIFO", p)
+			}
+			return nil
+		})
+	})
+}
+
+// fuzzLayer writes a layer's tar from its lines (FuzzUnpackLayers).
+func fuzzLayer(spec string) ([]byte, bool) {
+	types := map[string]byte{"f": tar.TypeReg, "d": tar.TypeDir, "l": tar.TypeSymlink, "h": tar.TypeLink,
+		"c": tar.TypeChar, "b": tar.TypeBlock, "p": tar.TypeFifo}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for line := range strings.Lines(spec) {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		typ, ok := types[f[0]]
+		if !ok {
+			continue
+		}
+		h := &tar.Header{Name: f[1], Typeflag: typ, Mode: 0o755, Format: tar.FormatPAX}
+		if len(f) > 2 {
+			h.Linkname = f[2]
+		}
+		if typ == tar.TypeReg {
+			h.Size = 1
+		}
+		if tw.WriteHeader(h) != nil {
+			return nil, false
+		}
+		if typ == tar.TypeReg {
+			_, _ = tw.Write([]byte("x"))
+		}
+	}
+	if tw.Close() != nil {
+		return nil, false
+	}
+	return buf.Bytes(), true
 }
