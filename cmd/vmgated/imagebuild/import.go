@@ -114,22 +114,18 @@ func importFrom(ctx context.Context, opts ImportOptions, src *imageSource) (*Res
 	if err := validateInputs(in); err != nil {
 		return nil, err
 	}
-	uo := unpackOptions{lim: opts.limits(), keepSetid: opts.KeepSetid, owners: true, log: opts.Log}
+	uo := unpackOptions{lim: opts.limits(), keepSetid: opts.KeepSetid, owners: true}
 	if opts.KeepSetid {
-		slog.New(logHandler(opts.Log)).Warn("IMAGE WARNING: --keep-setid: set-user-ID and set-group-ID files are kept as the image has them")
+		log := opts.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("IMAGE WARNING: --keep-setid: set-user-ID and set-group-ID files are kept as the image has them")
 	}
 	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
 		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*image.Manifest, error) {
 			return b.importRoot(ctx, src, uo)
 		}})
-}
-
-// logHandler is log's handler, or the default's.
-func logHandler(log *slog.Logger) slog.Handler {
-	if log == nil {
-		return slog.Default().Handler()
-	}
-	return log.Handler()
 }
 
 func cmpInt(v, def int) int {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/compression"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -729,4 +730,29 @@ func layerTarGz(t *testing.T, entries []tfile) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// TestImportLayerCompressions: layers plain, gzip'd and zstd'd apply
+// alike.
+func TestImportLayerCompressions(t *testing.T) {
+	plain := layerTar(t, []tfile{{name: "plain", body: "p"}})
+	zst, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar(t, []tfile{{name: "zstd", body: "z"}}))), nil
+	}, tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := testImage(t, "amd64", static.NewLayer(plain, types.OCIUncompressedLayer), testLayer(t, []tfile{{name: "gzip", body: "g"}}), zst)
+	src, err := openSource(t.Context(), writeLayout(t, img), testLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := unpackInto(t, src, testLimits, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"plain": "file:p", "gzip": "file:g", "zstd": "file:z"}
+	if got := tree(t, root); !reflect.DeepEqual(got, want) {
+		t.Errorf("tree %v, want %v", got, want)
+	}
 }
