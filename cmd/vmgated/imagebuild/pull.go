@@ -148,7 +148,7 @@ func checkScheme(reg name.Registry) error {
 	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
 		return nil
 	}
-	return fmt.Errorf("registry %s would be spoken to over plain HTTP; vmgate pulls over HTTPS only (loopback excepted)", reg.RegistryStr())
+	return fmt.Errorf("registry %s would be spoken to over plain HTTP (the registry library does so to private addresses); vmgate pulls over HTTPS only, loopback excepted: name the registry by a host name it serves HTTPS for", reg.RegistryStr())
 }
 
 // registryFetcher gets a repository's blobs and manifests by digest.
