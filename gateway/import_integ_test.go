@@ -1,8 +1,11 @@
 package gateway_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 	"os"
@@ -10,6 +13,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
@@ -117,4 +127,89 @@ func TestGateway_ImportedImage(t *testing.T) {
 	if log := testutil.ReadFile(t, d.AuditPath); !strings.Contains(log, `"image":"bb"`) {
 		t.Error("the audit log does not name the imported image")
 	}
+}
+
+// TestGateway_ImportedOCIImage imports a BusyBox root with a second
+// layer that deletes, replaces and adds files, as an OCI image layout,
+// and runs a command in it: the layers' result is the guest's root, and
+// the set-user-ID bit of its file is cleared.
+func TestGateway_ImportedOCIImage(t *testing.T) {
+	testutil.RequiresRoot(t)
+	testutil.RequiresImage(t)
+	bin := os.Getenv("VMGATE_TEST_BIN")
+	if bin == "" {
+		t.Skip("VMGATE_TEST_BIN not set")
+	}
+	base, err := tarball.LayerFromFile(busyboxRoot(t), tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top bytes.Buffer
+	tw := tar.NewWriter(&top)
+	for _, e := range []struct {
+		name, body string
+		mode       int64
+	}{
+		{"etc/.wh.os-release", "", 0o644},
+		{"etc/motd", "from layer 2\n", 0o644},
+		{"bin/suid", "#!/bin/sh\n", 0o4755},
+	} {
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: e.mode, Size: int64(len(e.body)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(e.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	layer2, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(top.Bytes())), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON), base, layer2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.DeepCopy()
+	cfg.OS, cfg.Architecture = "linux", "amd64"
+	if img, err = mutate.ConfigFile(img, cfg); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "layout")
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img, layout.WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"})); err != nil {
+		t.Fatal(err)
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	state := filepath.Join(t.TempDir(), "state")
+	vmgated := filepath.Join(bin, "vmgated")
+	if out, err := exec.Command(vmgated, "image", "import", "--state-dir", state, "--name", "oci", dir).CombinedOutput(); err != nil {
+		t.Fatalf("image import: %v\n%s", err, out)
+	}
+	out, err := exec.Command(vmgated, "image", "list", "--state-dir", state, "--image", filepath.Join(state, "image"), "--json").Output()
+	if err != nil || !strings.Contains(string(out), `"manifest_digest": "`+digest.String()+`"`) || !strings.Contains(string(out), `"platform": "linux/amd64"`) {
+		t.Fatalf("image list: %v\n%s", err, out)
+	}
+	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nimage = \"oci\"", 1)
+	d := gatewaytest.Start(t, pol, func(c *gateway.Config) { c.VM.StateDir = state })
+	so, se, code := vmExec(t, d.Socket, t.TempDir(), "-c",
+		"cat /etc/motd; test -e /etc/os-release || echo os-release gone; stat -c %a /bin/suid; id -un")
+	if want := "from layer 2\nos-release gone\n755\nagent\n"; code != 0 || so != want {
+		t.Fatalf("exit %d\nstdout %q\nwant   %q\nstderr %s", code, so, want, se)
+	}
+	d.StopAndCheck(t)
 }

@@ -73,8 +73,13 @@ type Inputs struct {
 	AgentSHA256    string   `json:"agent_sha256"`
 	DiskSizeMiB    int      `json:"disk_size_mib"`
 	// Import is "sha256:HEX" of the root file system tarball of an
-	// imported image (Suite is then ImportSuite).
+	// imported image (Suite is then ImportSuite), or of a container
+	// image's configuration (its ID: the configuration names every
+	// layer's content).
 	Import string `json:"import,omitempty"`
+	// KeepSetid is set when the import kept set-user-ID and
+	// set-group-ID bits (vmgated image import --keep-setid).
+	KeepSetid bool `json:"keep_setid,omitempty"`
 }
 
 // Normalize sorts and de-duplicates the package list so that order does not
@@ -124,6 +129,39 @@ type Manifest struct {
 	Artifacts     map[string]Artifact `json:"artifacts"`
 	BuiltAt       time.Time           `json:"built_at"`
 	BuildSeconds  float64             `json:"build_seconds"`
+	// Source is where an imported or pulled image came from; nil for a
+	// built one (and one imported before it was recorded).
+	Source *Source `json:"source,omitempty"`
+}
+
+// Source kinds.
+const (
+	SourceRootFS   = "rootfs-tar"     // a root file system tarball (docker export)
+	SourceLayout   = "oci-layout"     // an OCI image layout, a directory or its tar
+	SourceArchive  = "docker-archive" // a docker save archive
+	SourceRegistry = "registry"       // vmgated image pull
+)
+
+// Source is where an image came from, and the configuration a container
+// image brings (its Env, WorkingDir and User: the defaults its commands
+// were made for).
+type Source struct {
+	Kind string `json:"kind"`
+	// Reference is what the operator named: the file or directory
+	// imported (absolute), or the reference pulled, fully qualified.
+	Reference string `json:"reference"`
+	// ManifestDigest is "sha256:HEX" of the image manifest (for
+	// Platform), the digest a registry and a pin name; empty for a
+	// root file system tarball and a docker save archive without an
+	// OCI layout (it has no manifest).
+	ManifestDigest string `json:"manifest_digest,omitempty"`
+	// ConfigDigest is "sha256:HEX" of the image's configuration: its ID.
+	ConfigDigest string `json:"config_digest,omitempty"`
+	// Platform is "linux/amd64": the only platform vmgate runs.
+	Platform   string   `json:"platform,omitempty"`
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
 }
 
 // ArtifactNames are the files every manifest must describe.

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -22,6 +23,8 @@ func TestInputsDigestIgnoresOrderAndDuplicates(t *testing.T) {
 		"builder": func(i *Inputs) { i.BuilderVersion++ },
 		"disk":    func(i *Inputs) { i.DiskSizeMiB = 2048 },
 		"mirror":  func(i *Inputs) { i.Mirror = "http://m/debian" },
+		"import":  func(i *Inputs) { i.Import = "sha256:ab" },
+		"setid":   func(i *Inputs) { i.KeepSetid = true },
 	} {
 		c := a
 		c.Packages = append([]string(nil), a.Packages...)
@@ -75,6 +78,48 @@ func TestManifestRoundTripAndVerify(t *testing.T) {
 	if err := got.Verify(dir, false); err == nil {
 		t.Fatal("verify with a missing initrd passed")
 	}
+}
+
+// TestManifestSource: an image's source survives the round trip, and a
+// manifest written before there were sources reads with none, and the
+// same inputs digest (the new input is omitted when unset).
+func TestManifestSource(t *testing.T) {
+	dir := t.TempDir()
+	src := &Source{Kind: SourceRegistry, Reference: "reg.test/a/b:1", ManifestDigest: "sha256:aa", ConfigDigest: "sha256:bb",
+		Platform: "linux/amd64", Env: []string{"PATH=/bin"}, WorkingDir: "/w", User: "1000"}
+	m := &Manifest{Artifacts: map[string]Artifact{BaseFile: {}, KernelFile: {}, InitrdFile: {}}, Source: src}
+	if err := WriteManifest(dir, m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Source, src) {
+		t.Errorf("source: %+v, want %+v", got.Source, src)
+	}
+	old := `{"inputs":{"builder_version":3,"suite":"import","packages":null,"agent_sha256":"x","disk_size_mib":4096,"import":"sha256:cc"},
+		"artifacts":{"base.qcow2":{},"vmlinuz":{},"initrd.img":{}}}`
+	if err := os.WriteFile(filepath.Join(dir, ManifestFile), []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err = ReadManifest(dir)
+	if err != nil || got.Source != nil {
+		t.Fatalf("an older manifest: %+v, %v", got, err)
+	}
+	in := Inputs{BuilderVersion: 3, Suite: "import", AgentSHA256: "x", DiskSizeMiB: 4096, Import: "sha256:cc"}
+	if got.Inputs.Digest() != in.Digest() || !strings.Contains(string(mustJSON(t, in)), `"import":"sha256:cc"}`) {
+		t.Errorf("an older import's inputs digest changed: %s", mustJSON(t, in))
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func TestReadManifestMissing(t *testing.T) {

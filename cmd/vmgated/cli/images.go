@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"text/tabwriter"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/pflag"
 
 	"github.com/vmgate/vmgate/cmd/vmgated/imagebuild"
@@ -28,8 +30,11 @@ type imageInfo struct {
 	Kernel    string   `json:"kernel,omitempty"`
 	Packages  []string `json:"packages,omitempty"` // installed by name (the base set and --packages)
 	SizeBytes int64    `json:"size_bytes,omitempty"`
-	Templates int      `json:"templates"` // VM templates built from it
-	Error     string   `json:"error,omitempty"`
+	// Source is where an imported or pulled image came from: its
+	// reference, manifest digest and platform.
+	Source    *image.Source `json:"source,omitempty"`
+	Templates int           `json:"templates"` // VM templates built from it
+	Error     string        `json:"error,omitempty"`
 }
 
 func imageList(fs *pflag.FlagSet) runFunc {
@@ -69,13 +74,15 @@ func imageList(fs *pflag.FlagSet) runFunc {
 			return enc.Encode(out)
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tSUITE\tKERNEL\tPACKAGES\tSIZE\tTEMPLATES\tDIR")
+		fmt.Fprintln(tw, "NAME\tSUITE\tKERNEL\tPACKAGES\tSIZE\tTEMPLATES\tREFERENCE\tDIGEST\tPLATFORM\tDIR")
 		for _, i := range out {
 			if i.Error != "" {
-				fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t%s (%s)\n", i.Name, i.Dir, i.Error)
+				fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\t-\t%s (%s)\n", i.Name, i.Dir, i.Error)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d MiB\t%d\t%s\n", i.Name, i.Suite, i.Kernel, len(i.Packages), i.SizeBytes>>20, i.Templates, i.Dir)
+			ref, digest, platform := sourceColumns(i.Source)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d MiB\t%d\t%s\t%s\t%s\t%s\n", i.Name, i.Suite, i.Kernel, len(i.Packages), i.SizeBytes>>20, i.Templates,
+				ref, digest, platform, i.Dir)
 		}
 		return tw.Flush()
 	}
@@ -88,12 +95,34 @@ func describeImage(name, dir string, templates map[string]int) imageInfo {
 		info.Error = "not built"
 		return info
 	}
-	info.Suite, info.Kernel, info.Packages = m.Inputs.Suite, m.KernelVersion, m.Inputs.Packages
+	info.Suite, info.Kernel, info.Packages, info.Source = m.Inputs.Suite, m.KernelVersion, m.Inputs.Packages, m.Source
 	for _, a := range m.Artifacts {
 		info.SizeBytes += a.Size
 	}
 	info.Templates = templates[m.Artifacts[image.BaseFile].SHA256]
 	return info
+}
+
+// sourceColumns are image list's reference, digest and platform of an
+// image from src ("-" for what it has not: a built image has none).
+func sourceColumns(src *image.Source) (ref, digest, platform string) {
+	ref, digest, platform = "-", "-", "-"
+	if src == nil {
+		return ref, digest, platform
+	}
+	if src.Reference != "" {
+		ref = src.Reference
+	}
+	switch {
+	case src.ManifestDigest != "":
+		digest = src.ManifestDigest
+	case src.ConfigDigest != "": // a docker save archive has no manifest
+		digest = "id " + src.ConfigDigest
+	}
+	if src.Platform != "" {
+		platform = src.Platform
+	}
+	return ref, digest, platform
 }
 
 // templateDigests counts the templates in dir by the image they were
@@ -132,47 +161,131 @@ func imageTarget(state, out, name string) (string, error) {
 	return namedImageDir(state, name), nil
 }
 
+// importFlags are the flags import and pull share.
+type importFlags struct {
+	state, out, name, agent, level *string
+	force, keepSetid               *bool
+	diskMiB                        *int
+}
+
+func addImportFlags(fs *pflag.FlagSet) importFlags {
+	return importFlags{
+		state:     fs.String("state-dir", defaultStateDir(), "state directory"),
+		out:       fs.String("out", "", "output directory (default STATE/images/NAME)"),
+		name:      fs.String("name", "", "image name for profile.image"),
+		force:     fs.Bool("force", false, "import again even if an up-to-date image exists"),
+		keepSetid: fs.Bool("keep-setid", false, "keep set-user-ID and set-group-ID bits (docs/security.md: a command may become the guest's root through them)"),
+		agent:     fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)"),
+		diskMiB:   fs.Int("disk-size", 4096, "guest root filesystem size in MiB"),
+		level:     fs.String("log-level", "info", "log level"),
+	}
+}
+
+// options checks the flags and makes the options of an import of
+// source.
+func (f importFlags) options(source string) (imagebuild.ImportOptions, error) {
+	if *f.name == "" && *f.out == "" {
+		return imagebuild.ImportOptions{}, fmt.Errorf("%w: give the image a --name (profiles select it with image = \"NAME\")", errUsage)
+	}
+	lvl, err := parseLogLevel(*f.level)
+	if err != nil {
+		return imagebuild.ImportOptions{}, err
+	}
+	out, err := imageTarget(*f.state, *f.out, *f.name)
+	if err != nil {
+		return imagebuild.ImportOptions{}, err
+	}
+	log := newLogger(os.Stderr, lvl)
+	var progress io.Writer
+	if human(os.Stderr) {
+		progress = os.Stderr
+		log = newLogger(io.Discard, lvl)
+	}
+	return imagebuild.ImportOptions{OutDir: out, Source: source, AgentPath: *f.agent, DiskSizeMiB: *f.diskMiB,
+		Force: *f.force, KeepSetid: *f.keepSetid, Log: log, Progress: progress}, nil
+}
+
 // imageImport runs `vmgated image import`: an image from a root file
-// system tarball (docker export), for profile.image.
+// system tarball (docker export), a docker save archive or an OCI image
+// layout, for profile.image.
 func imageImport(fs *pflag.FlagSet) runFunc {
-	state := fs.String("state-dir", defaultStateDir(), "state directory")
-	out := fs.String("out", "", "output directory (default STATE/images/NAME)")
-	name := fs.String("name", "", "image name for profile.image")
-	force := fs.Bool("force", false, "import again even if an up-to-date image exists")
-	agent := fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)")
-	diskMiB := fs.Int("disk-size", 4096, "guest root filesystem size in MiB")
-	level := fs.String("log-level", "info", "log level")
+	f := addImportFlags(fs)
 	return func(ctx context.Context, args []string) error {
 		if len(args) != 1 {
-			return fmt.Errorf("%w: want one root file system tarball after the flags", errUsage)
+			return fmt.Errorf("%w: want one tarball, archive or layout after the flags", errUsage)
 		}
-		if *name == "" && *out == "" {
-			return fmt.Errorf("%w: give the image a --name (profiles select it with image = \"NAME\")", errUsage)
-		}
-		lvl, err := parseLogLevel(*level)
+		opts, err := f.options(args[0])
 		if err != nil {
 			return err
 		}
-		if *out, err = imageTarget(*state, *out, *name); err != nil {
-			return err
-		}
-		log := newLogger(os.Stderr, lvl)
-		var progress io.Writer
-		if human(os.Stderr) {
-			progress = os.Stderr
-			log = newLogger(io.Discard, lvl)
-		}
-		res, err := imagebuild.Import(ctx, imagebuild.ImportOptions{OutDir: *out, Tarball: args[0], AgentPath: *agent,
-			DiskSizeMiB: *diskMiB, Force: *force, Log: log, Progress: progress})
+		res, err := imagebuild.Import(ctx, opts)
 		if err != nil {
 			return err
 		}
-		state2 := "imported"
-		if res.Cached {
-			state2 = "up to date"
-		}
-		m := res.Manifest
-		fmt.Printf("image %s: %s (kernel %s, %d packages, base.qcow2 %d MiB)\n", state2, *out, m.KernelVersion, len(m.Packages), m.Artifacts[image.BaseFile].Size>>20)
+		printImported(opts.OutDir, res)
 		return nil
 	}
+}
+
+// imagePull runs `vmgated image pull`: an image from a registry.
+func imagePull(fs *pflag.FlagSet) runFunc {
+	f := addImportFlags(fs)
+	timeout := fs.Duration("timeout", imagebuild.DefaultPullTimeout, "bound on the whole pull")
+	return func(ctx context.Context, args []string) error {
+		if len(args) != 1 {
+			return fmt.Errorf("%w: want one image reference after the flags", errUsage)
+		}
+		if *f.name == "" && *f.out == "" {
+			n, err := defaultImageName(args[0])
+			if err != nil {
+				return err
+			}
+			*f.name = n
+		}
+		opts, err := f.options(args[0])
+		if err != nil {
+			return err
+		}
+		res, err := imagebuild.Pull(ctx, imagebuild.PullOptions{ImportOptions: opts, Timeout: *timeout})
+		if err != nil {
+			return err
+		}
+		printImported(opts.OutDir, res)
+		return nil
+	}
+}
+
+// defaultImageName is the image name a pull of ref gets without --name:
+// its repository's last element ("python" for python:3.12-slim), when
+// that is a valid image name.
+func defaultImageName(ref string) (string, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", errUsage, err)
+	}
+	n := path.Base(r.Context().RepositoryStr())
+	if !names.Image(n) {
+		return "", fmt.Errorf("%w: %q is no image name (%s): give one with --name", errUsage, n, names.ImageRule)
+	}
+	return n, nil
+}
+
+func printImported(out string, res *imagebuild.Result) {
+	state := "imported"
+	if res.Cached {
+		state = "up to date"
+	}
+	m := res.Manifest
+	var from string
+	if s := m.Source; s != nil && s.Kind != image.SourceRootFS {
+		from = fmt.Sprintf(" from %s %s", s.Reference, cmpStr(s.ManifestDigest, s.ConfigDigest))
+	}
+	fmt.Printf("image %s: %s%s (kernel %s, %d packages, base.qcow2 %d MiB)\n", state, out, from, m.KernelVersion, len(m.Packages), m.Artifacts[image.BaseFile].Size>>20)
+}
+
+func cmpStr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

@@ -133,8 +133,9 @@ command line or no key to trust, as verifiers do.`,
 		receiptCommand(),
 		group("image", "Build, import, list and warm guest images",
 			verb("build", "Build a guest image (Debian, mmdebstrap)", "", cobra.NoArgs, imageBuild),
-			verb("import [flags] ROOTFS.tar", "Make an image from a root filesystem tarball (docker export)", importLong, cobra.ExactArgs(1), imageImport),
-			verb("list", "List the images: name, suite, kernel, packages, size, templates", "", cobra.NoArgs, imageList),
+			verb("import [flags] SOURCE", "Make an image from a rootfs tarball, docker save archive or OCI layout", importLong, cobra.ExactArgs(1), imageImport),
+			verb("pull [flags] REF", "Make an image from a registry's image (tag or digest)", pullLong, cobra.ExactArgs(1), imagePull),
+			verb("list", "List the images: name, kernel, size, templates, reference, digest, platform", "", cobra.NoArgs, imageList),
 			verb("warm", "Make the VM templates that fresh VMs are restored from", "", cobra.NoArgs, imageWarm)),
 		group("debug", "Debugging aids", debug),
 		group("bench", "Benchmarks (docs/benchmarks.md, docs/scenarios.md)",
@@ -157,10 +158,23 @@ rotation) only those keys are accepted and at least one checkpoint is required: 
 rewritten by someone without the key then fails. Records after the last checkpoint are
 not signed yet, and are counted. docs/security.md, "Receipts", says what this proves.`
 
-const importLong = `Unpacks a root filesystem tarball (compressed or not, such as docker export writes) and
-adds the same kernel and initramfs as a built image, the agent, its keys, a resolver and a
-user agent; the agent is the root's init. Needs root. See docs/operator.md, "Importing a
-root filesystem".`
+const importLong = `SOURCE is a root filesystem tarball, a docker save archive or an OCI image layout.
+
+Unpacks a root filesystem tarball (compressed or not, such as docker export writes), a
+docker save archive, or an OCI image layout (a directory or its tar; an index gives its
+linux/amd64 image), and adds the same kernel and initramfs as a built image, the agent, a
+resolver and a user agent; the agent is the root's init. An image's layers are applied in
+order with their whiteouts, each checked against its digest. Set-user-ID and set-group-ID
+bits are cleared unless --keep-setid; device nodes are skipped. Needs root. An import that
+fails leaves nothing behind. See docs/images.md.`
+
+const pullLong = `Fetches an image from a registry over HTTPS (plain HTTP to loopback only): a tag or a
+digest, Docker Hub's short names (python:3.12-slim), credentials from the Docker config file
+or its credential helpers, a proxy from HTTPS_PROXY and NO_PROXY. An index gives its
+linux/amd64 image. The layers stream, checked against their digests, into the same unpacking
+as image import; nothing but the image is stored. The name defaults to the repository's last
+element. Bounded by --timeout, a minute of a registry's silence, and the import's size and
+entry bounds. Needs root. See docs/images.md.`
 
 // Vmgated runs the vmgated command line and returns the process exit code.
 func Vmgated(args []string) int {

@@ -315,6 +315,7 @@ func (b *builder) manifest(res *customizeResult) (*image.Manifest, error) {
 		Packages:      res.Packages,
 		Artifacts:     map[string]image.Artifact{},
 		BuiltAt:       time.Now().UTC().Truncate(time.Second),
+		Source:        res.Source,
 	}
 	for _, n := range image.ArtifactNames {
 		a, err := image.ArtifactOf(filepath.Join(b.tmp, n))

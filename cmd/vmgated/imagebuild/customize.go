@@ -120,6 +120,7 @@ type customizeResult struct {
 	KernelPackage string          `json:"kernel_package"`
 	Modules       []string        `json:"modules"`
 	Packages      []image.Package `json:"packages"`
+	Source        *image.Source   `json:"source,omitempty"` // an import's
 }
 
 func runCustomize(args []string) error {

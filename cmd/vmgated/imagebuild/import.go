@@ -20,9 +20,12 @@ import (
 type ImportOptions struct {
 	// OutDir is the final image directory. Required.
 	OutDir string
-	// Tarball is the root file system: a tar archive, compressed or not,
-	// such as `docker export` writes. Required.
-	Tarball string
+	// Source is what the image is made from: a root file system tar
+	// archive, compressed or not, such as `docker export` writes; a
+	// `docker save` archive; or an OCI image layout, a directory or its
+	// tar (openSource tells them apart). Required. For Pull, the
+	// reference pulled.
+	Source string
 	// AgentPath is the static guest agent binary; empty means FindAgent("").
 	AgentPath string
 	// DiskSizeMiB is the size of the guest's root filesystem (default 4096).
@@ -31,22 +34,40 @@ type ImportOptions struct {
 	Force bool
 	// MaxBytes bounds the tarball's uncompressed size, and the size of
 	// its files (default DefaultImportMaxBytes); MaxEntries its entries
-	// (default DefaultImportMaxEntries). An import over either fails
-	// and leaves nothing behind.
+	// (default DefaultImportMaxEntries). For a container image the
+	// bounds are over all its layers (and a pull's downloads). An
+	// import over either fails and leaves nothing behind.
 	MaxBytes   int64
 	MaxEntries int
-	Log        *slog.Logger
+	// KeepSetid keeps set-user-ID and set-group-ID bits; by default
+	// they are cleared (docs/security.md, "Imported images under
+	// attack").
+	KeepSetid bool
+	Log       *slog.Logger
 	// Progress, when non-nil, receives a human progress display (a TTY).
 	Progress io.Writer
 }
 
 // importTools are what an import runs.
-var importTools = []string{"tar", "mkfs.ext4", "qemu-img", "dpkg-deb", "apt-get", "apt-cache"}
+var importTools = []string{"mkfs.ext4", "qemu-img", "dpkg-deb", "apt-get", "apt-cache"}
 
 // ImportSuite is Inputs.Suite of an imported image.
 const ImportSuite = "import"
 
-// Import makes an image from a root file system tarball: the same kernel
+// limits are the bounds opts set, or the defaults.
+func (opts ImportOptions) limits() unpackLimits {
+	lim := unpackLimits{bytes: opts.MaxBytes, entries: opts.MaxEntries}
+	if lim.bytes <= 0 {
+		lim.bytes = DefaultImportMaxBytes
+	}
+	if lim.entries <= 0 {
+		lim.entries = DefaultImportMaxEntries
+	}
+	return lim
+}
+
+// Import makes an image from a root file system tarball or a container
+// image (ImportOptions.Source): the same kernel
 // and initramfs as a built image (the kernel package comes through the
 // host's apt), the agent added to the root, and the agent as
 // the root's init (agentproto.RootInitMarker), since such a root has no
@@ -57,18 +78,29 @@ const ImportSuite = "import"
 // write goes through an os.Root). Kernel modules beyond the initramfs's
 // are not installed: no netfilter or extra file systems in the guest.
 //
-// The tarball is unpacked within bounds (ImportOptions.MaxBytes and
+// The source is unpacked within bounds (ImportOptions.MaxBytes and
 // MaxEntries): one over them fails the import, which leaves nothing
-// behind.
+// behind. So does a container image that is not what it says (a blob
+// whose digest differs from its descriptor's, a media type not known,
+// no linux/amd64 variant).
 //
 // Postcondition: as for Build.
 func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
-	if opts.Tarball == "" {
-		return nil, errors.New("image import: no tarball")
+	if opts.Source == "" {
+		return nil, errors.New("image import: no source")
 	}
 	if os.Geteuid() != 0 {
 		return nil, errors.New("image import: unpacking a root file system with its owners needs root")
 	}
+	src, err := openSource(ctx, opts.Source, opts.limits())
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	return importFrom(ctx, opts, src)
+}
+
+// importFrom makes the image of an opened source.
+func importFrom(ctx context.Context, opts ImportOptions, src *imageSource) (*Result, error) {
 	agent, err := FindAgent(opts.AgentPath)
 	if err != nil {
 		return nil, err
@@ -77,29 +109,22 @@ func Import(ctx context.Context, opts ImportOptions) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	tarSum, err := image.FileSHA256(opts.Tarball)
-	if err != nil {
-		return nil, fmt.Errorf("image import: %w", err)
-	}
-	in := image.Inputs{BuilderVersion: image.BuilderVersion, Suite: ImportSuite, Import: "sha256:" + tarSum, AgentSHA256: agentSum,
-		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096)}.Normalize()
+	in := image.Inputs{BuilderVersion: image.BuilderVersion, Suite: ImportSuite, Import: src.digest, AgentSHA256: agentSum,
+		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096), KeepSetid: opts.KeepSetid}.Normalize()
 	if err := validateInputs(in); err != nil {
 		return nil, err
 	}
-	tarball, err := filepath.Abs(opts.Tarball)
-	if err != nil {
-		return nil, fmt.Errorf("image import: %w", err)
-	}
-	lim := unpackLimits{bytes: opts.MaxBytes, entries: opts.MaxEntries}
-	if lim.bytes <= 0 {
-		lim.bytes = DefaultImportMaxBytes
-	}
-	if lim.entries <= 0 {
-		lim.entries = DefaultImportMaxEntries
+	uo := unpackOptions{lim: opts.limits(), keepSetid: opts.KeepSetid, owners: true}
+	if opts.KeepSetid {
+		log := opts.Log
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Warn("IMAGE WARNING: --keep-setid: set-user-ID and set-group-ID files are kept as the image has them")
 	}
 	return produce(ctx, job{out: opts.OutDir, in: in, agent: agent, force: opts.Force, log: opts.Log, progress: opts.Progress,
 		steps: 6, tools: importTools, make: func(b *builder, ctx context.Context) (*image.Manifest, error) {
-			return b.importRoot(ctx, tarball, lim)
+			return b.importRoot(ctx, src, uo)
 		}})
 }
 
@@ -111,7 +136,7 @@ func cmpInt(v, def int) int {
 }
 
 // importRoot runs the steps of an import up to a complete image in b.tmp.
-func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimits) (*image.Manifest, error) {
+func (b *builder) importRoot(ctx context.Context, src *imageSource, uo unpackOptions) (*image.Manifest, error) {
 	if err := b.begin(); err != nil {
 		return nil, err
 	}
@@ -119,10 +144,18 @@ func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimi
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
-	b.p.step("unpacking " + filepath.Base(tarball))
-	if err := unpack(ctx, tarball, root, lim); err != nil {
+	b.p.step("unpacking " + filepath.Base(src.source.Reference))
+	uo.log = b.log
+	u, err := newUnpacker(root, uo)
+	if err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
+	err = src.unpack(ctx, u)
+	u.close()
+	if err != nil {
+		return nil, fmt.Errorf("image import: %w", err)
+	}
+	u.report()
 	r, err := os.OpenRoot(root)
 	if err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
@@ -160,7 +193,8 @@ func (b *builder) importRoot(ctx context.Context, tarball string, lim unpackLimi
 	for i, m := range mods {
 		names[i] = m.Name
 	}
-	return b.finish(ctx, &customizeResult{KernelVersion: k.version, KernelPackage: k.pkg, Modules: names, Packages: pkgs})
+	source := src.source
+	return b.finish(ctx, &customizeResult{KernelVersion: k.version, KernelPackage: k.pkg, Modules: names, Packages: pkgs, Source: &source})
 }
 
 // prepareImported adds to the root r what vmgate needs: the agent, the

@@ -73,14 +73,26 @@ func busyboxTarball(t *testing.T, compress string) string {
 
 var testLimits = unpackLimits{bytes: DefaultImportMaxBytes, entries: DefaultImportMaxEntries}
 
+// testOpts are unpack's options of a test: owners kept as root.
+func testOpts(lim unpackLimits) unpackOptions {
+	return unpackOptions{lim: lim, owners: os.Geteuid() == 0}
+}
+
 // TestUnpack: a busybox root, plain or compressed as images come, is
-// unpacked whole, with its links, numeric owners and modes.
+// unpacked whole, with its links, numeric owners and modes; set-id bits
+// are cleared, unless kept (--keep-setid).
 func TestUnpack(t *testing.T) {
 	for _, compress := range []string{"", "gzip", "bzip2", "xz", "zstd"} {
 		t.Run("compress="+compress, func(t *testing.T) {
 			tarball := busyboxTarball(t, compress)
 			root := t.TempDir()
-			if err := unpack(t.Context(), tarball, root, testLimits); err != nil {
+			if err := unpack(t.Context(), tarball, root, testOpts(testLimits)); err != nil {
+				t.Fatal(err)
+			}
+			kept := t.TempDir()
+			opt := testOpts(testLimits)
+			opt.keepSetid = true
+			if err := unpack(t.Context(), tarball, kept, opt); err != nil {
 				t.Fatal(err)
 			}
 			if l, err := os.Readlink(filepath.Join(root, "bin/sh")); err != nil || l != "busybox" {
@@ -97,8 +109,11 @@ func TestUnpack(t *testing.T) {
 				t.Fatal(err)
 			}
 			st := fi.Sys().(*syscall.Stat_t)
-			if st.Uid != 1234 || st.Gid != 5678 || fi.Mode() != os.ModeSetuid|0o750 {
-				t.Errorf("bin/owned: %d:%d %v, want 1234:5678 -rwsr-x---", st.Uid, st.Gid, fi.Mode())
+			if st.Uid != 1234 || st.Gid != 5678 || fi.Mode() != 0o750 {
+				t.Errorf("bin/owned: %d:%d %v, want 1234:5678 -rwxr-x---", st.Uid, st.Gid, fi.Mode())
+			}
+			if fi, err := os.Stat(filepath.Join(kept, "bin/owned")); err != nil || fi.Mode() != os.ModeSetuid|0o750 {
+				t.Errorf("bin/owned, set-id kept: %v %v, want -rwsr-x---", fi.Mode(), err)
 			}
 		})
 	}
@@ -182,7 +197,7 @@ func TestUnpackBounds(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			err := unpack(t.Context(), tc.tarball, root, tc.lim)
+			err := unpack(t.Context(), tc.tarball, root, testOpts(tc.lim))
 			if !errors.Is(err, errTooLarge) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("unpack: %v, want errTooLarge: %s", err, tc.want)
 			}
@@ -199,7 +214,7 @@ func TestUnpackBounds(t *testing.T) {
 		})
 	}
 	// At the bounds, the same tarballs unpack.
-	if err := unpack(t.Context(), zeroTarball(t, 0, "a", "b", "c"), t.TempDir(), unpackLimits{bytes: 1 << 20, entries: 3}); err != nil {
+	if err := unpack(t.Context(), zeroTarball(t, 0, "a", "b", "c"), t.TempDir(), testOpts(unpackLimits{bytes: 1 << 20, entries: 3})); err != nil {
 		t.Errorf("3 entries, 3 allowed: %v", err)
 	}
 }
@@ -230,15 +245,15 @@ func TestUnpackBadInput(t *testing.T) {
 		{"corrupt xz", write("bad.tar.xz", append([]byte{0xfd, '7', 'z', 'X', 'Z', 0}, bytes.Repeat([]byte{1}, 100)...)), "xz: exit status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := unpack(t.Context(), tc.tarball, t.TempDir(), testLimits)
+			err := unpack(t.Context(), tc.tarball, t.TempDir(), testOpts(testLimits))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("unpack: %v, want an error with %q", err, tc.want)
 			}
 		})
 	}
-	// tar's own failure is tar's message.
-	err = unpack(t.Context(), busyboxTarball(t, ""), filepath.Join(dir, "missing"), testLimits)
-	if err == nil || !strings.Contains(err.Error(), "tar: exit status 2") || !strings.Contains(err.Error(), "missing") {
+	// A root that is not there is said so.
+	err = unpack(t.Context(), busyboxTarball(t, ""), filepath.Join(dir, "missing"), testOpts(testLimits))
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("unpack into a missing directory: %v", err)
 	}
 }
@@ -261,7 +276,7 @@ func TestImportOverLimitLeavesNothing(t *testing.T) {
 	}
 	parent := t.TempDir()
 	out := filepath.Join(parent, "img")
-	_, err = Import(t.Context(), ImportOptions{OutDir: out, Tarball: zeroTarball(t, 64<<20, "zeros"), AgentPath: bb, MaxBytes: 8 << 20})
+	_, err = Import(t.Context(), ImportOptions{OutDir: out, Source: zeroTarball(t, 64<<20, "zeros"), AgentPath: bb, MaxBytes: 8 << 20})
 	if !errors.Is(err, errTooLarge) {
 		t.Fatalf("Import: %v, want errTooLarge", err)
 	}
