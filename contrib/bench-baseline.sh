@@ -11,13 +11,18 @@
 # BASELINE  the baseline commit (default: the pinned one below)
 # ROUNDS    runs of each side (default 2)
 # THRESHOLD percent (default 15)
-# STATE_DIR where the baseline's build, image and templates are kept
+# STATE_DIR where the baseline's build and image are kept
 #           (default /var/lib/vmgate as root; STATE_DIR/baseline/COMMIT)
 # OUT       where the reports go (default: a new temporary directory)
 #
 # The baseline is built once from `git archive` of its commit, with its own
-# image and templates (an image's inputs change between builds); this tree
-# is built with `make build` and runs on STATE_DIR/image (`make image`).
+# image (an image's inputs change between builds); this tree is built with
+# `make build` and runs on STATE_DIR/image (`make image`). Every run makes
+# its own template (OUT/templates-SIDE-ROUND): the timing of a restored
+# clone's first steps depends on the moment its template was saved, and
+# one template reused by every run of a side measured 135-165 ms for
+# restore_ahead's agent step where another of the same build measured
+# 89-100 (docs/benchmarks.md, 2026-12-06).
 set -euo pipefail
 
 # The pinned baseline: move it forward when a change of figures is meant
@@ -44,15 +49,17 @@ fi
 make -C "$repo" image STATE_DIR="$STATE_DIR" >&2
 
 mkdir -p "$OUT"
-side() { # side NAME BIN IMAGE TEMPLATES ROUND [FLAGS…]
-	local name=$1 bin=$2 image=$3 templates=$4 round=$5
-	shift 5
+side() { # side NAME BIN IMAGE ROUND [FLAGS…]
+	local name=$1 bin=$2 image=$3 round=$4
+	local templates=$OUT/templates-$name-$round
+	shift 4
 	echo "round $round: $name" >&2
 	"$bin" bench exec --json --state-dir "$STATE_DIR" --image "$image" --template-dir "$templates" "$@" >"$OUT/$name-$round.json"
+	rm -rf "$templates"
 }
 for round in $(seq 1 "$ROUNDS"); do
-	side base "$base/bin/vmgated" "$base/image" "$base/templates" "$round" "$@"
-	side new "$repo/bin/vmgated" "$STATE_DIR/image" "$STATE_DIR/templates" "$round" "$@"
+	side base "$base/bin/vmgated" "$base/image" "$round" "$@"
+	side new "$repo/bin/vmgated" "$STATE_DIR/image" "$round" "$@"
 done
 echo "reports in $OUT (baseline $BASELINE)" >&2
 bases=$(ls "$OUT"/base-*.json | paste -sd, -)
