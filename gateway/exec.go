@@ -68,7 +68,8 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		}
 	} else {
 		if st.req.Session != "" {
-			st.netLock = s.sessions.netLockOf(sessionKey{st.id.Key(), st.req.Session})
+			key := sessionKey{st.id.Key(), st.req.Session}
+			st.netLock, st.image = s.sessions.netLockOf(key), s.sessions.imageOf(key)
 		}
 		st.verdict = st.policy.Decide(st.id, st.policyRequest())
 	}

@@ -148,6 +148,11 @@ type Request struct {
 	// User is the guest user the caller asks to run as; "": the
 	// profile's user. It must be one of the profile's users.
 	User string
+	// Image is the image the request runs in: the one the caller names
+	// for a fresh VM or a new session, or (the daemon's word) the image of
+	// the session it runs in; "": the profile's image. It must be one of
+	// the profile's images.
+	Image string
 	// Detach starts the command as a background process of its session
 	// (Session set): it outlives its client, and without Timeout its time
 	// limit is timeout.max rather than timeout.default.
@@ -306,6 +311,9 @@ func (prof *profile) decide(req Request) Verdict {
 	if req.User != "" && !slices.Contains(prof.users, req.User) {
 		return deny(RuleUsers, fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(req.User), strings.Join(prof.users, ", ")))
 	}
+	if _, rule, reason := prof.chooseImage(req.Image); reason != "" {
+		return deny(rule, reason)
+	}
 	timeout, reason := prof.check(&req)
 	if reason != "" {
 		return deny("", reason)
@@ -361,6 +369,10 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 	if req.User != "" {
 		user = req.User // checked against prof.users
 	}
+	image := prof.image
+	if req.Image != "" {
+		image = req.Image // checked against prof.images
+	}
 	return Verdict{
 		Allowed: true,
 		Profile: prof.name,
@@ -369,16 +381,19 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 		Limits:  limits,
 		Env:     env,
 		User:    user,
-		Image:   prof.image,
+		Image:   image,
 		Network: prof.net,
 	}
 }
 
 // DecideSession decides a request of id that runs no command but keeps
-// sessions (a pause, a fork's new sessions named in names): the verdict of
-// its profile, allowed when the profile allows sessions and every name is
-// a session name. Pure; argv rules do not apply.
-func (p *Policy) DecideSession(id Identity, sessionNames ...string) Verdict {
+// sessions (a pause, a fork's new sessions named in names) in image, the
+// session's ("": the profile's image): the verdict of its profile,
+// allowed when the profile allows sessions, image is one of its images
+// (a reload may have taken it away: RuleImages), and every name is a
+// session name. The verdict's Image is the image. Pure; argv rules do not
+// apply.
+func (p *Policy) DecideSession(id Identity, image string, sessionNames ...string) Verdict {
 	if p == nil {
 		return Verdict{Reason: "no policy loaded"}
 	}
@@ -389,12 +404,15 @@ func (p *Policy) DecideSession(id Identity, sessionNames ...string) Verdict {
 	if !prof.limits.AllowSessions {
 		return Verdict{Profile: prof.name, Reason: "sessions are not allowed"}
 	}
+	if _, rule, reason := prof.chooseImage(image); reason != "" {
+		return Verdict{Profile: prof.name, Rule: rule, Reason: reason}
+	}
 	for _, n := range sessionNames {
 		if !names.Session(n) {
 			return Verdict{Profile: prof.name, Reason: fmt.Sprintf("session name %s: must be %s", quote(n), names.SessionRule)}
 		}
 	}
-	return prof.allowed(Request{}, "sessions", "sessions are allowed", prof.limits.Timeout)
+	return prof.allowed(Request{Image: image}, "sessions", "sessions are allowed", prof.limits.Timeout)
 }
 
 // Grant is what a caller's profile grants, as the caller may learn it
@@ -409,13 +427,14 @@ type Grant struct {
 }
 
 // DecideFile decides a file operation of id's in one of its sessions
-// (stat, list, mkdir, move, remove, read or write one file), run in the
-// guest as user ("": the profile's user): allowed when the profile allows
-// sessions and user is one of its users. The verdict's User is the user,
+// (stat, list, mkdir, move, remove, read or write one file), whose image
+// is image ("": the profile's), run in the guest as user ("": the
+// profile's user): allowed when DecideSession allows the session's image
+// and user is one of the profile's users. The verdict's User is the user,
 // its Limits.Files bound a read (GetBytes) and a write (PutBytes). Pure;
 // argv rules do not apply.
-func (p *Policy) DecideFile(id Identity, user string) Verdict {
-	v := p.DecideSession(id)
+func (p *Policy) DecideFile(id Identity, image, user string) Verdict {
+	v := p.DecideSession(id, image)
 	if !v.Allowed {
 		return v
 	}
