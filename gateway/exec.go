@@ -81,6 +81,8 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		return nil, &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID,
 			Receipt: s.signReceipt(st, execOutcome{})}
 	}
+	src := s.host.ImageSourceOf(st.verdict.Image)
+	st.env, st.dir = src.CommandEnv(st.verdict.Env), src.CommandDir(st.req.Dir)
 	target, err := s.acquireVM(ctx, st)
 	if err != nil {
 		s.auditExec(st, execOutcome{err: err})
@@ -311,7 +313,7 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	var err error
 	if putErr == nil && !st.req.TransferOnly() {
 		res, err = target.vm.Exec(ctx, vm.ExecRequest{PTY: pty,
-			Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
+			Argv: st.argv, Env: st.env, Dir: st.dir, User: st.verdict.User,
 			Stdin: stdin, Stdout: stdout, Stderr: stderr,
 			Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: sio.signals,
 			Resize: ptySizes(ctx, sio.resize),

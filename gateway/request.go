@@ -59,6 +59,12 @@ type execState struct {
 	// unless the request names one (which must then be the same, or the
 	// command is refused when it gets the session: sessions.vmFor).
 	image string
+	// env and dir are the command's environment and working directory
+	// once it is allowed: the verdict's environment and the request's
+	// directory, under the defaults of the image it runs in (its Env and
+	// WorkingDir: image.Source.CommandEnv, CommandDir).
+	env []string
+	dir string
 }
 
 // newExecState starts the record of a command from id. The argv decided

@@ -62,7 +62,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.BoolVarP(&o.forceStdin, "interactive", "i", false, "send stdin even when it is a terminal (default: only when it is not)")
 	fs.BoolVarP(&o.noStdin, "no-stdin", "n", false, "give the command an empty stdin, as ssh -n does")
 	fs.BoolVarP(&o.tty, "tty", "t", false, "run on a pseudo-terminal in the VM (stderr merges into stdout; with -i on a terminal, raw mode)")
-	fs.StringVarP(&o.dir, "workdir", "w", "", "working `DIR` in the guest (default: the guest user's home)")
+	fs.StringVarP(&o.dir, "workdir", "w", "", "working `DIR` in the guest (default: the image's WorkingDir, else the guest user's home)")
 	fs.StringVarP(&o.dir, "directory", "C", "", "the same as --workdir `DIR`")
 	fs.StringArrayVarP(&o.env, "env", "e", nil, "set `KEY=VALUE` in the guest, or KEY to pass its value here (repeatable; the policy must allow it)")
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
