@@ -9,6 +9,7 @@ package gateway
 // outcomes wire.Result, and each front door maps them to its own terms.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,6 +72,7 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 			key := sessionKey{st.id.Key(), st.req.Session}
 			st.netLock, st.image = s.sessions.netLockOf(key), s.sessions.imageOf(key)
 		}
+		st.imageUser = s.host.ImageSourceOf(s.imageOfRequest(st)).CommandUser()
 		st.verdict = st.policy.Decide(st.id, st.policyRequest())
 	}
 	if err := s.rec.decision(&st.request, st.decisionRecord()); err != nil {
@@ -91,6 +93,17 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		return nil, re
 	}
 	return target, nil
+}
+
+// imageOfRequest is the image st is decided in: the one it names, its
+// session's, or its caller's profile's ("" when no profile takes it).
+// The policy checks it; this only finds the configuration to decide with.
+func (s *Server) imageOfRequest(st *execState) string {
+	if img := cmp.Or(st.req.Image, st.image); img != "" {
+		return img
+	}
+	g, _ := st.policy.GrantOf(st.id)
+	return g.Image
 }
 
 // admitted is a request the exec core took in (admit): decided, audited,

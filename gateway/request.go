@@ -65,6 +65,10 @@ type execState struct {
 	// WorkingDir: image.Source.CommandEnv, CommandDir).
 	env []string
 	dir string
+	// imageUser is the configured user of the image the command is
+	// decided in (image.Source.CommandUser): the policy makes it the
+	// command's default user when it is one of the profile's users.
+	imageUser string
 }
 
 // newExecState starts the record of a command from id. The argv decided
@@ -98,7 +102,7 @@ func (st *execState) policyRequest() policy.Request {
 	return policy.Request{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
 		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock, User: st.req.User, Detach: st.detach,
-		Image: cmp.Or(st.req.Image, st.image)}
+		Image: cmp.Or(st.req.Image, st.image), ImageUser: st.imageUser}
 }
 
 // sessionRequest is an operation on a session itself (pause, fork, a

@@ -145,9 +145,15 @@ type Request struct {
 	// NetLock is the network lock of the session the request runs in, as
 	// the daemon keeps it (never the client's word); nil: none.
 	NetLock *NetLimit
-	// User is the guest user the caller asks to run as; "": the
-	// profile's user. It must be one of the profile's users.
+	// User is the guest user the caller asks to run as; "": ImageUser
+	// when that is one of the profile's users, else the profile's user.
+	// It must be one of the profile's users.
 	User string
+	// ImageUser is the configured user of the image the request runs in
+	// (its container configuration's User, as the daemon read it); "":
+	// none. It is the default user of commands in the image when it is
+	// one of the profile's users.
+	ImageUser string
 	// Image is the image the request runs in: the one the caller names
 	// for a fresh VM or a new session, or (the daemon's word) the image of
 	// the session it runs in; "": the profile's image. It must be one of
@@ -365,7 +371,7 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 	if len(req.Env) > 0 {
 		env = append(make([]string, 0, len(req.Env)), req.Env...)
 	}
-	user := prof.user
+	user := prof.defaultUser(req.ImageUser)
 	if req.User != "" {
 		user = req.User // checked against prof.users
 	}
@@ -384,6 +390,16 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 		Image:   image,
 		Network: prof.net,
 	}
+}
+
+// defaultUser is the user of a request that names none, in an image
+// whose configured user is imageUser: that user when it is one of the
+// profile's users, else the profile's user.
+func (prof *profile) defaultUser(imageUser string) string {
+	if imageUser != "" && slices.Contains(prof.users, imageUser) {
+		return imageUser
+	}
+	return prof.user
 }
 
 // DecideSession decides a request of id that runs no command but keeps
@@ -420,30 +436,41 @@ func (p *Policy) DecideSession(id Identity, image string, sessionNames ...string
 // beyond its own network.
 type Grant struct {
 	Profile  string
+	Image    string   // the image of its commands that name none (profile.image)
 	Shell    bool     // shell strings (-c) allowed
 	Sessions bool     // sessions allowed
 	Network  bool     // its VMs have a network (network.mode = "allowlist")
 	Allow    []string // that network's rules, as the policy writes them
 }
 
-// DecideFile decides a file operation of id's in one of its sessions
-// (stat, list, mkdir, move, remove, read or write one file), whose image
-// is image ("": the profile's), run in the guest as user ("": the
-// profile's user): allowed when DecideSession allows the session's image
-// and user is one of the profile's users. The verdict's User is the user,
+// FileRequest is a file operation in a session (stat, list, mkdir, move,
+// remove, read or write one file) as the policy decides it.
+type FileRequest struct {
+	// Image is the session's image ("": the profile's); ImageUser its
+	// configured user, as for Request.
+	Image, ImageUser string
+	// User is the guest user the caller names; "": ImageUser when that
+	// is one of the profile's users, else the profile's user.
+	User string
+}
+
+// DecideFile decides a file operation of id's in one of its sessions:
+// allowed when DecideSession allows the session's image and the user is
+// one of the profile's users. The verdict's User is the user it runs as,
 // its Limits.Files bound a read (GetBytes) and a write (PutBytes). Pure;
 // argv rules do not apply.
-func (p *Policy) DecideFile(id Identity, image, user string) Verdict {
-	v := p.DecideSession(id, image)
+func (p *Policy) DecideFile(id Identity, req FileRequest) Verdict {
+	v := p.DecideSession(id, req.Image)
 	if !v.Allowed {
 		return v
 	}
 	prof, _ := p.profileFor(id)
-	if user != "" {
-		if !slices.Contains(prof.users, user) {
-			return Verdict{Profile: prof.name, Rule: RuleUsers, Reason: fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(user), strings.Join(prof.users, ", "))}
+	v.User = prof.defaultUser(req.ImageUser)
+	if req.User != "" {
+		if !slices.Contains(prof.users, req.User) {
+			return Verdict{Profile: prof.name, Rule: RuleUsers, Reason: fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(req.User), strings.Join(prof.users, ", "))}
 		}
-		v.User = user
+		v.User = req.User
 	}
 	v.Rule, v.Reason = "files", "file operations in a session are allowed"
 	return v
@@ -459,7 +486,7 @@ func (p *Policy) GrantOf(id Identity) (g Grant, ok bool) {
 	if prof == nil {
 		return Grant{}, false
 	}
-	g = Grant{Profile: prof.name, Shell: prof.allowShell, Sessions: prof.limits.AllowSessions, Network: prof.net != nil}
+	g = Grant{Profile: prof.name, Image: prof.image, Shell: prof.allowShell, Sessions: prof.limits.AllowSessions, Network: prof.net != nil}
 	if prof.net != nil {
 		for _, r := range prof.net.Rules {
 			g.Allow = append(g.Allow, r.String())

@@ -724,8 +724,8 @@ match = { uids = [1001] }
 		want Grant
 		ok   bool
 	}{
-		{1000, Grant{Profile: "web", Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443", "*.debian.org:80"}}, true},
-		{1001, Grant{Profile: "plain"}, true},
+		{1000, Grant{Profile: "web", Image: "default", Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443", "*.debian.org:80"}}, true},
+		{1001, Grant{Profile: "plain", Image: "default"}, true},
 		{1002, Grant{}, false},
 	} {
 		g, ok := p.GrantOf(Identity{UID: c.uid, GID: c.uid, User: "u"})
@@ -820,16 +820,16 @@ sessions = { allowed = true }
 name = "q"
 match = { uids = [1001] }
 `)
-	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, "", ""); !v.Allowed || v.User != "agent" || v.Limits.Files.GetBytes == 0 {
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, FileRequest{}); !v.Allowed || v.User != "agent" || v.Limits.Files.GetBytes == 0 {
 		t.Errorf("the default user: %+v", v)
 	}
-	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, "", "root"); !v.Allowed || v.User != "root" {
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, FileRequest{User: "root"}); !v.Allowed || v.User != "root" {
 		t.Errorf("root: %+v", v)
 	}
-	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, "", "www-data"); v.Allowed || v.Rule != RuleUsers {
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, FileRequest{User: "www-data"}); v.Allowed || v.Rule != RuleUsers {
 		t.Errorf("another user: %+v", v)
 	}
-	if v := p.DecideFile(Identity{UID: 1001, User: "o"}, "", ""); v.Allowed || !strings.Contains(v.Reason, "sessions are not allowed") {
+	if v := p.DecideFile(Identity{UID: 1001, User: "o"}, FileRequest{}); v.Allowed || !strings.Contains(v.Reason, "sessions are not allowed") {
 		t.Errorf("without sessions: %+v", v)
 	}
 }
@@ -885,7 +885,7 @@ sessions = { allowed = true }
 		// The session's other requests are decided in its image.
 		for what, v := range map[string]Verdict{
 			"session": p.DecideSession(tc.id, tc.image, "fork-1"),
-			"file":    p.DecideFile(tc.id, tc.image, ""),
+			"file":    p.DecideFile(tc.id, FileRequest{Image: tc.image}),
 			"netlock": p.DecideNetLock(tc.id, tc.image, nil, NetLimit{}),
 		} {
 			if !v.Allowed || v.Image != tc.want {
@@ -904,7 +904,7 @@ sessions = { allowed = true }
 	for what, v := range map[string]Verdict{
 		"exec":    reloaded.Decide(id, Request{Argv: []string{"id"}, Image: "node", Session: "s"}),
 		"session": reloaded.DecideSession(id, "node"),
-		"file":    reloaded.DecideFile(id, "node", ""),
+		"file":    reloaded.DecideFile(id, FileRequest{Image: "node"}),
 		"netlock": reloaded.DecideNetLock(id, "node", nil, NetLimit{}),
 		"publish": reloaded.DecidePublish(id, PublishRequest{Session: "s", GuestPort: 80, Host: HostAddr{Unix: "/run/x"}, Image: "node"}),
 	} {
@@ -948,5 +948,38 @@ func TestCheckPin(t *testing.T) {
 		if (err == nil) != (tc.errHas == "") || err != nil && !strings.Contains(err.Error(), tc.errHas) {
 			t.Errorf("CheckPin(%q, %q) = %v, want %q", tc.pin, tc.digest, err, tc.errHas)
 		}
+	}
+}
+
+// TestDecideImageUser: the image's configured user is the default of a
+// request that names none, when it is one of the profile's users; the
+// profile's user otherwise, and a user the caller names always.
+func TestDecideImageUser(t *testing.T) {
+	p := mustParse(t, "imageuser.toml", `version = 1
+[[profile]]
+name = "p"
+match = { uids = [1000] }
+users = ["agent", "node"]
+sessions = { allowed = true }
+`)
+	id := Identity{UID: 1000, User: "u"}
+	for _, tc := range []struct{ imageUser, user, want string }{
+		{"", "", "agent"},
+		{"node", "", "node"},
+		{"postgres", "", "agent"},
+		{"node", "agent", "agent"},
+		{"", "node", "node"},
+	} {
+		v := p.Decide(id, Request{Argv: []string{"id"}, User: tc.user, ImageUser: tc.imageUser})
+		if !v.Allowed || v.User != tc.want {
+			t.Errorf("image user %q, user %q: %+v, want %q", tc.imageUser, tc.user, v, tc.want)
+		}
+		f := p.DecideFile(id, FileRequest{User: tc.user, ImageUser: tc.imageUser})
+		if !f.Allowed || f.User != tc.want {
+			t.Errorf("file: image user %q, user %q: %+v, want %q", tc.imageUser, tc.user, f, tc.want)
+		}
+	}
+	if v := p.Decide(id, Request{Argv: []string{"id"}, User: "postgres", ImageUser: "postgres"}); v.Allowed || v.Rule != RuleUsers {
+		t.Errorf("the image's user named by the caller, not one of users: %+v", v)
 	}
 }

@@ -396,7 +396,7 @@ var refDescriptions = map[string]string{
 		"vmgated refuses a policy whose pinned image has another digest, or none (a built image), at start and at reload, as it refuses one naming an image that is not built. " +
 		"A session keeps the image it began with; a reload that takes that image away from `images` refuses the session's further commands and operations. " +
 		"Each image is a VM shape of its own, with its own templates and pools: `vmgated serve` and `vmgated image warm` make them for every image listed.",
-	"profile.user": fmt.Sprintf("Guest user that commands run as unless the caller names another of `users`: `%q`, unprivileged, `%q`, a relaxation that lets commands change the (disposable) guest system, "+
+	"profile.user": fmt.Sprintf("Guest user that commands run as unless the caller names another of `users` (or their image's configuration names one of `users`: docs/images.md): `%q`, unprivileged, `%q`, a relaxation that lets commands change the (disposable) guest system, "+
 		"or any account of the guest's (%s); one other than root that has uid 0 there is refused.", userAgent, userRoot, names.AccountRule),
 	"profile.users": "The guest users a caller may name (`vm-exec --user NAME`, the socket API's and MCP's `user`); another name is refused, naming this key. " +
 		"Default: `user` alone. `root` in it is a relaxation. The audit record and the receipt say which user ran a command.",

@@ -1,11 +1,16 @@
 package image
 
-import "strings"
+import (
+	"strings"
 
-// A container image's configuration counts: its Env and WorkingDir are
-// the defaults of commands in it, as a container runtime makes them the
-// defaults of a container's processes. The policy decides what a caller
-// may pass; the image's own entries are the operator's, who imported it.
+	"github.com/vmgate/vmgate/internal/names"
+)
+
+// A container image's configuration counts: its Env, WorkingDir and User
+// are the defaults of commands in it, as a container runtime makes them
+// the defaults of a container's processes. The policy decides what a
+// caller may pass, and which users a command may run as; the image's own
+// entries are the operator's, who imported it.
 
 // CommandEnv is the environment a command in the image gets on top of
 // the guest agent's base (PATH, HOME, USER, LOGNAME, SHELL, LANG, TERM):
@@ -50,4 +55,21 @@ func (s *Source) CommandDir(dir string) string {
 		return dir
 	}
 	return s.WorkingDir
+}
+
+// CommandUser is the guest account a command in the image runs as by
+// default, as its configuration names it: User ("name", or "name:group",
+// whose group is the account's own in the guest), "" when it names none
+// or names it by number ("1000", "1000:1000"), which is no account name.
+// The policy decides whether it is used (one of the profile's users). s
+// may be nil. Pure.
+func (s *Source) CommandUser() string {
+	if s == nil {
+		return ""
+	}
+	name, _, _ := strings.Cut(s.User, ":")
+	if !names.Account(name) {
+		return ""
+	}
+	return name
 }

@@ -37,3 +37,15 @@ func TestCommandDefaults(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandUser: an account's name is the image's user; a number is not.
+func TestCommandUser(t *testing.T) {
+	for user, want := range map[string]string{"": "", "node": "node", "node:staff": "node", "1000": "", "1000:1000": "", "Root": "", "www-data": "www-data"} {
+		if got := (&Source{User: user}).CommandUser(); got != want {
+			t.Errorf("User %q: %q, want %q", user, got, want)
+		}
+	}
+	if got := (*Source)(nil).CommandUser(); got != "" {
+		t.Errorf("no source: %q", got)
+	}
+}
