@@ -78,7 +78,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.BoolVar(&o.pause, "pause", false, "with --session: pause the session to disk (its VM is freed; its next command resumes it)")
 	fs.StringArrayVar(&o.forks, "fork", nil, "with --session: make the new session `NEW`, a copy of the session's state now (repeatable)")
 	fs.StringVar(&o.publish, "publish", "", "with --session: forward host connections on `[ADDR:]PORT:GUESTPORT` (ADDR 127.0.0.1 by default, PORT 0 a free one; or SOCKET_PATH:GUESTPORT) into the guest's port, until the session ends or this is stopped")
-	fs.StringVarP(&o.user, "user", "u", "", "run as the guest user `NAME` (one of the profile's users; default: its user)")
+	fs.StringVarP(&o.user, "user", "u", "", "run as the guest user `NAME` (one of the profile's users; default: the image's configured user when it is one of them, else the profile's user)")
 	fs.StringVar(&o.image, "image", "", "run in the image `NAME` (one of the profile's images; default: its image); with --session, the image of a new session: an existing one keeps its own, and another NAME is refused")
 	o.proc.flags(fs)
 	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
