@@ -85,7 +85,7 @@ func (s *Server) callerSession(w http.ResponseWriter, r *http.Request) *session 
 func (s *Server) sessionOp(w http.ResponseWriter, r *http.Request, ss *session, what string, decide func(*policy.Policy, *sessionRequest) policy.Verdict,
 	op func(context.Context, *sessionRequest) (any, error)) {
 	id, _ := identityFrom(r.Context())
-	q := newSessionRequest(id, ss.Name, what)
+	q := newSessionRequest(id, ss, what)
 	var out any
 	rerr := s.sessions.operate(r.Context(), q, ss, decide, func(ctx context.Context) (err error) {
 		out, err = op(ctx, q)

@@ -139,11 +139,14 @@ func (a filesAPI) run(w http.ResponseWriter, r *http.Request, op string, f *wire
 		return
 	}
 	id, _ := identityFrom(r.Context())
-	q := newSessionRequest(id, ss.Name, op+" "+f.Path)
+	q := newSessionRequest(id, ss, op+" "+f.Path)
 	var out any
 	var n int64
 	streamed := false
-	decide := func(p *policy.Policy, q *sessionRequest) policy.Verdict { return p.DecideFile(q.id, f.User) }
+	imageUser := a.s.host.ImageSourceOf(q.image).CommandUser()
+	decide := func(p *policy.Policy, q *sessionRequest) policy.Verdict {
+		return p.DecideFile(q.id, policy.FileRequest{Image: q.image, ImageUser: imageUser, User: f.User})
+	}
 	outcome := func(err error) audit.Record {
 		rec := audit.Record{Kind: audit.KindFile, GuestUser: q.verdict.User, File: &audit.FileOp{Op: op, Path: f.Path, To: f.To, Bytes: n}}
 		if err != nil && !errors.Is(err, errStreamed) {

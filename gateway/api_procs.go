@@ -207,7 +207,7 @@ func (a procsAPI) on(w http.ResponseWriter, r *http.Request, what string, op fun
 		return
 	}
 	id, _ := identityFrom(r.Context())
-	q := newSessionRequest(id, ss.Name, what)
+	q := newSessionRequest(id, ss, what)
 	var out any
 	streamed := false
 	rerr := a.s.sessions.onRunning(r.Context(), q, ss, func(ctx context.Context, v *vm.VM) (err error) {

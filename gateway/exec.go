@@ -9,6 +9,7 @@ package gateway
 // outcomes wire.Result, and each front door maps them to its own terms.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,8 +69,10 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		}
 	} else {
 		if st.req.Session != "" {
-			st.netLock = s.sessions.netLockOf(sessionKey{st.id.Key(), st.req.Session})
+			key := sessionKey{st.id.Key(), st.req.Session}
+			st.netLock, st.image = s.sessions.netLockOf(key), s.sessions.imageOf(key)
 		}
+		st.imageUser = s.host.ImageSourceOf(s.imageOfRequest(st)).CommandUser()
 		st.verdict = st.policy.Decide(st.id, st.policyRequest())
 	}
 	if err := s.rec.decision(&st.request, st.decisionRecord()); err != nil {
@@ -80,6 +83,8 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		return nil, &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID,
 			Receipt: s.signReceipt(st, execOutcome{})}
 	}
+	src := s.host.ImageSourceOf(st.verdict.Image)
+	st.env, st.dir = src.CommandEnv(st.verdict.Env), src.CommandDir(st.req.Dir)
 	target, err := s.acquireVM(ctx, st)
 	if err != nil {
 		s.auditExec(st, execOutcome{err: err})
@@ -88,6 +93,17 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		return nil, re
 	}
 	return target, nil
+}
+
+// imageOfRequest is the image st is decided in: the one it names, its
+// session's, or its caller's profile's ("" when no profile takes it).
+// The policy checks it; this only finds the configuration to decide with.
+func (s *Server) imageOfRequest(st *execState) string {
+	if img := cmp.Or(st.req.Image, st.image); img != "" {
+		return img
+	}
+	g, _ := st.policy.GrantOf(st.id)
+	return g.Image
 }
 
 // admitted is a request the exec core took in (admit): decided, audited,
@@ -310,7 +326,7 @@ func (s *Server) runExec(ctx context.Context, log *slog.Logger, st *execState, t
 	var err error
 	if putErr == nil && !st.req.TransferOnly() {
 		res, err = target.vm.Exec(ctx, vm.ExecRequest{PTY: pty,
-			Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User,
+			Argv: st.argv, Env: st.env, Dir: st.dir, User: st.verdict.User,
 			Stdin: stdin, Stdout: stdout, Stderr: stderr,
 			Timeout: st.verdict.Limits.Timeout, OutputLimit: st.verdict.Limits.OutputLimit, Signals: sio.signals,
 			Resize: ptySizes(ctx, sio.resize),

@@ -132,7 +132,10 @@ func TestGateway_ImportedImage(t *testing.T) {
 // TestGateway_ImportedOCIImage imports a BusyBox root with a second
 // layer that deletes, replaces and adds files, as an OCI image layout,
 // and runs a command in it: the layers' result is the guest's root, and
-// the set-user-ID bit of its file is cleared.
+// the set-user-ID bit of its file is cleared. The image is one of the
+// profile's images, pinned to its digest, beside the daemon's: a session
+// started in it (vm-exec --image) keeps it, a command without --image
+// runs in the profile's image, and an image not listed is refused.
 func TestGateway_ImportedOCIImage(t *testing.T) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresImage(t)
@@ -153,8 +156,13 @@ func TestGateway_ImportedOCIImage(t *testing.T) {
 		{"etc/.wh.os-release", "", 0o644},
 		{"etc/motd", "from layer 2\n", 0o644},
 		{"bin/suid", "#!/bin/sh\n", 0o4755},
+		{"srv/", "", 0o755},
 	} {
-		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: e.mode, Size: int64(len(e.body)), Typeflag: tar.TypeReg}); err != nil {
+		typ := byte(tar.TypeReg)
+		if strings.HasSuffix(e.name, "/") {
+			typ = tar.TypeDir
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: e.mode, Size: int64(len(e.body)), Typeflag: typ}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := tw.Write([]byte(e.body)); err != nil {
@@ -179,6 +187,11 @@ func TestGateway_ImportedOCIImage(t *testing.T) {
 	}
 	cfg = cfg.DeepCopy()
 	cfg.OS, cfg.Architecture = "linux", "amd64"
+	// Its configuration's Env, WorkingDir and User are the defaults of
+	// its commands (the user as the policy allows it).
+	cfg.Config.Env = []string{"IMAGE_GREETING=hello from the image", "GREETING=the image's"}
+	cfg.Config.WorkingDir = "/srv"
+	cfg.Config.User = "root:root"
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -204,12 +217,44 @@ func TestGateway_ImportedOCIImage(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), `"manifest_digest": "`+digest.String()+`"`) || !strings.Contains(string(out), `"platform": "linux/amd64"`) {
 		t.Fatalf("image list: %v\n%s", err, out)
 	}
-	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nimage = \"oci\"", 1)
+	// The profile's image is the daemon's; the imported one is another of
+	// its images, pinned to its manifest digest (checked at start).
+	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nusers = [\"agent\", \"root\"]\nimages = [\"default\", \"oci@"+digest.String()+"\"]", 1)
 	d := gatewaytest.Start(t, pol, func(c *gateway.Config) { c.VM.StateDir = state })
-	so, se, code := vmExec(t, d.Socket, t.TempDir(), "-c",
-		"cat /etc/motd; test -e /etc/os-release || echo os-release gone; stat -c %a /bin/suid; id -un")
-	if want := "from layer 2\nos-release gone\n755\nagent\n"; code != 0 || so != want {
+	work := t.TempDir()
+	// A session started in the imported image runs there, and keeps it;
+	// its commands start in the image's WorkingDir with its Env, under
+	// what the caller passes, as its User (one of the profile's users).
+	so, se, code := vmExec(t, d.Socket, work, "--session", "s", "--image", "oci", "--receipt", "r.json", "-e", "GREETING=mine", "-c",
+		"cat /etc/motd; test -e /etc/os-release || echo os-release gone; stat -c %a /bin/suid; id -un; pwd; echo $IMAGE_GREETING; echo $GREETING")
+	if want := "from layer 2\nos-release gone\n755\nroot\n/srv\nhello from the image\nmine\n"; code != 0 || so != want {
 		t.Fatalf("exit %d\nstdout %q\nwant   %q\nstderr %s", code, so, want, se)
 	}
+	if r := testutil.ReadFile(t, filepath.Join(work, "r.json")); !strings.Contains(r, `"image":{"name":"oci",`) || !strings.Contains(r, `"manifest_digest":"`+digest.String()+`"`) {
+		t.Errorf("the receipt does not name the image and its manifest digest:\n%s", r)
+	}
+	if so, se, code := vmExec(t, d.Socket, work, "--session", "s", "-w", "/tmp", "-u", "agent", "-c", "cat /etc/motd; pwd; echo $GREETING; id -un"); code != 0 || so != "from layer 2\n/tmp\nthe image's\nagent\n" {
+		t.Errorf("the session's next command: exit %d, stdout %q, stderr %s", code, so, se)
+	}
+	if so, _, code := vmExec(t, d.Socket, work, "--list-sessions"); code != 0 || !strings.Contains(so, "image=oci") {
+		t.Errorf("--list-sessions: exit %d, %q", code, so)
+	}
+	if _, se, code := vmExec(t, d.Socket, work, "--session", "s", "--image", "default", "true"); code != 201 || !strings.Contains(se, `session "s" runs in image "oci", not "default"`) {
+		t.Errorf("another image in the session: exit %d, stderr %s", code, se)
+	}
+	// Without --image, the profile's image; an image not listed is refused.
+	if so, se, code := vmExec(t, d.Socket, work, "-c", "test -e /bin/suid || echo no suid; . /etc/os-release; echo $ID; id -un"); code != 0 || so != "no suid\ndebian\nagent\n" {
+		t.Errorf("the profile's image: exit %d, stdout %q, stderr %s", code, so, se)
+	}
+	if _, se, code := vmExec(t, d.Socket, work, "--image", "ruby", "true"); code != 201 || !strings.Contains(se, `images: image "ruby" is not one of the profile's images (default, oci)`) {
+		t.Errorf("an image not listed: exit %d, stderr %s", code, se)
+	}
 	d.StopAndCheck(t)
+	log := testutil.ReadFile(t, d.AuditPath)
+	if n := strings.Count(log, `"image":"oci","image_digest":`); n != 2 || !strings.Contains(log, `"image":"default"`) {
+		t.Errorf("the audit log names the imported image %d times (want 2: the session's commands) or not the default image:\n%s", n, log)
+	}
+	if n := strings.Count(log, `"image_manifest_digest":"`+digest.String()+`"`); n != 2 {
+		t.Errorf("the audit log names the imported image's manifest digest %d times, want 2", n)
+	}
 }

@@ -49,7 +49,7 @@ func decideNetLock(ss *session, want policy.NetLimit) func(*policy.Policy, *sess
 		ss.mu.Lock()
 		q.netLock = ss.NetLock
 		ss.mu.Unlock()
-		return p.DecideNetLock(q.id, q.netLock, want)
+		return p.DecideNetLock(q.id, q.image, q.netLock, want)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/receipt"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // errCancelled marks a command whose client closed its stream before the
@@ -40,7 +41,8 @@ type execOutcome struct {
 func (s *Server) auditExec(st *execState, o execOutcome) {
 	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
-		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), DurationMS: time.Since(st.start).Milliseconds(),
+		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), ImageManifestDigest: manifestDigest(s.host.ImageSourceOf(st.verdict.Image)),
+		DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdin.Bytes, StdinSHA256: o.stdin.SHA256, StdoutSHA256: o.stdout.SHA256, StderrSHA256: o.stderr.SHA256}
 	setCaller(&rec, st.id)
 	rec.GuestUser = st.verdict.User
@@ -85,4 +87,13 @@ func result(st *execState, o execOutcome) wire.Result {
 	}
 	out.Transfers = o.transfers
 	return out
+}
+
+// manifestDigest is the manifest digest an image's source names, "" for
+// an image without one.
+func manifestDigest(src *image.Source) string {
+	if src == nil {
+		return ""
+	}
+	return src.ManifestDigest
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // Directories. QEMU's jail binds each file at its real path, so a
@@ -73,7 +74,8 @@ func resolveDirs(cfg *Config, log *slog.Logger) (imageLinks, error) {
 // checkImages resolves the default image and every image policy p names
 // as they are now (imageLinks), and checks each: the directories to use
 // (vm.Host.UseImages), or an error naming each profile whose image cannot
-// be used, and why.
+// be used, and why: not built or not whole, or (pinned in the profile's
+// images) with another manifest digest than the pin's.
 func (s *Server) checkImages(p *policy.Policy) (map[string]string, error) {
 	dirs := map[string]string{}
 	seen := map[string]error{}
@@ -107,7 +109,11 @@ func (s *Server) checkImages(p *policy.Policy) (map[string]string, error) {
 			name = vm.DefaultImage
 		}
 		named = named || name == vm.DefaultImage
-		if err := check(name); err != nil {
+		err := check(name)
+		if err == nil && pi.Digest != "" {
+			err = checkPin(dirs[name], pi.Digest)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("profile %q: image %q: %w", pi.Profile, name, err))
 		}
 	}
@@ -136,4 +142,18 @@ func (s *Server) useImages(p *policy.Policy) error {
 		s.log.Info("image directory: its new VMs start from here, running ones keep theirs", "image", mv.Name, "dir", mv.To, "was", mv.From)
 	}
 	return nil
+}
+
+// checkPin checks the image in dir (checked whole) against the manifest
+// digest pin that a profile's images pins it to (policy.CheckPin).
+func checkPin(dir, pin string) error {
+	m, err := image.ReadManifest(dir)
+	if err != nil {
+		return err
+	}
+	digest := ""
+	if m.Source != nil {
+		digest = m.Source.ManifestDigest
+	}
+	return policy.CheckPin(pin, digest)
 }

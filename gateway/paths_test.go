@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 // namedImagePolicy has one profile, on image "alt".
@@ -125,5 +126,71 @@ func TestNew_ResolvesDirectories(t *testing.T) {
 	_, err = New(cfg)
 	if err == nil || !strings.Contains(err.Error(), links+"/image is a symlink to "+root+"/img-2026-12, which does not exist: point the link at an existing directory") {
 		t.Fatalf("start with a dangling image link: %v", err)
+	}
+}
+
+// TestNew_ImagePins: every image of a profile's images must be there, and
+// one pinned to a manifest digest must have that digest, at start and at
+// each reload; a refused reload keeps the policy in force.
+func TestNew_ImagePins(t *testing.T) {
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(root, "state")
+	if err := os.MkdirAll(filepath.Join(state, "images"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	digest := "sha256:" + strings.Repeat("a1", 32)
+	other := "sha256:" + strings.Repeat("b2", 32)
+	py := unbootableImage(t)
+	m, err := image.ReadManifest(py)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Source = &image.Source{Kind: image.SourceLayout, Reference: "/py-layout", ManifestDigest: digest}
+	if err := image.WriteManifest(py, m); err != nil {
+		t.Fatal(err)
+	}
+	for name, dir := range map[string]string{"py": py, "built": unbootableImage(t)} {
+		if err := os.Symlink(dir, filepath.Join(state, "images", name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pol := filepath.Join(root, "policy.toml")
+	write := func(images string) {
+		t.Helper()
+		text := "version = 1\n[[profile]]\nname = \"p\"\nmatch = { any = true }\nimages = [" + images + "]\n"
+		if err := os.WriteFile(pol, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := Config{Socket: filepath.Join(root, "s.sock"), PolicyPath: pol, PolicyExplicit: true, AllowRoot: true,
+		VM:        vm.HostConfig{Runtime: vm.Runtime{StateDir: state}, ImageDir: unbootableImage(t), NoTemplate: true, Cgroups: "off"},
+		AuditPath: filepath.Join(root, "audit", "audit.jsonl"), Log: slog.New(slog.DiscardHandler)}
+
+	write(`"py@` + other + `", "default"`)
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), `profile "p": image "py": pinned to `+other+`, but the image's manifest digest is `+digest) {
+		t.Fatalf("start with a pin the image does not match: %v", err)
+	}
+	write(`"default", "py@` + digest + `", "built"`)
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatalf("start with a pin the image matches: %v", err)
+	}
+	defer s.Close()
+	for _, c := range []struct{ images, want string }{
+		{`"default", "py@` + other + `"`, `image "py": pinned to ` + other + `, but the image's manifest digest is ` + digest},
+		{`"default", "built@` + digest + `"`, `image "built": pinned to ` + digest + `, but the image has no manifest digest`},
+		{`"default", "gone"`, `image "gone": `},
+	} {
+		write(c.images)
+		s.Reload()
+		if e := s.reloadErr.Load(); e == nil || !strings.Contains((*e).Error(), c.want) {
+			t.Errorf("reload with images [%s]: %v, want %q", c.images, e, c.want)
+		}
+		if imgs := s.policyNow().Images(); len(imgs) != 3 || imgs[1].Digest != digest {
+			t.Errorf("reload with images [%s]: the policy in force is %+v, want the one before", c.images, imgs)
+		}
 	}
 }

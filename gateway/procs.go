@@ -42,7 +42,7 @@ func (x *sessions) startProc(ctx context.Context, st *execState, target *vmTarge
 	ss, v := target.session, target.vm
 	lim := st.verdict.Limits
 	info, err := v.ProcStart(ctx, vm.ProcStartRequest{
-		Spec:      vm.ExecSpec{Argv: st.argv, Env: st.verdict.Env, Dir: st.req.Dir, User: st.verdict.User},
+		Spec:      vm.ExecSpec{Argv: st.argv, Env: st.env, Dir: st.dir, User: st.verdict.User},
 		TimeoutMS: lim.Timeout.Milliseconds(), BufferBytes: lim.ProcessBuffer, Stdin: st.req.Stdin, MaxProcs: lim.MaxProcesses,
 	})
 	if err != nil {

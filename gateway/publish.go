@@ -63,7 +63,7 @@ func (s *Server) handlePublish(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer l.end()
-	q := newSessionRequest(id, ss.Name, "")
+	q := newSessionRequest(id, ss, "")
 	conn, br, err := upgrade(w, wire.PublishUpgrade, q.reqID)
 	if err != nil {
 		return
@@ -100,7 +100,7 @@ func (x *sessions) publish(conn net.Conn, br *bufio.Reader, ss *session, q *sess
 	}
 	q.what = fmt.Sprintf("publish %s -> guest port %d", host, port)
 	q.policy = x.core.policyNow()
-	q.verdict = q.policy.DecidePublish(q.id, policy.PublishRequest{Session: ss.Name, GuestPort: port, Host: host})
+	q.verdict = q.policy.DecidePublish(q.id, policy.PublishRequest{Session: ss.Name, GuestPort: port, Host: host, Image: ss.image()})
 	if err := x.rec.decision(&q.request, q.decisionRecord()); err != nil {
 		return nil, &RequestError{Kind: ErrAuditUnavailable, Msg: "refusing to publish unaudited: " + err.Error()}
 	}
@@ -278,7 +278,7 @@ func (x *sessions) recheckPublications(pol *policy.Policy) {
 		pubs := append([]*publication(nil), ss.pubs...)
 		ss.mu.Unlock()
 		for _, p := range pubs {
-			v := pol.DecidePublish(p.id, policy.PublishRequest{Session: ss.Name, GuestPort: int(p.port), Host: p.host})
+			v := pol.DecidePublish(p.id, policy.PublishRequest{Session: ss.Name, GuestPort: int(p.port), Host: p.host, Image: ss.image()})
 			if v.Allowed {
 				continue
 			}

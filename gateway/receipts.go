@@ -44,11 +44,12 @@ func loadReceiptKey(cfg Config, log *slog.Logger) (ed25519.PrivateKey, error) {
 }
 
 // receiptFacts is what a receipt says beyond the request and its
-// outcome: the policy that decided, the image's digest, where the
-// request's record is in the audit chain and the chain's head.
+// outcome: the policy that decided, the image's digests (its base's and
+// its manifest's, if it has one), where the request's record is in the
+// audit chain and the chain's head.
 type receiptFacts struct {
 	policySource, policyDigest string
-	imageDigest                string
+	imageDigest, imageManifest string
 	record                     *audit.Entry // nil: no record of its own
 	auditNote                  string
 	headSeq                    uint64
@@ -68,7 +69,7 @@ func receiptBody(st *execState, o execOutcome, f receiptFacts) receipt.Body {
 		Network: st.net.summary(v.Network), AuditNote: f.auditNote}
 	if v.Allowed {
 		b.Verdict, b.Reason = receipt.VerdictAllow, ""
-		b.Image = &receipt.Image{Name: v.Image, SHA256: f.imageDigest}
+		b.Image = &receipt.Image{Name: v.Image, SHA256: f.imageDigest, ManifestDigest: f.imageManifest}
 		b.GuestUser = v.User
 	}
 	b.Network.Narrowed = v.NetNarrowed
@@ -125,6 +126,7 @@ func (s *Server) signReceipt(st *execState, o execOutcome) json.RawMessage {
 	f := receiptFacts{policySource: st.policy.Source(), policyDigest: st.policy.Digest(), record: st.recorded, auditNote: st.auditNote, now: time.Now()}
 	if st.verdict.Allowed {
 		f.imageDigest = s.host.ImageDigestOf(st.verdict.Image)
+		f.imageManifest = manifestDigest(s.host.ImageSourceOf(st.verdict.Image))
 	}
 	f.headSeq, f.head = s.rec.Head()
 	b := receiptBody(st, o, f)

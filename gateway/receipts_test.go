@@ -64,6 +64,12 @@ func TestReceiptBody(t *testing.T) {
 				t.Errorf("audit %+v", b.Audit)
 			}
 		}},
+		{"an imported image", policy.Verdict{Allowed: true, Profile: "agent", Rule: "default", Reason: "allowed", Image: "py"}, done,
+			receiptFacts{imageDigest: "id", imageManifest: "sha256:ab", record: entry, headSeq: 11, head: "h11", now: now}, func(t *testing.T, b receipt.Body) {
+				if b.Image == nil || *b.Image != (receipt.Image{Name: "py", SHA256: "id", ManifestDigest: "sha256:ab"}) {
+					t.Errorf("image %+v", b.Image)
+				}
+			}},
 		{"narrowed to nothing", policy.Verdict{Allowed: true, Profile: "agent", Rule: "default", Reason: "allowed",
 			Network: &policy.NetworkPolicy{}, NetNarrowed: []string{policy.NarrowedByRequest, policy.NarrowedByLock}}, done, facts, func(t *testing.T, b receipt.Body) {
 			if b.Network.Mode != "allowlist" || len(b.Network.Allow) != 0 || fmt.Sprint(b.Network.Narrowed) != "[request session lock]" {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"strings"
@@ -53,6 +54,21 @@ type execState struct {
 	refused error
 	// detach starts the command as a background process of its session.
 	detach bool
+	// image is the image of the session the command runs in, when that
+	// session exists as it is decided: the command is decided in it
+	// unless the request names one (which must then be the same, or the
+	// command is refused when it gets the session: sessions.vmFor).
+	image string
+	// env and dir are the command's environment and working directory
+	// once it is allowed: the verdict's environment and the request's
+	// directory, under the defaults of the image it runs in (its Env and
+	// WorkingDir: image.Source.CommandEnv, CommandDir).
+	env []string
+	dir string
+	// imageUser is the configured user of the image the command is
+	// decided in (image.Source.CommandUser): the policy makes it the
+	// command's default user when it is one of the profile's users.
+	imageUser string
 }
 
 // newExecState starts the record of a command from id. The argv decided
@@ -85,7 +101,8 @@ func (st *execState) decisionRecord() audit.Record {
 func (st *execState) policyRequest() policy.Request {
 	return policy.Request{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
-		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock, User: st.req.User, Detach: st.detach}
+		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock, User: st.req.User, Detach: st.detach,
+		Image: cmp.Or(st.req.Image, st.image), ImageUser: st.imageUser}
 }
 
 // sessionRequest is an operation on a session itself (pause, fork, a
@@ -98,10 +115,15 @@ type sessionRequest struct {
 	// background process it is on, if any.
 	name, what string
 	process    int64
+	// image is the session's image: the policy decides the operation
+	// in it.
+	image string
 }
 
-func newSessionRequest(id policy.Identity, name, what string) *sessionRequest {
-	return &sessionRequest{request: request{reqID: newRequestID(), id: id, start: time.Now()}, name: name, what: what}
+// newSessionRequest starts the record of an operation of id's, named
+// what, on session ss.
+func newSessionRequest(id policy.Identity, ss *session, what string) *sessionRequest {
+	return &sessionRequest{request: request{reqID: newRequestID(), id: id, start: time.Now()}, name: ss.Name, what: what, image: ss.image()}
 }
 
 // decisionRecord is what a session operation's decision record says.

@@ -372,7 +372,7 @@ func (ss *session) pauseDueLocked(now time.Time) bool {
 func (ss *session) info() wire.Session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	out := wire.Session{Name: ss.Name, Profile: ss.Profile, Created: ss.Created,
+	out := wire.Session{Name: ss.Name, Profile: ss.Profile, Image: ss.image(), Created: ss.Created,
 		LastUsed: ss.use.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.use.inUse(), Commands: ss.use.cmds, State: wire.SessionRunning, Parent: ss.Parent,
 		NetLock: (*wire.NetLimit)(ss.NetLock)}
 	for _, p := range ss.pubs {
@@ -388,6 +388,11 @@ func (ss *session) info() wire.Session {
 	}
 	return out
 }
+
+// image is the name of the session's image: the one it began with (a
+// record written before images could be chosen has its profile's image
+// of then in its shape too).
+func (ss *session) image() string { return ss.Shape.Normal().Image }
 
 // plural is one or many by n.
 func plural(n int, one, many string) string {

@@ -52,6 +52,10 @@ func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) 
 			ss.unshare(true)
 			return nil, rerr
 		}
+		if rerr := checkImage(ss, st); rerr != nil {
+			ss.unshare(true)
+			return nil, rerr
+		}
 		if ss.state() == statePaused {
 			if err := x.resumeFor(ctx, ss, &st.request); err != nil {
 				if errors.Is(err, errSessionEnded) {
@@ -69,6 +73,26 @@ func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) 
 		}
 		return t, nil
 	}
+}
+
+// imageOf is the image of the session of key, "" when there is none.
+func (x *sessions) imageOf(key sessionKey) string {
+	if ss := x.get(key); ss != nil {
+		return ss.image()
+	}
+	return ""
+}
+
+// checkImage refuses st if it was decided in another image than its
+// session's: it names another (a session keeps the image it began with),
+// or the session it was decided for ended and another of its name began
+// meanwhile in another.
+func checkImage(ss *session, st *execState) *RequestError {
+	if img := ss.image(); st.verdict.Image != img {
+		return &RequestError{Kind: ErrBadRequest, RequestID: st.reqID, Profile: st.verdict.Profile,
+			Msg: fmt.Sprintf("session %q runs in image %q, not %q: a session keeps the image it began with; end it, or start another session, to run in another image", ss.Name, img, st.verdict.Image)}
+	}
+	return nil
 }
 
 // create makes the caller's new session key, with a fresh VM.

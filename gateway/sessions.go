@@ -318,12 +318,13 @@ func (x *sessions) onRunningAs(ctx context.Context, q *sessionRequest, ss *sessi
 	return nil
 }
 
-// decideSession decides a pause, or a fork into newNames. Its verdict
+// decideSession decides a pause, or a fork into newNames, in the
+// session's image. Its verdict
 // gives no network: the session keeps its own (a fork's copies, their
 // parent's), and its decision record claims none.
 func decideSession(newNames ...string) func(*policy.Policy, *sessionRequest) policy.Verdict {
 	return func(p *policy.Policy, q *sessionRequest) policy.Verdict {
-		v := p.DecideSession(q.id, newNames...)
+		v := p.DecideSession(q.id, q.image, newNames...)
 		v.Network = nil
 		return v
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,13 +43,15 @@ type sessionFileV1 struct {
 
 // TestSessionRecordFormat: a session file of version 1 reads as the
 // record, and the record writes version 1, byte for byte, so that paused
-// sessions survive an upgrade and a downgrade.
+// sessions survive an upgrade and a downgrade. The session's image is its
+// shape's: a file written before images could be chosen names its
+// profile's image of then there.
 func TestSessionRecordFormat(t *testing.T) {
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	for _, old := range []sessionFileV1{
 		{Version: 1, Owner: "uid:1000", Name: "work", Caller: policy.Identity{UID: 1000, GID: 1000, User: "alice", Groups: []string{"dev"}},
 			Profile: "agent", Created: at, Idle: 10 * time.Minute, Max: time.Hour, Paused: policy.PausedLimits{After: 5 * time.Minute, MaxCount: 4, MaxBytes: 1 << 30},
-			Shape: vm.Shape{Image: "default", MemoryMiB: 512, CPUs: 1, DiskMiB: 2048, Seccomp: "required", Network: true}, Parent: "base",
+			Shape: vm.Shape{Image: "py", MemoryMiB: 512, CPUs: 1, DiskMiB: 2048, Seccomp: "required", Network: true}, Parent: "base",
 			State: "paused", Save: "sp-0123abcd", PausedAt: at.Add(30 * time.Minute), NetLock: &policy.NetLimit{Allow: []string{"example.com:443"}}},
 		{Version: 1, Owner: "ssh:SHA256:abc", Name: "s", Caller: policy.Identity{SSH: &policy.SSHKey{Fingerprint: "SHA256:abc", Profile: "agent"}},
 			Profile: "agent", Created: at, State: "running"},
@@ -65,6 +68,9 @@ func TestSessionRecordFormat(t *testing.T) {
 		}
 		if rec.key() != (sessionKey{old.Owner, old.Name}) || string(rec.State) != old.State || rec.Caller.Key() != rec.Owner {
 			t.Errorf("read as %+v", rec)
+		}
+		if got, want := (&session{sessionRecord: rec}).image(), cmp.Or(old.Shape.Image, vm.DefaultImage); got != want {
+			t.Errorf("the session's image is %q, want %q", got, want)
 		}
 		b, err := json.MarshalIndent(rec, "", "  ")
 		if err != nil {

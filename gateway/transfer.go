@@ -70,7 +70,7 @@ func (s *Server) put(ctx context.Context, st *execState, m *vm.VM, i int, src *i
 	var res *vm.ExecResult
 	c, err := relayPut(src, rules, putStall, func(stdin io.Reader) (err error) {
 		res, err = m.Exec(ctx, vm.ExecRequest{Argv: vm.PutCommand(spec.Guest, spec.Top, lim.PutBytes, lim.PutFiles),
-			Dir: st.req.Dir, User: st.verdict.User, Stdin: stdin, Stderr: &msg,
+			Dir: st.dir, User: st.verdict.User, Stdin: stdin, Stderr: &msg,
 			Timeout: st.verdict.Limits.Timeout, OutputLimit: 64 << 10})
 		return err
 	})
@@ -166,7 +166,7 @@ func (s *Server) get(ctx context.Context, st *execState, m *vm.VM, i int, files 
 	// Headers take at most a few KiB per entry: the output limit only
 	// backs the checker's byte limit.
 	res, err := m.Exec(ctx, vm.ExecRequest{Argv: vm.GetCommand(spec.Guest, lim.GetBytes, lim.GetFiles),
-		Dir: st.req.Dir, User: st.verdict.User, Stdout: pw, Stderr: &msg,
+		Dir: st.dir, User: st.verdict.User, Stdout: pw, Stderr: &msg,
 		Timeout: st.verdict.Limits.Timeout, OutputLimit: lim.GetBytes + int64(lim.GetFiles)*(8<<10) + 1<<20})
 	pw.Close()
 	c := <-done

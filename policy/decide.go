@@ -145,9 +145,20 @@ type Request struct {
 	// NetLock is the network lock of the session the request runs in, as
 	// the daemon keeps it (never the client's word); nil: none.
 	NetLock *NetLimit
-	// User is the guest user the caller asks to run as; "": the
-	// profile's user. It must be one of the profile's users.
+	// User is the guest user the caller asks to run as; "": ImageUser
+	// when that is one of the profile's users, else the profile's user.
+	// It must be one of the profile's users.
 	User string
+	// ImageUser is the configured user of the image the request runs in
+	// (its container configuration's User, as the daemon read it); "":
+	// none. It is the default user of commands in the image when it is
+	// one of the profile's users.
+	ImageUser string
+	// Image is the image the request runs in: the one the caller names
+	// for a fresh VM or a new session, or (the daemon's word) the image of
+	// the session it runs in; "": the profile's image. It must be one of
+	// the profile's images.
+	Image string
 	// Detach starts the command as a background process of its session
 	// (Session set): it outlives its client, and without Timeout its time
 	// limit is timeout.max rather than timeout.default.
@@ -306,6 +317,9 @@ func (prof *profile) decide(req Request) Verdict {
 	if req.User != "" && !slices.Contains(prof.users, req.User) {
 		return deny(RuleUsers, fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(req.User), strings.Join(prof.users, ", ")))
 	}
+	if _, rule, reason := prof.chooseImage(req.Image); reason != "" {
+		return deny(rule, reason)
+	}
 	timeout, reason := prof.check(&req)
 	if reason != "" {
 		return deny("", reason)
@@ -357,9 +371,13 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 	if len(req.Env) > 0 {
 		env = append(make([]string, 0, len(req.Env)), req.Env...)
 	}
-	user := prof.user
+	user := prof.defaultUser(req.ImageUser)
 	if req.User != "" {
 		user = req.User // checked against prof.users
+	}
+	image := prof.image
+	if req.Image != "" {
+		image = req.Image // checked against prof.images
 	}
 	return Verdict{
 		Allowed: true,
@@ -369,16 +387,29 @@ func (prof *profile) allowed(req Request, rule, why string, timeout time.Duratio
 		Limits:  limits,
 		Env:     env,
 		User:    user,
-		Image:   prof.image,
+		Image:   image,
 		Network: prof.net,
 	}
 }
 
+// defaultUser is the user of a request that names none, in an image
+// whose configured user is imageUser: that user when it is one of the
+// profile's users, else the profile's user.
+func (prof *profile) defaultUser(imageUser string) string {
+	if imageUser != "" && slices.Contains(prof.users, imageUser) {
+		return imageUser
+	}
+	return prof.user
+}
+
 // DecideSession decides a request of id that runs no command but keeps
-// sessions (a pause, a fork's new sessions named in names): the verdict of
-// its profile, allowed when the profile allows sessions and every name is
-// a session name. Pure; argv rules do not apply.
-func (p *Policy) DecideSession(id Identity, sessionNames ...string) Verdict {
+// sessions (a pause, a fork's new sessions named in names) in image, the
+// session's ("": the profile's image): the verdict of its profile,
+// allowed when the profile allows sessions, image is one of its images
+// (a reload may have taken it away: RuleImages), and every name is a
+// session name. The verdict's Image is the image. Pure; argv rules do not
+// apply.
+func (p *Policy) DecideSession(id Identity, image string, sessionNames ...string) Verdict {
 	if p == nil {
 		return Verdict{Reason: "no policy loaded"}
 	}
@@ -389,12 +420,15 @@ func (p *Policy) DecideSession(id Identity, sessionNames ...string) Verdict {
 	if !prof.limits.AllowSessions {
 		return Verdict{Profile: prof.name, Reason: "sessions are not allowed"}
 	}
+	if _, rule, reason := prof.chooseImage(image); reason != "" {
+		return Verdict{Profile: prof.name, Rule: rule, Reason: reason}
+	}
 	for _, n := range sessionNames {
 		if !names.Session(n) {
 			return Verdict{Profile: prof.name, Reason: fmt.Sprintf("session name %s: must be %s", quote(n), names.SessionRule)}
 		}
 	}
-	return prof.allowed(Request{}, "sessions", "sessions are allowed", prof.limits.Timeout)
+	return prof.allowed(Request{Image: image}, "sessions", "sessions are allowed", prof.limits.Timeout)
 }
 
 // Grant is what a caller's profile grants, as the caller may learn it
@@ -402,29 +436,41 @@ func (p *Policy) DecideSession(id Identity, sessionNames ...string) Verdict {
 // beyond its own network.
 type Grant struct {
 	Profile  string
+	Image    string   // the image of its commands that name none (profile.image)
 	Shell    bool     // shell strings (-c) allowed
 	Sessions bool     // sessions allowed
 	Network  bool     // its VMs have a network (network.mode = "allowlist")
 	Allow    []string // that network's rules, as the policy writes them
 }
 
-// DecideFile decides a file operation of id's in one of its sessions
-// (stat, list, mkdir, move, remove, read or write one file), run in the
-// guest as user ("": the profile's user): allowed when the profile allows
-// sessions and user is one of its users. The verdict's User is the user,
+// FileRequest is a file operation in a session (stat, list, mkdir, move,
+// remove, read or write one file) as the policy decides it.
+type FileRequest struct {
+	// Image is the session's image ("": the profile's); ImageUser its
+	// configured user, as for Request.
+	Image, ImageUser string
+	// User is the guest user the caller names; "": ImageUser when that
+	// is one of the profile's users, else the profile's user.
+	User string
+}
+
+// DecideFile decides a file operation of id's in one of its sessions:
+// allowed when DecideSession allows the session's image and the user is
+// one of the profile's users. The verdict's User is the user it runs as,
 // its Limits.Files bound a read (GetBytes) and a write (PutBytes). Pure;
 // argv rules do not apply.
-func (p *Policy) DecideFile(id Identity, user string) Verdict {
-	v := p.DecideSession(id)
+func (p *Policy) DecideFile(id Identity, req FileRequest) Verdict {
+	v := p.DecideSession(id, req.Image)
 	if !v.Allowed {
 		return v
 	}
 	prof, _ := p.profileFor(id)
-	if user != "" {
-		if !slices.Contains(prof.users, user) {
-			return Verdict{Profile: prof.name, Rule: RuleUsers, Reason: fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(user), strings.Join(prof.users, ", "))}
+	v.User = prof.defaultUser(req.ImageUser)
+	if req.User != "" {
+		if !slices.Contains(prof.users, req.User) {
+			return Verdict{Profile: prof.name, Rule: RuleUsers, Reason: fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(req.User), strings.Join(prof.users, ", "))}
 		}
-		v.User = user
+		v.User = req.User
 	}
 	v.Rule, v.Reason = "files", "file operations in a session are allowed"
 	return v
@@ -440,7 +486,7 @@ func (p *Policy) GrantOf(id Identity) (g Grant, ok bool) {
 	if prof == nil {
 		return Grant{}, false
 	}
-	g = Grant{Profile: prof.name, Shell: prof.allowShell, Sessions: prof.limits.AllowSessions, Network: prof.net != nil}
+	g = Grant{Profile: prof.name, Image: prof.image, Shell: prof.allowShell, Sessions: prof.limits.AllowSessions, Network: prof.net != nil}
 	if prof.net != nil {
 		for _, r := range prof.net.Rules {
 			g.Allow = append(g.Allow, r.String())

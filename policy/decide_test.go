@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ timeout = { default = "30s", max = "10m" }
 name = "admins"
 match = { groups = ["wheel"] }
 user = "root"
+images = ["default", "py"]
 allow_shell = true
 sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "2h" }
 env = ["LANG", "LC_*"]
@@ -277,7 +279,11 @@ func checkVerdict(t testing.TB, p *Policy, req Request, v Verdict) {
 	if l != want {
 		t.Fatalf("limits %+v, want %+v", l, want)
 	}
-	if v.User != prof.user || v.Image != prof.image || v.Rule == "" {
+	wantImage := prof.image
+	if req.Image != "" {
+		wantImage = req.Image
+	}
+	if v.User != prof.user || v.Image != wantImage || !hasImage(prof.images, v.Image) || v.Rule == "" {
 		t.Fatalf("verdict %+v does not match profile %q", v, prof.name)
 	}
 	if (v.Network == nil) != (prof.net == nil) {
@@ -679,7 +685,7 @@ func TestDecideSession(t *testing.T) {
 		{idAdmin, []string{"a", "b.c"}, true},
 		{idAdmin, []string{"a", "../x"}, false},
 	} {
-		v := p.DecideSession(c.id, c.names...)
+		v := p.DecideSession(c.id, "", c.names...)
 		if v.Allowed != c.ok || v.Profile == "" {
 			t.Errorf("DecideSession(%+v, %q) = %+v, want allowed %v", c.id, c.names, v, c.ok)
 		}
@@ -687,11 +693,11 @@ func TestDecideSession(t *testing.T) {
 			t.Errorf("an allowed session verdict without limits: %+v", v)
 		}
 	}
-	if v := (*Policy)(nil).DecideSession(idAdmin); v.Allowed {
+	if v := (*Policy)(nil).DecideSession(idAdmin, ""); v.Allowed {
 		t.Error("a nil policy allowed a session")
 	}
 	noSessions := mustParse(t, "n.toml", "version = 1\n[[profile]]\nname = \"n\"\nmatch = { any = true }\nsessions.allowed = false\n")
-	if v := noSessions.DecideSession(idAdmin); v.Allowed || !strings.Contains(v.Reason, "not allowed") {
+	if v := noSessions.DecideSession(idAdmin, ""); v.Allowed || !strings.Contains(v.Reason, "not allowed") {
 		t.Errorf("a profile without sessions: %+v", v)
 	}
 }
@@ -718,8 +724,8 @@ match = { uids = [1001] }
 		want Grant
 		ok   bool
 	}{
-		{1000, Grant{Profile: "web", Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443", "*.debian.org:80"}}, true},
-		{1001, Grant{Profile: "plain"}, true},
+		{1000, Grant{Profile: "web", Image: "default", Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443", "*.debian.org:80"}}, true},
+		{1001, Grant{Profile: "plain", Image: "default"}, true},
 		{1002, Grant{}, false},
 	} {
 		g, ok := p.GrantOf(Identity{UID: c.uid, GID: c.uid, User: "u"})
@@ -814,16 +820,166 @@ sessions = { allowed = true }
 name = "q"
 match = { uids = [1001] }
 `)
-	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, ""); !v.Allowed || v.User != "agent" || v.Limits.Files.GetBytes == 0 {
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, FileRequest{}); !v.Allowed || v.User != "agent" || v.Limits.Files.GetBytes == 0 {
 		t.Errorf("the default user: %+v", v)
 	}
-	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, "root"); !v.Allowed || v.User != "root" {
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, FileRequest{User: "root"}); !v.Allowed || v.User != "root" {
 		t.Errorf("root: %+v", v)
 	}
-	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, "www-data"); v.Allowed || v.Rule != RuleUsers {
+	if v := p.DecideFile(Identity{UID: 1000, User: "u"}, FileRequest{User: "www-data"}); v.Allowed || v.Rule != RuleUsers {
 		t.Errorf("another user: %+v", v)
 	}
-	if v := p.DecideFile(Identity{UID: 1001, User: "o"}, ""); v.Allowed || !strings.Contains(v.Reason, "sessions are not allowed") {
+	if v := p.DecideFile(Identity{UID: 1001, User: "o"}, FileRequest{}); v.Allowed || !strings.Contains(v.Reason, "sessions are not allowed") {
 		t.Errorf("without sessions: %+v", v)
+	}
+}
+
+// TestDecideImages: a caller may name one of the profile's images for a
+// fresh VM or a session; another is refused naming the key, the default
+// is the profile's image, and a session's operations are decided in the
+// session's image, so that a reload that takes it away refuses them.
+func TestDecideImages(t *testing.T) {
+	pin := "sha256:" + strings.Repeat("0f", 32)
+	p := mustParse(t, "images.toml", `version = 1
+[[profile]]
+name = "p"
+match = { uids = [1000] }
+image = "py"
+images = ["default", "py@`+pin+`", "node"]
+sessions = { allowed = true }
+[[profile]]
+name = "q"
+match = { uids = [1001] }
+sessions = { allowed = true }
+`)
+	id, other := Identity{UID: 1000, User: "u"}, Identity{UID: 1001, User: "o"}
+	for _, tc := range []struct {
+		id                Identity
+		image, want, rule string
+		session           string
+		refused           bool
+		reasonHas         string
+	}{
+		{id: id, image: "", want: "py"},
+		{id: id, image: "default", want: "default"},
+		{id: id, image: "node", want: "node"},
+		{id: id, image: "node", session: "s", want: "node"},
+		{id: id, image: "ruby", refused: true, rule: RuleImages, reasonHas: `image "ruby" is not one of the profile's images (default, py, node)`},
+		{id: id, image: "py@" + pin, refused: true, reasonHas: "must be 1 to 64"},
+		{id: id, image: "../x", refused: true, reasonHas: "must be 1 to 64"},
+		{id: other, image: "", want: "default"},
+		{id: other, image: "default", want: "default"},
+		{id: other, image: "py", refused: true, rule: RuleImages, reasonHas: "(default)"},
+	} {
+		v := p.Decide(tc.id, Request{Argv: []string{"id"}, Image: tc.image, Session: tc.session})
+		name := fmt.Sprintf("%s in %q", tc.id.User, tc.image)
+		switch {
+		case tc.refused && (v.Allowed || v.Rule != tc.rule || !strings.Contains(v.Reason, tc.reasonHas)):
+			t.Errorf("%s: %+v, want refused by %q with %q", name, v, tc.rule, tc.reasonHas)
+		case !tc.refused && (!v.Allowed || v.Image != tc.want):
+			t.Errorf("%s: %+v, want image %q", name, v, tc.want)
+		}
+		if tc.session == "" {
+			continue
+		}
+		// The session's other requests are decided in its image.
+		for what, v := range map[string]Verdict{
+			"session": p.DecideSession(tc.id, tc.image, "fork-1"),
+			"file":    p.DecideFile(tc.id, FileRequest{Image: tc.image}),
+			"netlock": p.DecideNetLock(tc.id, tc.image, nil, NetLimit{}),
+		} {
+			if !v.Allowed || v.Image != tc.want {
+				t.Errorf("%s: %s: %+v, want image %q", name, what, v, tc.want)
+			}
+		}
+	}
+	// A reload that takes the session's image away refuses its requests.
+	reloaded := mustParse(t, "reloaded.toml", `version = 1
+[[profile]]
+name = "p"
+match = { uids = [1000] }
+image = "py"
+sessions = { allowed = true }
+`)
+	for what, v := range map[string]Verdict{
+		"exec":    reloaded.Decide(id, Request{Argv: []string{"id"}, Image: "node", Session: "s"}),
+		"session": reloaded.DecideSession(id, "node"),
+		"file":    reloaded.DecideFile(id, FileRequest{Image: "node"}),
+		"netlock": reloaded.DecideNetLock(id, "node", nil, NetLimit{}),
+		"publish": reloaded.DecidePublish(id, PublishRequest{Session: "s", GuestPort: 80, Host: HostAddr{Unix: "/run/x"}, Image: "node"}),
+	} {
+		if v.Allowed || v.Rule != RuleImages || !strings.Contains(v.Reason, `image "node" is not one of the profile's images (py)`) {
+			t.Errorf("after the reload, %s: %+v, want refused by %s", what, v, RuleImages)
+		}
+	}
+	if v := reloaded.DecideSession(id, ""); !v.Allowed || v.Image != "py" {
+		t.Errorf("the profile's image: %+v", v)
+	}
+
+	if got, want := p.Images(), []ProfileImage{{"p", "py", pin}, {"p", "default", ""}, {"p", "node", ""}, {"q", "default", ""}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Images() = %+v, want %+v", got, want)
+	}
+	if want := `image "py" (a caller may name py@` + pin + `, default, node)`; !strings.Contains(p.Explain(), want) {
+		t.Errorf("Explain does not say %s:\n%s", want, p.Explain())
+	}
+	var shapes []string
+	for _, s := range p.Shapes() {
+		shapes = append(shapes, s.Image)
+	}
+	if want := []string{"py", "default", "node"}; !reflect.DeepEqual(shapes, want) {
+		t.Errorf("the shapes' images: %q, want %q (one per image, the profile's first, q's the same as p's default)", shapes, want)
+	}
+}
+
+// TestCheckPin: an image matches its pin by its manifest digest; one
+// without a digest never matches one.
+func TestCheckPin(t *testing.T) {
+	a, b := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64)
+	for _, tc := range []struct {
+		pin, digest, errHas string
+	}{
+		{"", "", ""},
+		{"", a, ""},
+		{a, a, ""},
+		{a, b, "the image's manifest digest is " + b},
+		{a, "", "the image has no manifest digest"},
+	} {
+		err := CheckPin(tc.pin, tc.digest)
+		if (err == nil) != (tc.errHas == "") || err != nil && !strings.Contains(err.Error(), tc.errHas) {
+			t.Errorf("CheckPin(%q, %q) = %v, want %q", tc.pin, tc.digest, err, tc.errHas)
+		}
+	}
+}
+
+// TestDecideImageUser: the image's configured user is the default of a
+// request that names none, when it is one of the profile's users; the
+// profile's user otherwise, and a user the caller names always.
+func TestDecideImageUser(t *testing.T) {
+	p := mustParse(t, "imageuser.toml", `version = 1
+[[profile]]
+name = "p"
+match = { uids = [1000] }
+users = ["agent", "node"]
+sessions = { allowed = true }
+`)
+	id := Identity{UID: 1000, User: "u"}
+	for _, tc := range []struct{ imageUser, user, want string }{
+		{"", "", "agent"},
+		{"node", "", "node"},
+		{"postgres", "", "agent"},
+		{"node", "agent", "agent"},
+		{"", "node", "node"},
+	} {
+		v := p.Decide(id, Request{Argv: []string{"id"}, User: tc.user, ImageUser: tc.imageUser})
+		if !v.Allowed || v.User != tc.want {
+			t.Errorf("image user %q, user %q: %+v, want %q", tc.imageUser, tc.user, v, tc.want)
+		}
+		f := p.DecideFile(id, FileRequest{User: tc.user, ImageUser: tc.imageUser})
+		if !f.Allowed || f.User != tc.want {
+			t.Errorf("file: image user %q, user %q: %+v, want %q", tc.imageUser, tc.user, f, tc.want)
+		}
+	}
+	if v := p.Decide(id, Request{Argv: []string{"id"}, User: "postgres", ImageUser: "postgres"}); v.Allowed || v.Rule != RuleUsers {
+		t.Errorf("the image's user named by the caller, not one of users: %+v", v)
 	}
 }

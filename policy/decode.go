@@ -33,6 +33,7 @@ type isolateDoc struct {
 // settingsDoc holds the keys shared by [defaults] and [[profile]].
 type settingsDoc struct {
 	Image       *string      `toml:"image"`
+	Images      *[]string    `toml:"images"`
 	User        *string      `toml:"user"`
 	Users       *[]string    `toml:"users"`
 	MemoryMiB   *int64       `toml:"memory_mib"`

@@ -75,8 +75,16 @@ func (prof *profile) explainGuest(b *strings.Builder) {
 	if len(prof.users) > 1 {
 		user += " (a caller may name " + strings.Join(prof.users, ", ") + ")"
 	}
-	fmt.Fprintf(b, "  guest:    image %q, user %s, %d %s, %d MiB memory, %d MiB to write on its disk, network %s\n",
-		prof.image, user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, l.DiskMiB, prof.network)
+	image := strconv.Quote(prof.image)
+	if refs := prof.imageList(); len(refs) > 1 || refs[0].digest != "" {
+		var list []string
+		for _, r := range refs {
+			list = append(list, r.String())
+		}
+		image += " (a caller may name " + strings.Join(list, ", ") + ")"
+	}
+	fmt.Fprintf(b, "  guest:    image %s, user %s, %d %s, %d MiB memory, %d MiB to write on its disk, network %s\n",
+		image, user, l.CPUs, plural(l.CPUs, "CPU", "CPUs"), l.MemoryMiB, l.DiskMiB, prof.network)
 	fmt.Fprintf(b, "  limits:   timeout %s by default, at most %s; output %s per stream; at most %d %s at once, %d per caller (%d more waiting)\n",
 		formatDuration(l.Timeout), formatDuration(prof.timeoutMax), formatSize(l.OutputLimit), l.MaxVMs, plural(l.MaxVMs, "VM", "VMs"), l.CallerVMs, l.CallerQueue)
 	if nw := prof.net; nw != nil {

@@ -156,6 +156,7 @@ type decideSeed struct {
 	timeout            int64
 	uid, gid           uint32
 	user, groups       string // groups split on ","
+	image              string
 }
 
 func FuzzDecide(f *testing.F) {
@@ -176,13 +177,17 @@ func FuzzDecide(f *testing.F) {
 		{argv: "ls", uid: 0, user: "root"},
 		{argv: "ls", env: "=\x1eA", timeout: int64(2 * time.Hour), groups: "vmgate-admins"},
 		{argv: "wget\x1e--post-file=\xff\x1e\x80\x80", env: "LANG=\xff\x1eL\xfe=1", user: "llama"},
+		{argv: "ls", groups: "wheel", image: "py"},
+		{argv: "ls", groups: "wheel", image: "node"},
+		{argv: "ls", groups: "wheel", image: "py@sha256:00"},
+		{argv: "ls", uid: 1001, image: "default"},
 	}
 	for _, s := range seeds {
-		f.Add(s.argv, s.env, s.session, s.shell, s.timeout, s.uid, s.gid, s.user, s.groups)
+		f.Add(s.argv, s.env, s.session, s.shell, s.timeout, s.uid, s.gid, s.user, s.groups, s.image)
 	}
 	policies := []*Policy{loadExample(f), Default(), mustParse(f, "decide.toml", decideTOML)}
-	f.Fuzz(func(t *testing.T, argvS, envS, session string, shell bool, timeout int64, uid, gid uint32, user, groups string) {
-		req := Request{Shell: shell, Session: session, Timeout: time.Duration(timeout)}
+	f.Fuzz(func(t *testing.T, argvS, envS, session string, shell bool, timeout int64, uid, gid uint32, user, groups, image string) {
+		req := Request{Shell: shell, Session: session, Timeout: time.Duration(timeout), Image: image}
 		if argvS != "" || !shell {
 			req.Argv = strings.Split(argvS, "\x1e")
 		}

@@ -136,13 +136,14 @@ func listRules(rs netrule.Rules) string {
 
 // DecideNetLock decides id's request to lock a session's network to want
 // for the rest of the session's life (vm-exec --net-lock): allowed when
-// the profile allows sessions and every rule of want is within the
+// DecideSession allows the session's image (image; "": the profile's)
+// and every rule of want is within the
 // profile's network.allow and within the session's present lock (old;
 // nil: none), so that a lock only ever narrows. The verdict's Network is
 // the session's network under the new lock (nil: the profile has none),
 // Rule "network lock". Pure.
-func (p *Policy) DecideNetLock(id Identity, old *NetLimit, want NetLimit) Verdict {
-	v := p.DecideSession(id)
+func (p *Policy) DecideNetLock(id Identity, image string, old *NetLimit, want NetLimit) Verdict {
+	v := p.DecideSession(id, image)
 	if !v.Allowed {
 		return v
 	}

@@ -142,7 +142,7 @@ func TestDecideNetLock(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v := p.DecideNetLock(tt.id, tt.old, tt.want)
+			v := p.DecideNetLock(tt.id, "", tt.old, tt.want)
 			if tt.deny != "" {
 				if v.Allowed || v.Rule != tt.rule || !strings.Contains(v.Reason, tt.deny) || v.Network != nil {
 					t.Fatalf("want a refusal by %q with %q, got %+v", tt.rule, tt.deny, v)
@@ -157,7 +157,7 @@ func TestDecideNetLock(t *testing.T) {
 			}
 		})
 	}
-	if v := mustParse(t, "n.toml", strings.Replace(netTOML, "sessions = { allowed = true }", "", 1)).DecideNetLock(idNet, nil, NetLimit{}); v.Allowed {
+	if v := mustParse(t, "n.toml", strings.Replace(netTOML, "sessions = { allowed = true }", "", 1)).DecideNetLock(idNet, "", nil, NetLimit{}); v.Allowed {
 		t.Errorf("locked a session of a profile without sessions: %+v", v)
 	}
 }

@@ -64,6 +64,7 @@ type profile struct {
 	admin      bool // sees everyone in status
 	rotate     bool // may rotate the audit log (audit_rotate)
 	image      string
+	images     []imageRef // the images a caller may name (Request.Image); image among them
 	user       string
 	users      []string // the users a caller may name (Request.User); user among them
 	network    string
@@ -168,31 +169,16 @@ func (p *Policy) Digest() string {
 // Shape is the form of the VMs a profile asks for: a template and a pool
 // serve every profile of one shape.
 type Shape struct {
-	Image     string // the guest image's name (profile.image)
+	Image     string // the guest image's name (profile.image, or another of images)
 	MemoryMiB int
 	CPUs      int
 	DiskMiB   int  // the guest's disk limit (disk_mib)
 	Network   bool // the VMs have a NIC (network.mode = "allowlist")
 }
 
-// ProfileImage is a profile and the image it names.
-type ProfileImage struct{ Profile, Image string }
-
-// Images lists each profile with the image it names, in profile order:
-// the daemon refuses a policy whose image is not built. It is pure.
-func (p *Policy) Images() []ProfileImage {
-	if p == nil {
-		return nil
-	}
-	var out []ProfileImage
-	for _, prof := range p.profiles {
-		out = append(out, ProfileImage{Profile: prof.name, Image: prof.image})
-	}
-	return out
-}
-
 // Shapes lists the distinct VM shapes of the policy's profiles, in profile
-// order. It is pure.
+// order, one per image a profile's callers may run in (its image first).
+// It is pure.
 func (p *Policy) Shapes() []Shape {
 	if p == nil {
 		return nil
@@ -200,10 +186,12 @@ func (p *Policy) Shapes() []Shape {
 	var out []Shape
 	seen := map[Shape]bool{}
 	for _, prof := range p.profiles {
-		s := Shape{Image: prof.image, MemoryMiB: prof.limits.MemoryMiB, CPUs: prof.limits.CPUs, DiskMiB: prof.limits.DiskMiB, Network: prof.net != nil}
-		if !seen[s] {
-			seen[s] = true
-			out = append(out, s)
+		for _, r := range prof.imageList() {
+			s := Shape{Image: r.name, MemoryMiB: prof.limits.MemoryMiB, CPUs: prof.limits.CPUs, DiskMiB: prof.limits.DiskMiB, Network: prof.net != nil}
+			if !seen[s] {
+				seen[s] = true
+				out = append(out, s)
+			}
 		}
 	}
 	return out

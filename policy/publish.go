@@ -28,6 +28,9 @@ type PublishRequest struct {
 	Session   string
 	GuestPort int
 	Host      HostAddr
+	// Image is the session's image (the daemon's word); "": the
+	// profile's. It must still be one of the profile's images.
+	Image string
 }
 
 // HostAddr is the host side of a published port: a TCP address, or a Unix
@@ -53,8 +56,9 @@ func (h HostAddr) loopback() bool {
 
 // DecidePublish decides whether id may publish a port of its session on
 // the host address req.Host: its profile must allow sessions and
-// sessions.publish, and an address other than loopback or a Unix socket
-// needs sessions.publish_any_address. The verdict's Limits.Publish bound
+// sessions.publish, the session's image (req.Image) must still be one of
+// its images, and an address other than loopback or a Unix socket needs
+// sessions.publish_any_address. The verdict's Limits.Publish bound
 // the published port. Pure; argv rules do not apply. Whether the session
 // exists, and has a NIC, is the daemon's to check.
 func (p *Policy) DecidePublish(id Identity, req PublishRequest) Verdict {
@@ -76,12 +80,17 @@ func (p *Policy) DecidePublish(id Identity, req PublishRequest) Verdict {
 		return deny("", "no host address to publish on")
 	case !prof.limits.AllowSessions:
 		return deny("sessions.allowed", "sessions are not allowed")
+	}
+	if _, rule, reason := prof.chooseImage(req.Image); reason != "" {
+		return deny(rule, reason)
+	}
+	switch h := req.Host; {
 	case !pub.Allowed:
 		return deny("sessions.publish", "publishing a session's ports on the host is not allowed (sessions.publish = false)")
 	case !h.loopback() && !pub.AnyAddress:
 		return deny("sessions.publish_any_address", fmt.Sprintf("host address %s is not loopback: only loopback addresses and Unix sockets may be published (sessions.publish_any_address = false)", quote(h.String())))
 	}
-	v := prof.allowed(Request{}, "sessions.publish", "publishing is allowed", prof.limits.Timeout)
+	v := prof.allowed(Request{Image: req.Image}, "sessions.publish", "publishing is allowed", prof.limits.Timeout)
 	if !req.Host.loopback() {
 		v.Rule, v.Reason = "sessions.publish_any_address", "publishing on any address is allowed (a relaxation)"
 	}

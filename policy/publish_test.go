@@ -48,20 +48,22 @@ func TestDecidePublish(t *testing.T) {
 		ok   bool
 		rule string // the rule that decided
 	}{
-		{"loopback", 1, PublishRequest{"web", 8000, lo}, true, "sessions.publish"},
-		{"IPv6 loopback", 1, PublishRequest{"web", 8000, lo6}, true, "sessions.publish"},
-		{"IPv4-mapped loopback", 1, PublishRequest{"web", 8000, mapped}, true, "sessions.publish"},
-		{"Unix socket", 1, PublishRequest{"web", 1, sock}, true, "sessions.publish"},
-		{"any address refused", 1, PublishRequest{"web", 8000, anyv4}, false, "sessions.publish_any_address"},
-		{"LAN address refused", 1, PublishRequest{"web", 8000, lan}, false, "sessions.publish_any_address"},
-		{"any address allowed", 2, PublishRequest{"web", 8000, anyv4}, true, "sessions.publish_any_address"},
-		{"loopback where any is allowed", 2, PublishRequest{"web", 65535, lo}, true, "sessions.publish"},
-		{"publishing not allowed", 3, PublishRequest{"web", 8000, lo}, false, "sessions.publish"},
-		{"sessions not allowed", 4, PublishRequest{"web", 8000, lo}, false, "sessions.allowed"},
-		{"guest port 0", 1, PublishRequest{"web", 0, lo}, false, ""},
-		{"guest port too big", 1, PublishRequest{"web", 65536, lo}, false, ""},
-		{"bad session name", 1, PublishRequest{"../x", 8000, lo}, false, ""},
-		{"no host address", 1, PublishRequest{"web", 8000, HostAddr{}}, false, ""},
+		{"loopback", 1, PublishRequest{"web", 8000, lo, ""}, true, "sessions.publish"},
+		{"IPv6 loopback", 1, PublishRequest{"web", 8000, lo6, ""}, true, "sessions.publish"},
+		{"IPv4-mapped loopback", 1, PublishRequest{"web", 8000, mapped, ""}, true, "sessions.publish"},
+		{"Unix socket", 1, PublishRequest{"web", 1, sock, ""}, true, "sessions.publish"},
+		{"any address refused", 1, PublishRequest{"web", 8000, anyv4, ""}, false, "sessions.publish_any_address"},
+		{"LAN address refused", 1, PublishRequest{"web", 8000, lan, ""}, false, "sessions.publish_any_address"},
+		{"any address allowed", 2, PublishRequest{"web", 8000, anyv4, ""}, true, "sessions.publish_any_address"},
+		{"loopback where any is allowed", 2, PublishRequest{"web", 65535, lo, ""}, true, "sessions.publish"},
+		{"publishing not allowed", 3, PublishRequest{"web", 8000, lo, ""}, false, "sessions.publish"},
+		{"sessions not allowed", 4, PublishRequest{"web", 8000, lo, ""}, false, "sessions.allowed"},
+		{"guest port 0", 1, PublishRequest{"web", 0, lo, ""}, false, ""},
+		{"guest port too big", 1, PublishRequest{"web", 65536, lo, ""}, false, ""},
+		{"bad session name", 1, PublishRequest{"../x", 8000, lo, ""}, false, ""},
+		{"no host address", 1, PublishRequest{"web", 8000, HostAddr{}, ""}, false, ""},
+		{"the session's image", 1, PublishRequest{"web", 8000, lo, "default"}, true, "sessions.publish"},
+		{"an image not listed", 1, PublishRequest{"web", 8000, lo, "py"}, false, RuleImages},
 	} {
 		v := p.DecidePublish(Identity{UID: c.uid}, c.req)
 		if v.Allowed != c.ok || v.Rule != c.rule || v.Reason == "" {
@@ -71,16 +73,16 @@ func TestDecidePublish(t *testing.T) {
 			t.Errorf("%s: a denial with limits: %+v", c.name, v)
 		}
 	}
-	if v := p.DecidePublish(Identity{UID: 2}, PublishRequest{"web", 8000, lo}); v.Limits.Publish != (PublishLimits{true, true, 3, builtinPublishIdle}) {
+	if v := p.DecidePublish(Identity{UID: 2}, PublishRequest{"web", 8000, lo, ""}); v.Limits.Publish != (PublishLimits{true, true, 3, builtinPublishIdle}) {
 		t.Errorf("limits of an allowed publish: %+v", v.Limits.Publish)
 	}
-	if v := p.DecidePublish(Identity{UID: 99}, PublishRequest{"web", 8000, lo}); v.Allowed || !strings.Contains(v.Reason, "no policy profile") {
+	if v := p.DecidePublish(Identity{UID: 99}, PublishRequest{"web", 8000, lo, ""}); v.Allowed || !strings.Contains(v.Reason, "no policy profile") {
 		t.Errorf("no profile: %+v", v)
 	}
-	if v := (*Policy)(nil).DecidePublish(Identity{UID: 1}, PublishRequest{"web", 8000, lo}); v.Allowed {
+	if v := (*Policy)(nil).DecidePublish(Identity{UID: 1}, PublishRequest{"web", 8000, lo, ""}); v.Allowed {
 		t.Error("a nil policy allowed a publish")
 	}
-	if v := Default().DecidePublish(Identity{UID: 1000, User: "u"}, PublishRequest{"web", 8000, lo}); v.Allowed {
+	if v := Default().DecidePublish(Identity{UID: 1000, User: "u"}, PublishRequest{"web", 8000, lo, ""}); v.Allowed {
 		t.Errorf("the default policy publishes: %+v", v)
 	}
 }

@@ -292,6 +292,7 @@ var refDefaults = map[string]string{
 	"profile.audit_rotate": "false",
 	"profile.match":        refRequired,
 	"profile.image":        strconv.Quote(builtinImage),
+	"profile.images":       "",
 	"profile.user":         strconv.Quote(builtinUser),
 	"profile.cpus":         strconv.Itoa(builtinCPUs),
 	"profile.max_vms":      strconv.Itoa(builtinMaxVMs),
@@ -388,8 +389,14 @@ var refDescriptions = map[string]string{
 		"Usually inline: `match = { groups = [\"vmgate-agents\"] }`.",
 	"profile.image": "Name of the guest image: " + strings.Replace(names.ImageRule, names.Charset, "`"+names.Charset+"`", 1) + ". " +
 		"`default` is the daemon's image (`vmgated serve --image`); any other NAME is `STATE/images/NAME`, built with `vmgated image build --name NAME` or imported with `vmgated image import --name NAME ROOTFS.tar` " +
-		"(`vmgated image list` shows them). Each image has its own templates and pools; vmgated refuses a policy naming an image that is not built, at start and at reload.",
-	"profile.user": fmt.Sprintf("Guest user that commands run as unless the caller names another of `users`: `%q`, unprivileged, `%q`, a relaxation that lets commands change the (disposable) guest system, "+
+		"(`vmgated image list` shows them). Each image has its own templates and pools; vmgated refuses a policy naming an image that is not built, at start and at reload. " +
+		"It is the image of commands whose caller names none of `images`.",
+	"profile.images": "The images a caller may name for a fresh VM or a new session (`vm-exec --image NAME`, the socket API's and MCP's `image`); another name is refused, naming this key. " +
+		"Default: `image` alone, which must be one of them. An entry `NAME@" + digestPrefix + "HEX` pins the image NAME to a manifest digest (what `vmgated image list` shows of an imported or pulled image): " +
+		"vmgated refuses a policy whose pinned image has another digest, or none (a built image), at start and at reload, as it refuses one naming an image that is not built. " +
+		"A session keeps the image it began with; a reload that takes that image away from `images` refuses the session's further commands and operations. " +
+		"Each image is a VM shape of its own, with its own templates and pools: `vmgated serve` and `vmgated image warm` make them for every image listed.",
+	"profile.user": fmt.Sprintf("Guest user that commands run as unless the caller names another of `users` (or their image's configuration names one of `users`: docs/images.md): `%q`, unprivileged, `%q`, a relaxation that lets commands change the (disposable) guest system, "+
 		"or any account of the guest's (%s); one other than root that has uid 0 there is refused.", userAgent, userRoot, names.AccountRule),
 	"profile.users": "The guest users a caller may name (`vm-exec --user NAME`, the socket API's and MCP's `user`); another name is refused, naming this key. " +
 		"Default: `user` alone. `root` in it is a relaxation. The audit record and the receipt say which user ran a command.",

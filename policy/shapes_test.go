@@ -49,7 +49,7 @@ match = { any = true }
 		t.Error("nil policy has shapes")
 	}
 	imgs := mustParse(t, "images", "version = 1\n[[profile]]\nname = \"a\"\nmatch = { uids = [1] }\nimage = \"ml\"\n[[profile]]\nname = \"b\"\nmatch = { any = true }\n").Images()
-	if want := []ProfileImage{{"a", "ml"}, {"b", "default"}}; !reflect.DeepEqual(imgs, want) {
+	if want := []ProfileImage{{"a", "ml", ""}, {"b", "default", ""}}; !reflect.DeepEqual(imgs, want) {
 		t.Errorf("Images() = %+v, want %+v", imgs, want)
 	}
 }

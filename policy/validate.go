@@ -249,6 +249,10 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 		c.crossCheck(label, s)
 	}
 	p.image = pick(builtinImage, s.image)
+	p.images = pick([]imageRef{{name: p.image}}, s.images)
+	if !hasImage(p.images, p.image) {
+		c.errorf("%s: image %q is not one of images %q: the default image must be one a caller may name", label, p.image, imageNames(p.images))
+	}
 	p.user = pick(builtinUser, s.user)
 	p.users = pick([]string{p.user}, s.users)
 	if !slices.Contains(p.users, p.user) {
@@ -405,6 +409,7 @@ type settings struct {
 	publishConns               *int
 	publishIdle                *time.Duration
 	users                      *[]string
+	images                     *[]imageRef
 	maxCommands, maxProcesses  *int
 	processBuffer              *int64
 	badTimeout, badSessions    bool
@@ -450,6 +455,7 @@ func (s settings) merge(d settings) settings {
 	m.publishConns = first(s.publishConns, d.publishConns)
 	m.publishIdle = first(s.publishIdle, d.publishIdle)
 	m.users = first(s.users, d.users)
+	m.images = first(s.images, d.images)
 	m.maxCommands = first(s.maxCommands, d.maxCommands)
 	m.maxProcesses = first(s.maxProcesses, d.maxProcesses)
 	m.processBuffer = first(s.processBuffer, d.processBuffer)
@@ -506,6 +512,7 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 			c.errorf("%s: image %q: must be %s", label, *d.Image, names.ImageRule)
 		}
 	}
+	s.images = c.parseImages(label, d.Images)
 	if d.User != nil {
 		if names.Account(*d.User) {
 			s.user = d.User

@@ -56,9 +56,9 @@ type Host struct {
 	// pastFailures counts the handshake failures of discarded templates.
 	pastFailures int64
 
-	// digestMu guards digests, ImageDigestOf's cache: the base digest
-	// of each named image, with the identity of the manifest it came
-	// from.
+	// digestMu guards digests, ImageDigestOf's and ImageSourceOf's
+	// cache: the base digest and source of each image, with the identity
+	// of the manifest they came from.
 	digestMu sync.Mutex
 	digests  map[string]cachedDigest
 	// readManifest reads an image's manifest; nil means
@@ -66,10 +66,12 @@ type Host struct {
 	readManifest func(dir string) (*image.Manifest, error)
 }
 
-// cachedDigest is an image's base digest as read from its manifest.
+// cachedDigest is an image's base digest and source as read from its
+// manifest.
 type cachedDigest struct {
 	manifest fileIdentity
 	digest   string
+	source   *image.Source // nil: none (a built image)
 }
 
 // fileIdentity tells a file's versions apart without reading it: a
@@ -231,20 +233,38 @@ func (h *Host) ImageDigestOf(name string) string {
 	if name == "" || name == DefaultImage {
 		return h.ImageDigest()
 	}
+	return h.manifestOf(name).digest
+}
+
+// ImageSourceOf is where image name came from and the configuration it
+// brings (its manifest's source: read, and cached, as ImageDigestOf
+// reads the digest), or nil: a built image, or one whose manifest
+// cannot be read. The caller must not change it.
+func (h *Host) ImageSourceOf(name string) *image.Source {
+	if name == "" {
+		name = DefaultImage
+	}
+	return h.manifestOf(name).source
+}
+
+// manifestOf is what ImageDigestOf and ImageSourceOf read of image name's
+// manifest: read once per version of it (a stat per call), zero when it
+// cannot be read.
+func (h *Host) manifestOf(name string) cachedDigest {
 	dir, err := h.ImageDir(name)
 	if err != nil {
-		return ""
+		return cachedDigest{}
 	}
 	id, err := identityOf(filepath.Join(dir, image.ManifestFile))
 	if err != nil {
 		h.forgetDigest(name)
-		return ""
+		return cachedDigest{}
 	}
 	h.digestMu.Lock()
 	c, ok := h.digests[name]
 	h.digestMu.Unlock()
 	if ok && c.manifest == id {
-		return c.digest
+		return c
 	}
 	// A manifest replaced between the stat and the read is stored under
 	// its old identity, and read again on the next call.
@@ -255,16 +275,16 @@ func (h *Host) ImageDigestOf(name string) string {
 	m, err := read(dir)
 	if err != nil {
 		h.forgetDigest(name)
-		return ""
+		return cachedDigest{}
 	}
-	digest := m.Artifacts[image.BaseFile].SHA256
+	c = cachedDigest{manifest: id, digest: m.Artifacts[image.BaseFile].SHA256, source: m.Source}
 	h.digestMu.Lock()
 	if h.digests == nil {
 		h.digests = map[string]cachedDigest{}
 	}
-	h.digests[name] = cachedDigest{manifest: id, digest: digest}
+	h.digests[name] = c
 	h.digestMu.Unlock()
-	return digest
+	return c
 }
 
 // forgetDigest drops ImageDigestOf's cached digest of image name.

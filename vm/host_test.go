@@ -162,3 +162,43 @@ func TestHostConfigImageDirOf(t *testing.T) {
 		t.Error("a path was taken for an image name")
 	}
 }
+
+// TestHost_ImageSourceOf: an image's source (its configuration) is read
+// from its manifest as its digest is, once per version of the manifest;
+// a built image has none.
+func TestHost_ImageSourceOf(t *testing.T) {
+	images := t.TempDir()
+	dir := filepath.Join(images, "py")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(src *image.Source) {
+		t.Helper()
+		m := &image.Manifest{Artifacts: map[string]image.Artifact{image.BaseFile: {SHA256: "aaaa"}, image.KernelFile: {}, image.InitrdFile: {}}, Source: src}
+		if err := image.WriteManifest(dir, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads := 0
+	h := &Host{cfg: HostConfig{ImageDir: t.TempDir(), ImagesDir: images}, digest: "default-digest",
+		readManifest: func(dir string) (*image.Manifest, error) {
+			reads++
+			return image.ReadManifest(dir)
+		}}
+	write(nil)
+	if src := h.ImageSourceOf("py"); src != nil {
+		t.Errorf("a built image's source: %+v", src)
+	}
+	write(&image.Source{Kind: image.SourceRegistry, ManifestDigest: "sha256:ab", WorkingDir: "/srv"})
+	for range 3 {
+		if src := h.ImageSourceOf("py"); src == nil || src.ManifestDigest != "sha256:ab" || src.WorkingDir != "/srv" {
+			t.Errorf("an imported image's source: %+v", src)
+		}
+	}
+	if d := h.ImageDigestOf("py"); d != "aaaa" || reads != 2 {
+		t.Errorf("digest %q after %d reads, want aaaa after 2", d, reads)
+	}
+	if src := h.ImageSourceOf("gone"); src != nil {
+		t.Errorf("an image that is not there: %+v", src)
+	}
+}

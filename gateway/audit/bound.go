@@ -88,7 +88,7 @@ func bound(r *Record) {
 	r.Argv = abridgeArgv(r.Argv)
 	r.EnvNames = abridgeArgv(r.EnvNames)
 	for _, f := range []*string{&r.Dir, &r.RequestID, &r.User, &r.Profile, &r.Session, &r.Rule, &r.Reason, &r.VMID,
-		&r.ImageDigest, &r.Signal, &r.StdoutSHA256, &r.StderrSHA256, &r.VMStart, &r.Error, &r.Message} {
+		&r.ImageDigest, &r.ImageManifestDigest, &r.Signal, &r.StdoutSHA256, &r.StderrSHA256, &r.VMStart, &r.Error, &r.Message} {
 		*f = abridge(*f)
 	}
 	if s := r.SSH; s != nil {

@@ -128,10 +128,14 @@ type Record struct {
 	Reason  string  `json:"reason,omitempty"`
 
 	// VMID, Image and ImageDigest identify the VM and the image it
-	// booted (its name, profile.image, and its base's SHA-256).
-	VMID        string `json:"vm_id,omitempty"`
-	Image       string `json:"image,omitempty"`
-	ImageDigest string `json:"image_digest,omitempty"`
+	// booted (its name, profile.image or another of images, and its
+	// base's SHA-256); ImageManifestDigest is the manifest digest of the
+	// container image it was imported or pulled from ("sha256:…"), if
+	// any.
+	VMID                string `json:"vm_id,omitempty"`
+	Image               string `json:"image,omitempty"`
+	ImageDigest         string `json:"image_digest,omitempty"`
+	ImageManifestDigest string `json:"image_manifest_digest,omitempty"`
 
 	// ExitCode is the command's exit status; nil if it did not exit.
 	ExitCode *int `json:"exit_code,omitempty"`

@@ -24,13 +24,13 @@ func WriteStatus(w io.Writer, st *wire.Status, now time.Time) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(strings.Join(v.Argv, " "), 40), v.VMID, v.Profile, v.Caller,
 			dash(v.VMStart), age(now.Sub(v.Started)), dash(v.Session))
 	}
-	fmt.Fprintf(tw, "\nSESSIONS (%s)\tVM\tPROFILE\tOWNER\tIDLE\tEXPIRES IN\tBUSY\n", whose)
+	fmt.Fprintf(tw, "\nSESSIONS (%s)\tVM\tPROFILE\tIMAGE\tOWNER\tIDLE\tEXPIRES IN\tBUSY\n", whose)
 	for _, s := range st.Sessions {
 		where := s.VMID
 		if s.State == wire.SessionPaused {
 			where = fmt.Sprintf("paused %s ago, %d MiB", age(now.Sub(s.PausedAt)), s.DiskBytes>>20)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\n", s.Name, where, s.Profile, s.Owner, age(now.Sub(s.LastUsed)), age(s.ExpiresAt.Sub(now)), s.Busy)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", s.Name, where, s.Profile, dash(s.Image), s.Owner, age(now.Sub(s.LastUsed)), age(s.ExpiresAt.Sub(now)), s.Busy)
 	}
 	fmt.Fprintf(tw, "\nPOOLS\tIMAGE\tMEMORY\tCPUS\tDISK\tNETWORK\tREADY\tAHEAD\tHITS/MISSES\n")
 	for i, p := range st.Pools {

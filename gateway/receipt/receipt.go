@@ -134,6 +134,10 @@ type Policy struct {
 type Image struct {
 	Name   string `json:"name"`
 	SHA256 string `json:"sha256,omitempty"`
+	// ManifestDigest is the manifest digest ("sha256:…") of the
+	// container image it was imported or pulled from, if any: what a
+	// registry and a policy's pin name.
+	ManifestDigest string `json:"manifest_digest,omitempty"`
 }
 
 // Stream is the byte count and hex SHA-256 of one stream.

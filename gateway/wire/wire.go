@@ -167,6 +167,11 @@ type ExecRequest struct {
 	// User is the guest user to run as (vm-exec --user): one of the
 	// profile's users; empty, the profile's user.
 	User string `json:"user,omitempty"`
+	// Image is the image a fresh VM or a new session runs in (vm-exec
+	// --image): one of the profile's images; empty, the profile's image.
+	// A command in an existing session runs in the session's image: one
+	// that names another is refused.
+	Image string `json:"image,omitempty"`
 }
 
 // NetLimit is a network narrowed to the egress rules in Allow (the
@@ -422,8 +427,10 @@ type Error struct {
 type Session struct {
 	Name string `json:"name"`
 	// VMID is its VM's, while it runs.
-	VMID      string    `json:"vm_id"`
-	Profile   string    `json:"profile"`
+	VMID    string `json:"vm_id"`
+	Profile string `json:"profile"`
+	// Image is the image it runs in, chosen when it began.
+	Image     string    `json:"image"`
 	Created   time.Time `json:"created"`
 	LastUsed  time.Time `json:"last_used"`
 	ExpiresAt time.Time `json:"expires_at"`
@@ -724,6 +731,9 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 	}
 	if req.User != "" && !names.Account(req.User) {
 		return nil, fmt.Errorf("exec request: user %q: must be %s", req.User, names.AccountRule)
+	}
+	if req.Image != "" && !names.Image(req.Image) {
+		return nil, fmt.Errorf("exec request: image %q: must be %s", req.Image, names.ImageRule)
 	}
 	strs := append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...)
 	if req.Net != nil {

@@ -20,13 +20,9 @@ import (
 // missing or null field is "" (the caller decides whether that is allowed);
 // a present one must be a valid session name (names.Session).
 func sessionField(raw json.RawMessage, key string) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		raw = []byte("{}")
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return "", fmt.Errorf("%w: not a JSON object: %v", shelltool.ErrArgs, err)
+	m, err := object(raw)
+	if err != nil {
+		return "", err
 	}
 	v, ok := m[key]
 	if !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
@@ -42,6 +38,19 @@ func sessionField(raw json.RawMessage, key string) (string, error) {
 	return name, nil
 }
 
+// object decodes raw as a JSON object; nothing or null is an empty one.
+func object(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		raw = []byte("{}")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("%w: not a JSON object: %v", shelltool.ErrArgs, err)
+	}
+	return m, nil
+}
+
 // requiredSession is sessionField for a field that must be present.
 func requiredSession(raw json.RawMessage, key string) (string, error) {
 	name, err := sessionField(raw, key)
@@ -51,10 +60,51 @@ func requiredSession(raw json.RawMessage, key string) (string, error) {
 	return name, err
 }
 
-// startArgs are session_start's arguments (parseStart): the schema's
-// source.
+// startArgs are session_start's arguments (parseStart, parseImage): the
+// schema's source.
 type startArgs struct {
-	Name string `json:"name,omitempty"` // its description holds names.SessionRule
+	Name  string `json:"name,omitempty"` // its description holds names.SessionRule
+	Image string `json:"image,omitempty" jsonschema:"Image the session's VM runs, one the operator allows (default: the usual one); the session keeps it"`
+}
+
+// imageArgs is what exec_shell_command adds to shelltool's arguments
+// (parseImage): the source of its part of the schema.
+type imageArgs struct {
+	Image string `json:"image,omitempty" jsonschema:"Image the VM runs, one the operator allows (default: the usual one)"`
+}
+
+// parseImage decodes the optional "image" of exec_shell_command's and
+// session_start's arguments: "" (absent or null) is the operator's
+// default image; a present one must be a name an image can have
+// (names.Image), and the daemon's policy decides whether it is allowed.
+func parseImage(raw json.RawMessage) (string, error) {
+	m, err := object(raw)
+	if err != nil {
+		return "", err
+	}
+	v, ok := m["image"]
+	if !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+		return "", nil
+	}
+	var name string
+	if err := json.Unmarshal(v, &name); err != nil {
+		return "", fmt.Errorf("%w: \"image\" must be a string", shelltool.ErrArgs)
+	}
+	if !names.Image(name) {
+		return "", fmt.Errorf("%w: \"image\": %q is not an image name (%s)", shelltool.ErrArgs, name, names.ImageRule)
+	}
+	return name, nil
+}
+
+// execSchema is exec_shell_command's input schema: shelltool's (written
+// by hand: it mirrors llama.cpp's tool) with imageArgs' property.
+func execSchema() map[string]any {
+	s := shelltool.Schema()
+	props := s["properties"].(map[string]any)
+	for k, p := range schemaFor[imageArgs](nil).Properties {
+		props[k] = p
+	}
+	return s
 }
 
 // parseStart decodes session_start's arguments: an optional "name". An

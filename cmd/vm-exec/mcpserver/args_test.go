@@ -37,6 +37,7 @@ var sessionArgCases = []struct {
 	{`{"session":"s1","command":"ls","timeout":"x"}`, "", "", "s1", "", "not an integer", ""},
 	{`[1]`, "", "not a JSON object", "", "not a JSON object", "not a JSON object", ""},
 	{`{"session":"s1"`, "", "not a JSON object", "", "not a JSON object", "not a JSON object", ""},
+	{`{"name":"work","image":"py"}`, "work", "", "", `"session" is missing`, `"session" is missing`, "an image"},
 }
 
 func checkErr(t *testing.T, what, in string, err error, want string) bool {
@@ -51,6 +52,28 @@ func checkErr(t *testing.T, what, in string, err error, want string) bool {
 		t.Errorf("%s(%s): err = %v, want %q wrapping ErrArgs", what, in, err, want)
 	}
 	return false
+}
+
+// TestParseImage: exec_shell_command's and session_start's "image" is
+// optional, and a name an image can have when present.
+func TestParseImage(t *testing.T) {
+	for _, tc := range []struct{ in, want, err string }{
+		{`{}`, "", ""},
+		{``, "", ""},
+		{`{"command":"ls","image":null}`, "", ""},
+		{`{"command":"ls","image":"py"}`, "py", ""},
+		{`{"name":"s","image":"debian-12.5_slim"}`, "debian-12.5_slim", ""},
+		{`{"image":""}`, "", "is not an image name"},
+		{`{"image":"../x"}`, "", "is not an image name"},
+		{`{"image":"py@sha256:00"}`, "", "is not an image name"},
+		{`{"image":7}`, "", "must be a string"},
+		{`[1]`, "", "not a JSON object"},
+	} {
+		got, err := parseImage([]byte(tc.in))
+		if checkErr(t, "parseImage", tc.in, err, tc.err) && got != tc.want {
+			t.Errorf("parseImage(%s) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
 }
 
 func TestSessionArgs(t *testing.T) {
@@ -127,6 +150,11 @@ func FuzzSessionArgs(f *testing.F) {
 		check("parseStart", n, err, false)
 		n, err = parseEnd(b)
 		check("parseEnd", n, err, true)
+		if img, err := parseImage(b); err == nil && img != "" && !names.Image(img) {
+			t.Fatalf("parseImage accepted %q", img)
+		} else if err != nil && !errors.Is(err, shelltool.ErrArgs) {
+			t.Fatalf("parseImage: error %v does not wrap ErrArgs", err)
+		}
 		n, _, err = parseSessionExec(b)
 		check("parseSessionExec", n, err, true)
 	})

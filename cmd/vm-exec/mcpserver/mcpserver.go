@@ -212,7 +212,7 @@ func (s *Server) addExecTools(openWorld bool) {
 		Name: shelltool.Name,
 		Description: shelltool.Description + " The command runs as `sh -c` in a fresh disposable Linux VM, destroyed afterwards: " +
 			"nothing carries over to the next call (use the session tools for that).",
-		InputSchema:  shelltool.Schema(),
+		InputSchema:  execSchema(),
 		OutputSchema: schemaFor[ExecOutput](nil),
 		Annotations:  withOpenWorld(annotations[shelltool.Name], openWorld),
 	}, s.wrap(s.execShellCommand))
@@ -325,11 +325,19 @@ func (s *Server) execShellCommand(ctx context.Context, req *mcp.CallToolRequest)
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
-	return s.runShell(ctx, req, shelltool.Name, "", a)
+	image, err := parseImage(req.Params.Arguments)
+	if err != nil {
+		return textResult(err.Error(), true)
+	}
+	return s.runShell(ctx, req, shelltool.Name, "", image, a)
 }
 
 func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
 	name, err := parseStart(req.Params.Arguments)
+	if err != nil {
+		return textResult(err.Error(), true)
+	}
+	image, err := parseImage(req.Params.Arguments)
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
@@ -357,7 +365,7 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest) *mc
 	}
 	// `true` (no shell: the policy need not allow shell strings for this)
 	// makes the gateway create the session's VM now.
-	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{"true"}, Session: name}, client.ExecIO{})
+	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{"true"}, Session: name, Image: image}, client.ExecIO{})
 	if err == nil && (res.ExitCode != 0 || res.TimedOut) {
 		err = fmt.Errorf("`true` in the new VM: exit code %d, signal %q, timed out %v", res.ExitCode, res.Signal, res.TimedOut)
 	}
@@ -379,7 +387,7 @@ func (s *Server) sessionExec(ctx context.Context, req *mcp.CallToolRequest) *mcp
 	if r := s.checkSession(ctx, name); r != nil {
 		return r
 	}
-	return s.runShell(ctx, req, ToolSessionExec, name, a)
+	return s.runShell(ctx, req, ToolSessionExec, name, "", a)
 }
 
 func (s *Server) sessionEnd(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {

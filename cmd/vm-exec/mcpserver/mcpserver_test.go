@@ -137,7 +137,7 @@ func checkToolList(t *testing.T, cs *mcp.ClientSession) {
 		schemas[tool.Name] = tool.InputSchema
 	}
 	want := map[string]any{
-		shelltool.Name:   asJSON(t, shelltool.Schema()),
+		shelltool.Name:   asJSON(t, execSchema()),
 		ToolSessionExec:  asJSON(t, sessionExecSchema()),
 		ToolSessionStart: nil, ToolSessionEnd: nil, ToolSessionWriteFile: nil, ToolSessionReadFile: nil, ToolSessionPause: nil, ToolSessionFork: nil, ToolSessionNetLock: nil, ToolReceipt: nil,
 		ToolProcStart: nil, ToolProcOutput: nil, ToolProcInput: nil, ToolProcKill: nil,

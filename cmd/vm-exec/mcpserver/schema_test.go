@@ -39,11 +39,16 @@ func handSchemas() (in map[string]map[string]any, out map[string]any) {
 	sessionExec := shelltool.Schema()
 	sessionExec["properties"].(map[string]any)["session"] = str("Session name returned by session_start")
 	sessionExec["required"] = []string{"session", "command"}
+	// The images came after the schemas were written by hand: their
+	// property was derived from the start.
+	exec := shelltool.Schema()
+	exec["properties"].(map[string]any)["image"] = str("Image the VM runs, one the operator allows (default: the usual one)")
 	in = map[string]map[string]any{
-		shelltool.Name:   shelltool.Schema(),
-		ToolSessionExec:  sessionExec,
-		ToolSessionStart: obj(map[string]any{"name": str("Session name (" + names.SessionRule + "); generated when absent")}),
-		ToolSessionEnd:   obj(map[string]any{"session": str("Session name")}, "session"),
+		shelltool.Name:  exec,
+		ToolSessionExec: sessionExec,
+		ToolSessionStart: obj(map[string]any{"name": str("Session name (" + names.SessionRule + "); generated when absent"),
+			"image": str("Image the session's VM runs, one the operator allows (default: the usual one); the session keeps it")}),
+		ToolSessionEnd: obj(map[string]any{"session": str("Session name")}, "session"),
 		ToolSessionWriteFile: obj(map[string]any{
 			"session": str("Session name, from session_start"), "path": str("Absolute path in the session's VM"),
 			"content":  str("The file's content"),
@@ -177,7 +182,13 @@ func TestParsersTakeSchemas(t *testing.T) {
 		parse  func(json.RawMessage) error
 		args   string
 	}{
-		{schemaFor[startArgs](nil), readName(parseStart), `{"name":"s"}`},
+		{schemaFor[startArgs](nil), func(b json.RawMessage) error {
+			if img, err := parseImage(b); err != nil || img != "py" {
+				return fmt.Errorf("read image %q, %v; want \"py\"", img, err)
+			}
+			return readName(parseStart)(b)
+		}, `{"name":"s","image":"py"}`},
+		{schemaFor[imageArgs](nil), func(b json.RawMessage) error { _, err := parseImage(b); return err }, `{"image":"py"}`},
 		{schemaFor[sessionArgs](nil), readName(parseEnd), `{"session":"s"}`},
 		{schemaFor[writeArgs](nil), func(b json.RawMessage) error { _, _, _, err := parseWrite(b); return err },
 			`{"session":"s","path":"/x","content":"aGk=","encoding":"base64"}`},

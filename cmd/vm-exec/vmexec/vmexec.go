@@ -25,6 +25,7 @@ import (
 	"github.com/vmgate/vmgate/cmd/vm-exec/mcpserver"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/names"
 	"github.com/vmgate/vmgate/internal/version"
 )
 
@@ -44,7 +45,7 @@ type vmexecOpts struct {
 	env, envFiles                           []string
 	argv                                    []string
 	puts, gets                              []copySpec
-	user                                    string
+	user, image                             string
 	proc                                    procOpts
 }
 
@@ -61,7 +62,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.BoolVarP(&o.forceStdin, "interactive", "i", false, "send stdin even when it is a terminal (default: only when it is not)")
 	fs.BoolVarP(&o.noStdin, "no-stdin", "n", false, "give the command an empty stdin, as ssh -n does")
 	fs.BoolVarP(&o.tty, "tty", "t", false, "run on a pseudo-terminal in the VM (stderr merges into stdout; with -i on a terminal, raw mode)")
-	fs.StringVarP(&o.dir, "workdir", "w", "", "working `DIR` in the guest (default: the guest user's home)")
+	fs.StringVarP(&o.dir, "workdir", "w", "", "working `DIR` in the guest (default: the image's WorkingDir, else the guest user's home)")
 	fs.StringVarP(&o.dir, "directory", "C", "", "the same as --workdir `DIR`")
 	fs.StringArrayVarP(&o.env, "env", "e", nil, "set `KEY=VALUE` in the guest, or KEY to pass its value here (repeatable; the policy must allow it)")
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
@@ -77,7 +78,8 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.BoolVar(&o.pause, "pause", false, "with --session: pause the session to disk (its VM is freed; its next command resumes it)")
 	fs.StringArrayVar(&o.forks, "fork", nil, "with --session: make the new session `NEW`, a copy of the session's state now (repeatable)")
 	fs.StringVar(&o.publish, "publish", "", "with --session: forward host connections on `[ADDR:]PORT:GUESTPORT` (ADDR 127.0.0.1 by default, PORT 0 a free one; or SOCKET_PATH:GUESTPORT) into the guest's port, until the session ends or this is stopped")
-	fs.StringVarP(&o.user, "user", "u", "", "run as the guest user `NAME` (one of the profile's users; default: its user)")
+	fs.StringVarP(&o.user, "user", "u", "", "run as the guest user `NAME` (one of the profile's users; default: the image's configured user when it is one of them, else the profile's user)")
+	fs.StringVar(&o.image, "image", "", "run in the image `NAME` (one of the profile's images; default: its image); with --session, the image of a new session: an existing one keeps its own, and another NAME is refused")
 	o.proc.flags(fs)
 	fs.StringVar(&o.socket, "socket", "", "gateway socket `PATH` (default $VMGATE_SOCKET, else "+wire.DefaultSocket+")")
 	fs.BoolVarP(&o.help, "help", "h", false, "show this help")
@@ -121,6 +123,14 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	shellSet := fs.Changed("command")
 	if err := o.proc.parse(fs, o, shellSet, len(puts)+len(gets) > 0); err != nil {
 		return nil, err
+	}
+	if fs.Changed("image") {
+		switch {
+		case !names.Image(o.image):
+			return nil, usagef("--image %q: must be %s", o.image, names.ImageRule)
+		case o.proc.op != "" && o.proc.op != procDetach || o.list || o.endSession != "" || o.netLock || o.pause || len(o.forks) > 0 || fs.Changed("publish"):
+			return nil, usagef("--image chooses where a command runs: it takes no --list-sessions, --end-session, --net-lock, --pause, --fork, --publish or operation on background processes")
+		}
 	}
 	switch {
 	case o.proc.op != "" && o.proc.op != procDetach:
@@ -206,6 +216,7 @@ after it is the command's, so "vm-exec ls -h" runs "ls -h". Use -- before a PROG
 starts with a dash, or is named mcp, ps or cp.
 
   vm-exec [flags] -c 'SHELL STRING'
+  vm-exec --image NAME [flags] PROG …   run in another of the profile's images (docs/images.md)
   vm-exec [--session NAME] cp LOCAL NAME:GUESTPATH     (or NAME:GUESTPATH LOCAL; docs/files.md)
   vm-exec --list-sessions [--json] | --end-session NAME
   vm-exec --session NAME --pause          pause the session to disk; its next command resumes it
@@ -344,7 +355,7 @@ func printSessions(ss []wire.Session, jsonOut bool) int {
 		if l := s.NetLock; l != nil {
 			where += fmt.Sprintf("\tnet-lock=[%s]", strings.Join(l.Allow, " "))
 		}
-		fmt.Printf("%s\t%s\tprofile=%s\tidle-since=%s\texpires=%s\n", s.Name, where, s.Profile, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
+		fmt.Printf("%s\t%s\tprofile=%s\timage=%s\tidle-since=%s\texpires=%s\n", s.Name, where, s.Profile, s.Image, s.LastUsed.Format(time.RFC3339), s.ExpiresAt.Format(time.RFC3339))
 	}
 	return 0
 }
@@ -409,7 +420,7 @@ func vmexecMCP(args []string) int {
 }
 
 func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
-	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode, User: o.user,
+	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode, User: o.user, Image: o.image,
 		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds(), Receipt: o.receipt != ""}
 	if o.noNetwork || len(o.netAllow) > 0 {
 		req.Net = &wire.NetLimit{Allow: o.netAllow}

@@ -53,6 +53,15 @@ var parseCases = []struct {
 	{[]string{"--session", "web", "--publish", "8080"}, nil, false, true},
 	{[]string{"--session", "web", "--publish", "host:8080:8000"}, nil, false, true},
 	{[]string{"--session", "web", "--publish", ""}, nil, false, true},
+	{[]string{"--image", "py", "python3", "-V"}, []string{"python3", "-V"}, false, false},
+	{[]string{"--image", "py", "--session", "s", "-c", "true"}, []string{"true"}, true, false},
+	{[]string{"--image", "py", "--session", "s", "--detach", "sleep", "9"}, []string{"sleep", "9"}, false, false},
+	{[]string{"--image", "../py", "true"}, nil, false, true},
+	{[]string{"--image", "", "true"}, nil, false, true},
+	{[]string{"--image", "py@sha256:00", "true"}, nil, false, true},
+	{[]string{"--image", "py", "--list-sessions"}, nil, false, true},
+	{[]string{"--image", "py", "--session", "s", "--pause"}, nil, false, true},
+	{[]string{"--image", "py", "--session", "s", "--procs"}, nil, false, true},
 }
 
 func TestParseVMExec(t *testing.T) {
