@@ -9,7 +9,6 @@ import (
 	"github.com/vmgate/vmgate/gateway/receipt"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/image"
 )
 
 // errCancelled marks a command whose client closed its stream before the
@@ -91,7 +90,7 @@ func result(st *execState, o execOutcome) wire.Result {
 
 // manifestDigest is the manifest digest an image's source names, "" for
 // an image without one.
-func manifestDigest(src *image.Source) string {
+func manifestDigest(src *vm.ImageSource) string {
 	if src == nil {
 		return ""
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/image"
 )
 
 // Directories. QEMU's jail binds each file at its real path, so a
@@ -147,13 +146,9 @@ func (s *Server) useImages(p *policy.Policy) error {
 // checkPin checks the image in dir (checked whole) against the manifest
 // digest pin that a profile's images pins it to (policy.CheckPin).
 func checkPin(dir, pin string) error {
-	m, err := image.ReadManifest(dir)
+	digest, err := vm.ImageManifestDigest(dir)
 	if err != nil {
 		return err
-	}
-	digest := ""
-	if m.Source != nil {
-		digest = m.Source.ManifestDigest
 	}
 	return policy.CheckPin(pin, digest)
 }

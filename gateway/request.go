@@ -62,11 +62,11 @@ type execState struct {
 	// env and dir are the command's environment and working directory
 	// once it is allowed: the verdict's environment and the request's
 	// directory, under the defaults of the image it runs in (its Env and
-	// WorkingDir: image.Source.CommandEnv, CommandDir).
+	// WorkingDir: vm.ImageSource.CommandEnv, CommandDir).
 	env []string
 	dir string
 	// imageUser is the configured user of the image the command is
-	// decided in (image.Source.CommandUser): the policy makes it the
+	// decided in (vm.ImageSource.CommandUser): the policy makes it the
 	// command's default user when it is one of the profile's users.
 	imageUser string
 }

@@ -240,7 +240,7 @@ func (h *Host) ImageDigestOf(name string) string {
 // brings (its manifest's source: read, and cached, as ImageDigestOf
 // reads the digest), or nil: a built image, or one whose manifest
 // cannot be read. The caller must not change it.
-func (h *Host) ImageSourceOf(name string) *image.Source {
+func (h *Host) ImageSourceOf(name string) *ImageSource {
 	if name == "" {
 		name = DefaultImage
 	}
@@ -397,6 +397,24 @@ func (h *Host) CheckImage(name string) error {
 func CheckImageDir(dir string) error {
 	_, err := checkImageDir(dir, false)
 	return err
+}
+
+// ImageSource is where an imported or pulled image came from, and the
+// configuration its commands default to (nil for a built image).
+type ImageSource = image.Source
+
+// ImageManifestDigest is the manifest digest the image in dir records
+// ("sha256:HEX"), or "" for one without a source: built, or imported from
+// a root file system.
+func ImageManifestDigest(dir string) (string, error) {
+	m, err := image.ReadManifest(dir)
+	if err != nil {
+		return "", err
+	}
+	if m.Source == nil {
+		return "", nil
+	}
+	return m.Source.ManifestDigest, nil
 }
 
 // checkImageDir reads and checks the image in dir: built, runnable, and
