@@ -11,31 +11,35 @@ import (
 // A hand-back ends the host's agent connection before a VM is saved: the
 // host hangs up, and the guest agent closes its port once no goroutine of
 // the connection uses it, and opens it again before it waits for the
-// next host (agent.devicePort). A VM saved any earlier would wake with
-// the old connection's bytes or goroutines still in the guest; saved
-// after the close, it reopens the port (if it had not yet) when it runs
-// again, before the next host is served.
+// next host (agent.devicePort). The save waits for both. A VM saved any
+// earlier would wake with the old connection's bytes or goroutines still
+// in the guest; saved between the close and the reopen, every VM restored
+// from it would reopen the port itself, on a guest whose code QEMU has
+// not translated yet under TCG: that cost each clone of a template about
+// 100 ms of its first contact (docs/benchmarks.md, 2026-12-06), where a
+// reopen before the save costs the save once, a few milliseconds.
 //
-// The host learns of the close in one of two ways:
+// The host learns of the close and the reopen in one of two ways:
 //
 //   - The control queue. Opening and closing a virtio-serial port are
 //     messages the guest's driver sends the device on its control queue
-//     (guest to host, queue 3), and the driver's close waits until QEMU
-//     has taken its message. The agent's port is the only one in use on
-//     its device, so once the queue's used index has moved past its value
-//     at the hang-up, the agent has closed the port. QEMU reports the
-//     index on request (x-query-virtio-queue-status, QEMU 7.2 and later);
-//     the host reads it before the hang-up and then at each step of
-//     handBackPoll until it moves.
+//     (guest to host, queue 3), and the driver waits until QEMU has taken
+//     each. The agent's port is the only one in use on its device, so
+//     once the queue's used index has moved two past its value at the
+//     hang-up (the close, then the open), the agent has its port open
+//     again. QEMU reports the index on request
+//     (x-query-virtio-queue-status, QEMU 7.2 and later); the host reads it
+//     before the hang-up and then at each step of handBackPoll until it
+//     has moved.
 //   - The port event. QEMU reports each open and close as VSERPORT_CHANGE,
 //     but no more than one a second per port: the later ones of a second
 //     are folded into its last and held back until the second is over.
-//     So the first event of the port stamped after the hang-up says the
-//     close happened, whatever it reports; the stamp, not the arrival,
-//     tells, as an event held back from before the hang-up (a previous
-//     hand-back's reopen) can arrive after it. It is waited for when QEMU
-//     does not tell the index, and ends a wait on the queue too if it
-//     comes first.
+//     So an event of the port stamped after the hang-up that reports the
+//     port open says both happened, the close and the reopen; the stamp,
+//     not the arrival, tells, as an event held back from before the
+//     hang-up (a previous hand-back's reopen) can arrive after it. It is
+//     waited for when QEMU does not tell the index, and ends a wait on the
+//     queue too if it comes first.
 //
 // The event alone cost up to a second of every hand-back that came less
 // than a second after the port's previous event: a restore's, or the
@@ -46,8 +50,8 @@ import (
 // waits for it.
 const handBackPoll = 2 * time.Millisecond
 
-// handBackLimit bounds the wait for the guest agent's close. A guest
-// agent closes its port in milliseconds; one that does not (a guest root
+// handBackLimit bounds the wait for the guest agent's close and reopen. A
+// guest agent does both in milliseconds; one that does not (a guest root
 // stopped it) costs its own session, and must not cost the pause worker
 // that waits for it more than this: the stop pauses the sessions two at a
 // time within its grace period.
@@ -57,6 +61,10 @@ const handBackLimit = 5 * time.Second
 // guest to the host (QEMU's c_ovq: after port 0's two queues and the
 // host-to-guest control queue).
 const serialControlOut = 3
+
+// handBackMessages is how far the control queue's used index moves in a
+// hand-back: the port's close, then its open.
+const handBackMessages = 2
 
 // handBackMark is where a hand-back began (hangUp).
 type handBackMark struct {
@@ -78,7 +86,7 @@ const (
 )
 
 // handBack closes the agent connection and waits until the guest agent
-// has finished with it.
+// has finished with it and opened its port again.
 func (v *VM) handBack(ctx context.Context, q *qmp) error {
 	by, err := v.awaitHandBack(ctx, q, v.hangUp(ctx, q), false)
 	v.handedBackBy = by
@@ -100,9 +108,9 @@ func (v *VM) hangUp(ctx context.Context, q *qmp) handBackMark {
 }
 
 // awaitHandBack waits until the guest agent has closed its port after the
-// hang-up at m, unless seen says the port event came already (read past
-// by another command on q: isHandBack). It returns which way it learnt
-// of the close.
+// hang-up at m and opened it again, unless seen says the port event came
+// already (read past by another command on q: isHandBack). It returns
+// which way it learnt of it.
 func (v *VM) awaitHandBack(ctx context.Context, q *qmp, m handBackMark, seen bool) (string, error) {
 	if seen {
 		return byEarlierEvent, nil
@@ -110,7 +118,7 @@ func (v *VM) awaitHandBack(ctx context.Context, q *qmp, m handBackMark, seen boo
 	ctx, cancel := context.WithTimeout(ctx, handBackLimit)
 	defer cancel()
 	fail := func(err error) (string, error) {
-		return "", fmt.Errorf("the guest agent did not close its port after the host hung up: %w", err)
+		return "", fmt.Errorf("the guest agent did not close and reopen its port after the host hung up: %w", err)
 	}
 	if m.device == "" {
 		if err := q.waitEvent(ctx, "VSERPORT_CHANGE", func(ev qmpReply) bool { return isHandBack(ev, m.since) }); err != nil {
@@ -131,7 +139,7 @@ func (v *VM) awaitHandBack(ctx context.Context, q *qmp, m handBackMark, seen boo
 		switch {
 		case err != nil:
 			return fail(err)
-		case n != m.sent:
+		case n-m.sent >= handBackMessages:
 			return byControlQueue, nil
 		case seen:
 			return byPortEvent, nil
@@ -215,14 +223,23 @@ func usedIndexOf(r json.RawMessage) (uint16, error) {
 	return *st.Used, nil
 }
 
-// isHandBack tells whether ev ends a hand-back begun at since.
-func isHandBack(ev qmpReply, since time.Time) bool { return portEventAfter(ev, AgentPortID, since) }
+// isHandBack tells whether ev ends a hand-back begun at since: the
+// agent's port reported open by an event stamped after the hang-up (the
+// close came before it, or was folded into it).
+func isHandBack(ev qmpReply, since time.Time) bool {
+	open, ok := portEventAfter(ev, AgentPortID, since)
+	return ok && open
+}
 
 // portEventAfter tells whether ev is a VSERPORT_CHANGE of the port id
-// that QEMU stamped at or after t.
-func portEventAfter(ev qmpReply, id string, t time.Time) bool {
+// that QEMU stamped at or after t, and whether it reports the port open.
+func portEventAfter(ev qmpReply, id string, t time.Time) (open, ok bool) {
 	var d struct {
-		ID string `json:"id"`
+		ID   string `json:"id"`
+		Open bool   `json:"open"`
 	}
-	return ev.Event == "VSERPORT_CHANGE" && json.Unmarshal(ev.Data, &d) == nil && d.ID == id && !ev.stamp().Before(t.Truncate(time.Microsecond))
+	if ev.Event != "VSERPORT_CHANGE" || json.Unmarshal(ev.Data, &d) != nil || d.ID != id || ev.stamp().Before(t.Truncate(time.Microsecond)) {
+		return false, false
+	}
+	return d.Open, true
 }

@@ -101,13 +101,15 @@ func fakeQMP(t *testing.T, used []int, events map[int]string) (*qmp, func() int)
 }
 
 // TestAwaitHandBack: a hand-back ends once the control queue's used index
-// has moved from its value at the hang-up, modulo 2^16, or at the port's
-// event stamped after the hang-up if it comes first; a QEMU that does
-// not report the index has the event waited for; an index that never
-// moves ends the wait at its deadline with an error.
+// has moved two from its value at the hang-up (the agent's close and its
+// reopen), modulo 2^16, or at the port's event stamped after the hang-up
+// that reports it open, if that comes first; a QEMU that does not report
+// the index has the event waited for; an index that moves by the close
+// alone, or never, ends the wait at its deadline with an error.
 func TestAwaitHandBack(t *testing.T) {
 	since := time.Unix(1796290515, 0)
 	portEvent := fmt.Sprintf(`{"timestamp": {"seconds": %d, "microseconds": 0}, "event": "VSERPORT_CHANGE", "data": {"open": true, "id": %q}}`, since.Unix()+1, AgentPortID)
+	closeEvent := fmt.Sprintf(`{"timestamp": {"seconds": %d, "microseconds": 0}, "event": "VSERPORT_CHANGE", "data": {"open": false, "id": %q}}`, since.Unix()+1, AgentPortID)
 	oldEvent := fmt.Sprintf(`{"timestamp": {"seconds": %d, "microseconds": 0}, "event": "VSERPORT_CHANGE", "data": {"open": true, "id": %q}}`, since.Unix()-1, AgentPortID)
 	cases := []struct {
 		name    string
@@ -117,11 +119,12 @@ func TestAwaitHandBack(t *testing.T) {
 		by      string
 		queries int
 	}{
-		{"moved at once", 5, []int{6}, nil, byControlQueue, 1},
-		{"moved later", 5, []int{5, 5, 7}, nil, byControlQueue, 3},
-		{"wraps", 65535, []int{65535, 0}, nil, byControlQueue, 2},
-		{"the event first", 5, []int{5}, map[int]string{1: portEvent}, byPortEvent, 2},
-		{"an older event is not it", 5, []int{5, 5, 6}, map[int]string{0: oldEvent}, byControlQueue, 3},
+		{"moved at once", 5, []int{7}, nil, byControlQueue, 1},
+		{"the close, then the reopen", 5, []int{5, 6, 6, 7}, nil, byControlQueue, 4},
+		{"wraps", 65535, []int{65535, 0, 1}, nil, byControlQueue, 3},
+		{"the event first", 5, []int{6}, map[int]string{1: portEvent}, byPortEvent, 2},
+		{"a close's event is not it", 5, []int{6, 6, 7}, map[int]string{0: closeEvent}, byControlQueue, 3},
+		{"an older event is not it", 5, []int{5, 5, 7}, map[int]string{0: oldEvent}, byControlQueue, 3},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -132,14 +135,19 @@ func TestAwaitHandBack(t *testing.T) {
 			}
 		})
 	}
-	t.Run("never moves", func(t *testing.T) {
-		q, _ := fakeQMP(t, []int{5}, nil)
-		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-		defer cancel()
-		if _, err := (&VM{}).awaitHandBack(ctx, q, handBackMark{since: since, device: "/dev", sent: 5}, false); err == nil || !strings.Contains(err.Error(), "did not close its port") {
-			t.Errorf("an index that never moves: %v", err)
-		}
-	})
+	for _, c := range []struct {
+		name string
+		used int
+	}{{"never moves", 5}, {"the close alone", 6}} {
+		t.Run(c.name, func(t *testing.T) {
+			q, _ := fakeQMP(t, []int{c.used}, nil)
+			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+			defer cancel()
+			if _, err := (&VM{}).awaitHandBack(ctx, q, handBackMark{since: since, device: "/dev", sent: 5}, false); err == nil || !strings.Contains(err.Error(), "did not close and reopen its port") {
+				t.Errorf("an index at %d after 5: %v", c.used, err)
+			}
+		})
+	}
 	t.Run("no index", func(t *testing.T) {
 		q, _ := fakeQMP(t, []int{5}, nil)
 		if _, err := serialDevice(t.Context(), q); err == nil || !strings.Contains(err.Error(), "CommandNotFound") {

@@ -203,10 +203,11 @@ func TestQMPEndlessLine(t *testing.T) {
 }
 
 // TestPortEventAfter: the hand-back of an agent connection ends at the
-// first event of the agent's port that QEMU stamped after the hang-up,
-// whether it says closed or, as QEMU folds a close and a reopen within a
-// second of an earlier event into one, open; an event stamped before, or
-// of another port, is not it.
+// first event of the agent's port that QEMU stamped after the hang-up and
+// that reports the port open: the reopen after a close, or a close and a
+// reopen that QEMU folded into one (it does within a second of an earlier
+// event). A close alone, an event stamped before, or one of another port
+// is not it.
 func TestPortEventAfter(t *testing.T) {
 	since := time.Unix(1796290515, 500_000_000)
 	ev := func(sec, usec int64, id string, open bool) string {
@@ -217,10 +218,11 @@ func TestPortEventAfter(t *testing.T) {
 		lines []string
 		want  int // index of the line that ends the wait
 	}{
-		{"close then reopen", []string{ev(1796290515, 600000, AgentPortID, false), ev(1796290516, 600000, AgentPortID, true)}, 0},
+		{"close then reopen", []string{ev(1796290515, 600000, AgentPortID, false), ev(1796290516, 600000, AgentPortID, true)}, 1},
 		{"folded into one open", []string{ev(1796290516, 400000, AgentPortID, true)}, 0},
 		{"a restore's event first", []string{ev(1796290515, 100000, AgentPortID, true), ev(1796290516, 100000, AgentPortID, true)}, 1},
-		{"same microsecond", []string{ev(1796290515, 500000, AgentPortID, false)}, 0},
+		{"same microsecond", []string{ev(1796290515, 500000, AgentPortID, true)}, 0},
+		{"a close, then a restore's older open", []string{ev(1796290515, 600000, AgentPortID, false), ev(1796290515, 100000, AgentPortID, true), ev(1796290516, 700000, AgentPortID, true)}, 2},
 		{"another port", []string{ev(1796290516, 0, "other", false), `{"event": "STOP", "timestamp": {"seconds": 1796290517, "microseconds": 0}}`, ev(1796290517, 0, AgentPortID, true)}, 2},
 	}
 	for _, c := range cases {
@@ -229,7 +231,7 @@ func TestPortEventAfter(t *testing.T) {
 			var ended qmpReply
 			err := q.readUntil("VSERPORT_CHANGE", func(r qmpReply) bool {
 				ended = r
-				return portEventAfter(r, AgentPortID, since)
+				return isHandBack(r, since)
 			})
 			want, _ := parseQMPLine([]byte(c.lines[c.want]))
 			if err != nil || ended.stamp() != want.stamp() || string(ended.Data) != string(want.Data) {
@@ -245,7 +247,7 @@ func TestPortEventAfter(t *testing.T) {
 func TestWaitEventPassesOthers(t *testing.T) {
 	since := time.Unix(1796290515, 0)
 	lines := []string{
-		`{"timestamp": {"seconds": 1796290515, "microseconds": 10}, "event": "VSERPORT_CHANGE", "data": {"open": false, "id": "` + AgentPortID + `"}}`,
+		`{"timestamp": {"seconds": 1796290515, "microseconds": 10}, "event": "VSERPORT_CHANGE", "data": {"open": true, "id": "` + AgentPortID + `"}}`,
 		`{"return": {}}`,
 		`{"timestamp": {"seconds": 1796290515, "microseconds": 20}, "event": "BLOCK_JOB_COMPLETED", "data": {"device": "flatten"}}`,
 	}

@@ -19,8 +19,8 @@ func (v *VM) save(ctx context.Context) error {
 	}
 	defer q.Close()
 	// Each clone makes a new agent connection, so this one ends here, and
-	// the state is saved only once the agent has finished with it
-	// (handBack).
+	// the state is saved only once the agent has finished with it and
+	// waits for the next host (handBack).
 	if err := v.handBack(ctx, q); err != nil {
 		return v.fail("template save", nil, err)
 	}

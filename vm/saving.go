@@ -69,8 +69,8 @@ type saving struct {
 	// meanwhile).
 	hungUp     handBackMark
 	handedBack bool
-	// noHandBack: the guest agent did not close its port in time; it
-	// will not take a new connection either (undo).
+	// noHandBack: the guest agent did not close and reopen its port in
+	// time; it will not take a new connection either (undo).
 	noHandBack error
 }
 
@@ -238,9 +238,10 @@ func (s *saving) undo() (err error) {
 
 // hangUp closes the agent connection (VM.handBack's first half): a VM
 // restored from the save point makes a connection of its own, as a clone
-// of a template does. The guest agent's close, which says it has
-// finished with the connection, is waited for by handOver, after the
-// flatten, whose copy runs meanwhile (handback.go).
+// of a template does. The guest agent's close and reopen, which say it
+// has finished with the connection and waits for the next, are waited
+// for by handOver, after the flatten, whose copy runs meanwhile
+// (handback.go).
 func (s *saving) hangUp(ctx context.Context) error {
 	q, err := dialQMP(ctx, filepath.Join(s.v.Dir, QMPSocket), s.v.exited)
 	if err != nil {
@@ -258,7 +259,7 @@ func (s *saving) hangUp(ctx context.Context) error {
 }
 
 // handOver waits until the guest agent has finished with the connection
-// hangUp closed (VM.handBack's second half).
+// hangUp closed and opened its port again (VM.handBack's second half).
 func (s *saving) handOver(ctx context.Context) error {
 	s.q.onEvent = nil
 	by, err := s.v.awaitHandBack(ctx, s.q, s.hungUp, s.handedBack)
