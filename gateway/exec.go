@@ -72,7 +72,13 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 			key := sessionKey{st.id.Key(), st.req.Session}
 			st.netLock, st.image = s.sessions.netLockOf(key), s.sessions.imageOf(key)
 		}
-		st.imageUser = s.host.ImageSourceOf(s.imageOfRequest(st)).CommandUser()
+		src := s.host.ImageSourceOf(s.imageOfRequest(st))
+		st.imageUser = src.CommandUser()
+		if st.interactive && len(st.argv) == 0 {
+			// A login shell the front door left to the image: bash, or
+			// sh in a root without bash.
+			st.argv = src.LoginShell()
+		}
 		st.verdict = st.policy.Decide(st.id, st.policyRequest())
 	}
 	if err := s.rec.decision(&st.request, st.decisionRecord()); err != nil {

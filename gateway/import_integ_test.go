@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -20,9 +23,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/internal/testutil"
 )
 
@@ -220,7 +225,29 @@ func TestGateway_ImportedOCIImage(t *testing.T) {
 	// The profile's image is the daemon's; the imported one is another of
 	// its images, pinned to its manifest digest (checked at start).
 	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nusers = [\"agent\", \"root\"]\nimages = [\"default\", \"oci@"+digest.String()+"\"]", 1)
-	d := gatewaytest.Start(t, pol, func(c *gateway.Config) { c.VM.StateDir = state })
+	// An SSH login's profile runs the imported image, which has no bash.
+	pol += `
+[[profile]]
+name = "ssh"
+match = { ssh = true }
+allow_shell = true
+image = "oci"
+sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "10m" }
+`
+	keyDir := t.TempDir()
+	sshKey, sshPub := sshClientKey(t, keyDir, "key")
+	keysFile := filepath.Join(keyDir, "authorized_keys")
+	if err := os.WriteFile(keysFile, []byte(authorizedLine(`profile="ssh"`, sshPub, "ssh@integ")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := gatewaytest.Start(t, pol, func(c *gateway.Config) {
+		c.VM.StateDir = state
+		c.SSH = &sshfront.Config{Listeners: []net.Listener{ln}, AuthorizedKeys: keysFile}
+	})
 	work := t.TempDir()
 	// A session started in the imported image runs there, and keeps it;
 	// its commands start in the image's WorkingDir with its Env, under
@@ -249,12 +276,70 @@ func TestGateway_ImportedOCIImage(t *testing.T) {
 	if _, se, code := vmExec(t, d.Socket, work, "--image", "ruby", "true"); code != 201 || !strings.Contains(se, `images: image "ruby" is not one of the profile's images (default, oci)`) {
 		t.Errorf("an image not listed: exit %d, stderr %s", code, se)
 	}
+	// An SSH login without a command gets the image's login shell: sh,
+	// as the image has no bash.
+	if out, code := sshLoginShell(t, ln.Addr().String(), sshKey, filepath.Join(state, sshfront.DefaultHostKey+".pub"),
+		"readlink /proc/$$/exe; exit 3\n"); code != 3 || !strings.Contains(out, "/bin/busybox\r\n") {
+		t.Errorf("SSH login shell: exit %d, output %q", code, out)
+	}
 	d.StopAndCheck(t)
 	log := testutil.ReadFile(t, d.AuditPath)
-	if n := strings.Count(log, `"image":"oci","image_digest":`); n != 2 || !strings.Contains(log, `"image":"default"`) {
-		t.Errorf("the audit log names the imported image %d times (want 2: the session's commands) or not the default image:\n%s", n, log)
+	if !strings.Contains(log, `"argv":["sh","-l"]`) {
+		t.Errorf("the audit log does not decide the SSH login as sh -l:\n%s", log)
 	}
-	if n := strings.Count(log, `"image_manifest_digest":"`+digest.String()+`"`); n != 2 {
-		t.Errorf("the audit log names the imported image's manifest digest %d times, want 2", n)
+	if n := strings.Count(log, `"image":"oci","image_digest":`); n != 3 || !strings.Contains(log, `"image":"default"`) {
+		t.Errorf("the audit log names the imported image %d times (want 3: the session's commands and the SSH login) or not the default image:\n%s", n, log)
 	}
+	if n := strings.Count(log, `"image_manifest_digest":"`+digest.String()+`"`); n != 3 {
+		t.Errorf("the audit log names the imported image's manifest digest %d times, want 3", n)
+	}
+}
+
+// sshLoginShell logs in to the SSH door at addr with the key in keyFile,
+// checking the host key in hostKeyFile, asks for a terminal and a shell
+// without a command, types input and returns what the terminal showed and
+// the shell's exit status.
+func sshLoginShell(t *testing.T, addr, keyFile, hostKeyFile, input string) (string, int) {
+	t.Helper()
+	pem, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.ParsePrivateKey(pem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(testutil.ReadFile(t, hostKeyFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ssh.Dial("tcp", addr, &ssh.ClientConfig{User: "agent", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback: ssh.FixedHostKey(hk), Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sess, err := conn.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if err := sess.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	sess.Stdout, sess.Stdin = &out, strings.NewReader(input)
+	if err := sess.Shell(); err != nil {
+		t.Fatal(err)
+	}
+	err = sess.Wait()
+	var exit *ssh.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &exit):
+		return out.String(), exit.ExitStatus()
+	}
+	t.Fatalf("SSH shell: %v; output %q", err, out.String())
+	return "", 0
 }

@@ -72,7 +72,9 @@ type execState struct {
 }
 
 // newExecState starts the record of a command from id. The argv decided
-// on is req.Argv, or ["sh", "-c", STRING] for a shell string.
+// on is req.Argv, or ["sh", "-c", STRING] for a shell string. An
+// interactive request without argv gets its image's login shell when it
+// is decided (Server.decide).
 func newExecState(id policy.Identity, req *wire.ExecRequest, interactive bool) *execState {
 	st := &execState{request: request{reqID: newRequestID(), id: id, start: time.Now()}, req: req, argv: req.Argv, interactive: interactive}
 	if req.Shell && len(req.Argv) == 1 {

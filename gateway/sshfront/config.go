@@ -58,8 +58,10 @@ type Config struct {
 	// enough for a FIDO key's touch).
 	HandshakeTimeout time.Duration
 	// InteractiveShell is what a session without a command runs, decided
-	// on and audited as this argv with policy.Request.Interactive set
-	// (default DefaultInteractiveShell).
+	// on and audited as this argv with policy.Request.Interactive set.
+	// Empty (the default): the core runs the login shell of the image the
+	// login's VM runs (bash -l, or sh -l in an imported root without
+	// bash; image.Source.LoginShell).
 	InteractiveShell []string
 	// CallerOf, when set, is the uid a peer uid counts as: the daemon's
 	// attribution of callers, which counts a subordinate uid (subuid(5))
@@ -79,14 +81,7 @@ const DefaultMaxUnauthConns = 16
 // DefaultHostKey is the host key's file name under the state directory.
 const DefaultHostKey = "ssh_host_ed25519_key"
 
-// DefaultInteractiveShell is Config.InteractiveShell's default: the
-// guest's login shell (Debian's bash).
-var DefaultInteractiveShell = []string{"bash", "-l"}
-
 func (c *Config) setDefaults(stateDir string) {
-	if len(c.InteractiveShell) == 0 {
-		c.InteractiveShell = DefaultInteractiveShell
-	}
 	if c.HostKey == "" {
 		c.HostKey = filepath.Join(stateDir, DefaultHostKey)
 	}

@@ -73,3 +73,15 @@ func (s *Source) CommandUser() string {
 	}
 	return name
 }
+
+// LoginShell is the argv of an interactive login shell in the image (the
+// SSH front door's session without a command): "bash -l", or "sh -l" for
+// a root imported without bash (BusyBox, Alpine, distroless roots with a
+// shell). An image built by vmgate, or imported before its shell was
+// recorded, has bash. s may be nil. Pure.
+func (s *Source) LoginShell() []string {
+	if s != nil && s.Shell == ShellSh {
+		return []string{"sh", "-l"}
+	}
+	return []string{"bash", "-l"}
+}

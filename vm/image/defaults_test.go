@@ -2,6 +2,7 @@ package image
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -47,5 +48,24 @@ func TestCommandUser(t *testing.T) {
 	}
 	if got := (*Source)(nil).CommandUser(); got != "" {
 		t.Errorf("no source: %q", got)
+	}
+}
+
+// TestLoginShell: a root imported without bash logs in with sh; every
+// other image (built, imported with bash, or from before the shell was
+// recorded) with bash.
+func TestLoginShell(t *testing.T) {
+	for _, c := range []struct {
+		src  *Source
+		want string
+	}{
+		{nil, "bash -l"},
+		{&Source{}, "bash -l"},
+		{&Source{Shell: ShellBash}, "bash -l"},
+		{&Source{Shell: ShellSh}, "sh -l"},
+	} {
+		if got := strings.Join(c.src.LoginShell(), " "); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.src, got, c.want)
+		}
 	}
 }

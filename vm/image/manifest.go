@@ -162,7 +162,18 @@ type Source struct {
 	Env        []string `json:"env,omitempty"`
 	WorkingDir string   `json:"working_dir,omitempty"`
 	User       string   `json:"user,omitempty"`
+	// Shell is the interactive shell the root offers, found when it was
+	// imported: ShellBash when it has bash, else ShellSh (an imported
+	// root must have /bin/sh). Empty for an image imported before it was
+	// recorded: bash, as vmgate's own build has (LoginShell).
+	Shell string `json:"shell,omitempty"`
 }
+
+// Shells an imported root may offer (Source.Shell).
+const (
+	ShellBash = "/bin/bash"
+	ShellSh   = "/bin/sh"
+)
 
 // ArtifactNames are the files every manifest must describe.
 var ArtifactNames = []string{BaseFile, KernelFile, InitrdFile}

@@ -164,6 +164,7 @@ func (b *builder) importRoot(ctx context.Context, src *imageSource, uo unpackOpt
 	if fi, err := r.Stat("bin/sh"); err != nil || fi.IsDir() {
 		return nil, errors.New("image import: the root file system has no /bin/sh; it needs a shell (and the programs your commands run)")
 	}
+	src.source.Shell = shellOf(r)
 
 	b.p.step("fetching the kernel and writing the initramfs")
 	k, err := fetchKernel(b.work, "linux-image-amd64")
@@ -195,6 +196,18 @@ func (b *builder) importRoot(ctx context.Context, src *imageSource, uo unpackOpt
 	}
 	source := src.source
 	return b.finish(ctx, &customizeResult{KernelVersion: k.version, KernelPackage: k.pkg, Modules: names, Packages: pkgs, Source: &source})
+}
+
+// shellOf is the interactive shell the root r offers (image.Source.Shell):
+// bash where /bin/bash or /usr/bin/bash is a file, /bin/sh otherwise. A
+// link is followed within r only: one that leaves it counts as missing.
+func shellOf(r *os.Root) string {
+	for _, p := range []string{"bin/bash", "usr/bin/bash"} {
+		if fi, err := r.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return image.ShellBash
+		}
+	}
+	return image.ShellSh
 }
 
 // prepareImported adds to the root r what vmgate needs: the agent, the

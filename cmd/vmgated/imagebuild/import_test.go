@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmgate/vmgate/vm/image"
 )
 
 func TestWithGuestUser(t *testing.T) {
@@ -176,4 +178,47 @@ func TestProgressRender(t *testing.T) {
 		t.Errorf("render:\n%q\nwant\n%q", got, want)
 	}
 	p.stop()
+}
+
+// TestShellOf: a root with bash, as a file or through a link that stays
+// in the root (merged /usr), logs in with bash; one with only /bin/sh, or
+// whose bash is a link out of the root, with sh.
+func TestShellOf(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		setup func(root string) error
+		want  string
+	}{
+		{"busybox", func(string) error { return nil }, image.ShellSh},
+		{"bin/bash", func(root string) error { return os.WriteFile(filepath.Join(root, "bin/bash"), nil, 0o755) }, image.ShellBash},
+		{"merged /usr", func(root string) error {
+			if err := os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(root, "usr/bin/bash"), nil, 0o755)
+		}, image.ShellBash},
+		{"a link out of the root", func(root string) error { return os.Symlink("/bin/bash", filepath.Join(root, "bin/bash")) }, image.ShellSh},
+		{"a directory", func(root string) error { return os.Mkdir(filepath.Join(root, "bin/bash"), 0o755) }, image.ShellSh},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := os.Mkdir(filepath.Join(root, "bin"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("busybox", filepath.Join(root, "bin/sh")); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.setup(root); err != nil {
+				t.Fatal(err)
+			}
+			r, err := os.OpenRoot(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			if got := shellOf(r); got != c.want {
+				t.Errorf("%q, want %q", got, c.want)
+			}
+		})
+	}
 }
