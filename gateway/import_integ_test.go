@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -284,6 +285,21 @@ sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "10m" }
 	}
 	d.StopAndCheck(t)
 	log := testutil.ReadFile(t, d.AuditPath)
+	// Each decision names the image it was made for: the one decided on,
+	// or for a denial the one asked for.
+	images := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(log), "\n") {
+		var rec struct{ Kind, Verdict, Image string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Kind == "decision" {
+			images[rec.Verdict+" "+rec.Image]++
+		}
+	}
+	if want := map[string]int{"allow oci": 3, "allow default": 2, "deny ruby": 1}; !maps.Equal(images, want) {
+		t.Errorf("decisions by verdict and image: %v, want %v", images, want)
+	}
 	if !strings.Contains(log, `"argv":["sh","-l"]`) {
 		t.Errorf("the audit log does not decide the SSH login as sh -l:\n%s", log)
 	}

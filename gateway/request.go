@@ -86,9 +86,12 @@ func newExecState(id policy.Identity, req *wire.ExecRequest, interactive bool) *
 // decisionRecord is what a command's decision record says of it.
 func (st *execState) decisionRecord() audit.Record {
 	rec := audit.Record{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
-		EnvNames: envNames(st.req.Env), Dir: st.req.Dir, TTY: st.req.TTY != nil, Transfers: auditTransfers(st.req, nil), GuestUser: st.req.User}
+		EnvNames: envNames(st.req.Env), Dir: st.req.Dir, TTY: st.req.TTY != nil, Transfers: auditTransfers(st.req, nil), GuestUser: st.req.User,
+		Image: cmp.Or(st.req.Image, st.image)}
 	if st.verdict.Allowed {
-		rec.GuestUser = st.verdict.User
+		// What the policy decided: the user and the image it runs as and
+		// in. A denial keeps what was asked for.
+		rec.GuestUser, rec.Image = st.verdict.User, st.verdict.Image
 	}
 	switch {
 	case st.interactive:
