@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -317,23 +316,7 @@ sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "10m" }
 // the shell's exit status.
 func sshLoginShell(t *testing.T, addr, keyFile, hostKeyFile, input string) (string, int) {
 	t.Helper()
-	pem, err := os.ReadFile(keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.ParsePrivateKey(pem)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(testutil.ReadFile(t, hostKeyFile)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := ssh.Dial("tcp", addr, &ssh.ClientConfig{User: "agent", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback: ssh.FixedHostKey(hk), Timeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := sshDial(t, addr, keyFile, []byte(testutil.ReadFile(t, hostKeyFile)))
 	defer conn.Close()
 	sess, err := conn.NewSession()
 	if err != nil {

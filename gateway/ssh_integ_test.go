@@ -81,6 +81,31 @@ func sshClientKey(t *testing.T, dir, name string) (string, ssh.PublicKey) {
 	return p, signer.PublicKey()
 }
 
+// sshDial logs in as "agent" with Go's SSH client to the SSH door at addr,
+// with the private key in keyFile, pinning the host key hostPub
+// (authorized_keys form).
+func sshDial(t *testing.T, addr, keyFile string, hostPub []byte) *ssh.Client {
+	t.Helper()
+	pem, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.ParsePrivateKey(pem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hk, _, _, _, err := ssh.ParseAuthorizedKey(hostPub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ssh.Dial("tcp", addr, &ssh.ClientConfig{User: "agent",
+		Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hk), Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 func authorizedLine(opts string, k ssh.PublicKey, comment string) string {
 	return opts + " " + strings.TrimSpace(string(ssh.MarshalAuthorizedKey(k))) + " " + comment + "\n"
 }
@@ -244,23 +269,7 @@ func TestGateway_SSH(t *testing.T) {
 	t.Run("terminal resized while running", func(t *testing.T) {
 		// OpenSSH's client sends window-change only from a real terminal:
 		// Go's client does it here, with the host key pinned as well.
-		pem, err := os.ReadFile(agentKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		signer, err := ssh.ParsePrivateKey(pem)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hk, _, _, _, err := ssh.ParseAuthorizedKey(pub)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := ssh.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port), &ssh.ClientConfig{User: "agent",
-			Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hk), Timeout: 30 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := sshDial(t, "127.0.0.1:"+strconv.Itoa(port), agentKey, pub)
 		defer conn.Close()
 		sess, err := conn.NewSession()
 		if err != nil {
