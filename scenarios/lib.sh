@@ -76,6 +76,19 @@ wait_for() {
 	"$@" >/dev/null 2>&1
 }
 
+# start_failing UNIT: starts UNIT, whose program cannot run, and returns
+# once systemd has seen it fail and restarted it (NRestarts at least 1;
+# 20 s at most, then it fails). A Type=simple unit counts as active from
+# its process's fork to its failed exec, so "is-active" can catch it
+# running between two restarts; the restart count only grows.
+start_failing() {
+	systemctl start "$1" 2>/dev/null || true
+	wait_for 20 restarted "$1"
+}
+
+# restarted UNIT: systemd has restarted UNIT at least once.
+restarted() { [ "$(systemctl show -p NRestarts --value "$1")" -ge 1 ]; }
+
 # http_up URL: the URL answers with any status.
 http_up() { [ "$(http_status "$1")" != 000 ]; }
 
