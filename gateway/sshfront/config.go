@@ -3,12 +3,11 @@ package sshfront
 import (
 	"fmt"
 	"net"
-	"net/netip"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/vmgate/vmgate/internal/listenaddr"
 	"github.com/vmgate/vmgate/internal/names"
 )
 
@@ -127,44 +126,10 @@ func (c *Config) checkLimits() error {
 }
 
 // listenAddr is a parsed --ssh-listen address.
-type listenAddr struct {
-	network, addr string
-	loopback      bool // always true for unix sockets
-}
+type listenAddr = listenaddr.Addr
 
 // parseListen parses "unix:/abs/path" or "IP:PORT" ("[IPv6]:PORT").
-func parseListen(s string) (listenAddr, error) {
-	if p, ok := strings.CutPrefix(s, "unix:"); ok {
-		switch {
-		case !filepath.IsAbs(p) || filepath.Clean(p) != p:
-			return listenAddr{}, fmt.Errorf("ssh listen %q: want unix:/ABSOLUTE/CLEAN/PATH", s)
-		case len(p) >= 108:
-			return listenAddr{}, fmt.Errorf("ssh listen %q: socket path too long (max 107 bytes)", s)
-		}
-		return listenAddr{network: "unix", addr: p, loopback: true}, nil
-	}
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
-		return listenAddr{}, fmt.Errorf("ssh listen %q: want IP:PORT or unix:/PATH: %w", s, err)
-	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || strconv.FormatUint(n, 10) != port {
-		return listenAddr{}, fmt.Errorf("ssh listen %q: port %q: want a number 0 to 65535", s, port)
-	}
-	if host == "" {
-		return listenAddr{}, fmt.Errorf("ssh listen %q: no address: give one, e.g. 127.0.0.1:%s (0.0.0.0 for every interface, with --ssh-allow-remote)", s, port)
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil || ip.Zone() != "" {
-		return listenAddr{}, fmt.Errorf("ssh listen %q: %q is not an IP address without zone: use 127.0.0.1 or ::1, not a host name", s, host)
-	}
-	ip = ip.Unmap()
-	return listenAddr{network: "tcp", addr: netip.AddrPortFrom(ip, uint16(mustAtoi(port))).String(), loopback: ip.IsLoopback()}, nil
-}
-
-func mustAtoi(s string) int {
-	n, _ := strconv.Atoi(s)
-	return n
-}
+func parseListen(s string) (listenAddr, error) { return listenaddr.Parse("ssh", s) }
 
 // SessionLoginPrefix is the login name prefix that selects a session:
 // ssh session-NAME@host runs every command of the connection in the key's

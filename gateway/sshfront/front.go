@@ -140,8 +140,8 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 		if err != nil {
 			return nil, err
 		}
-		if !la.loopback {
-			remote = append(remote, la.addr)
+		if !la.Loopback {
+			remote = append(remote, la.Addr)
 		}
 		addrs = append(addrs, la)
 	}
@@ -187,17 +187,17 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 
 	for _, la := range addrs {
 		var ln net.Listener
-		if la.network == "unix" {
-			ln, err = core.ListenUnix(la.addr)
+		if la.Network == "unix" {
+			ln, err = core.ListenUnix(la.Addr)
 		} else {
-			ln, err = net.Listen("tcp", la.addr)
+			ln, err = net.Listen("tcp", la.Addr)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("ssh: %w", err)
 		}
 		l := listener{ln: ln}
-		if la.network == "unix" {
-			l.unix = la.addr
+		if la.Network == "unix" {
+			l.unix = la.Addr
 		}
 		f.lns = append(f.lns, l)
 	}
