@@ -101,7 +101,11 @@ func receiptBody(st *execState, o execOutcome, f receiptFacts) receipt.Body {
 // setReceiptCaller fills in c from id, as setCaller does an audit record.
 func setReceiptCaller(c *receipt.Caller, id policy.Identity) {
 	if k := id.SSH; k != nil {
-		c.SSHKey = k.Fingerprint
+		if k.Door == policy.DoorE2B {
+			c.E2BKey = k.Fingerprint
+		} else {
+			c.SSHKey = k.Fingerprint
+		}
 		return
 	}
 	uid, gid := id.UID, id.GID

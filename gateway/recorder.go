@@ -189,7 +189,7 @@ func auditNetwork(v policy.Verdict) *audit.NetVerdict {
 // of a local caller, or the key of an SSH one.
 func setCaller(rec *audit.Record, id policy.Identity) {
 	if k := id.SSH; k != nil {
-		rec.SSH = &audit.SSHClient{Fingerprint: k.Fingerprint, Comment: k.Comment, User: k.User, Remote: k.RemoteAddr}
+		rec.SSH = &audit.SSHClient{Door: k.Door, Fingerprint: k.Fingerprint, Comment: k.Comment, User: k.User, Remote: k.RemoteAddr}
 		return
 	}
 	uid, gid := id.UID, id.GID

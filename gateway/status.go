@@ -59,6 +59,9 @@ func (l *liveExecs) of(owner string) []wire.LiveExec {
 // "ssh SHA256:…".
 func describeCaller(id policy.Identity) string {
 	if id.SSH != nil {
+		if id.SSH.Door == policy.DoorE2B {
+			return "e2b " + id.SSH.Fingerprint
+		}
 		return "ssh " + id.SSH.Fingerprint
 	}
 	d := "uid " + strconv.FormatUint(uint64(id.UID), 10)

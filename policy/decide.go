@@ -59,16 +59,27 @@ type Identity struct {
 	// login, never a subordinate uid). For the audit log and messages,
 	// not for decisions.
 	SubUID uint32
-	// SSH is set for a caller of the SSH front door. Such a caller has no
+	// SSH is set for a caller of a front door that identifies callers by
+	// key: the SSH door, or the E2B door (SSH.Door). Such a caller has no
 	// local uid: the fields above are zero and never consulted (uid 0 here
 	// is not root), and the profile is the one its key names.
 	SSH *SSHKey
 }
 
-// SSHKey identifies a caller that proved possession of a public key listed
-// in the SSH front door's authorized-keys file. Only Profile takes part in
-// decisions; the rest is for the audit log and messages.
+// Front doors that identify callers by key (SSHKey.Door).
+const (
+	DoorSSH = ""    // the SSH front door
+	DoorE2B = "e2b" // the E2B-compatible API
+)
+
+// SSHKey identifies a caller that proved possession of a key listed in a
+// front door's keys file: an SSH public key of the SSH door's
+// authorized-keys file, or an API key of the E2B door's keys file. Only
+// Door and Profile take part in decisions; the rest is for the audit log
+// and messages.
 type SSHKey struct {
+	// Door is the front door: DoorSSH or DoorE2B.
+	Door string
 	// Profile is the profile the key's entry names (profile="NAME").
 	Profile string
 	// Fingerprint is the key's SHA-256 fingerprint, "SHA256:…".
@@ -82,6 +93,14 @@ type SSHKey struct {
 	RemoteAddr string
 }
 
+// doorName names k's front door in messages: "SSH" or "E2B".
+func (k *SSHKey) doorName() string {
+	if k.Door == DoorE2B {
+		return "E2B"
+	}
+	return "SSH"
+}
+
 // Local reports whether id is a local caller (identified by SO_PEERCRED)
 // rather than an SSH key.
 func (id Identity) Local() bool { return id.SSH == nil }
@@ -92,6 +111,9 @@ func (id Identity) Local() bool { return id.SSH == nil }
 // and audit flood gate count by it.
 func (id Identity) Key() string {
 	if id.SSH != nil {
+		if id.SSH.Door == DoorE2B {
+			return "e2b:" + id.SSH.Fingerprint
+		}
 		return "ssh:" + id.SSH.Fingerprint
 	}
 	return "uid:" + strconv.FormatUint(uint64(id.UID), 10)
@@ -101,7 +123,7 @@ func (id Identity) Key() string {
 // "SSH key SHA256:…".
 func (id Identity) describe() string {
 	if id.SSH != nil {
-		return "SSH key " + quoteName(id.SSH.Fingerprint)
+		return id.SSH.doorName() + " key " + quoteName(id.SSH.Fingerprint)
 	}
 	if id.SubUID != 0 {
 		return fmt.Sprintf("uid %d (%s, as its subordinate uid %d)", id.UID, userDesc(id.User), id.SubUID)
@@ -113,10 +135,23 @@ func (id Identity) describe() string {
 // account (a user name): only those match.any takes.
 func (id Identity) HasAccount() bool { return id.SSH == nil && id.User != "" }
 
+// isShellArgv reports whether argv is a shell string's: sh -c STRING, or
+// bash -l -c STRING (a login shell's, as E2B's commands run).
+func isShellArgv(argv []string) bool {
+	switch len(argv) {
+	case 3:
+		return argv[0] == "sh" && argv[1] == "-c"
+	case 4:
+		return argv[0] == "bash" && argv[1] == "-l" && argv[2] == "-c"
+	}
+	return false
+}
+
 // Request is one exec request, untrusted.
 type Request struct {
 	// Argv is the command. For a shell string (vm-exec -c STRING) it is
-	// ["sh", "-c", STRING] and Shell is true.
+	// ["sh", "-c", STRING] (or, for a login shell's string,
+	// ["bash", "-l", "-c", STRING]) and Shell is true.
 	Argv  []string
 	Shell bool
 	// Session names a session to run in; empty for a one-off VM.
@@ -533,11 +568,16 @@ func (p *Policy) MayRotateAudit(id Identity) bool {
 // CheckKeyProfile returns nil if an SSH key may name the profile: it
 // exists and accepts SSH keys (match.ssh or match.any). Otherwise the
 // error says which.
-func (p *Policy) CheckKeyProfile(name string) error {
+func (p *Policy) CheckKeyProfile(name string) error { return p.CheckDoorKeyProfile(DoorSSH, name) }
+
+// CheckDoorKeyProfile returns nil if a key of the front door may name
+// the profile: it exists and accepts the door's keys (match.ssh,
+// match.e2b or match.any). Otherwise the error says which.
+func (p *Policy) CheckDoorKeyProfile(door, name string) error {
 	if p == nil {
 		return errors.New("no policy loaded")
 	}
-	_, reason := p.keyProfile(name)
+	_, reason := p.keyProfile(&SSHKey{Door: door, Profile: name})
 	if reason != "" {
 		return errors.New(reason)
 	}
@@ -549,7 +589,7 @@ func (p *Policy) CheckKeyProfile(name string) error {
 // key the profile it names, if that profile accepts keys.
 func (p *Policy) profileFor(id Identity) (*profile, string) {
 	if id.SSH != nil {
-		return p.keyProfile(id.SSH.Profile)
+		return p.keyProfile(id.SSH)
 	}
 	skippedAny := false
 	for _, prof := range p.profiles {
@@ -564,18 +604,21 @@ func (p *Policy) profileFor(id Identity) (*profile, string) {
 	return nil, "no policy profile matches " + id.describe()
 }
 
-// keyProfile returns the profile an SSH key names, or nil and the reason.
-func (p *Policy) keyProfile(name string) (*profile, string) {
+// keyProfile returns the profile a front door's key names, or nil and the
+// reason.
+func (p *Policy) keyProfile(k *SSHKey) (*profile, string) {
+	door, name := k.doorName(), k.Profile
 	for _, prof := range p.profiles {
 		if prof.name != name {
 			continue
 		}
-		if !prof.match.acceptsKeys() {
-			return nil, fmt.Sprintf("the SSH key's profile %s does not accept SSH keys (its match has neither ssh = true nor any = true)", quote(name))
+		if !prof.match.acceptsKeys(k.Door) {
+			return nil, fmt.Sprintf("the %s key's profile %s does not accept %s keys (its match has neither %s = true nor any = true)",
+				door, quote(name), door, strings.ToLower(door))
 		}
 		return prof, ""
 	}
-	return nil, fmt.Sprintf("the SSH key's profile %s is not in the policy", quote(name))
+	return nil, fmt.Sprintf("the %s key's profile %s is not in the policy", door, quote(name))
 }
 
 func userDesc(user string) string {
@@ -638,8 +681,8 @@ func checkRequest(req *Request) string {
 			return fmt.Sprintf("program %s: %v", quote(req.Argv[0]), err)
 		}
 	}
-	if req.Shell && (len(req.Argv) != 3 || req.Argv[0] != "sh" || req.Argv[1] != "-c") {
-		return `malformed shell request: argv must be ["sh", "-c", STRING]`
+	if req.Shell && !isShellArgv(req.Argv) {
+		return `malformed shell request: argv must be ["sh", "-c", STRING] or ["bash", "-l", "-c", STRING]`
 	}
 	if req.Interactive && req.Shell {
 		return "malformed interactive request: an interactive shell is not a shell string"

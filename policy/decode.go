@@ -110,6 +110,7 @@ type matchDoc struct {
 	GIDs   *[]int64  `toml:"gids"`
 	Groups *[]string `toml:"groups"`
 	SSH    *bool     `toml:"ssh"`
+	E2B    *bool     `toml:"e2b"`
 }
 
 type ruleDoc struct {

@@ -111,7 +111,7 @@ func (prof *profile) explainAccess(b *strings.Builder) {
 	if prof.rotate {
 		b.WriteString("  audit:    its local callers may rotate the audit log (audit_rotate = true)\n")
 	}
-	if prof.match.acceptsKeys() {
+	if prof.match.acceptsKeys(DoorSSH) {
 		ssh := "nothing: SSH commands are shell strings and need allow_shell = true"
 		switch {
 		case prof.allowShell && l.AllowSessions:
@@ -120,6 +120,16 @@ func (prof *profile) explainAccess(b *strings.Builder) {
 			ssh = "commands (run as sh -c STRING); no interactive shells (they need sessions.allowed)"
 		}
 		fmt.Fprintf(b, "  ssh:      %s\n", ssh)
+	}
+	if prof.match.acceptsKeys(DoorE2B) {
+		e2b := "sandboxes with commands (run as bash -l -c STRING)"
+		switch {
+		case !l.AllowSessions:
+			e2b = "nothing: E2B sandboxes are sessions and need sessions.allowed = true"
+		case !prof.allowShell:
+			e2b = "sandboxes, but no commands: E2B commands are shell strings and need allow_shell = true"
+		}
+		fmt.Fprintf(b, "  e2b:      %s\n", e2b)
 	}
 	env := prof.env.String()
 	if env == "" {

@@ -142,8 +142,11 @@ func FuzzParse(f *testing.F) {
 			checkVerdict(t, p, req, p.Decide(key, req))
 			login := Request{Argv: []string{"bash", "-l"}, Interactive: true}
 			checkVerdict(t, p, login, p.Decide(key, login))
-			if (p.CheckKeyProfile(prof.name) == nil) != prof.match.acceptsKeys() {
+			if (p.CheckKeyProfile(prof.name) == nil) != prof.match.acceptsKeys(DoorSSH) {
 				t.Fatalf("CheckKeyProfile(%q) disagrees with the match table", prof.name)
+			}
+			if (p.CheckDoorKeyProfile(DoorE2B, prof.name) == nil) != prof.match.acceptsKeys(DoorE2B) {
+				t.Fatalf("CheckDoorKeyProfile(e2b, %q) disagrees with the match table", prof.name)
 			}
 		}
 	})

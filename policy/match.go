@@ -21,6 +21,7 @@ const (
 type matcher struct {
 	any           bool
 	ssh           bool // SSH keys that name the profile get it
+	e2b           bool // E2B API keys that name the profile get it
 	uids, gids    []uint32
 	users, groups []string
 }
@@ -31,9 +32,19 @@ func (m *matcher) hasLocal() bool {
 	return len(m.uids) > 0 || len(m.gids) > 0 || len(m.users) > 0 || len(m.groups) > 0
 }
 
-// acceptsKeys reports whether an SSH key may name the profile: match.ssh
-// or match.any.
-func (m *matcher) acceptsKeys() bool { return m.any || m.ssh }
+// acceptsKeys reports whether a key of the front door may name the
+// profile: match.any, or match.ssh for an SSH key and match.e2b for an
+// E2B API key.
+func (m *matcher) acceptsKeys(door string) bool {
+	if door == DoorE2B {
+		return m.any || m.e2b
+	}
+	return m.any || m.ssh
+}
+
+// acceptsAnyKey reports whether a key of some front door may name the
+// profile.
+func (m *matcher) acceptsAnyKey() bool { return m.ssh || m.e2b }
 
 // matches reports whether the local caller id fits m. Empty names (lookup
 // failed) never match a name. An SSH caller (id.SSH set) never matches

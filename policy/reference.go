@@ -312,6 +312,7 @@ var refDefaults = map[string]string{
 	"profile.match.gids":   "",
 	"profile.match.groups": "",
 	"profile.match.ssh":    "",
+	"profile.match.e2b":    "",
 
 	"profile.timeout.default": tomlDuration(builtinTimeoutDefault),
 	"profile.timeout.max":     tomlDuration(builtinTimeoutMax),
@@ -444,6 +445,8 @@ var refDescriptions = map[string]string{
 	"profile.match.groups": "Group names: of the peer gid, or of any supplementary group the peer process holds (SO_PEERGROUPS: what it was given at login, " +
 		"not what the group database lists now); they never match when the name lookup failed. A subordinate uid's caller has the groups of its login's account. " +
 		"An empty list is an error.",
+	"profile.match.e2b": "`true`: E2B API keys whose keys-file entry names this profile (`profile=\"NAME\"`) get it, through `vmgated serve --e2b-listen` (docs/e2b.md). " +
+		"Matches no local caller; it may stand alone or sit beside local keys. Only `true` is accepted.",
 	"profile.match.ssh": "`true`: SSH keys whose authorized-keys entry names this profile (`profile=\"NAME\"`) get it, through `vmgated serve --ssh-listen`. " +
 		"Matches no local caller; it may stand alone or sit beside local keys. Only `true` is accepted.",
 

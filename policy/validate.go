@@ -211,10 +211,10 @@ func checkReachable(c *compiler, _ *document, p *Policy) {
 				// An SSH key names its profile, so a profile that accepts
 				// keys stays reachable that way; its local keys do not.
 				switch {
-				case !later.match.ssh:
+				case !later.match.acceptsAnyKey():
 					c.errorf("%s: unreachable: %s before it matches any caller (first match wins)", later.label(), prof.label())
 				case later.match.hasLocal():
-					c.errorf("%s: match: uids, users, gids and groups are unreachable: %s before it matches any local caller (first match wins); keep only ssh = true", later.label(), prof.label())
+					c.errorf("%s: match: uids, users, gids and groups are unreachable: %s before it matches any local caller (first match wins); keep only ssh = true or e2b = true", later.label(), prof.label())
 				}
 			}
 			return
@@ -326,7 +326,7 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 func (c *compiler) match(label string, d *matchDoc) matcher {
 	var m matcher
 	if d == nil {
-		c.errorf("%s: match: missing; set uids, users, gids, groups, ssh = true, or any = true", label)
+		c.errorf("%s: match: missing; set uids, users, gids, groups, ssh = true, e2b = true, or any = true", label)
 		return m
 	}
 	m.any = d.Any != nil && *d.Any
@@ -336,6 +336,10 @@ func (c *compiler) match(label string, d *matchDoc) matcher {
 	m.ssh = d.SSH != nil && *d.SSH
 	if d.SSH != nil && !*d.SSH {
 		c.errorf("%s: match.ssh false: remove it; only ssh = true has a meaning", label)
+	}
+	m.e2b = d.E2B != nil && *d.E2B
+	if d.E2B != nil && !*d.E2B {
+		c.errorf("%s: match.e2b false: remove it; only e2b = true has a meaning", label)
 	}
 	m.uids = c.ids(label, "match.uids", d.UIDs)
 	m.gids = c.ids(label, "match.gids", d.GIDs)
@@ -347,8 +351,10 @@ func (c *compiler) match(label string, d *matchDoc) matcher {
 		c.errorf("%s: match: any = true cannot be combined with uids, users, gids or groups", label)
 	case m.any && d.SSH != nil:
 		c.errorf("%s: match: any = true already accepts SSH keys that name the profile; remove ssh", label)
-	case !m.any && !others && d.Any == nil && d.SSH == nil:
-		c.errorf("%s: match: empty; set uids, users, gids, groups, ssh = true, or any = true", label)
+	case m.any && d.E2B != nil:
+		c.errorf("%s: match: any = true already accepts E2B keys that name the profile; remove e2b", label)
+	case !m.any && !others && d.Any == nil && d.SSH == nil && d.E2B == nil:
+		c.errorf("%s: match: empty; set uids, users, gids, groups, ssh = true, e2b = true, or any = true", label)
 	}
 	return m
 }

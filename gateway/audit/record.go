@@ -97,8 +97,9 @@ type Record struct {
 	PID int32   `json:"pid,omitempty"`
 	// User is the client's user name, if resolved.
 	User string `json:"user,omitempty"`
-	// SSH identifies a client of the SSH front door by its key; such a
-	// client has no UID, GID, PID or User.
+	// SSH identifies a client of a front door that knows its callers by
+	// key (the SSH door, or the E2B door: SSHClient.Door); such a client
+	// has no UID, GID, PID or User.
 	SSH *SSHClient `json:"ssh,omitempty"`
 	// Profile is the policy profile the request ran under.
 	Profile string `json:"profile,omitempty"`
@@ -285,8 +286,10 @@ type NetVerdict struct {
 	Narrowed []string `json:"narrowed,omitempty"`
 }
 
-// SSHClient is a client of the SSH front door.
+// SSHClient is a client of the SSH front door, or of the E2B door.
 type SSHClient struct {
+	// Door is "e2b" for a client of the E2B door, empty for the SSH door.
+	Door string `json:"door,omitempty"`
 	// Fingerprint is the SHA-256 fingerprint of the client's key, as
 	// ssh-keygen -l prints it ("SHA256:…").
 	Fingerprint string `json:"fingerprint"`

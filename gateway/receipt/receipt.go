@@ -121,6 +121,7 @@ type Caller struct {
 	PID    int32   `json:"pid,omitempty"`
 	User   string  `json:"user,omitempty"`
 	SSHKey string  `json:"ssh_key,omitempty"`
+	E2BKey string  `json:"e2b_key,omitempty"`
 }
 
 // Policy names the policy that decided: its file and the SHA-256 of its
