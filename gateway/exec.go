@@ -79,6 +79,9 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 			// sh in a root without bash.
 			st.argv = src.LoginShell()
 		}
+		if st.req.Shell && st.req.Login {
+			st.argv = src.LoginCommand(st.req.Argv[0])
+		}
 		st.verdict = st.policy.Decide(st.id, st.policyRequest())
 	}
 	if err := s.rec.decision(&st.request, st.decisionRecord()); err != nil {

@@ -135,6 +135,10 @@ type ExecRequest struct {
 	// the command runs as given, byte for byte.
 	Argv  bytestr.List `json:"argv"`
 	Shell bool         `json:"shell,omitempty"`
+	// Login, with Shell, runs the string in the image's login shell:
+	// bash -l -c STRING, or sh -c STRING in an image without bash (the
+	// E2B door's commands). The policy judges it as any shell string.
+	Login bool `json:"login,omitempty"`
 	// Env holds KEY=VALUE pairs the policy may pass on.
 	Env bytestr.List `json:"env,omitempty"`
 	// Dir is the working directory in the guest. It, Session and the
@@ -720,6 +724,9 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 	}
 	if req.Shell && len(req.Argv) != 1 {
 		return nil, errors.New("exec request: a shell request carries exactly one string")
+	}
+	if req.Login && !req.Shell {
+		return nil, errors.New("exec request: login goes with a shell string (shell)")
 	}
 	if req.TimeoutMS < 0 {
 		return nil, errors.New("exec request: negative timeout")

@@ -85,3 +85,13 @@ func (s *Source) LoginShell() []string {
 	}
 	return []string{"bash", "-l"}
 }
+
+// LoginCommand is the argv that runs the shell string cmd in the image's
+// login shell: bash -l -c CMD, or sh -c CMD in a root without bash (as
+// sh -c, the string a shell request runs).
+func (s *Source) LoginCommand(cmd string) []string {
+	if s != nil && s.Shell == ShellSh {
+		return []string{"sh", "-c", cmd}
+	}
+	return []string{"bash", "-l", "-c", cmd}
+}
