@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/e2bfront"
 	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
@@ -90,6 +91,8 @@ type Config struct {
 	MetricsListen string
 	// SSH, if set, turns the SSH front door on.
 	SSH *sshfront.Config
+	// E2B, if set, turns the E2B door on (docs/e2b.md).
+	E2B *e2bfront.Config
 	// MaxConnsPerUID bounds one uid's open connections to the socket
 	// (default DefaultMaxConnsPerUID); ConnIdle closes a kept-alive
 	// connection without a request (default DefaultConnIdle).
@@ -195,6 +198,11 @@ type Server struct {
 	sessions *sessions
 	// live holds the commands running now, by request id (status).
 	live *liveExecs
+	// door serves the local API to front doors inside the daemon
+	// (dialAs).
+	door *doorListener
+	// e2b is the E2B door; nil when off.
+	e2b *e2bfront.Front
 	// ssh is the SSH front door; nil when off.
 	ssh *sshfront.Front
 	// links are the image directories as configured, which each reload
@@ -263,7 +271,7 @@ func Run(ctx context.Context, cfg Config) error {
 func New(cfg Config) (_ *Server, err error) {
 	cfg.setDefaults()
 	log := cfg.Log
-	s := &Server{cfg: cfg, log: log, metrics: newMetrics(), live: newLiveExecs(), flight: newInflight()}
+	s := &Server{cfg: cfg, log: log, metrics: newMetrics(), live: newLiveExecs(), flight: newInflight(), door: newDoorListener()}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -342,6 +350,12 @@ func New(cfg Config) (_ *Server, err error) {
 		}
 		s.push(func() error { s.ssh.CloseListeners(); return nil })
 	}
+	if cfg.E2B != nil {
+		if s.e2b, err = e2bfront.New(e2bCore{s}, *cfg.E2B, cfg.VM.StateDir, log); err != nil {
+			return nil, err
+		}
+		s.push(func() error { s.e2b.CloseListeners(); return nil })
+	}
 	s.warmShapes(pol)
 	if cfg.Seccomp == "" && pol.Seccomp() == "off" {
 		log.Warn("RELAXATION: SECCOMP WARNING: the policy sets isolate.seccomp = \"off\"")
@@ -413,9 +427,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.routes(), ConnContext: connContext, ReadHeaderTimeout: requestReadTimeout, IdleTimeout: s.cfg.ConnIdle}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(newUIDLimitListener(ln, s.cfg.MaxConnsPerUID, s.log)) }()
+	go func() { _ = srv.Serve(s.door) }()
 	if s.ssh != nil {
 		s.ssh.Serve()
 		s.ssh.LogReady()
+	}
+	if s.e2b != nil {
+		s.e2b.Serve()
+		s.e2b.LogReady()
 	}
 	_ = s.rec.Write(audit.Record{Kind: audit.KindDaemon, Message: "started", ImageDigest: s.host.ImageDigest()})
 	// The chain names this run's key from its start.
@@ -445,6 +464,12 @@ func (s *Server) shutdown(srv *http.Server) {
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping)
 	if s.ssh != nil {
 		s.ssh.CloseListeners()
+	}
+	if s.e2b != nil {
+		// Its calls end now (a second for the short ones): a stream only
+		// watches a process, which stays its session's.
+		s.e2b.CloseListeners()
+		s.e2b.Close()
 	}
 	grace := time.NewTimer(s.cfg.Grace)
 	defer grace.Stop()
@@ -538,6 +563,9 @@ func (s *Server) Reload() {
 	_ = s.rec.Write(audit.Record{Kind: audit.KindDaemon, Message: "policy reloaded: " + p.Source()})
 	if s.ssh != nil {
 		s.ssh.Reload(p)
+	}
+	if s.e2b != nil {
+		s.e2b.Reload(p)
 	}
 	s.sessions.recheckPublications(p)
 	s.sessions.renetwork(p)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/e2bfront"
 	"github.com/vmgate/vmgate/gateway/receipt"
 	"github.com/vmgate/vmgate/gateway/sshfront"
 	"github.com/vmgate/vmgate/gateway/wire"
@@ -25,6 +26,9 @@ const DefaultConfig = "/etc/vmgate/vmgate.toml"
 // DefaultSSHAuthorizedKeys is the SSH front door's authorized-keys file
 // when --ssh-authorized-keys is not given.
 const DefaultSSHAuthorizedKeys = "/etc/vmgate/ssh_authorized_keys"
+
+// DefaultE2BKeys is the E2B door's keys file when --e2b-keys is not given.
+const DefaultE2BKeys = "/etc/vmgate/e2b_keys"
 
 func serve(fs *pflag.FlagSet) runFunc {
 	config := fs.String("config", "", "policy file (default "+DefaultConfig+" if it exists, else the embedded default policy)")
@@ -62,6 +66,10 @@ func serve(fs *pflag.FlagSet) runFunc {
 	sshRemote := fs.Bool("ssh-allow-remote", false, "allow --ssh-listen on non-loopback addresses (a logged relaxation)")
 	sshSessions := fs.Int("ssh-max-sessions", 4, "SSH sessions (commands) one connection may run at once")
 	sshIdle := fs.Duration("ssh-idle-timeout", 10*time.Minute, "close an SSH connection without sessions after this long")
+	var e2bListen []string
+	fs.StringArrayVar(&e2bListen, "e2b-listen", nil, "serve the E2B API on IP:PORT (loopback) or unix:/PATH (repeatable; default off; docs/e2b.md)")
+	e2bKeys := fs.String("e2b-keys", DefaultE2BKeys, "E2B keys file: profile=\"NAME\" KEY per line (vmgated e2b key add)")
+	e2bRemote := fs.Bool("e2b-allow-remote", false, "allow --e2b-listen on non-loopback addresses (a logged relaxation)")
 	level := fs.String("log-level", "info", "log level")
 	return func(ctx context.Context, args []string) error {
 		lvl, err := levelAndState(*level, *state)
@@ -89,6 +97,9 @@ func serve(fs *pflag.FlagSet) runFunc {
 			}
 			cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
 				AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
+		}
+		if len(e2bListen) > 0 {
+			cfg.E2B = &e2bfront.Config{Listen: e2bListen, Keys: *e2bKeys, AllowRemote: *e2bRemote}
 		}
 		cfg.VM.NetstackSocket = *netstackSocket
 		if *netHosts != "" {
