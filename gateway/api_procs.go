@@ -101,7 +101,7 @@ func (a procsAPI) logs(w http.ResponseWriter, r *http.Request) {
 		refuse(w, wire.KindBadRequest, fmt.Sprintf("logs: since and max are non-negative integers (%v)", err))
 		return
 	}
-	a.onHandle(w, r, "logs of background process", func(ctx context.Context, _ *sessionRequest, v *vm.VM, h int64) (any, error) {
+	a.onHandleAs(w, r, "logs of background process", follow, func(ctx context.Context, _ *sessionRequest, v *vm.VM, h int64) (any, error) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		enc := json.NewEncoder(w)
 		flusher, _ := w.(http.Flusher)
@@ -117,6 +117,11 @@ func (a procsAPI) logs(w http.ResponseWriter, r *http.Request) {
 			}
 			out, err := v.ProcLogs(ctx, lr)
 			if err != nil {
+				if yielded(ctx) {
+					// A pause or a fork goes first; the follow ends
+					// here, before the process did.
+					return nil, errStreamed
+				}
 				if sent == 0 && since == lr.Since {
 					return nil, err
 				}
@@ -177,14 +182,29 @@ func (a procsAPI) wait(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	limit := time.Duration(min(ms, maxProcWait.Milliseconds())) * time.Millisecond
-	a.onHandle(w, r, "wait for background process", func(ctx context.Context, _ *sessionRequest, v *vm.VM, h int64) (any, error) {
+	a.onHandleAs(w, r, "wait for background process", true, func(ctx context.Context, _ *sessionRequest, v *vm.VM, h int64) (any, error) {
 		deadline := time.Now().Add(limit)
+		// Its state now first: what a wait cut short answers.
+		now, err := v.ProcLogs(ctx, vm.ProcLogsRequest{Handle: h})
+		if err != nil {
+			return nil, err
+		}
+		last := &now.Info
+		if last.State == vm.ProcExited {
+			return procOf(*last), nil
+		}
 		for {
 			left := time.Until(deadline)
 			out, err := v.ProcLogs(ctx, vm.ProcLogsRequest{Handle: h, WaitMS: max(1, min(left, vm.MaxLogsWait*time.Millisecond).Milliseconds())})
+			if err != nil && yielded(ctx) {
+				// A pause or a fork goes first: the wait answers now,
+				// the process still running.
+				return procOf(*last), nil
+			}
 			if err != nil {
 				return nil, err
 			}
+			last = &out.Info
 			if out.Info.State == vm.ProcExited || time.Until(deadline) <= 0 {
 				return procOf(out.Info), nil
 			}
@@ -202,6 +222,13 @@ var errStreamed = errors.New("answered")
 // when paused), as a request of its own named what, and answers op's
 // value as JSON (nil: 204).
 func (a procsAPI) on(w http.ResponseWriter, r *http.Request, what string, op func(context.Context, *sessionRequest, *vm.VM) (any, error)) {
+	a.onAs(w, r, what, false, op)
+}
+
+// onAs is on; a watch (a logs follow, a wait) runs with a context that
+// ends when a pause, a resume or a fork of the session starts to wait
+// for it (session.watchCtx): it ends its answer then.
+func (a procsAPI) onAs(w http.ResponseWriter, r *http.Request, what string, watch bool, op func(context.Context, *sessionRequest, *vm.VM) (any, error)) {
 	ss := a.s.callerSession(w, r)
 	if ss == nil {
 		return
@@ -211,6 +238,11 @@ func (a procsAPI) on(w http.ResponseWriter, r *http.Request, what string, op fun
 	var out any
 	streamed := false
 	rerr := a.s.sessions.onRunning(r.Context(), q, ss, func(ctx context.Context, v *vm.VM) (err error) {
+		if watch {
+			var cancel context.CancelFunc
+			ctx, cancel = ss.watchCtx(ctx)
+			defer cancel()
+		}
 		out, err = op(ctx, q, v)
 		if errors.Is(err, errStreamed) {
 			streamed, err = true, nil
@@ -230,12 +262,17 @@ func (a procsAPI) on(w http.ResponseWriter, r *http.Request, what string, op fun
 
 // onHandle is on for the process named in the path.
 func (a procsAPI) onHandle(w http.ResponseWriter, r *http.Request, what string, op func(context.Context, *sessionRequest, *vm.VM, int64) (any, error)) {
+	a.onHandleAs(w, r, what, false, op)
+}
+
+// onHandleAs is onAs for the process named in the path.
+func (a procsAPI) onHandleAs(w http.ResponseWriter, r *http.Request, what string, watch bool, op func(context.Context, *sessionRequest, *vm.VM, int64) (any, error)) {
 	h, err := strconv.ParseInt(r.PathValue("handle"), 10, 64)
 	if err != nil || h <= 0 {
 		refuse(w, wire.KindBadRequest, fmt.Sprintf("%q is not a process handle (a positive integer)", r.PathValue("handle")))
 		return
 	}
-	a.on(w, r, fmt.Sprintf("%s %d", what, h), func(ctx context.Context, q *sessionRequest, v *vm.VM) (any, error) {
+	a.onAs(w, r, fmt.Sprintf("%s %d", what, h), watch, func(ctx context.Context, q *sessionRequest, v *vm.VM) (any, error) {
 		q.process = h
 		return op(ctx, q, v, h)
 	})

@@ -105,6 +105,11 @@ type sessionUse struct {
 	// commands.
 	wantExcl int
 	free     chan struct{} // closed and replaced whenever a use ends
+	// yield is closed and replaced when an operation starts waiting to
+	// own the session alone: the calls that only watch its processes
+	// (a logs follow, a wait) let go then, as commands do not, so that
+	// a client watching a process does not hold off a pause or a fork.
+	yield chan struct{}
 	// lastUsed is when a use last ended, or its published ports last
 	// carried bytes: traffic is use, an open connection alone is not.
 	lastUsed time.Time
@@ -133,7 +138,7 @@ type sessionNet struct {
 func newSession(rec sessionRecord) *session {
 	rec.Version = sessionRecordVersion
 	return &session{sessionRecord: rec, sid: newRequestID(),
-		use: sessionUse{excl: true, free: make(chan struct{}), lastUsed: time.Now()}, ended: make(chan struct{})}
+		use: sessionUse{excl: true, free: make(chan struct{}), yield: make(chan struct{}), lastUsed: time.Now()}, ended: make(chan struct{})}
 }
 
 // newSessionRecord is the record of a new session key of caller id, as
@@ -154,6 +159,8 @@ var errSessionEnded = errors.New("session ended")
 func (ss *session) take(ctx context.Context, wait time.Duration) error {
 	ss.mu.Lock()
 	ss.use.wantExcl++
+	close(ss.use.yield)
+	ss.use.yield = make(chan struct{})
 	ss.mu.Unlock()
 	defer func() {
 		ss.mu.Lock()
@@ -225,6 +232,30 @@ func (ss *session) await(ctx context.Context, wait time.Duration, try func() (bo
 		}
 	}
 }
+
+// watchCtx returns a context of ctx's that ends, with the cause
+// errYielded, when an operation starts waiting to own the session alone
+// (see sessionUse.yield).
+func (ss *session) watchCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	ss.mu.Lock()
+	yield := ss.use.yield
+	ss.mu.Unlock()
+	wctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-yield:
+			cancel(errYielded)
+		case <-wctx.Done():
+		}
+	}()
+	return wctx, func() { cancel(nil) }
+}
+
+// yielded reports whether ctx (of watchCtx) ended for an operation.
+func yielded(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errYielded) }
+
+// errYielded ends a watch that let a pause, a resume or a fork go first.
+var errYielded = errors.New("the session is being paused, resumed or forked")
 
 // tryTake makes the caller the session's only user if nothing uses it
 // now.
@@ -372,7 +403,7 @@ func (ss *session) pauseDueLocked(now time.Time) bool {
 func (ss *session) info() wire.Session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	out := wire.Session{Name: ss.Name, Profile: ss.Profile, Image: ss.image(), Created: ss.Created,
+	out := wire.Session{Name: ss.Name, Profile: ss.Profile, Image: ss.image(), Created: ss.Created, Ends: ss.Created.Add(ss.Max),
 		LastUsed: ss.use.lastUsed, ExpiresAt: ss.expiryLocked(), Busy: ss.use.inUse(), Commands: ss.use.cmds, State: wire.SessionRunning, Parent: ss.Parent,
 		NetLock: (*wire.NetLimit)(ss.NetLock)}
 	for _, p := range ss.pubs {

@@ -161,3 +161,44 @@ func waitUntil(t *testing.T, ok func() bool) {
 		}
 	}
 }
+
+// TestSessionWatchYields: a call that only watches a process (a logs
+// follow, a wait) lets go when a pause or a fork starts to wait for the
+// session, so the pause gets it; commands coming and going do not end a
+// watch.
+func TestSessionWatchYields(t *testing.T) {
+	ctx := context.Background()
+	ss := newSession(newSessionRecord(sessionKey{"uid:1", "s"}, policy.Identity{}, policy.Verdict{}, vm.Shape{}, time.Now()))
+	ss.give(true)
+	if err := ss.share(ctx, time.Second, 4); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := ss.watchCtx(ctx)
+	defer cancel()
+	go func() { <-wctx.Done(); ss.unshare(true) }() // the watch ends its use when it ends
+	if err := ss.share(ctx, time.Second, 4); err != nil {
+		t.Fatal(err)
+	}
+	ss.unshare(true)
+	select {
+	case <-wctx.Done():
+		t.Fatal("a command's use ended a watch")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := ss.take(ctx, 5*time.Second); err != nil {
+		t.Fatalf("a pause while a watch holds the session: %v", err)
+	}
+	if !yielded(wctx) {
+		t.Fatalf("the watch ended with %v, want errYielded", context.Cause(wctx))
+	}
+	ss.give(true)
+	// A watch begun after the pause is not ended by it.
+	if err := ss.share(ctx, time.Second, 4); err != nil {
+		t.Fatal(err)
+	}
+	later, cancel2 := ss.watchCtx(ctx)
+	defer cancel2()
+	if later.Err() != nil {
+		t.Fatal("a new watch began ended")
+	}
+}
