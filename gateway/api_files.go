@@ -198,6 +198,6 @@ func (h *headerOnWrite) Write(p []byte) (int, error) {
 
 // entryOf is a file entry as the wire carries it.
 func entryOf(e vm.FileEntry) wire.FileEntry {
-	return wire.FileEntry{Path: e.Path, Name: e.Name, Type: e.Type, Size: e.Size, Mode: e.Mode, ModTime: e.ModTime,
+	return wire.FileEntry{Path: e.Path, Abs: e.Abs, Name: e.Name, Type: e.Type, Size: e.Size, Mode: e.Mode, ModTime: e.ModTime,
 		UID: e.UID, GID: e.GID, Owner: e.Owner, Group: e.Group, Target: e.Target}
 }

@@ -222,6 +222,8 @@ func checkFileEntry(e agentproto.FileEntry) error {
 		return errors.New("an entry without a path or a name")
 	case e.Size < 0 || e.Mode > 0o7777:
 		return fmt.Errorf("size %d, mode %o", e.Size, e.Mode)
+	case e.Abs != "" && !strings.HasPrefix(e.Abs, "/"):
+		return errors.New("an absolute path that is not absolute")
 	case e.Target != "" && e.Type != agentproto.FileSymlink:
 		return errors.New("a target for an entry that is not a symbolic link")
 	}

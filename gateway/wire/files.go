@@ -109,7 +109,10 @@ const (
 
 // FileEntry is one file, as lstat(2) sees it in the guest.
 type FileEntry struct {
-	Path    string `json:"path"`
+	Path string `json:"path"`
+	// Abs is the absolute path, in a stat's answer: a relative Path starts
+	// at the request's Dir, or the user's home.
+	Abs     string `json:"abs,omitempty"`
 	Name    string `json:"name"`
 	Type    string `json:"type"`
 	Size    int64  `json:"size"`

@@ -438,7 +438,9 @@ type Session struct {
 	Created   time.Time `json:"created"`
 	LastUsed  time.Time `json:"last_used"`
 	ExpiresAt time.Time `json:"expires_at"`
-	Busy      bool      `json:"busy"`
+	// Ends is when sessions.max_lifetime ends it, used or not.
+	Ends time.Time `json:"ends,omitzero"`
+	Busy bool      `json:"busy"`
 	// Commands counts the commands that run in it now (at most the
 	// profile's sessions.max_commands).
 	Commands int `json:"commands,omitempty"`

@@ -135,7 +135,11 @@ func runFS(op string, o fsOptions, paths []string, stdin io.Reader, stdout io.Wr
 		if err != nil {
 			return err
 		}
-		return writeJSON(stdout, newNamer().entry(paths[0], fi))
+		e := newNamer().entry(paths[0], fi)
+		if abs, err := filepath.Abs(paths[0]); err == nil {
+			e.Abs = abs
+		}
+		return writeJSON(stdout, e)
 	case agentproto.FSList:
 		return fsList(stdout, paths[0], o.depth, int(o.max))
 	case agentproto.FSMkdir:

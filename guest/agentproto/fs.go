@@ -74,6 +74,9 @@ type FileEntry struct {
 	// Path is as asked (stat) or the directory listed joined with the
 	// entry's path under it (ls); Name is its last element.
 	Path string `json:"path"`
+	// Abs is the absolute path (stat only): a relative Path starts at the
+	// caller's working directory, the user's home unless asked otherwise.
+	Abs  string `json:"abs,omitempty"`
 	Name string `json:"name"`
 	Type string `json:"type"`
 	Size int64  `json:"size"`
