@@ -236,7 +236,7 @@ func (s *Server) boot(ctx context.Context, st *execState) (*vmTarget, error) {
 	release, err := s.slots.acquire(ctx, claim(&st.request))
 	if err != nil {
 		s.metrics.refusedBusy()
-		return nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("%v (max %d VMs, profile %q max %d, %d per caller)", err, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs, v.Limits.CallerVMs)}
+		return nil, &RequestError{Kind: ErrBusy, Msg: fmt.Sprintf("%v (the daemon runs at most %d VMs; profile %q: max_vms = %d, max_vms_per_caller = %d)", err, s.cfg.MaxVMs, v.Profile, v.Limits.MaxVMs, v.Limits.CallerVMs)}
 	}
 	queue := time.Since(t0)
 	t1 := time.Now()

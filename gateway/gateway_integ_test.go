@@ -1005,7 +1005,7 @@ func TestGateway_CallerFairness(t *testing.T) {
 	d := startDaemon(t, func(c *gateway.Config) { c.PolicyPath = fair; c.QueueWait = 3 * time.Second })
 	d.MustExec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "one"}, nil)
 	_, _, _, err := d.Exec(t, wire.ExecRequest{Argv: []string{"true"}, Session: "two"}, nil)
-	if !errors.Is(err, client.ErrBusy) || !strings.Contains(err.Error(), "1 per caller") {
+	if !errors.Is(err, client.ErrBusy) || !strings.Contains(err.Error(), "max_vms_per_caller = 1") {
 		t.Fatalf("a second session beyond the caller's share: want busy naming the share, got %v", err)
 	}
 	if out, code := asNobody(t, d.Config.Socket, "echo", "served"); code != 0 || out != "served\n" {

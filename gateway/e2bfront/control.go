@@ -237,9 +237,9 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request, k *Key) {
 			return
 		}
 	}
-	if s := f.session(ctx, api, rec.ID); s != nil && !s.ExpiresAt.IsZero() && s.ExpiresAt.Before(rec.EndAt) {
+	if s := f.session(ctx, api, rec.ID); s != nil && !s.Ends.IsZero() && s.Ends.Before(rec.EndAt) {
 		// The profile's sessions.max_lifetime comes first.
-		rec.EndAt = s.ExpiresAt
+		rec.EndAt = s.Ends
 	}
 	f.boxes.add(*rec)
 	f.log.Info("e2b sandbox created", "sandbox", rec.ID, "key", k.Fingerprint, "template", rec.Template)
@@ -408,11 +408,12 @@ func (f *Front) lifetime(w http.ResponseWriter, r *http.Request, required bool) 
 	return time.Duration(*body.Timeout) * time.Second, true
 }
 
-// endAt is now+d, bounded by the session's own end.
+// endAt is now+d, bounded by the end of the session's lifetime
+// (sessions.max_lifetime).
 func endAt(d time.Duration, s *wire.Session) time.Time {
 	end := time.Now().UTC().Add(d)
-	if s != nil && !s.ExpiresAt.IsZero() && s.ExpiresAt.Before(end) {
-		end = s.ExpiresAt
+	if s != nil && !s.Ends.IsZero() && s.Ends.Before(end) {
+		end = s.Ends
 	}
 	return end
 }

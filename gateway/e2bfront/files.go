@@ -1,6 +1,7 @@
 package e2bfront
 
 import (
+	"cmp"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -25,7 +26,7 @@ import (
 
 // entryOf is E2B's EntryInfo of a daemon file entry.
 func entryOf(e wire.FileEntry) entryInfo {
-	out := entryInfo{Name: e.Name, Path: e.Path, Size: e.Size, Mode: e.Mode, Owner: e.Owner, Group: e.Group,
+	out := entryInfo{Name: e.Name, Path: cmp.Or(e.Abs, e.Path), Size: e.Size, Mode: e.Mode, Owner: e.Owner, Group: e.Group,
 		ModifiedTime: time.Unix(0, e.ModTime).UTC(), Permissions: permissions(e)}
 	switch e.Type {
 	case wire.FileTypeDir:
@@ -209,13 +210,14 @@ func (f *Front) readFile(w http.ResponseWriter, r *http.Request, c *envdCall) {
 		return
 	}
 	hw := &lazyHeader{w: w}
-	if _, err := c.api.FileRead(r.Context(), c.rec.ID, c.fileReq(p), hw); err != nil {
-		if !hw.wrote {
-			filesFail(w, "read "+p, err)
-		}
-		// Once bytes went out, the cut body is the error.
+	_, err := c.api.FileRead(r.Context(), c.rec.ID, c.fileReq(p), hw)
+	switch {
+	case err == nil:
+		hw.finish()
+	case !hw.wrote:
+		filesFail(w, "read "+p, err)
 	}
-	hw.finish()
+	// Once bytes went out, a cut body is the error.
 }
 
 // lazyHeader sends 200 and the octet-stream type with the first byte, so
@@ -348,8 +350,8 @@ func (f *Front) writeOne(w http.ResponseWriter, r *http.Request, c *envdCall, p 
 	}
 	full := p
 	if !path.IsAbs(p) {
-		if e, err := c.api.FileStat(ctx, c.rec.ID, c.fileReq(p)); err == nil {
-			full = e.Path
+		if e, err := c.api.FileStat(ctx, c.rec.ID, c.fileReq(p)); err == nil && e.Abs != "" {
+			full = e.Abs
 		}
 	}
 	return writtenFile{Name: path.Base(p), Type: "file", Path: full}, true

@@ -21,6 +21,7 @@ import (
 
 	"github.com/vmgate/vmgate/gateway"
 	"github.com/vmgate/vmgate/gateway/client"
+	"github.com/vmgate/vmgate/gateway/e2bfront"
 	"github.com/vmgate/vmgate/vm"
 )
 
@@ -36,6 +37,8 @@ type Options struct {
 	Accel       vm.Accel
 	TBSizeMiB   int
 	Log         *slog.Logger
+	// E2B, when set, turns the E2B door on.
+	E2B *e2bfront.Config
 }
 
 // Daemon is the real gateway serving in this process on a Unix socket of
@@ -64,7 +67,7 @@ func Start(ctx context.Context, o Options) (*Daemon, error) {
 		VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(o.Dir, "state"), TemplateDir: o.TemplateDir, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB},
 			ImageDir: o.ImageDir, PoolSize: o.PoolSize, Ahead: o.Ahead},
 		AuditPath: filepath.Join(o.Dir, "audit.jsonl"), MaxVMs: o.MaxVMs, QueueLen: 64, PolicyPath: pol,
-		PolicyExplicit: true, AllowRoot: os.Geteuid() == 0, Log: o.Log})
+		PolicyExplicit: true, AllowRoot: os.Geteuid() == 0, Log: o.Log, E2B: o.E2B})
 }
 
 // Serve builds the daemon from cfg (it listens on cfg.Socket, which Stop

@@ -86,8 +86,8 @@ func (o *ExecOptions) defaults() {
 // Parts are the benchmark's parts, in the order they run: cold boots;
 // restores from a template, with the idle memory and a kept VM's
 // commands; the daemons' one-shots, throughput and receipts; and
-// sessions that pause and fork.
-var Parts = []string{"cold", "restore", "daemon", "sessions"}
+// sessions that pause and fork; the E2B door.
+var Parts = []string{"cold", "restore", "daemon", "sessions", "e2b"}
 
 // runs tells whether part is measured in this run.
 func (o *ExecOptions) runs(part string) bool {
@@ -149,6 +149,11 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	if o.runs("sessions") {
 		if err := r.sessions(ctx); err != nil {
 			return nil, fmt.Errorf("sessions: %w", err)
+		}
+	}
+	if o.runs("e2b") {
+		if err := r.e2b(ctx); err != nil {
+			return nil, fmt.Errorf("e2b: %w", err)
 		}
 	}
 	r.ratios()

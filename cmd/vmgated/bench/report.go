@@ -138,9 +138,17 @@ type ExecReport struct {
 	// A session as a machine (machine.go): a command beside three that
 	// run, a background process's start, and the logs of a finished one
 	// that wrote 64 KiB.
-	SessionConcurrentMS Stat               `json:"session_concurrent_ms"`
-	DetachMS            Stat               `json:"detach_ms"`
-	LogsMS              Stat               `json:"logs_ms"`
-	Ratios              map[string]float64 `json:"ratios"`
-	Notes               []string           `json:"notes,omitempty"`
+	SessionConcurrentMS Stat `json:"session_concurrent_ms"`
+	DetachMS            Stat `json:"detach_ms"`
+	LogsMS              Stat `json:"logs_ms"`
+	// The E2B door (e2b.go), each beside the same work through the
+	// local API.
+	E2BCreateMS    Stat               `json:"e2b_create_ms"`
+	APISessionMS   Stat               `json:"api_session_ms"`
+	E2BRunMS       Stat               `json:"e2b_run_ms"`
+	APIRunMS       Stat               `json:"api_run_ms"`
+	E2BWrite1MiBMS Stat               `json:"e2b_write_1mib_ms"`
+	APIWrite1MiBMS Stat               `json:"api_write_1mib_ms"`
+	Ratios         map[string]float64 `json:"ratios"`
+	Notes          []string           `json:"notes,omitempty"`
 }

@@ -44,6 +44,12 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	row("command in a session beside 3 running", r.SessionConcurrentMS)
 	row("background process started (--detach)", r.DetachMS)
 	row("logs of a finished process, 64 KiB", r.LogsMS)
+	row("e2b: create -> the sandbox answered", r.E2BCreateMS)
+	row("  local API: a new session's first command", r.APISessionMS)
+	row("e2b: commands.run(\"true\")", r.E2BRunMS)
+	row("  local API: a session's command", r.APIRunMS)
+	row("e2b: files.write of 1 MiB", r.E2BWrite1MiBMS)
+	row("  local API: a file write of 1 MiB", r.APIWrite1MiBMS)
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "paused session on disk: %.1f MiB; %d idle copies of one fork point: PSS %.1f MiB each (RSS %.1f)\n",
 		r.PausedDiskMiB, r.ForkIdle.VMs, r.ForkIdle.PSSMiB, r.ForkIdle.RSSMiB)

@@ -1,0 +1,331 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmgate/vmgate/gateway"
+	"github.com/vmgate/vmgate/gateway/audit"
+	"github.com/vmgate/vmgate/gateway/e2bfront"
+	"github.com/vmgate/vmgate/gateway/gatewaytest"
+	"github.com/vmgate/vmgate/internal/testutil"
+)
+
+const e2bPolicy = `version = 1
+
+[[profile]]
+name = "e2b"
+match = { e2b = true }
+allow_shell = true
+users = ["agent", "root"]
+env = ["FOO", "BAR"]
+max_vms = 4
+[profile.timeout]
+default = "60s"
+max = "10m"
+[profile.sessions]
+allowed = true
+idle_timeout = "10m"
+max_lifetime = "30m"
+max_commands = 16
+[profile.files]
+put_max_bytes = 16777216
+get_max_bytes = 16777216
+
+[[profile]]
+name = "tiny"
+match = { e2b = true }
+allow_shell = true
+max_vms = 1
+[profile.sessions]
+allowed = true
+idle_timeout = "10m"
+max_lifetime = "30m"
+`
+
+// e2bDoor is a daemon with an E2B door on loopback, and its keys.
+type e2bDoor struct {
+	url, key, other, tiny string
+	audit                 string
+}
+
+func startE2B(t *testing.T) *e2bDoor {
+	t.Helper()
+	dir := t.TempDir()
+	door := &e2bDoor{key: e2bfront.NewKey(), other: e2bfront.NewKey(), tiny: e2bfront.NewKey()}
+	keys := filepath.Join(dir, "e2b_keys")
+	text := e2bfront.FormatLine("e2b", door.key, "conformance") + e2bfront.FormatLine("e2b", door.other, "another key") +
+		e2bfront.FormatLine("tiny", door.tiny, "one VM")
+	if err := os.WriteFile(keys, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	door.url = "http://" + ln.Addr().String()
+	d := gatewaytest.Start(t, e2bPolicy, func(c *gateway.Config) {
+		c.E2B = &e2bfront.Config{Listeners: []net.Listener{ln}, Keys: keys}
+		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 4
+		c.QueueWait = 5 * time.Second // a create past a limit waits this long for a VM
+	})
+	door.audit = d.AuditPath
+	return door
+}
+
+// TestGateway_E2B runs the official E2B SDK against the door
+// (testdata/sdk/conformance.mjs), then the bad input a door must refuse,
+// on one daemon.
+func TestGateway_E2B(t *testing.T) {
+	node, npm := nodeTools(t)
+	door := startE2B(t)
+
+	t.Run("sdk conformance", func(t *testing.T) {
+		sdk := installSDK(t, npm)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, node, "conformance.mjs")
+		cmd.Dir = sdk
+		cmd.Env = append(os.Environ(), "E2B_API_URL="+door.url, "E2B_SANDBOX_URL="+door.url, "E2B_API_KEY="+door.key,
+			"E2B_DEBUG=", "RUN_ID="+strconv.FormatInt(time.Now().UnixNano(), 36))
+		out, err := cmd.CombinedOutput()
+		t.Logf("conformance.mjs:\n%s", out)
+		if err != nil {
+			t.Fatalf("conformance.mjs: %v (the FAIL lines above say which checks)", err)
+		}
+		if n := len(regexp.MustCompile(`(?m)^ok `).FindAll(out, -1)); n != 13 {
+			t.Fatalf("%d checks passed, want 13", n)
+		}
+	})
+
+	t.Run("audit names the key and the sandbox", func(t *testing.T) {
+		data, err := os.ReadFile(door.audit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fp := e2bfront.Fingerprint(door.key)
+		var sessions, fileOps int
+		for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+			var rec audit.Record
+			if err := json.Unmarshal(line, &rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec.SSH == nil || rec.SSH.Door != "e2b" {
+				continue
+			}
+			if rec.SSH.Fingerprint != fp && rec.SSH.Fingerprint != e2bfront.Fingerprint(door.other) && rec.SSH.Fingerprint != e2bfront.Fingerprint(door.tiny) {
+				t.Fatalf("a record names an unknown key: %s", line)
+			}
+			if strings.HasPrefix(rec.Session, "sbx-") {
+				sessions++
+			}
+			if rec.File != nil {
+				fileOps++
+			}
+		}
+		if bytes.Contains(data, []byte(door.key)) {
+			t.Fatal("the audit log holds an API key")
+		}
+		if sessions < 20 || fileOps < 10 {
+			t.Fatalf("%d records of sandboxes, %d file operations: the door's calls are not audited", sessions, fileOps)
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) { e2bBadInput(t, door) })
+}
+
+func nodeTools(t *testing.T) (node, npm string) {
+	t.Helper()
+	node, err1 := exec.LookPath("node")
+	npm, err2 := exec.LookPath("npm")
+	if err1 != nil || err2 != nil {
+		testutil.SkipOrFail(t, "node or npm not installed: the E2B SDK conformance test needs Node.js 20.18 or later")
+	}
+	out, err := exec.Command(node, "--version").Output()
+	m := regexp.MustCompile(`^v(\d+)\.(\d+)`).FindStringSubmatch(string(out))
+	if err != nil || m == nil {
+		t.Fatalf("node --version: %q %v", out, err)
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	if major < 20 || major == 20 && minor < 18 {
+		t.Fatalf("node %s: the E2B SDK needs 20.18 or later", strings.TrimSpace(string(out)))
+	}
+	return node, npm
+}
+
+// installSDK installs testdata/sdk's pinned SDK into a directory of the
+// test's with the script.
+func installSDK(t *testing.T, npm string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"package.json", "conformance.mjs"} {
+		data, err := os.ReadFile(filepath.Join("e2bfront", "testdata", "sdk", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, npm, "install", "--no-audit", "--no-fund", "--loglevel=error")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm install: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// e2bCall makes one call on the door and returns its status and body.
+func e2bCall(t *testing.T, method, url string, headers map[string]string, body []byte) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range headers {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data)
+}
+
+func e2bEnvelope(msg string) []byte {
+	out := make([]byte, 5+len(msg))
+	binary.BigEndian.PutUint32(out[1:], uint32(len(msg)))
+	copy(out[5:], msg)
+	return out
+}
+
+func e2bBadInput(t *testing.T, door *e2bDoor) {
+	key := map[string]string{"X-API-Key": door.key, "Content-Type": "application/json"}
+	// One sandbox of the key's for the calls that need one.
+	status, body := e2bCall(t, "POST", door.url+"/v2/sandboxes", key, []byte(`{"templateID":"base","timeout":300}`))
+	if status != 201 {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	var sbx struct{ SandboxID, EnvdAccessToken string }
+	if err := json.Unmarshal([]byte(body), &sbx); err != nil {
+		t.Fatal(err)
+	}
+	defer e2bCall(t, "DELETE", door.url+"/sandboxes/"+sbx.SandboxID, key, nil)
+	envd := func(extra map[string]string) map[string]string {
+		h := map[string]string{"E2b-Sandbox-Id": sbx.SandboxID, "X-Access-Token": sbx.EnvdAccessToken, "Content-Type": "application/json"}
+		for k, v := range extra {
+			h[k] = v
+		}
+		return h
+	}
+	stat := []byte(`{"path":"/etc/hostname"}`)
+	if status, body := e2bCall(t, "POST", door.url+"/filesystem.Filesystem/Stat", envd(nil), stat); status != 200 {
+		t.Fatalf("a good Stat: %d %s", status, body)
+	}
+	bigMeta := `{"templateID":"base","metadata":{"k":"` + strings.Repeat("x", 2<<20) + `"}}`
+	for _, tt := range []struct {
+		name, method, path string
+		headers            map[string]string
+		body               string
+		status             int
+		want               string
+	}{
+		{"no key", "POST", "/v2/sandboxes", map[string]string{"Content-Type": "application/json"}, `{}`, 401, "no API key"},
+		{"a wrong key", "POST", "/v2/sandboxes", map[string]string{"X-API-Key": e2bfront.NewKey()}, `{}`, 401, "not known"},
+		{"another key's sandbox", "GET", "/sandboxes/" + sbx.SandboxID, map[string]string{"X-API-Key": door.other}, ``, 404, "not found"},
+		{"another key's kill", "DELETE", "/sandboxes/" + sbx.SandboxID, map[string]string{"X-API-Key": door.other}, ``, 404, "not found"},
+		{"a template outside the profile", "POST", "/v2/sandboxes", key, `{"templateID":"ubuntu"}`, 403, "images"},
+		{"a body over the limit", "POST", "/v2/sandboxes", key, bigMeta, 413, "over"},
+		{"a malformed body", "POST", "/v2/sandboxes", key, `{"templateID":`, 400, "request body"},
+		{"an env var the profile refuses", "POST", "/v2/sandboxes", key, `{"envVars":{"SECRET":"x"}}`, 403, "SECRET"},
+		{"a Host of another name", "GET", "/sandboxes/" + sbx.SandboxID, map[string]string{"X-API-Key": door.key, "Host": "rebound.example:80"}, ``, 403, "Host"},
+		{"a browser's request", "GET", "/sandboxes/" + sbx.SandboxID, map[string]string{"X-API-Key": door.key, "Origin": "http://evil.example"}, ``, 403, "browser"},
+		{"a wrong access token", "POST", "/filesystem.Filesystem/Stat", envd(map[string]string{"X-Access-Token": "0123"}), string(stat), 401, "unauthenticated"},
+		{"no sandbox id", "POST", "/filesystem.Filesystem/Stat", map[string]string{"X-Access-Token": sbx.EnvdAccessToken, "Content-Type": "application/json"}, string(stat), 401, "E2b-Sandbox-Id"},
+		{"a path out of the user's reach", "GET", "/files?path=/root/.bashrc", envd(nil), ``, 403, "permission"},
+		{"a file that is not there", "GET", "/files?path=/nonexistent", envd(nil), ``, 404, "no such file"},
+		{"an unknown method", "POST", "/process.Process/Nope", envd(nil), `{}`, 404, "no such endpoint"},
+		{"an unknown path", "GET", "/v3/sandboxes", key, ``, 404, "no such endpoint"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			status, body := e2bCall(t, tt.method, door.url+tt.path, tt.headers, []byte(tt.body))
+			if status != tt.status || !strings.Contains(body, tt.want) {
+				t.Fatalf("%d %s, want %d ~%q", status, truncateBody(body), tt.status, tt.want)
+			}
+			if tt.path == "/v2/sandboxes" || strings.HasPrefix(tt.path, "/sandboxes") {
+				var e struct {
+					Code    int    `json:"code"`
+					Message string `json:"message"`
+				}
+				if err := json.Unmarshal([]byte(body), &e); err != nil || e.Code != status || e.Message == "" {
+					t.Fatalf("the SDKs read {code, message}: %s", body)
+				}
+			}
+		})
+	}
+
+	t.Run("a malformed stream frame", func(t *testing.T) {
+		h := envd(map[string]string{"Content-Type": "application/connect+json"})
+		for name, frame := range map[string][]byte{
+			"cut":        e2bEnvelope(`{"process":{"cmd":"true"}}`)[:9],
+			"compressed": append([]byte{1}, e2bEnvelope(`{}`)[1:]...),
+			"not json":   e2bEnvelope(`{"process":`),
+		} {
+			status, body := e2bCall(t, "POST", door.url+"/process.Process/Start", h, frame)
+			// Errors of a stream are its end-of-stream envelope, status 200.
+			if status != 200 || len(body) < 5 || body[0] != 2 || !strings.Contains(body, `"invalid_argument"`) {
+				t.Errorf("%s: %d %q", name, status, body)
+			}
+		}
+	})
+
+	t.Run("a create past the profile's limits", func(t *testing.T) {
+		tiny := map[string]string{"X-API-Key": door.tiny, "Content-Type": "application/json"}
+		status, body := e2bCall(t, "POST", door.url+"/v2/sandboxes", tiny, []byte(`{}`))
+		if status != 201 {
+			t.Fatalf("the first: %d %s", status, body)
+		}
+		var first struct{ SandboxID string }
+		_ = json.Unmarshal([]byte(body), &first)
+		defer e2bCall(t, "DELETE", door.url+"/sandboxes/"+first.SandboxID, tiny, nil)
+		status, body = e2bCall(t, "POST", door.url+"/v2/sandboxes", tiny, []byte(`{}`))
+		if status != 429 || !strings.Contains(body, "max_vms = 1") {
+			t.Fatalf("the second: %d %s, want a refusal naming max_vms", status, truncateBody(body))
+		}
+		// Nothing is left of the refused one.
+		status, body = e2bCall(t, "GET", door.url+"/v2/sandboxes", tiny, nil)
+		if status != 200 || strings.Count(body, `"sandboxID"`) != 1 {
+			t.Fatalf("list after a refused create: %d %s", status, body)
+		}
+	})
+}
+
+func truncateBody(s string) string {
+	if len(s) > 300 {
+		return s[:300] + fmt.Sprintf("… (%d bytes)", len(s))
+	}
+	return s
+}
