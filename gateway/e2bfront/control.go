@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
@@ -243,6 +244,7 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request, k *Key) {
 	}
 	f.boxes.add(*rec)
 	f.log.Info("e2b sandbox created", "sandbox", rec.ID, "key", k.Fingerprint, "template", rec.Template)
+	f.audit(id, rec, fmt.Sprintf("e2b sandbox created: template %s, until %s, %d metadata entries", rec.Template, rec.EndAt.Format(time.RFC3339), len(rec.Metadata)))
 	writeCP(w, http.StatusCreated, rec.created())
 }
 
@@ -427,7 +429,9 @@ func (f *Front) setTimeout(w http.ResponseWriter, r *http.Request, k *Key) {
 	if !ok {
 		return
 	}
-	f.boxes.setEnd(rec.ID, endAt(d, s))
+	end := endAt(d, s)
+	f.boxes.setEnd(rec.ID, end)
+	f.audit(caller(k, r.RemoteAddr), rec, "e2b sandbox timeout: until "+end.Format(time.RFC3339))
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -481,7 +485,9 @@ func (f *Front) wake(w http.ResponseWriter, r *http.Request, k *Key, d time.Dura
 		status = http.StatusCreated
 		s = f.session(r.Context(), api, rec.ID)
 	}
-	f.boxes.setEnd(rec.ID, endAt(d, s))
+	end := endAt(d, s)
+	f.boxes.setEnd(rec.ID, end)
+	f.audit(caller(k, r.RemoteAddr), rec, "e2b sandbox connected: until "+end.Format(time.RFC3339))
 	writeCP(w, status, rec.created())
 }
 
@@ -534,6 +540,7 @@ func (f *Front) fork(w http.ResponseWriter, r *http.Request, k *Key) {
 		c.ID, c.Token, c.StartedAt, c.EndAt = made[i].Name, newToken(), now, endAt(d, &made[i])
 		c.Metadata, c.Env = clone(rec.Metadata), clone(rec.Env)
 		f.boxes.add(c)
+		f.audit(caller(k, r.RemoteAddr), &c, "e2b sandbox forked from "+rec.ID+": until "+c.EndAt.Format(time.RFC3339))
 		j := c.created()
 		out = append(out, forked{Sandbox: &j})
 	}
@@ -717,6 +724,7 @@ func (f *Front) expire(sid string) {
 			return
 		}
 		f.log.Info("e2b sandbox timed out and was paused", "sandbox", sid)
+		f.audit(policy.Identity{SSH: &policy.SSHKey{Door: policy.DoorE2B, Profile: rec.Profile, Fingerprint: rec.Key}}, &rec, "e2b sandbox timed out: paused (autoPause)")
 	default:
 		if err := api.EndSession(ctx, sid); err != nil && !isNotFound(err) {
 			f.log.Error("e2b sandbox timed out and could not be ended", "sandbox", sid, "err", err)
@@ -724,5 +732,18 @@ func (f *Front) expire(sid string) {
 		}
 		f.boxes.remove(sid)
 		f.log.Info("e2b sandbox timed out and was ended", "sandbox", sid)
+		f.audit(policy.Identity{SSH: &policy.SSHKey{Door: policy.DoorE2B, Profile: rec.Profile, Fingerprint: rec.Key}}, &rec, "e2b sandbox timed out: ended")
+	}
+}
+
+// audit records a lifecycle call the daemon's own records do not tell of
+// (a deadline set or passed, a connect, a create's template and
+// metadata): the session, the key's fingerprint, the message.
+func (f *Front) audit(id policy.Identity, rec *sandboxRecord, msg string) {
+	k := id.SSH
+	r := audit.Record{Kind: audit.KindSession, Session: rec.ID, Profile: rec.Profile, Message: msg,
+		SSH: &audit.SSHClient{Door: k.Door, Fingerprint: k.Fingerprint, Comment: k.Comment, Remote: k.RemoteAddr}}
+	if err := f.core.Audit(r); err != nil {
+		f.log.Error("audit an e2b call", "sandbox", rec.ID, "err", err)
 	}
 }

@@ -2,8 +2,12 @@ package e2bfront
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/policy"
 )
 
 func TestParseKeys(t *testing.T) {
@@ -332,4 +338,73 @@ func TestBasicUser(t *testing.T) {
 	if mapUser("user") != "" || mapUser("root") != "root" {
 		t.Error("mapUser")
 	}
+}
+
+// fakeCore is a Core for New's checks: a policy, and nothing behind it.
+type fakeCore struct{ pol *policy.Policy }
+
+func (c fakeCore) Policy() *policy.Policy                    { return c.pol }
+func (c fakeCore) Audit(audit.Record) error                  { return nil }
+func (c fakeCore) ListenUnix(p string) (net.Listener, error) { return net.Listen("unix", p) }
+func (c fakeCore) Dial(context.Context, policy.Identity) (net.Conn, error) {
+	return nil, errors.New("no daemon")
+}
+
+func TestNewRefuses(t *testing.T) {
+	pol, err := policy.Parse("p.toml", []byte(`version = 1
+[[profile]]
+name = "e2b"
+match = { e2b = true }
+[[profile]]
+name = "ssh"
+match = { ssh = true }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good", FormatLine("e2b", NewKey(), ""))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for name, tt := range map[string]struct {
+		cfg  Config
+		want string
+	}{
+		"non-loopback":      {Config{Listen: []string{"0.0.0.0:0"}, Keys: good}, "not a loopback address"},
+		"host name":         {Config{Listen: []string{"localhost:0"}, Keys: good}, "not an IP address"},
+		"no keys file":      {Config{Listen: []string{"127.0.0.1:0"}}, "no keys file"},
+		"missing keys file": {Config{Listen: []string{"127.0.0.1:0"}, Keys: filepath.Join(dir, "nope")}, "no such file"},
+		"no address":        {Config{Keys: good}, "no address"},
+		"an ssh profile":    {Config{Listen: []string{"127.0.0.1:0"}, Keys: write("ssh", FormatLine("ssh", NewKey(), ""))}, "does not accept E2B keys"},
+		"unknown profile":   {Config{Listen: []string{"127.0.0.1:0"}, Keys: write("nosuch", FormatLine("nosuch", NewKey(), ""))}, "not in the policy"},
+	} {
+		f, err := New(fakeCore{pol}, tt.cfg, dir, log)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want ~%q", name, err, tt.want)
+		}
+		if f != nil {
+			f.CloseListeners()
+		}
+	}
+	// Allowed: loopback, a Unix socket, and non-loopback with AllowRemote.
+	sock := filepath.Join(dir, "e2b.sock")
+	f, err := New(fakeCore{pol}, Config{Listen: []string{"127.0.0.1:0", "unix:" + sock}, Keys: good}, dir, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.CloseListeners()
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the Unix socket is left after CloseListeners: %v", err)
+	}
+	f, err = New(fakeCore{pol}, Config{Listen: []string{"0.0.0.0:0"}, Keys: good, AllowRemote: true}, dir, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.CloseListeners()
 }

@@ -148,8 +148,12 @@ func mapUser(u string) string {
 // SDKs read 502 as "the sandbox is gone").
 func (f *Front) health(w http.ResponseWriter, r *http.Request) {
 	c, _ := f.sandboxOf(r, nil)
-	if c == nil || f.session(r.Context(), c.api, c.rec.ID) == nil {
+	if c == nil {
 		filesError(w, http.StatusBadGateway, "sandbox not running")
+		return
+	}
+	if s := f.session(r.Context(), c.api, c.rec.ID); s == nil || s.State != wire.SessionRunning {
+		filesError(w, http.StatusBadGateway, "sandbox not running (paused or ended)")
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
