@@ -345,13 +345,13 @@ func New(cfg Config) (_ *Server, err error) {
 			// A subordinate uid counts as its login, as on the socket.
 			sc.CallerOf = newPeerResolver(DefaultSubUIDFile, log).callerOf
 		}
-		if s.ssh, err = sshfront.New(sshCore{s}, sc, cfg.VM.StateDir, log); err != nil {
+		if s.ssh, err = sshfront.New(sshCore{doorCore{s}}, sc, cfg.VM.StateDir, log); err != nil {
 			return nil, err
 		}
 		s.push(func() error { s.ssh.CloseListeners(); return nil })
 	}
 	if cfg.E2B != nil {
-		if s.e2b, err = e2bfront.New(e2bCore{s}, *cfg.E2B, cfg.VM.StateDir, log); err != nil {
+		if s.e2b, err = e2bfront.New(e2bCore{doorCore{s}}, *cfg.E2B, cfg.VM.StateDir, log); err != nil {
 			return nil, err
 		}
 		s.push(func() error { s.e2b.CloseListeners(); return nil })

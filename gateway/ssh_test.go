@@ -108,7 +108,7 @@ func newUnitFront(t *testing.T, keys string, mutate func(*sshfront.Config)) *uni
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	f, err := sshfront.New(sshCore{s}, cfg, dir, log)
+	f, err := sshfront.New(sshCore{doorCore{s}}, cfg, dir, log)
 	if err != nil {
 		ln.Close()
 		t.Fatal(err)
@@ -414,7 +414,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 		"profile without ssh": {sshfront.Config{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("local", `profile="local" `+line+"\n")}, `:1: key SHA256:`},
 		"unknown profile":     {sshfront.Config{Listen: []string{"127.0.0.1:0"}, AuthorizedKeys: write("nosuch", "\n"+`profile="nosuch" `+line+"\n")}, `nosuch:2: key SHA256:`},
 	} {
-		f, err := sshfront.New(sshCore{s}, tt.cfg, dir, log)
+		f, err := sshfront.New(sshCore{doorCore{s}}, tt.cfg, dir, log)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			if f != nil {
 				f.CloseListeners()
@@ -429,7 +429,7 @@ func TestSSHFront_Refuses(t *testing.T) {
 	var logs testutil.SyncBuffer
 	sock := filepath.Join(dir, "ssh.sock")
 	s.log = slog.New(slog.NewTextHandler(&logs, nil))
-	f, err := sshfront.New(sshCore{s}, sshfront.Config{Listen: []string{"unix:" + sock, "0.0.0.0:0"}, AuthorizedKeys: good, AllowRemote: true},
+	f, err := sshfront.New(sshCore{doorCore{s}}, sshfront.Config{Listen: []string{"unix:" + sock, "0.0.0.0:0"}, AuthorizedKeys: good, AllowRemote: true},
 		dir, s.log)
 	if err != nil {
 		t.Fatal(err)

@@ -10,15 +10,19 @@ import (
 	"github.com/vmgate/vmgate/policy"
 )
 
-// sshCore is the exec core as the SSH front door sees it (sshfront.Core).
-type sshCore struct{ s *Server }
+// doorCore is what every front door gets of the daemon: the policy in
+// force, the audit log, and Unix sockets made as the daemon's own.
+type doorCore struct{ s *Server }
 
-func (c sshCore) Policy() *policy.Policy       { return c.s.pol.Load() }
-func (c sshCore) Audit(rec audit.Record) error { return c.s.rec.Write(rec) }
+func (c doorCore) Policy() *policy.Policy       { return c.s.pol.Load() }
+func (c doorCore) Audit(rec audit.Record) error { return c.s.rec.Write(rec) }
 
-func (c sshCore) ListenUnix(path string) (net.Listener, error) {
+func (c doorCore) ListenUnix(path string) (net.Listener, error) {
 	return listenUnix(path, c.s.cfg.SocketMode, c.s.cfg.SocketGroup, c.s.log)
 }
+
+// sshCore is the exec core as the SSH front door sees it (sshfront.Core).
+type sshCore struct{ doorCore }
 
 // Exec takes an SSH request through the core's one entry, admit, and runs
 // it, as handleExec does an HTTP one. A login the front door cannot serve

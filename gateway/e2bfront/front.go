@@ -135,22 +135,9 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 	if len(cfg.Listen) == 0 && len(cfg.Listeners) == 0 {
 		return nil, errors.New("e2b: no address to listen on (--e2b-listen)")
 	}
-	var addrs []listenaddr.Addr
-	var remote []string
-	for _, a := range cfg.Listen {
-		la, err := listenaddr.Parse("e2b", a)
-		if err != nil {
-			return nil, err
-		}
-		if !la.Loopback {
-			remote = append(remote, la.Addr)
-		}
-		addrs = append(addrs, la)
-	}
-	for _, ln := range cfg.Listeners {
-		if ta, ok := ln.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
-			remote = append(remote, ta.String())
-		}
+	addrs, remote, err := listenaddr.ParseAll("e2b", cfg.Listen, cfg.Listeners)
+	if err != nil {
+		return nil, err
 	}
 	if len(remote) > 0 {
 		if !cfg.AllowRemote {
@@ -173,12 +160,7 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 		return nil, fmt.Errorf("e2b: %w", err)
 	}
 	for _, la := range addrs {
-		var ln net.Listener
-		if la.Network == "unix" {
-			ln, err = core.ListenUnix(la.Addr)
-		} else {
-			ln, err = net.Listen("tcp", la.Addr)
-		}
+		ln, err := la.Listen(core.ListenUnix)
 		if err != nil {
 			return nil, fmt.Errorf("e2b: %w", err)
 		}

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vmgate/vmgate/internal/listenaddr"
 	"github.com/vmgate/vmgate/internal/names"
 )
 
@@ -124,12 +123,6 @@ func (c *Config) checkLimits() error {
 	}
 	return nil
 }
-
-// listenAddr is a parsed --ssh-listen address.
-type listenAddr = listenaddr.Addr
-
-// parseListen parses "unix:/abs/path" or "IP:PORT" ("[IPv6]:PORT").
-func parseListen(s string) (listenAddr, error) { return listenaddr.Parse("ssh", s) }
 
 // SessionLoginPrefix is the login name prefix that selects a session:
 // ssh session-NAME@host runs every command of the connection in the key's

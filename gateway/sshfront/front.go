@@ -19,6 +19,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/sshkeys"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/listenaddr"
 	"github.com/vmgate/vmgate/policy"
 )
 
@@ -133,22 +134,9 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 		return nil, errors.New("ssh: no address to listen on (--ssh-listen)")
 	}
 	// Addresses first: a refused one must not leave a host key behind.
-	var addrs []listenAddr
-	var remote []string
-	for _, a := range cfg.Listen {
-		la, err := parseListen(a)
-		if err != nil {
-			return nil, err
-		}
-		if !la.Loopback {
-			remote = append(remote, la.Addr)
-		}
-		addrs = append(addrs, la)
-	}
-	for _, ln := range cfg.Listeners {
-		if ta, ok := ln.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
-			remote = append(remote, ta.String())
-		}
+	addrs, remote, err := listenaddr.ParseAll("ssh", cfg.Listen, cfg.Listeners)
+	if err != nil {
+		return nil, err
 	}
 	if len(remote) > 0 {
 		if !cfg.AllowRemote {
@@ -186,12 +174,7 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 	f.config.AddHostKey(signer)
 
 	for _, la := range addrs {
-		var ln net.Listener
-		if la.Network == "unix" {
-			ln, err = core.ListenUnix(la.Addr)
-		} else {
-			ln, err = net.Listen("tcp", la.Addr)
-		}
+		ln, err := la.Listen(core.ListenUnix)
 		if err != nil {
 			return nil, fmt.Errorf("ssh: %w", err)
 		}

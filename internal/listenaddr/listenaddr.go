@@ -51,3 +51,34 @@ func Parse(door, s string) (Addr, error) {
 	ip = ip.Unmap()
 	return Addr{Network: "tcp", Addr: netip.AddrPortFrom(ip, uint16(n)).String(), Loopback: ip.IsLoopback()}, nil
 }
+
+// ParseAll parses a door's addresses and lists the non-loopback ones,
+// among them and among the listeners already open, for the door to
+// refuse or log as a relaxation.
+func ParseAll(door string, listen []string, open []net.Listener) (addrs []Addr, remote []string, err error) {
+	for _, s := range listen {
+		a, err := Parse(door, s)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !a.Loopback {
+			remote = append(remote, a.Addr)
+		}
+		addrs = append(addrs, a)
+	}
+	for _, ln := range open {
+		if ta, ok := ln.Addr().(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
+			remote = append(remote, ta.String())
+		}
+	}
+	return addrs, remote, nil
+}
+
+// Listen opens a: a TCP listener, or a Unix socket made by listenUnix
+// (the daemon's, which sets the socket's mode and group).
+func (a Addr) Listen(listenUnix func(path string) (net.Listener, error)) (net.Listener, error) {
+	if a.Network == "unix" {
+		return listenUnix(a.Addr)
+	}
+	return net.Listen("tcp", a.Addr)
+}
