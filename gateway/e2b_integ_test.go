@@ -118,7 +118,7 @@ func TestGateway_E2B(t *testing.T) {
 			t.Fatal(err)
 		}
 		fp := e2bfront.Fingerprint(door.key)
-		var sessions, fileOps int
+		var sessions, fileOps, lifecycle int
 		for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
 			var rec audit.Record
 			if err := json.Unmarshal(line, &rec); err != nil {
@@ -136,16 +136,74 @@ func TestGateway_E2B(t *testing.T) {
 			if rec.File != nil {
 				fileOps++
 			}
+			if strings.HasPrefix(rec.Message, "e2b sandbox ") && strings.HasPrefix(rec.Session, "sbx-") {
+				lifecycle++ // create, timeout, connect, fork
+			}
 		}
 		if bytes.Contains(data, []byte(door.key)) {
 			t.Fatal("the audit log holds an API key")
 		}
-		if sessions < 20 || fileOps < 10 {
-			t.Fatalf("%d records of sandboxes, %d file operations: the door's calls are not audited", sessions, fileOps)
+		if sessions < 20 || fileOps < 10 || lifecycle < 8 {
+			t.Fatalf("%d records of sandboxes, %d file operations, %d lifecycle calls: the door's calls are not audited", sessions, fileOps, lifecycle)
 		}
 	})
 
 	t.Run("bad input", func(t *testing.T) { e2bBadInput(t, door) })
+	t.Run("deadlines and networks", func(t *testing.T) { e2bLifecycle(t, door) })
+}
+
+// e2bLifecycle: a sandbox's deadline ends it, or pauses it with
+// autoPause; a create that turns the internet off locks the session's
+// network, as the audit log shows.
+func e2bLifecycle(t *testing.T, door *e2bDoor) {
+	key := map[string]string{"X-API-Key": door.key, "Content-Type": "application/json"}
+	create := func(body string) string {
+		t.Helper()
+		status, out := e2bCall(t, "POST", door.url+"/v2/sandboxes", key, []byte(body))
+		if status != 201 {
+			t.Fatalf("create %s: %d %s", body, status, out)
+		}
+		var sbx struct{ SandboxID string }
+		if err := json.Unmarshal([]byte(out), &sbx); err != nil {
+			t.Fatal(err)
+		}
+		return sbx.SandboxID
+	}
+	ends := create(`{"timeout":2}`)
+	pauses := create(`{"timeout":2,"autoPause":true}`)
+	offline := create(`{"timeout":300,"allow_internet_access":false}`)
+	defer e2bCall(t, "DELETE", door.url+"/sandboxes/"+pauses, key, nil)
+	defer e2bCall(t, "DELETE", door.url+"/sandboxes/"+offline, key, nil)
+	// The deadlines pass; the door acts on them (a pause takes a while
+	// under TCG).
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		s1, _ := e2bCall(t, "GET", door.url+"/sandboxes/"+ends, key, nil)
+		s2, info := e2bCall(t, "GET", door.url+"/sandboxes/"+pauses, key, nil)
+		if s1 == 404 && s2 == 200 && strings.Contains(info, `"state":"paused"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("2 min after their deadlines: the plain sandbox answers %d, the autoPause one %d %s", s1, s2, info)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	data, err := os.ReadFile(door.audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var locked, expired bool
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var rec audit.Record
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatal(err)
+		}
+		locked = locked || rec.Session == offline && strings.HasPrefix(rec.Message, "net-lock: allow []")
+		expired = expired || rec.Session == ends && rec.Message == "e2b sandbox timed out: ended"
+	}
+	if !locked || !expired {
+		t.Fatalf("audit: the offline sandbox's network lock %v, the ended one's timeout %v", locked, expired)
+	}
 }
 
 func nodeTools(t *testing.T) (node, npm string) {
