@@ -396,43 +396,67 @@ func parseDecimal(s string) (int64, error) {
 // body), else the refusal or the error; the caller then closes the
 // connection.
 func CopyRequests(out io.Writer, in *bufio.Reader, host string) string {
+	why, _ := copyRequests(out, in, host, nil)
+	return why
+}
+
+// copyRequests is CopyRequests, with secrets when s is set
+// (CopyRequestsSecrets).
+func copyRequests(out io.Writer, in *bufio.Reader, host string, s *Secrets) (string, *Found) {
+	bodyOut := out
+	var guard *Guard
+	if s != nil {
+		guard = NewGuard(out, s.All, "body")
+		bodyOut = guard
+	}
 	for {
 		head, err := readHead(in)
 		if err != nil {
 			if errors.Is(err, io.EOF) && len(head) == 0 {
-				return ""
+				return "", nil
 			}
-			return "http: " + err.Error()
+			return "http: " + err.Error(), nil
 		}
 		h, n, err := parseRequestHead(head)
 		switch {
 		case err != nil:
-			return err.Error()
+			return err.Error(), nil
 		case n != len(head):
-			return "http: request head ends before its blank line" // not reached: readHead stops there
+			return "http: request head ends before its blank line", nil // not reached: readHead stops there
 		case h.host != host:
-			return fmt.Sprintf("http: a request on the connection names %q, not %q", h.host, host)
+			return fmt.Sprintf("http: a request on the connection names %q, not %q", h.host, host), nil
 		case h.upgrade || h.method == "CONNECT":
-			return "http: switching protocols (Upgrade, CONNECT) is not allowed on a port allowed by name"
+			return "http: switching protocols (Upgrade, CONNECT) is not allowed on a port allowed by name", nil
+		}
+		if s != nil {
+			if f := s.rewrite(&h); f != nil {
+				return "http: " + f.Error(), f
+			}
+			if len(s.Bound) > 0 {
+				h.identityOnly()
+			}
 		}
 		body := h.chunked || h.contentLength > 0
 		if body {
 			h.closeAfter()
 		}
 		if _, err := out.Write(h.appendTo(nil)); err != nil {
-			return "write: " + err.Error()
+			return "write: " + err.Error(), nil
 		}
 		switch {
 		case h.chunked:
-			err = copyChunked(out, in)
+			err = copyChunked(out, bodyOut, in)
 		case h.contentLength > 0:
-			_, err = io.CopyN(out, in, h.contentLength)
+			_, err = io.CopyN(bodyOut, in, h.contentLength)
+		}
+		if guard != nil && guard.Found() != nil {
+			return "http: " + guard.Found().Error(), guard.Found()
 		}
 		if err != nil {
-			return "http body: " + err.Error()
+			return "http body: " + err.Error(), nil
 		}
 		if body {
-			return "" // the server closes the connection: see closeAfter
+			return "", nil // the server closes the connection: see closeAfter
 		}
 	}
 }
@@ -479,10 +503,11 @@ func readLine(in *bufio.Reader) (string, error) {
 }
 
 // copyChunked copies a chunked body (RFC 9112 7.1) with its trailers. The
-// chunk data goes out as it is; the framing is rebuilt: sizes in plain
-// hex, chunk extensions dropped (a recipient must ignore those it does
-// not know), trailer fields as parsed.
-func copyChunked(out io.Writer, in *bufio.Reader) error {
+// chunk data goes out as it is, through data (the body as one stream,
+// whatever its chunks); the framing is rebuilt: sizes in plain hex, chunk
+// extensions dropped (a recipient must ignore those it does not know),
+// trailer fields as parsed, through data too.
+func copyChunked(out, data io.Writer, in *bufio.Reader) error {
 	for {
 		line, err := readLine(in)
 		if err != nil {
@@ -496,9 +521,9 @@ func copyChunked(out io.Writer, in *bufio.Reader) error {
 			return err
 		}
 		if n == 0 {
-			return copyTrailers(out, in)
+			return copyTrailers(data, in)
 		}
-		if _, err := io.CopyN(out, in, n); err != nil {
+		if _, err := io.CopyN(data, in, n); err != nil {
 			return err
 		}
 		crlf := make([]byte, 2)

@@ -1,7 +1,9 @@
 // Package netwire parses what a guest sends on its network, the bytes a
 // hostile guest chooses: the name a connection claims (a TLS ClientHello's
 // SNI, an HTTP/1 request's Host and target, SniffName), the HTTP heads the
-// netstack forwards rebuilt from what it parsed (CopyRequests), and the
+// netstack forwards rebuilt from what it parsed (CopyRequests; with
+// secrets' placeholders replaced or refused, CopyRequestsSecrets, and
+// watched for in any stream, Guard), and the
 // length-prefixed frames of QEMU's stream netdev (ReadFrame). It is pure:
 // no network stack, no I/O but the streams it is given. The host's
 // per-VM netstack (vm/netstack) enforces the operator's allowlist with it.
@@ -10,7 +12,8 @@
 // bytes they look at (MaxSniff, MaxFrame) before they allocate, refuse
 // what a lenient server could read differently (a bare LF, userinfo,
 // duplicated or folded fields, ECH and ESNI on names), and answer "no"
-// when unsure. Fuzzed: FuzzSniffName, FuzzCopyRequests, FuzzReadFrame.
+// when unsure. Fuzzed: FuzzSniffName, FuzzCopyRequests,
+// FuzzCopyRequestsSecrets, FuzzReadFrame.
 package netwire
 
 import (
