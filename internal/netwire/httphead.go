@@ -440,6 +440,23 @@ func copyRequests(out io.Writer, in *bufio.Reader, host string, s *Secrets) (str
 		if body {
 			h.closeAfter()
 		}
+		if s != nil && h.contentLength > 0 && h.contentLength <= MaxCheckedBody {
+			// A body of a known, bounded length is checked whole before
+			// anything of its request goes out: a refused request never
+			// reaches the server.
+			b := make([]byte, h.contentLength)
+			if _, err := io.ReadFull(in, b); err != nil {
+				return "http body: " + err.Error(), nil
+			}
+			if sec := s.firstIn(string(b)); sec != nil {
+				f := &Found{Secret: sec.Name, Place: "body"}
+				return "http: " + f.Error(), f
+			}
+			if _, err := out.Write(append(h.appendTo(nil), b...)); err != nil {
+				return "write: " + err.Error(), nil
+			}
+			return "", nil // the server closes the connection: see closeAfter
+		}
 		if _, err := out.Write(h.appendTo(nil)); err != nil {
 			return "write: " + err.Error(), nil
 		}

@@ -18,6 +18,12 @@ import (
 // What comes back from a bound host is watched for the value: a server
 // that echoes it back is cut off before it reaches the guest.
 
+// MaxCheckedBody bounds a request body that is read whole and checked
+// before its request is forwarded (CopyRequestsSecrets); a longer or
+// chunked body is watched as it streams, and its request cut at a
+// placeholder.
+const MaxCheckedBody = 1 << 20
+
 // Secret is one secret as the netstack applies it.
 type Secret struct {
 	Name        string

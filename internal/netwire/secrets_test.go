@@ -52,7 +52,7 @@ func TestCopyRequestsSecrets(t *testing.T) {
 		{name: "query on a host it is not bound to", in: "GET /?t=" + ghPH + " HTTP/1.1\r\nHost: api.github.test\r\n\r\n", secret: "GH_TOKEN", place: "query"},
 		{name: "body", bound: true,
 			in:  "POST /x HTTP/1.1\r\nHost: api.github.test\r\nContent-Length: 44\r\n\r\n{\"t\":\"" + ghPH + "\"}\n",
-			out: "POST /x HTTP/1.1\r\nHost: api.github.test\r\nContent-Length: 44\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n", secret: "GH_TOKEN", place: "body"},
+			out: "", secret: "GH_TOKEN", place: "body"},
 		{name: "chunked body, across chunks", bound: true,
 			in:  "POST /x HTTP/1.1\r\nHost: api.github.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nvmgs_\r\n20\r\n0123456789abcdef0123456789abcdef\r\n0\r\n\r\n",
 			out: "POST /x HTTP/1.1\r\nHost: api.github.test\r\nTransfer-Encoding: chunked\r\nAccept-Encoding: identity\r\nConnection: close\r\n\r\n5\r\nvmgs_\r\n20\r\n", secret: "GH_TOKEN", place: "body"},

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -70,6 +71,11 @@ type Record struct {
 	BytesOut int64 // guest → world
 	BytesIn  int64 // world → guest
 	Duration time.Duration
+	// Intercepted: the netstack terminated the guest's TLS, to put
+	// secrets in (secrets.go). Secret and SecretPlace name a secret whose
+	// placeholder (or value, coming back) was where it may not be.
+	Intercepted         bool
+	Secret, SecretPlace string
 }
 
 // Network is the user-space network of one VM: an Ethernet segment with
@@ -111,6 +117,12 @@ type Policy struct {
 	netrule.Egress
 	// Audit receives one record per connection attempt and DNS query.
 	Audit func(Record)
+	// Secrets are the VM's secrets (secrets.go); CA is its session's CA,
+	// which signs what the guest is shown for their hosts over TLS (nil:
+	// no interception); Roots verify those hosts (nil: the host's roots).
+	Secrets []Secret
+	CA      *SessionCA
+	Roots   *x509.CertPool
 }
 
 type policyState struct {
@@ -496,6 +508,20 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	if reason != "" {
 		return false, reason
 	}
+	p := n.p()
+	var secrets *netwire.Secrets
+	if len(p.Secrets) > 0 {
+		secrets = secretsFor(p.Secrets, claimed, port)
+		if proto == netwire.ProtoTLS && len(secrets.Bound) > 0 && p.CA != nil {
+			return n.intercept(guest, head, rec, dst, port, claimed, secrets)
+		}
+		// Not intercepted: the guest's bytes are watched for
+		// placeholders (plain HTTP by name: replaced where bound).
+		if f := placeholderIn(head, secrets.All); f != nil && !(byName && proto == netwire.ProtoHTTP) {
+			rec.Secret, rec.SecretPlace = f.Secret, f.Place
+			return false, "secrets: " + f.Error()
+		}
+	}
 	ctx, cancel := context.WithTimeout(n.ctx, 15*time.Second)
 	out, err := n.cfg.Dial(ctx, "tcp", netip.AddrPortFrom(dst, port).String())
 	cancel()
@@ -510,6 +536,20 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		return true, "cut: " + policyCut
 	}
 	defer n.untrack(lc)
+	var guards []func() // what the secrets' guards found, into cut
+	var raw io.Writer = out
+	if secrets != nil && !(byName && proto == netwire.ProtoHTTP) {
+		// Not HTTP the netstack reads: a placeholder in what the guest
+		// sends stops it there.
+		g := netwire.NewGuard(out, secrets.All, "connection")
+		guards = append(guards, func() {
+			if f := g.Found(); f != nil {
+				rec.Secret, rec.SecretPlace = f.Secret, f.Place
+				cut.Store("secrets: " + f.Error())
+			}
+		})
+		raw = g
+	}
 	if byName && proto == netwire.ProtoHTTP {
 		// Every request is checked, not only the first.
 		go func() {
@@ -517,7 +557,17 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 			w := &countWriter{w: out, n: n, total: &rec.BytesOut}
 			// On a refused request nothing more goes out; the answers to
 			// the requests before it still come back.
-			if why := netwire.CopyRequests(w, in, claimed); why != "" {
+			var why string
+			if secrets != nil {
+				var found *netwire.Found
+				why, found = netwire.CopyRequestsSecrets(w, in, claimed, secrets)
+				if found != nil {
+					rec.Secret, rec.SecretPlace = found.Secret, found.Place
+				}
+			} else {
+				why = netwire.CopyRequests(w, in, claimed)
+			}
+			if why != "" {
 				cut.Store(why)
 			}
 			if c, ok := out.(interface{ CloseWrite() error }); ok {
@@ -526,13 +576,15 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 			done <- struct{}{}
 		}()
 	} else {
-		if _, err := out.Write(head); err != nil {
+		// Through the guard, when there is one: a placeholder may span
+		// the first bytes and the next.
+		if _, err := raw.Write(head); err != nil {
 			return true, "write: " + err.Error()
 		}
 		rec.BytesOut += int64(len(head))
 		n.bytes.Add(int64(len(head)))
 	}
-	count := func(dstc, srcc net.Conn, total *int64) {
+	count := func(dstc, srcc net.Conn, total *int64, w io.Writer) {
 		b := make([]byte, 32<<10)
 		for {
 			k, err := srcc.Read(b)
@@ -541,7 +593,13 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 				if n.bytes.Add(int64(k)) > n.p().MaxBytes {
 					break
 				}
-				if _, werr := dstc.Write(b[:k]); werr != nil {
+				if _, werr := w.Write(b[:k]); werr != nil {
+					var f *netwire.Found
+					if errors.As(werr, &f) {
+						// A secrets' guard: the connection ends here.
+						out.Close()
+						guest.Close()
+					}
 					break
 				}
 			}
@@ -555,9 +613,22 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		done <- struct{}{}
 	}
 	if !(byName && proto == netwire.ProtoHTTP) {
-		go count(out, guest, &rec.BytesOut)
+		go count(out, guest, &rec.BytesOut, raw)
 	}
-	go count(guest, out, &rec.BytesIn)
+	var back io.Writer = guest
+	if secrets != nil && len(secrets.Bound) > 0 {
+		// Plain HTTP to a bound host: its answers are watched for the
+		// values.
+		g := netwire.NewValueGuard(guest, secrets.Bound, "answer")
+		guards = append(guards, func() {
+			if f := g.Found(); f != nil {
+				rec.Secret, rec.SecretPlace = f.Secret, f.Place
+				cut.Store(fmt.Sprintf("secrets: %s sent secret %s's value back", claimed, f.Secret))
+			}
+		})
+		back = g
+	}
+	go count(guest, out, &rec.BytesIn, back)
 	select {
 	case <-done:
 		select {
@@ -565,6 +636,9 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		case <-time.After(30 * time.Second):
 		}
 	case <-n.ctx.Done():
+	}
+	for _, g := range guards {
+		g()
 	}
 	if why, _ := cut.Load().(string); why != "" {
 		return true, "cut: " + why
