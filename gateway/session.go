@@ -121,6 +121,12 @@ type sessionUse struct {
 	idleWork []func()
 }
 
+// newSessionUse is the use of a session owned by its maker (excl) or by
+// nobody, last used at lastUsed.
+func newSessionUse(excl bool, lastUsed time.Time) sessionUse {
+	return sessionUse{excl: excl, free: make(chan struct{}), yield: make(chan struct{}), lastUsed: lastUsed}
+}
+
 // inUse reports whether anything uses the session now.
 func (u *sessionUse) inUse() bool { return u.cmds > 0 || u.excl }
 
@@ -138,7 +144,7 @@ type sessionNet struct {
 func newSession(rec sessionRecord) *session {
 	rec.Version = sessionRecordVersion
 	return &session{sessionRecord: rec, sid: newRequestID(),
-		use: sessionUse{excl: true, free: make(chan struct{}), yield: make(chan struct{}), lastUsed: time.Now()}, ended: make(chan struct{})}
+		use: newSessionUse(true, time.Now()), ended: make(chan struct{})}
 }
 
 // newSessionRecord is the record of a new session key of caller id, as

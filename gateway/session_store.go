@@ -116,7 +116,7 @@ func (x *sessions) loadOne(sid string) (*session, string) {
 		_ = os.RemoveAll(dir)
 		return nil, ""
 	}
-	ss := &session{sessionRecord: rec, sid: sid, use: sessionUse{free: make(chan struct{}), lastUsed: rec.PausedAt}, ended: make(chan struct{})}
+	ss := &session{sessionRecord: rec, sid: sid, use: newSessionUse(false, rec.PausedAt), ended: make(chan struct{})}
 	if rec.State != statePaused {
 		return ss, "vmgated stopped while it was running (its VM ended with the daemon)"
 	}

@@ -2,7 +2,12 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -200,5 +205,41 @@ func TestSessionWatchYields(t *testing.T) {
 	defer cancel2()
 	if later.Err() != nil {
 		t.Fatal("a new watch began ended")
+	}
+}
+
+// TestLoadedSessionUse: a session read back from the state directory (a
+// paused one, or one lost with the daemon) is used as a new one is: a
+// pause or an end may take it, and its watches let go.
+func TestLoadedSessionUse(t *testing.T) {
+	x := &sessions{stateDir: t.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	rec := newSessionRecord(sessionKey{"uid:1", "s"}, policy.Identity{UID: 1}, policy.Verdict{}, vm.Shape{}, time.Now())
+	rec.Owner, rec.Version = rec.Caller.Key(), sessionRecordVersion
+	b, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(x.dir("sid1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(x.dir("sid1"), sessionFileName), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ss, why := x.loadOne("sid1")
+	if ss == nil || why == "" {
+		t.Fatalf("loadOne: %v %q, want the session, lost", ss, why)
+	}
+	ctx := context.Background()
+	if err := ss.share(ctx, time.Second, 2); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := ss.watchCtx(ctx)
+	defer cancel()
+	go func() { <-wctx.Done(); ss.unshare(true) }()
+	if err := ss.take(ctx, 5*time.Second); err != nil {
+		t.Fatalf("take a loaded session: %v", err)
+	}
+	if !yielded(wctx) {
+		t.Fatal("a loaded session's watch did not let go")
 	}
 }
