@@ -61,30 +61,42 @@ max_lifetime = "30m"
 type e2bDoor struct {
 	url, key, other, tiny string
 	audit                 string
+	keys                  string
+	d                     *gatewaytest.Daemon
+	tokens                map[string]string // access tokens of sandboxes the tests made
 }
 
 func startE2B(t *testing.T) *e2bDoor {
 	t.Helper()
 	dir := t.TempDir()
-	door := &e2bDoor{key: e2bfront.NewKey(), other: e2bfront.NewKey(), tiny: e2bfront.NewKey()}
-	keys := filepath.Join(dir, "e2b_keys")
+	door := &e2bDoor{key: e2bfront.NewKey(), other: e2bfront.NewKey(), tiny: e2bfront.NewKey(), keys: filepath.Join(dir, "e2b_keys"),
+		tokens: map[string]string{}}
 	text := e2bfront.FormatLine("e2b", door.key, "conformance") + e2bfront.FormatLine("e2b", door.other, "another key") +
 		e2bfront.FormatLine("tiny", door.tiny, "one VM")
-	if err := os.WriteFile(keys, []byte(text), 0o600); err != nil {
+	if err := os.WriteFile(door.keys, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	door.serve(t, "")
+	return door
+}
+
+// serve starts the door's daemon, in stateDir when it is set (a restart).
+func (door *e2bDoor) serve(t *testing.T, stateDir string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	door.url = "http://" + ln.Addr().String()
-	d := gatewaytest.Start(t, e2bPolicy, func(c *gateway.Config) {
-		c.E2B = &e2bfront.Config{Listeners: []net.Listener{ln}, Keys: keys}
+	door.d = gatewaytest.Start(t, e2bPolicy, func(c *gateway.Config) {
+		c.E2B = &e2bfront.Config{Listeners: []net.Listener{ln}, Keys: door.keys}
 		c.VM.NoTemplate, c.VM.PoolSize, c.VM.TemplateDir, c.MaxVMs = false, 1, testutil.TemplateDir(t), 4
 		c.QueueWait = 5 * time.Second // a create past a limit waits this long for a VM
+		if stateDir != "" {
+			c.VM.StateDir = stateDir
+		}
 	})
-	door.audit = d.AuditPath
-	return door
+	door.audit = door.d.AuditPath
 }
 
 // TestGateway_E2B runs the official E2B SDK against the door
@@ -150,6 +162,42 @@ func TestGateway_E2B(t *testing.T) {
 
 	t.Run("bad input", func(t *testing.T) { e2bBadInput(t, door) })
 	t.Run("deadlines and networks", func(t *testing.T) { e2bLifecycle(t, door) })
+	t.Run("a paused sandbox outlives the daemon", func(t *testing.T) { e2bRestart(t, door) })
+}
+
+// e2bRestart: a sandbox the daemon's stop paused is the key's after a
+// start on the same state, its files and its token kept.
+func e2bRestart(t *testing.T, door *e2bDoor) {
+	key := map[string]string{"X-API-Key": door.key, "Content-Type": "application/json"}
+	status, body := e2bCall(t, "POST", door.url+"/v2/sandboxes", key, []byte(`{"timeout":600,"metadata":{"kept":"yes"}}`))
+	if status != 201 {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	var sbx struct{ SandboxID, EnvdAccessToken string }
+	if err := json.Unmarshal([]byte(body), &sbx); err != nil {
+		t.Fatal(err)
+	}
+	envd := map[string]string{"E2b-Sandbox-Id": sbx.SandboxID, "X-Access-Token": sbx.EnvdAccessToken}
+	if status, body := e2bCall(t, "POST", door.url+"/files?path=kept.txt", map[string]string{"E2b-Sandbox-Id": sbx.SandboxID,
+		"X-Access-Token": sbx.EnvdAccessToken, "Content-Type": "application/octet-stream"}, []byte("before the restart")); status != 200 {
+		t.Fatalf("write: %d %s", status, body)
+	}
+	state := door.d.Config.VM.StateDir
+	door.d.StopAndCheck(t)
+	door.serve(t, state)
+	status, body = e2bCall(t, "GET", door.url+"/sandboxes/"+sbx.SandboxID, key, nil)
+	if status != 200 || !strings.Contains(body, `"state":"paused"`) || !strings.Contains(body, `"kept":"yes"`) {
+		t.Fatalf("after the restart: %d %s", status, body)
+	}
+	if status, body := e2bCall(t, "POST", door.url+"/v2/sandboxes/"+sbx.SandboxID+"/connect", key, []byte(`{"timeout":60}`)); status != 201 {
+		t.Fatalf("connect (resume): %d %s", status, body)
+	}
+	if status, body := e2bCall(t, "GET", door.url+"/files?path=kept.txt", envd, nil); status != 200 || body != "before the restart" {
+		t.Fatalf("read after the restart: %d %q", status, body)
+	}
+	if status, _ := e2bCall(t, "DELETE", door.url+"/sandboxes/"+sbx.SandboxID, key, nil); status != 204 {
+		t.Fatalf("kill: %d", status)
+	}
 }
 
 // e2bLifecycle: a sandbox's deadline ends it, or pauses it with
@@ -163,10 +211,11 @@ func e2bLifecycle(t *testing.T, door *e2bDoor) {
 		if status != 201 {
 			t.Fatalf("create %s: %d %s", body, status, out)
 		}
-		var sbx struct{ SandboxID string }
+		var sbx struct{ SandboxID, EnvdAccessToken string }
 		if err := json.Unmarshal([]byte(out), &sbx); err != nil {
 			t.Fatal(err)
 		}
+		door.tokens[sbx.SandboxID] = sbx.EnvdAccessToken
 		return sbx.SandboxID
 	}
 	ends := create(`{"timeout":2}`)
@@ -187,6 +236,13 @@ func e2bLifecycle(t *testing.T, door *e2bDoor) {
 			t.Fatalf("2 min after their deadlines: the plain sandbox answers %d, the autoPause one %d %s", s1, s2, info)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// A process's time limit is its stream's Connect-Timeout-Ms.
+	status, out := e2bCall(t, "POST", door.url+"/process.Process/Start", map[string]string{"E2b-Sandbox-Id": offline,
+		"X-Access-Token": door.tokens[offline], "Content-Type": "application/connect+json", "Connect-Timeout-Ms": "1500"},
+		e2bEnvelope(`{"process":{"cmd":"/bin/bash","args":["-l","-c","sleep 60"]}}`))
+	if status != 200 || !strings.Contains(out, `"end":{"exitCode":-1,"exited":false,"status":"signal: KILL (its time limit ended it)"`) {
+		t.Fatalf("a process past its Connect-Timeout-Ms: %d %q", status, out)
 	}
 	data, err := os.ReadFile(door.audit)
 	if err != nil {

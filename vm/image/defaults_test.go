@@ -56,16 +56,19 @@ func TestCommandUser(t *testing.T) {
 // recorded) with bash.
 func TestLoginShell(t *testing.T) {
 	for _, c := range []struct {
-		src  *Source
-		want string
+		src       *Source
+		want, cmd string
 	}{
-		{nil, "bash -l"},
-		{&Source{}, "bash -l"},
-		{&Source{Shell: ShellBash}, "bash -l"},
-		{&Source{Shell: ShellSh}, "sh -l"},
+		{nil, "bash -l", "bash -l -c echo hi"},
+		{&Source{}, "bash -l", "bash -l -c echo hi"},
+		{&Source{Shell: ShellBash}, "bash -l", "bash -l -c echo hi"},
+		{&Source{Shell: ShellSh}, "sh -l", "sh -c echo hi"},
 	} {
 		if got := strings.Join(c.src.LoginShell(), " "); got != c.want {
 			t.Errorf("%+v: %q, want %q", c.src, got, c.want)
+		}
+		if got := strings.Join(c.src.LoginCommand("echo hi"), " "); got != c.cmd {
+			t.Errorf("%+v: a command %q, want %q", c.src, got, c.cmd)
 		}
 	}
 }
