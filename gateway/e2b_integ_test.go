@@ -32,7 +32,7 @@ name = "e2b"
 match = { e2b = true }
 allow_shell = true
 users = ["agent", "root"]
-env = ["FOO", "BAR"]
+env = ["FOO", "BAR", "LANG", "LC_ALL"]  # a terminal (pty.create) sends LANG and LC_ALL
 max_vms = 4
 [profile.timeout]
 default = "60s"
@@ -119,8 +119,8 @@ func TestGateway_E2B(t *testing.T) {
 		if err != nil {
 			t.Fatalf("conformance.mjs: %v (the FAIL lines above say which checks)", err)
 		}
-		if n := len(regexp.MustCompile(`(?m)^ok `).FindAll(out, -1)); n != 13 {
-			t.Fatalf("%d checks passed, want 13", n)
+		if n := len(regexp.MustCompile(`(?m)^ok `).FindAll(out, -1)); n != 14 {
+			t.Fatalf("%d checks passed, want 14", n)
 		}
 	})
 

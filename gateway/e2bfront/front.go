@@ -107,6 +107,11 @@ type Front struct {
 	// hosts are the Host header values the door answers to (DNS
 	// rebinding); anyHost is set when a Unix socket is served.
 	hosts map[string]bool
+	// ptys are the terminal commands the door holds (pty.go); ctx ends
+	// them at Close.
+	ptys ptys
+	ctx  context.Context
+	stop context.CancelFunc
 }
 
 type doorListener struct {
@@ -121,6 +126,7 @@ func New(core Core, cfg Config, stateDir string, log *slog.Logger) (_ *Front, er
 	cfg.setDefaults(stateDir)
 	log = log.With("front", "e2b")
 	f := &Front{core: core, cfg: cfg, log: log, hosts: map[string]bool{}}
+	f.ctx, f.stop = context.WithCancel(context.Background())
 	for _, ln := range cfg.Listeners {
 		f.lns = append(f.lns, doorListener{ln: ln})
 	}
@@ -269,6 +275,7 @@ func (f *Front) Close() {
 		_ = f.srv.Close()
 	}
 	f.wg.Wait()
+	f.stop()
 	if f.boxes != nil {
 		f.boxes.stopTimers()
 	}

@@ -97,6 +97,7 @@ type startEvent struct {
 type dataEvent struct {
 	Stdout []byte `json:"stdout,omitempty"`
 	Stderr []byte `json:"stderr,omitempty"`
+	PTY    []byte `json:"pty,omitempty"`
 }
 
 type endEvent struct {

@@ -72,8 +72,6 @@ func (f *Front) startProcess(w http.ResponseWriter, r *http.Request, c *envdCall
 	case err != nil:
 	case req.Process == nil || req.Process.Cmd == "":
 		err = rpcErr(codeInvalidArgument, "start: process.cmd is required")
-	case req.PTY != nil:
-		err = rpcErr(codeUnimplemented, "start: terminals (pty) are not served by vmgate's E2B door")
 	}
 	ms, terr := timeoutMS(r)
 	if err == nil {
@@ -95,6 +93,10 @@ func (f *Front) startProcess(w http.ResponseWriter, r *http.Request, c *envdCall
 		return
 	}
 	defer f.boxes.closeStream(c.rec.ID)
+	if req.PTY != nil {
+		f.startPTY(w, r, c, &req, exec)
+		return
+	}
 	p, err := c.api.StartProc(r.Context(), c.rec.ID, exec)
 	if err != nil {
 		startStream(w).end(apiToRPC("start", err))
@@ -108,6 +110,15 @@ func (f *Front) connectProcess(w http.ResponseWriter, r *http.Request, c *envdCa
 	var req connectRequest
 	if err := readEnvelope(r.Body, &req); err != nil {
 		startStream(w).end(err)
+		return
+	}
+	if t := f.ptyOf(c, req.Process); t != nil {
+		if !f.boxes.openStream(c.rec.ID, f.cfg.MaxStreams) {
+			startStream(w).end(rpcErr(codeResourceExhausted, "the sandbox has %d process streams open, the most it may", f.cfg.MaxStreams))
+			return
+		}
+		defer f.boxes.closeStream(c.rec.ID)
+		f.streamPTY(r.Context(), w, t, t.subscribe())
 		return
 	}
 	p, err := f.findProc(r.Context(), c, req.Process)
@@ -211,7 +222,7 @@ func (f *Front) listProcesses(w http.ResponseWriter, r *http.Request, c *envdCal
 		writeUnary(w, nil, apiToRPC("list processes", err))
 		return
 	}
-	out := listResponse{Processes: []processInfo{}}
+	out := listResponse{Processes: f.ptys.running(c.rec.ID)}
 	for _, p := range procs {
 		if p.State == wire.ProcRunning {
 			out.Processes = append(out.Processes, processInfo{Config: configOf(p), PID: uint32(p.PID)})
@@ -224,8 +235,16 @@ func (f *Front) listProcesses(w http.ResponseWriter, r *http.Request, c *envdCal
 func (f *Front) sendInput(w http.ResponseWriter, r *http.Request, c *envdCall) {
 	var req sendInputRequest
 	err := decodeUnary(r, &req)
-	if err == nil && (req.Input == nil || req.Input.PTY != nil) {
-		err = rpcErr(codeInvalidArgument, "input: stdin bytes (terminals are not served)")
+	if err == nil && req.Input == nil {
+		err = rpcErr(codeInvalidArgument, "input: stdin or pty bytes")
+	}
+	if t := f.ptyOf(c, req.Process); err == nil && t != nil {
+		data := append(req.Input.PTY, req.Input.Stdin...)
+		writeUnary(w, struct{}{}, t.write(data))
+		return
+	}
+	if err == nil && req.Input.PTY != nil {
+		err = rpcErr(codeInvalidArgument, "input: pty bytes to a process without a terminal")
 	}
 	f.onProc(w, r, c, err, req.Process, "send input", func(ctx context.Context, p *wire.Proc) error {
 		return c.api.ProcInput(ctx, c.rec.ID, p.Handle, req.Input.Stdin, false)
@@ -235,6 +254,11 @@ func (f *Front) sendInput(w http.ResponseWriter, r *http.Request, c *envdCall) {
 func (f *Front) closeStdin(w http.ResponseWriter, r *http.Request, c *envdCall) {
 	var req closeStdinRequest
 	err := decodeUnary(r, &req)
+	if t := f.ptyOf(c, req.Process); err == nil && t != nil {
+		_ = t.input.Close()
+		writeUnary(w, struct{}{}, nil)
+		return
+	}
 	f.onProc(w, r, c, err, req.Process, "close input", func(ctx context.Context, p *wire.Proc) error {
 		return c.api.ProcInput(ctx, c.rec.ID, p.Handle, nil, true)
 	})
@@ -253,6 +277,12 @@ func (f *Front) sendSignal(w http.ResponseWriter, r *http.Request, c *envdCall) 
 		if err == nil {
 			err = rpcErr(codeInvalidArgument, "signal %q: SIGNAL_SIGKILL or SIGNAL_SIGTERM", truncate(string(req.Signal), 40))
 		}
+	}
+	if t := f.ptyOf(c, req.Process); err == nil && t != nil {
+		// Ending the terminal's exec ends its command (and its group).
+		t.cancel()
+		writeUnary(w, struct{}{}, nil)
+		return
 	}
 	f.onProc(w, r, c, err, req.Process, "signal", func(ctx context.Context, p *wire.Proc) error {
 		return c.api.ProcSignal(ctx, c.rec.ID, p.Handle, sig)

@@ -72,6 +72,19 @@ await check('commands: stdin, closeStdin, connect', async () => {
   await assert.rejects(sbx.commands.connect(999999), (e) => e instanceof NotFoundError)
 })
 
+await check('pty: a terminal, its input and its output', async () => {
+  let out = ''
+  const dec = new TextDecoder()
+  const term = await sbx.pty.create({ cols: 100, rows: 30, onData: (d) => { out += dec.decode(d, { stream: true }) }, timeoutMs: 60_000 })
+  assert.ok(term.pid > 0)
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === term.pid), 'the terminal is listed')
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo pty-$((6*7)) $(stty size); tty; exit 4\n'))
+  const end = await term.wait().catch((e) => e)
+  assert.equal(end.exitCode, 4)
+  assert.match(out, /pty-42 30 100/)
+  assert.match(out, /\/dev\/pts\//)
+})
+
 await check('files: write, read, list, exists, makeDir, rename, remove', async () => {
   const info = await sbx.files.write('work/a.txt', 'hello file')
   assert.equal(info.name, 'a.txt')
