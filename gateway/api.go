@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/internal/tty"
 	"github.com/vmgate/vmgate/policy"
 )
 
@@ -310,6 +311,7 @@ func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
 		stdinR, stdinW = io.Pipe()
 	}
 	signals := make(chan string, 8)
+	resizes := make(chan wire.TTY, 8)
 	clientGone := make(chan struct{})
 	files, puts := newPutPipes(len(st.req.Put))
 	go func() {
@@ -344,6 +346,16 @@ func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
 				case signals <- string(p):
 				default:
 				}
+			case wire.FrameResize:
+				// A size that does not parse, or of a command without a
+				// terminal, is dropped, as a signal that cannot be sent.
+				var sz wire.TTY
+				if st.req.TTY != nil && json.Unmarshal(p, &sz) == nil && tty.SizeOK(sz.Cols, sz.Rows) {
+					select {
+					case resizes <- sz:
+					default:
+					}
+				}
 			}
 		}
 	}()
@@ -352,7 +364,7 @@ func (s *Server) serveExec(conn net.Conn, br *bufio.Reader, a *admitted) {
 	sio := execIO{
 		stdout:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStdout, stalled: cancel, stop: s.flight.grace},
 		stderr:  &frameWriter{mu: &mu, w: conn, typ: wire.FrameStderr, stalled: cancel, stop: s.flight.grace},
-		signals: signals, gone: clientGone, files: files,
+		signals: signals, resize: resizes, gone: clientGone, files: files,
 	}
 	files.getStream = &frameWriter{mu: &mu, w: conn, typ: wire.FrameGet, stalled: cancel, stop: s.flight.grace}
 	files.getEnd = func(t wire.Transfer) error {

@@ -125,6 +125,8 @@ type ExecIO struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
 	Signals        <-chan string
+	// Resize carries a TTY command's new sizes (Cols, Rows).
+	Resize <-chan wire.TTY
 	// Puts are the tar streams of the request's Put entries, in order;
 	// each is sent to its end before stdin.
 	Puts []io.Reader
@@ -276,6 +278,22 @@ func (in *inputs) send(ctx context.Context, sio ExecIO) {
 						return
 					}
 					_ = in.frame(wire.FrameSignal, []byte(sig))
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	if sio.Resize != nil {
+		go func() {
+			for {
+				select {
+				case sz, ok := <-sio.Resize:
+					if !ok {
+						return
+					}
+					b, _ := json.Marshal(wire.TTY{Cols: sz.Cols, Rows: sz.Rows})
+					_ = in.frame(wire.FrameResize, b)
 				case <-ctx.Done():
 					return
 				}

@@ -39,7 +39,7 @@ func (f *Front) envdRoutes(mux *http.ServeMux) {
 		"/process.Process/SendInput":      f.sendInput,
 		"/process.Process/CloseStdin":     f.closeStdin,
 		"/process.Process/SendSignal":     f.sendSignal,
-		"/process.Process/Update":         f.unimplemented("Update (resizing a terminal)"),
+		"/process.Process/Update":         f.update,
 		"/process.Process/StreamInput":    f.unimplemented("StreamInput (use SendInput)"),
 		"/filesystem.Filesystem/Stat":     f.stat,
 		"/filesystem.Filesystem/ListDir":  f.listDir,

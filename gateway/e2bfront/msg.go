@@ -63,6 +63,11 @@ type sendSignalRequest struct {
 	Signal  signalName       `json:"signal"`
 }
 
+type updateRequest struct {
+	Process *processSelector `json:"process"`
+	PTY     *ptyConfig       `json:"pty,omitempty"`
+}
+
 type closeStdinRequest struct {
 	Process *processSelector `json:"process"`
 }

@@ -16,11 +16,10 @@ import (
 // terminal, so a process started with a pty is a command on a terminal in
 // the sandbox's session (an exec with a TTY, decided and audited as any
 // command), held by the door rather than by the stream that started it:
-// a client that goes away kills nothing, and Connect follows it again.
-// The guest does not name it, so the door does: its pids start at
-// ptyPIDBase, above every pid a Linux guest gives (pid_max is at most
-// 2^22). Resizing a running terminal (Update) is not served: the local
-// API's exec stream carries no size changes.
+// a client that goes away kills nothing, and Connect follows it again;
+// Update resizes it (the exec stream's resize frames). The guest does not
+// name it, so the door does: its pids start at ptyPIDBase, above every
+// pid a Linux guest gives (pid_max is at most 2^22).
 
 const ptyPIDBase = 1 << 30
 
@@ -30,6 +29,7 @@ type ptyProc struct {
 	sandbox string
 	cfg     processConfig
 	input   *io.PipeWriter
+	resize  chan wire.TTY
 	cancel  context.CancelFunc
 
 	mu   sync.Mutex
@@ -134,7 +134,8 @@ func (f *Front) startPTY(w http.ResponseWriter, r *http.Request, c *envdCall, re
 	exec.Env = procEnv(c.rec.Env, withoutKey(req.Process.Envs, "TERM"))
 	ctx, cancel := context.WithCancel(f.ctx)
 	pr, pw := io.Pipe()
-	p := &ptyProc{sandbox: c.rec.ID, cfg: *req.Process, input: pw, cancel: cancel, subs: map[chan []byte]struct{}{}, done: make(chan struct{})}
+	p := &ptyProc{sandbox: c.rec.ID, cfg: *req.Process, input: pw, resize: make(chan wire.TTY, 4), cancel: cancel,
+		subs: map[chan []byte]struct{}{}, done: make(chan struct{})}
 	if p.cfg.Envs == nil {
 		p.cfg.Envs = map[string]string{}
 	}
@@ -144,7 +145,7 @@ func (f *Front) startPTY(w http.ResponseWriter, r *http.Request, c *envdCall, re
 		defer close(p.done)
 		defer f.ptys.remove(p.pid)
 		defer cancel()
-		res, err := c.api.Exec(ctx, exec, client.ExecIO{Stdin: pr, Stdout: p, Stderr: p})
+		res, err := c.api.Exec(ctx, exec, client.ExecIO{Stdin: pr, Stdout: p, Stderr: p, Resize: p.resize})
 		_ = pr.Close()
 		p.mu.Lock()
 		p.end = endOfResult(res, err)
@@ -255,4 +256,31 @@ func withoutKey(m map[string]string, key string) map[string]string {
 		}
 	}
 	return out
+}
+
+// update resizes a terminal (pty.resize).
+func (f *Front) update(w http.ResponseWriter, r *http.Request, c *envdCall) {
+	var req updateRequest
+	if err := decodeUnary(r, &req); err != nil {
+		writeUnary(w, nil, err)
+		return
+	}
+	t := f.ptyOf(c, req.Process)
+	switch {
+	case t == nil:
+		writeUnary(w, nil, rpcErr(codeNotFound, "no terminal with that pid in the sandbox (only a pty.create process has one)"))
+		return
+	case req.PTY == nil || req.PTY.Size == nil || req.PTY.Size.Cols == 0 || req.PTY.Size.Rows == 0:
+		writeUnary(w, nil, rpcErr(codeInvalidArgument, "update: pty.size with cols and rows"))
+		return
+	}
+	select {
+	case t.resize <- wire.TTY{Cols: req.PTY.Size.Cols, Rows: req.PTY.Size.Rows}:
+	case <-t.done:
+		writeUnary(w, nil, rpcErr(codeNotFound, "process with pid %d has ended", t.pid))
+		return
+	case <-r.Context().Done():
+		return
+	}
+	writeUnary(w, struct{}{}, nil)
 }

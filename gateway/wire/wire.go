@@ -71,6 +71,7 @@ const (
 	FrameStdin    byte = 'i'
 	FrameStdinEOF byte = 'e'
 	FrameSignal   byte = 's'
+	FrameResize   byte = 'z' // a TTY command's new size: JSON {"cols", "rows"}
 	FrameStdout   byte = 'o'
 	FrameStderr   byte = 'E'
 	FrameResult   byte = 'r'

@@ -20,6 +20,16 @@ async function check(name, fn) {
   }
 }
 
+// until polls f (every 100 ms, at most 10 s) for an effect that comes
+// after the call that causes it.
+async function until(f, what) {
+  for (const t0 = Date.now(); Date.now() - t0 < 10_000; await new Promise((r) => setTimeout(r, 100))) {
+    const v = await f()
+    if (v) return v
+  }
+  throw new Error(`${what}: not within 10 s`)
+}
+
 let sbx
 await check('create (v2) with metadata and envs', async () => {
   sbx = await Sandbox.create({ metadata: { suite: 'conformance', run: process.env.RUN_ID }, envs: { FOO: 'from-create' }, timeoutMs: 600_000 })
@@ -76,13 +86,26 @@ await check('pty: a terminal, its input and its output', async () => {
   let out = ''
   const dec = new TextDecoder()
   const term = await sbx.pty.create({ cols: 100, rows: 30, onData: (d) => { out += dec.decode(d, { stream: true }) }, timeoutMs: 60_000 })
-  assert.ok(term.pid > 0)
-  assert.ok((await sbx.commands.list()).some((p) => p.pid === term.pid), 'the terminal is listed')
-  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo pty-$((6*7)) $(stty size); tty; exit 4\n'))
-  const end = await term.wait().catch((e) => e)
-  assert.equal(end.exitCode, 4)
-  assert.match(out, /pty-42 30 100/)
-  assert.match(out, /\/dev\/pts\//)
+  try {
+    assert.ok(term.pid > 0)
+    assert.ok((await sbx.commands.list()).some((p) => p.pid === term.pid), 'the terminal is listed')
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo pty-$((6*7)) $(stty size) $(tty)\n'))
+    const dev = await until(() => (out.match(/pty-42 30 100 (\/dev\/pts\/\d+)/) || [])[1], 'the terminal answers')
+    // A resize reaches the terminal as SIGWINCH does, after the call:
+    // another command reads the terminal's size until it shows.
+    await sbx.pty.resize(term.pid, { cols: 120, rows: 40 })
+    await until(async () => {
+      const r = await sbx.commands.run(`stty -F ${dev} size`, { user: "root" }).catch((e) => e)
+      if (r.exitCode !== 0) throw new Error(`stty -F ${dev}: ${r.stderr}`)
+      return r.stdout === '40 120\n'
+    }, 'the new size')
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('exit 4\n'))
+    const end = await term.wait().catch((e) => e)
+    assert.equal(end.exitCode, 4)
+    assert.equal(await sbx.commands.kill(term.pid), false, 'an ended terminal is not found')
+  } finally {
+    await sbx.pty.kill(term.pid).catch(() => {}) // a check that failed leaves no terminal behind
+  }
 })
 
 await check('files: write, read, list, exists, makeDir, rename, remove', async () => {
