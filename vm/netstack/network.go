@@ -629,13 +629,25 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		back = g
 	}
 	go count(guest, out, &rec.BytesIn, back)
+	got := 0
 	select {
 	case <-done:
+		got++
 		select {
 		case <-done:
+			got++
 		case <-time.After(30 * time.Second):
 		}
 	case <-n.ctx.Done():
+	}
+	if got < 2 {
+		// The network closes, or one direction outlived the other by
+		// 30 s: both end now, before the connection's record is read.
+		out.Close()
+		guest.Close()
+		for ; got < 2; got++ {
+			<-done
+		}
 	}
 	for _, g := range guards {
 		g()

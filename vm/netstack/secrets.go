@@ -239,17 +239,32 @@ func (n *Network) intercept(guest net.Conn, head []byte, rec *Record, dst netip.
 			mu.Unlock()
 			cut.Store(fmt.Sprintf("secrets: %s sent secret %s's value back", name, f.Secret))
 		}
-		_ = gtls.CloseWrite()
-		guest.Close()
+		if g.Found() != nil {
+			guest.Close() // nothing more of this connection reaches the guest
+		} else {
+			_ = gtls.CloseWrite()
+		}
 		done <- struct{}{}
 	}()
+	got := 0
 	select {
 	case <-done:
+		got++
 		select {
 		case <-done:
+			got++
 		case <-time.After(30 * time.Second):
 		}
 	case <-n.ctx.Done():
+	}
+	if got < 2 {
+		// The network closes, or one direction outlived the other by
+		// 30 s: both end now, before the connection's record is read.
+		out.Close()
+		guest.Close()
+		for ; got < 2; got++ {
+			<-done
+		}
 	}
 	if why := cut.Load(); why != "" {
 		return true, "cut: " + why
