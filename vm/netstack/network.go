@@ -629,6 +629,21 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		back = g
 	}
 	go count(guest, out, &rec.BytesIn, back)
+	n.awaitBoth(done, func() { out.Close(); guest.Close() })
+	for _, g := range guards {
+		g()
+	}
+	if why, _ := cut.Load().(string); why != "" {
+		return true, "cut: " + why
+	}
+	return true, ""
+}
+
+// awaitBoth waits for a connection's two directions (one value each on
+// done). When the network closes, or one direction outlives the other by
+// 30 s, closeBoth ends them; it returns once both have ended, so that
+// nothing counts into the connection's record after it is read.
+func (n *Network) awaitBoth(done <-chan struct{}, closeBoth func()) {
 	got := 0
 	select {
 	case <-done:
@@ -641,21 +656,11 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 	case <-n.ctx.Done():
 	}
 	if got < 2 {
-		// The network closes, or one direction outlived the other by
-		// 30 s: both end now, before the connection's record is read.
-		out.Close()
-		guest.Close()
+		closeBoth()
 		for ; got < 2; got++ {
 			<-done
 		}
 	}
-	for _, g := range guards {
-		g()
-	}
-	if why, _ := cut.Load().(string); why != "" {
-		return true, "cut: " + why
-	}
-	return true, ""
 }
 
 // claim reads the start of a guest connection and checks the name it

@@ -246,26 +246,7 @@ func (n *Network) intercept(guest net.Conn, head []byte, rec *Record, dst netip.
 		}
 		done <- struct{}{}
 	}()
-	got := 0
-	select {
-	case <-done:
-		got++
-		select {
-		case <-done:
-			got++
-		case <-time.After(30 * time.Second):
-		}
-	case <-n.ctx.Done():
-	}
-	if got < 2 {
-		// The network closes, or one direction outlived the other by
-		// 30 s: both end now, before the connection's record is read.
-		out.Close()
-		guest.Close()
-		for ; got < 2; got++ {
-			<-done
-		}
-	}
+	n.awaitBoth(done, func() { out.Close(); guest.Close() })
 	if why := cut.Load(); why != "" {
 		return true, "cut: " + why
 	}
