@@ -447,6 +447,9 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 		req.TTY = &wire.TTY{Term: os.Getenv("TERM")}
 		if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
 			req.TTY.Cols, req.TTY.Rows = uint32(w), uint32(h)
+			// The local terminal's new sizes follow (resize frames).
+			stop := forwardResizes(&sio)
+			defer stop()
 		}
 		if sio.Stdin != nil && term.IsTerminal(int(os.Stdin.Fd())) {
 			if old, err := term.MakeRaw(int(os.Stdin.Fd())); err == nil {
@@ -506,6 +509,32 @@ func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 		fmt.Fprintf(os.Stderr, "vm-exec: output truncated by the policy's output limit (stdout %d bytes, stderr %d bytes produced)\n", res.StdoutBytes, res.StderrBytes)
 	}
 	return code
+}
+
+// forwardResizes sends the local terminal's size to sio.Resize at each
+// SIGWINCH, until stop.
+func forwardResizes(sio *client.ExecIO) (stop func()) {
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	sizes := make(chan wire.TTY, 1)
+	sio.Resize = sizes
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-winch:
+				if w, h, err := term.GetSize(int(os.Stdout.Fd())); err == nil {
+					select {
+					case sizes <- wire.TTY{Cols: uint32(w), Rows: uint32(h)}:
+					default: // one is on its way; the next SIGWINCH sends the latest
+					}
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(winch); close(done) }
 }
 
 // reportErr prints err and maps it to vm-exec's exit codes.
