@@ -538,20 +538,13 @@ func (f *Front) fork(w http.ResponseWriter, r *http.Request, k *Key) {
 		now := time.Now().UTC()
 		c := *rec
 		c.ID, c.Token, c.StartedAt, c.EndAt = made[i].Name, newToken(), now, endAt(d, &made[i])
-		c.Metadata, c.Env = clone(rec.Metadata), clone(rec.Env)
+		c.Metadata, c.Env = maps.Clone(rec.Metadata), maps.Clone(rec.Env)
 		f.boxes.add(c)
 		f.audit(caller(k, r.RemoteAddr), &c, "e2b sandbox forked from "+rec.ID+": until "+c.EndAt.Format(time.RFC3339))
 		j := c.created()
 		out = append(out, forked{Sandbox: &j})
 	}
 	writeCP(w, http.StatusCreated, out)
-}
-
-func clone(m map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	return maps.Clone(m)
 }
 
 // listV1 is GET /sandboxes: the key's running sandboxes.
@@ -642,7 +635,7 @@ func (f *Front) rows(r *http.Request, k *Key) ([]sandboxJSON, error) {
 		}
 		out = append(out, rec.detail(s))
 	}
-	slices.SortFunc(out, func(a, b sandboxJSON) int { return compareStrings(a.SandboxID, b.SandboxID) })
+	slices.SortFunc(out, func(a, b sandboxJSON) int { return strings.Compare(a.SandboxID, b.SandboxID) })
 	return out, nil
 }
 
