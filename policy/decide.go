@@ -198,6 +198,12 @@ type Request struct {
 	// (Session set): it outlives its client, and without Timeout its time
 	// limit is timeout.max rather than timeout.default.
 	Detach bool
+	// Secrets are the secrets the caller asks for: each must be one of
+	// the profile's secrets. HeldSecrets are those its session holds
+	// already (the daemon's word): granted again while the profile still
+	// lists them, dropped silently otherwise.
+	Secrets     []string
+	HeldSecrets []string
 }
 
 // transferOnly reports whether req copies files and runs nothing.
@@ -300,6 +306,9 @@ type Verdict struct {
 	// (NarrowedByRequest, NarrowedByLock).
 	Network     *NetworkPolicy
 	NetNarrowed []string
+	// Secrets are the secrets granted: those asked for and those its
+	// session holds that the profile still lists, by name.
+	Secrets []Secret
 }
 
 // NetworkPolicy is a profile's guest network (network.mode = "allowlist").
@@ -338,11 +347,11 @@ func (p *Policy) Decide(id Identity, req Request) Verdict {
 	if prof == nil {
 		return Verdict{Reason: reason}
 	}
-	return prof.decide(req)
+	return prof.decide(p, req)
 }
 
 // decide is Decide once the profile is known.
-func (prof *profile) decide(req Request) Verdict {
+func (prof *profile) decide(p *Policy, req Request) Verdict {
 	deny := func(rule, reason string) Verdict {
 		return Verdict{Profile: prof.name, Rule: rule, Reason: reason}
 	}
@@ -355,6 +364,10 @@ func (prof *profile) decide(req Request) Verdict {
 	if _, rule, reason := prof.chooseImage(req.Image); reason != "" {
 		return deny(rule, reason)
 	}
+	secrets, rule, reason := p.secretsOf(prof, req.Secrets, req.HeldSecrets)
+	if reason != "" {
+		return deny(rule, reason)
+	}
 	timeout, reason := prof.check(&req)
 	if reason != "" {
 		return deny("", reason)
@@ -365,7 +378,7 @@ func (prof *profile) decide(req Request) Verdict {
 	}
 	allow := func(rule, why string) Verdict {
 		v := prof.allowed(req, rule, why, timeout)
-		v.Network, v.NetNarrowed = net, narrowed
+		v.Network, v.NetNarrowed, v.Secrets = net, narrowed, secrets
 		return v
 	}
 
@@ -697,6 +710,9 @@ func checkRequest(req *Request) string {
 		return fmt.Sprintf("timeout %s: must not be negative", formatDuration(req.Timeout))
 	}
 	if reason := checkNetLimit(req.Net); reason != "" {
+		return reason
+	}
+	if reason := checkSecretNames(req); reason != "" {
 		return reason
 	}
 	seen := make(map[string]bool, len(req.Env))

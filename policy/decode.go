@@ -21,6 +21,7 @@ type document struct {
 	Defaults *settingsDoc `toml:"defaults"`
 	Profiles []profileDoc `toml:"profile"`
 	Isolate  *isolateDoc  `toml:"isolate"`
+	Secrets  []secretDoc  `toml:"secret"`
 }
 
 // isolateDoc is the [isolate] table: how the daemon jails QEMU.
@@ -49,6 +50,7 @@ type settingsDoc struct {
 	Sessions    *sessionsDoc `toml:"sessions"`
 	Network     *networkDoc  `toml:"network"`
 	Files       *filesDoc    `toml:"files"`
+	Secrets     *[]string    `toml:"secrets"`
 }
 
 type filesDoc struct {

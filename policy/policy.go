@@ -23,6 +23,10 @@ type Policy struct {
 	cgroups  string // [isolate] cgroups: "auto", "required" or "off"
 	// [isolate] guest_aslr: "auto" or "on"
 	guestASLR string
+	// secrets are the [[secret]] tables by name; values their values,
+	// once read (ReadSecrets).
+	secrets map[string]*secretDecl
+	values  map[string]SecretValue
 }
 
 // GuestASLR is the guests' address space randomisation from [isolate]
@@ -67,6 +71,7 @@ type profile struct {
 	images     []imageRef // the images a caller may name (Request.Image); image among them
 	user       string
 	users      []string // the users a caller may name (Request.User); user among them
+	secrets    []string // the secrets a caller may ask for (Request.Secrets)
 	network    string
 	net        *NetworkPolicy // set when network == "allowlist"
 	limits     Limits         // Timeout holds timeout.default

@@ -293,6 +293,14 @@ var refDefaults = map[string]string{
 	"profile.match":        refRequired,
 	"profile.image":        strconv.Quote(builtinImage),
 	"profile.images":       "",
+	"profile.secrets":      "",
+	"secret":               "",
+	"secret.name":          refRequired,
+	"secret.file":          "",
+	"secret.credential":    "",
+	"secret.hosts":         refRequired,
+	"secret.headers":       "",
+	"secret.query":         "",
 	"profile.user":         strconv.Quote(builtinUser),
 	"profile.cpus":         strconv.Itoa(builtinCPUs),
 	"profile.max_vms":      strconv.Itoa(builtinMaxVMs),
@@ -392,6 +400,14 @@ var refDescriptions = map[string]string{
 		"`default` is the daemon's image (`vmgated serve --image`); any other NAME is `STATE/images/NAME`, built with `vmgated image build --name NAME` or imported with `vmgated image import --name NAME ROOTFS.tar` " +
 		"(`vmgated image list` shows them). Each image has its own templates and pools; vmgated refuses a policy naming an image that is not built, at start and at reload. " +
 		"It is the image of commands whose caller names none of `images`.",
+	"secret":            "A value the guest never holds (docs/secrets.md). A command that asks for it (`vm-exec --secret NAME`) sees a placeholder in the variable NAME; the VM's network stack replaces the placeholder with the value only in requests to the secret's hosts, only where `headers` and `query` allow, and refuses and audits a request that carries it anywhere else. The daemon reads values at start and reload. Optional.",
+	"secret.name":       "The guest's variable, and the name a request asks for: `[A-Za-z_][A-Za-z0-9_]*`.",
+	"secret.file":       "The file holding the value, read by vmgated only: a regular file owned by vmgated's user, mode 0600 or 0400; one trailing newline is dropped. Set this or `credential`; a missing, world-readable or foreign file refuses the policy at start and reload.",
+	"secret.credential": "A systemd credential holding the value (`LoadCredential=NAME:PATH` in vmgated.service): read from `$CREDENTIALS_DIRECTORY/NAME`. Set this or `file`.",
+	"secret.hosts":      "The hosts the value may go to, in `network.allow`'s syntax (`api.github.com:443`); every profile that lists the secret must allow each of them. HTTPS to them is terminated by the network stack with a per-session CA the guest trusts.",
+	"secret.headers":    "The request header fields where the placeholder is replaced (`Authorization`); a placeholder in any other field, the path or the body refuses the request.",
+	"secret.query":      "Also replace the placeholder in the request target's query string.",
+	"profile.secrets":   "The secrets (`[[secret]]` names) a caller may ask for; another name is refused, naming this key. Needs `network.mode = \"allowlist\"` allowing each secret's hosts. A session keeps the secrets its commands asked for: its later commands see them too.",
 	"profile.images": "The images a caller may name for a fresh VM or a new session (`vm-exec --image NAME`, the socket API's and MCP's `image`); another name is refused, naming this key. " +
 		"Default: `image` alone, which must be one of them. An entry `NAME@" + digestPrefix + "HEX` pins the image NAME to a manifest digest (what `vmgated image list` shows of an imported or pulled image): " +
 		"vmgated refuses a policy whose pinned image has another digest, or none (a built image), at start and at reload, as it refuses one naming an image that is not built. " +

@@ -118,6 +118,7 @@ var docChecks = []docCheck{
 	checkUniqueNames,
 	checkReachable,
 	checkIsolate,
+	checkSecrets,
 }
 
 // checkIsolate validates the [isolate] table.
@@ -258,6 +259,7 @@ func (c *compiler) profile(i int, d *profileDoc, defaults settings) *profile {
 	if !slices.Contains(p.users, p.user) {
 		c.errorf("%s: user %q is not one of users %q: the default user must be one a caller may name", label, p.user, p.users)
 	}
+	p.secrets = pick(nil, s.secrets)
 	p.network = pick(builtinNetwork, s.network)
 	if p.network == networkAllowlist {
 		p.net = &NetworkPolicy{
@@ -426,6 +428,7 @@ type settings struct {
 	netRate                    *int
 	putBytes, getBytes         *int64
 	putFiles, getFiles         *int
+	secrets                    *[]string
 }
 
 // merge returns s with its unset keys taken from d.
@@ -469,6 +472,7 @@ func (s settings) merge(d settings) settings {
 	m.putFiles = first(s.putFiles, d.putFiles)
 	m.getBytes = first(s.getBytes, d.getBytes)
 	m.getFiles = first(s.getFiles, d.getFiles)
+	m.secrets = first(s.secrets, d.secrets)
 	m.badTimeout = s.badTimeout || d.badTimeout
 	m.badSessions = s.badSessions || d.badSessions
 	return m
@@ -545,6 +549,17 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		} else if ok {
 			s.users = &users
 		}
+	}
+	if d.Secrets != nil {
+		list := []string{}
+		for _, n := range *d.Secrets {
+			if slices.Contains(list, n) {
+				c.errorf("%s: secrets: %q is listed twice", label, n)
+				continue
+			}
+			list = append(list, n)
+		}
+		s.secrets = &list
 	}
 	s.memoryMiB = c.intIn(label, "memory_mib", d.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 	s.diskMiB = c.intIn(label, "disk_mib", d.DiskMiB, minDiskMiB, maxDiskMiB)
