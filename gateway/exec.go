@@ -21,7 +21,6 @@ import (
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/vm"
-	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // admit is the one entry into the exec core: every front door (the HTTP
@@ -71,6 +70,7 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		if st.req.Session != "" {
 			key := sessionKey{st.id.Key(), st.req.Session}
 			st.netLock, st.image = s.sessions.netLockOf(key), s.sessions.imageOf(key)
+			st.heldSecrets = s.sessions.secretsOf(key)
 		}
 		src := s.host.ImageSourceOf(s.imageOfRequest(st))
 		st.imageUser = src.CommandUser()
@@ -101,6 +101,7 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		re.Receipt = s.signReceipt(st, execOutcome{err: err})
 		return nil, re
 	}
+	st.env = append(st.env, secretEnv(target.kit(), st.verdict.Secrets)...)
 	return target, nil
 }
 
@@ -187,6 +188,16 @@ type vmTarget struct {
 	queue   time.Duration
 	session *session // nil: a fresh VM
 	slot    func()   // a fresh VM's slot, freed with it
+	// secrets are a fresh VM's secrets (a session keeps its own).
+	secrets *secretKit
+}
+
+// kit is what t's VM holds of its secrets.
+func (t *vmTarget) kit() *secretKit {
+	if t.session != nil {
+		return t.session.kit()
+	}
+	return t.secrets
 }
 
 func (s *Server) acquireVM(ctx context.Context, st *execState) (*vmTarget, error) {
@@ -249,9 +260,29 @@ func (s *Server) boot(ctx context.Context, st *execState) (*vmTarget, error) {
 	t := &vmTarget{vm: m, start: how, jail: jailOf(m), boot: time.Since(t1), queue: queue, slot: release}
 	// Every VM with a NIC starts with a network that allows nothing; it
 	// gets the profile's allowlist, audited as this request's, only now
-	// that it is this request's VM.
+	// that it is this request's VM, with the secrets the request asked
+	// for (their CA installed in the guest first).
 	if n := v.Network; n != nil {
-		t.vm.Network().SetPolicy(netstack.Policy{Egress: *n, Audit: s.rec.netHook(&st.request, t.vm.ID)})
+		err := func() error {
+			k, _, err := armKit(ctx, t.vm, nil, v.Secrets, t.vm.ID)
+			if err != nil {
+				return err
+			}
+			t.secrets = k
+			pol, err := netPolicy(n, s.rec.netHook(&st.request, t.vm.ID), k, v.Secrets)
+			if err == nil {
+				t.vm.Network().SetPolicy(pol)
+			}
+			return err
+		}()
+		if err != nil {
+			s.log.Warn("start vm failed", "req", st.reqID, "err", err)
+			if cerr := t.vm.Close(); cerr != nil {
+				s.log.Error("destroy vm", "vm", t.vm.ID, "err", cerr)
+			}
+			release()
+			return nil, &RequestError{Kind: ErrVMFailed, Msg: "start vm: " + err.Error()}
+		}
 	}
 	return t, nil
 }

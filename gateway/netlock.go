@@ -78,7 +78,8 @@ func (x *sessions) lockNet(ss *session, q *sessionRequest, want policy.NetLimit)
 	vmID := ""
 	if v != nil {
 		vmID = v.ID
-		setNetwork(v, q.verdict.Network, hook)
+		k := ss.kit()
+		x.setNetwork(v, q.verdict.Network, hook, k, q.policy.SessionSecrets(q.id, k.names()))
 	}
 	// The lock only takes away: it holds even if its record cannot be
 	// written (its decision's record stands).

@@ -150,9 +150,12 @@ func (r *recorder) netHook(q *request, vmID string) func(netstack.Record) {
 		q.net.add(nr)
 		rec := audit.Record{Kind: audit.KindNet, RequestID: q.reqID, Profile: q.verdict.Profile,
 			VMID: vmID, Verdict: audit.VerdictDeny, Rule: nr.Rule, Reason: nr.Reason,
-			Net: &audit.NetEvent{Proto: nr.Proto, Name: nr.Name, Port: nr.Port, BytesOut: nr.BytesOut, BytesIn: nr.BytesIn, DurationMS: nr.Duration.Milliseconds()}}
+			Net: &audit.NetEvent{Proto: nr.Proto, Name: nr.Name, Port: nr.Port, BytesOut: nr.BytesOut, BytesIn: nr.BytesIn, DurationMS: nr.Duration.Milliseconds(),
+				Intercepted: nr.Intercepted, Secret: nr.Secret, SecretPlace: nr.SecretPlace}}
 		setCaller(&rec, q.id)
-		if nr.Allowed {
+		// A connection cut for a secret's placeholder where it may not
+		// go is a refusal, though the allowlist let it start.
+		if nr.Allowed && nr.Secret == "" {
 			rec.Verdict = audit.VerdictAllow
 		}
 		r.metrics.netConn(string(rec.Verdict))
@@ -163,7 +166,7 @@ func (r *recorder) netHook(q *request, vmID string) func(netstack.Record) {
 		// events and DNS answers (allowed or not) are what a guest can
 		// make at will, so they pass the per-VM flood gate.
 		var err error
-		if nr.Allowed && nr.Proto == "tcp" {
+		if nr.Allowed && nr.Proto == "tcp" || nr.Secret != "" {
 			err = r.Write(rec)
 		} else {
 			_, err = r.gated(r.net, vmID, rec)

@@ -584,6 +584,11 @@ func loadPolicy(cfg Config, log *slog.Logger) (*policy.Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
+	// Secrets' values are read now, at start and at each reload; one
+	// that cannot be read refuses the policy.
+	if err := p.ReadSecrets(os.Getenv("CREDENTIALS_DIRECTORY")); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
 	return p, nil
 }
 

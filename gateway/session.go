@@ -61,6 +61,9 @@ type sessionRecord struct {
 	// Procs are its background processes whose end is still to be
 	// audited (procs.go).
 	Procs []pendingProc `json:"procs,omitempty"`
+	// Secrets are its secrets' placeholders and the CA its guest trusts
+	// (secrets.go); never a value.
+	Secrets *secretKit `json:"secrets,omitempty"`
 }
 
 // sessionRecordVersion is the version of the session file's format.
@@ -353,6 +356,13 @@ func (ss *session) running() *vm.VM {
 }
 
 // record is a copy of the session's record as it is now.
+// kit is what ss holds of its secrets (nil: none).
+func (ss *session) kit() *secretKit {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.Secrets
+}
+
 func (ss *session) record() sessionRecord {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()

@@ -67,6 +67,10 @@ func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) 
 		limitToLifetime(st, ss)
 		t := &vmTarget{vm: ss.running(), session: ss}
 		t.jail = jailOf(t.vm)
+		if err := x.armSession(ctx, ss, st.verdict.Secrets); err != nil {
+			x.release(t, true)
+			return nil, &RequestError{Kind: ErrVMFailed, RequestID: st.reqID, Msg: fmt.Sprintf("session %q: %v", ss.Name, err)}
+		}
 		if err := x.network(st, t); err != nil {
 			x.release(t, true)
 			return nil, err
@@ -104,6 +108,7 @@ func (x *sessions) create(ctx context.Context, st *execState, key sessionKey) (*
 	}
 	ss := newSession(newSessionRecord(key, st.id, v, x.core.shape(v), time.Now()))
 	ss.vm, ss.slot = t.vm, t.slot
+	ss.Secrets, t.secrets = t.secrets, nil // boot armed them
 	ss.net = sessionNet{last: (*policy.NetLimit)(st.req.Net), audit: x.rec.netHook(&st.request, t.vm.ID)}
 	if err := x.register(ss, &st.request, "created", audit.Record{}); err != nil {
 		_ = t.vm.Close()
@@ -171,22 +176,25 @@ func (x *sessions) network(st *execState, t *vmTarget) error {
 	hook := x.rec.netHook(&st.request, t.vm.ID)
 	t.session.mu.Lock()
 	t.session.net = sessionNet{last: (*policy.NetLimit)(st.req.Net), audit: hook}
+	k := t.session.Secrets
 	t.session.mu.Unlock()
-	setNetwork(t.vm, n, hook)
+	x.setNetwork(t.vm, n, hook, k, st.verdict.Secrets)
 	return nil
 }
 
 // setNetwork gives v's network (if it has a NIC) egress e, nil for none,
-// with its events audited by hook; it returns once the VM's netstack has
-// it in force.
-func setNetwork(v *vm.VM, e *netrule.Egress, hook func(netstack.Record)) {
+// with its events audited by hook, and the secrets of k that grants
+// grant; it returns once the VM's netstack has it in force. A kit whose
+// CA does not parse (a damaged session file) gives the network no
+// secret: their placeholders go out as they are, useless.
+func (x *sessions) setNetwork(v *vm.VM, e *netrule.Egress, hook func(netstack.Record), k *secretKit, grants []policy.Secret) {
 	vn := v.Network()
 	if vn == nil {
 		return
 	}
-	pol := netstack.Policy{Audit: hook}
-	if e != nil {
-		pol.Egress = *e
+	pol, err := netPolicy(e, hook, k, grants)
+	if err != nil {
+		x.log.Error("a VM's network without its secrets", "vm", v.ID, "err", err)
 	}
 	vn.SetPolicy(pol)
 }
@@ -207,7 +215,8 @@ func (x *sessions) renetwork(pol *policy.Policy) {
 			continue
 		}
 		e, _ := pol.SessionNetwork(ss.Caller, lock, sn.last)
-		setNetwork(v, e, sn.audit)
+		k := ss.kit()
+		x.setNetwork(v, e, sn.audit, k, pol.SessionSecrets(ss.Caller, k.names()))
 		allow := []string{}
 		if e != nil {
 			allow = e.Allowlist()

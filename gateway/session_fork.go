@@ -180,7 +180,7 @@ func (x *sessions) forkCopy(ctx context.Context, parent *session, q *request, sp
 	// at once.
 	c.net = sessionNet{last: last, audit: x.rec.netHook(q, v.ID)}
 	e, _ := q.policy.SessionNetwork(q.id, rec.NetLock, last)
-	setNetwork(v, e, c.net.audit)
+	x.setNetwork(v, e, c.net.audit, rec.Secrets, q.policy.SessionSecrets(q.id, rec.Secrets.names()))
 	if err := x.register(c, q, "created: a fork of "+parent.Name, audit.Record{Parent: parent.Name, Snapshot: sp.Digest()}); err != nil {
 		_ = v.Close()
 		return nil, err

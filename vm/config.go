@@ -41,6 +41,11 @@ type Runtime struct {
 	// networks' netstacks (vm/netproc Config.Socket); empty: each VM's
 	// netstack is jailed from here.
 	NetstackSocket string
+	// SecretRoots is a PEM bundle of the certificate authorities that
+	// the hosts of secrets are verified against, when a netstack
+	// intercepts TLS to them (vm/netproc Config.Roots); "": none, and
+	// such TLS fails.
+	SecretRoots string
 	// Log defaults to slog.Default().
 	Log *slog.Logger
 }

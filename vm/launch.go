@@ -413,7 +413,7 @@ func (l *launch) startNetwork(cfg netstack.Config) error {
 		return fmt.Errorf("start vm: network socket: %w", err)
 	}
 	defer lf.Close()
-	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: l.opts.NetstackSocket, Hosts: cfg.Hosts, Policy: cfg.Policy, Log: cfg.Log.With("vm", v.ID)}, lf)
+	p, err := netproc.Start(netproc.Config{Jail: spec, Socket: l.opts.NetstackSocket, Roots: l.opts.SecretRoots, Hosts: cfg.Hosts, Policy: cfg.Policy, Log: cfg.Log.With("vm", v.ID)}, lf)
 	if err != nil {
 		return fmt.Errorf("start vm: %w", err)
 	}

@@ -113,6 +113,9 @@ type Record struct {
 	// variables the request asked for; Dir its working directory; TTY is
 	// set when it asked for a terminal.
 	EnvNames bytestr.List `json:"env_names,omitempty"`
+	// Secrets are the names (never the values or placeholders) of the
+	// secrets the command was given.
+	Secrets []string `json:"secrets,omitempty"`
 	Dir      string       `json:"dir,omitempty"`
 	TTY      bool         `json:"tty,omitempty"`
 	// GuestUser is the guest account the command ran (or was to run) as.
@@ -275,6 +278,13 @@ type NetEvent struct {
 	BytesOut   int64  `json:"bytes_out,omitempty"` // guest to the world
 	BytesIn    int64  `json:"bytes_in,omitempty"`
 	DurationMS int64  `json:"duration_ms,omitempty"`
+	// Intercepted marks TLS the netstack terminated to put a secret in;
+	// Secret and SecretPlace name a secret whose placeholder was found
+	// where it may not go (a request refused), or whose value a host
+	// sent back, and where ("header X-Debug", "body", "answer").
+	Intercepted bool   `json:"intercepted,omitempty"`
+	Secret      string `json:"secret,omitempty"`
+	SecretPlace string `json:"secret_place,omitempty"`
 }
 
 // NetVerdict is the guest network a request ran with: the egress rules in

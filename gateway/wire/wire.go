@@ -142,6 +142,11 @@ type ExecRequest struct {
 	Login bool `json:"login,omitempty"`
 	// Env holds KEY=VALUE pairs the policy may pass on.
 	Env bytestr.List `json:"env,omitempty"`
+	// Secrets names the policy's secrets ([[secret]]) the command asks
+	// for: it sees each one's placeholder in the variable of its name,
+	// and the VM's network stack puts the value in on the way to the
+	// secret's hosts (docs/secrets.md). A session keeps them.
+	Secrets []string `json:"secrets,omitempty"`
 	// Dir is the working directory in the guest. It, Session and the
 	// transfers' paths are text: invalid UTF-8 in them would reach the
 	// daemon as U+FFFD, so a client refuses it (vm-exec does).
@@ -745,7 +750,15 @@ func DecodeExecRequest(r io.Reader) (*ExecRequest, error) {
 	if req.Image != "" && !names.Image(req.Image) {
 		return nil, fmt.Errorf("exec request: image %q: must be %s", req.Image, names.ImageRule)
 	}
-	strs := append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...)
+	if len(req.Secrets) > 256 {
+		return nil, errors.New("exec request: more than 256 secrets")
+	}
+	for _, n := range req.Secrets {
+		if !names.EnvVar(n) {
+			return nil, fmt.Errorf("exec request: secret %q: must be %s", n, names.EnvVarRule)
+		}
+	}
+	strs := append(append(append([]string{req.Dir, req.Session}, req.Argv...), req.Env...), req.Secrets...)
 	if req.Net != nil {
 		strs = append(strs, req.Net.Allow...)
 	}

@@ -80,6 +80,25 @@ func Account(s string) bool {
 	return true
 }
 
+// EnvVarRule is the text of the rule of an environment variable's name
+// as a secret's (EnvVar).
+const EnvVarRule = "1 to 128 of [A-Za-z0-9_], not starting with a digit"
+
+// EnvVar reports whether s can name an environment variable that holds
+// a secret's placeholder: 1 to 128 of [A-Za-z0-9_], not starting with a
+// digit.
+func EnvVar(s string) bool {
+	if s == "" || len(s) > 128 || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // CheckHost accepts DNS names of letters, digits, hyphens, underscores
 // and dots: at most 253 bytes, labels of 1 to 63 that neither start nor
 // end with a hyphen. It expects a lower-case name without a trailing dot.

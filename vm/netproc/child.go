@@ -1,6 +1,8 @@
 package netproc
 
 import (
+	"bytes"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -52,11 +54,12 @@ func child(args []string) error {
 		return errors.New("channel: not a Unix socket")
 	}
 	buf := make([]byte, MaxMessage+1)
-	first, ln, err := readStart(ctl, buf)
+	first, ln, roots, err := readStart(ctl, buf)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
+	ic := &interception{roots: roots}
 	cfg := netstack.Config{Hosts: first.Hosts, Log: log}
 	var gen atomic.Uint64
 	send := func(m fromChild) {
@@ -80,6 +83,9 @@ func child(args []string) error {
 				return p, err
 			}
 			p.Egress = e
+			if err := ic.apply(&p, m.Policy); err != nil {
+				return p, err
+			}
 		}
 		gen.Store(m.Gen)
 		return p, nil
@@ -167,34 +173,91 @@ var (
 	errDialDropped = errors.New("channel: a dial's descriptor was dropped")
 )
 
+// maxRoots bounds the roots bundle a netstack reads (a host's is ~200 KiB).
+const maxRoots = 8 << 20
+
 // readStart reads the daemon's first message, which carries the listening
-// socket QEMU connects to as its one fd.
-func readStart(ctl *net.UnixConn, buf []byte) (toChild, net.Listener, error) {
-	oob := make([]byte, unix.CmsgSpace(4))
+// socket QEMU connects to as its first fd and, as a second, the roots
+// bundle of secrets' hosts, which is read whole (nil: none).
+func readStart(ctl *net.UnixConn, buf []byte) (toChild, net.Listener, []byte, error) {
+	oob := make([]byte, unix.CmsgSpace(2*4))
 	k, oobn, _, _, err := ctl.ReadMsgUnix(buf, oob)
 	if err != nil {
-		return toChild{}, nil, fmt.Errorf("channel: %w", err)
+		return toChild{}, nil, nil, fmt.Errorf("channel: %w", err)
 	}
 	cmsgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil || len(cmsgs) != 1 {
-		return toChild{}, nil, fmt.Errorf("channel: the first message carries no listening socket")
+		return toChild{}, nil, nil, fmt.Errorf("channel: the first message carries no listening socket")
 	}
 	fds, err := unix.ParseUnixRights(&cmsgs[0])
-	if err != nil || len(fds) != 1 {
-		return toChild{}, nil, fmt.Errorf("channel: the first message carries no listening socket")
+	if err != nil || len(fds) < 1 || len(fds) > 2 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return toChild{}, nil, nil, fmt.Errorf("channel: the first message carries no listening socket")
+	}
+	var roots []byte
+	if len(fds) == 2 {
+		rf := os.NewFile(uintptr(fds[1]), "netstack-roots")
+		roots, err = io.ReadAll(io.LimitReader(rf, maxRoots+1))
+		rf.Close()
+		if err == nil && len(roots) > maxRoots {
+			err = fmt.Errorf("over %d bytes", maxRoots)
+		}
+		if err != nil {
+			unix.Close(fds[0])
+			return toChild{}, nil, nil, fmt.Errorf("channel: the roots bundle: %w", err)
+		}
 	}
 	lf := os.NewFile(uintptr(fds[0]), "netstack-listener")
 	ln, err := net.FileListener(lf)
 	lf.Close()
 	if err != nil {
-		return toChild{}, nil, fmt.Errorf("listener: %w", err)
+		return toChild{}, nil, nil, fmt.Errorf("listener: %w", err)
 	}
 	var m toChild
 	if err := decodeStrict(buf[:k], &m); err != nil {
 		ln.Close()
-		return toChild{}, nil, err
+		return toChild{}, nil, nil, err
 	}
-	return m, ln, nil
+	return m, ln, roots, nil
+}
+
+// interception is what the netstack needs to intercept TLS to secrets'
+// hosts: the roots those hosts are verified against (parsed at the first
+// policy with secrets) and the session CA it serves with (parsed again
+// only when it changes, so that its leaf certificates are kept).
+type interception struct {
+	roots []byte
+	pool  *x509.CertPool
+	ca    *netstack.SessionCA
+}
+
+// apply sets p's secrets, CA and roots from the policy w.
+func (ic *interception) apply(p *netstack.Policy, w *wireEgress) error {
+	secrets, err := w.secrets()
+	if err != nil || len(secrets) == 0 {
+		return err
+	}
+	p.Secrets = secrets
+	if w.CA != nil {
+		if ic.ca == nil || !bytes.Equal(ic.ca.CertPEM, w.CA.Cert) {
+			ca, err := netstack.ParseSessionCA(w.CA.Cert, w.CA.Key)
+			if err != nil {
+				return fmt.Errorf("netstack message: %w", err)
+			}
+			ic.ca = ca
+		}
+		p.CA = ic.ca
+	}
+	if ic.pool == nil {
+		// No roots: an empty pool, which verifies no host (never the
+		// host's own store, which the jail does not hold anyway).
+		ic.pool = x509.NewCertPool()
+		ic.pool.AppendCertsFromPEM(ic.roots)
+	}
+	p.Roots = ic.pool
+	return nil
 }
 
 // readToChild reads one message of the daemon after the first: a policy,

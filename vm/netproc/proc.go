@@ -39,7 +39,12 @@ type Config struct {
 	// netstack then runs outside this service and its jail is systemd's;
 	// Jail is not used.
 	Socket string
-	Log    *slog.Logger
+	// Roots is a PEM bundle of the certificate authorities the netstack
+	// verifies the hosts of secrets against (intercepted TLS); "": none
+	// (such TLS then fails). It is opened here and its descriptor sent,
+	// so that a jailed netstack, which sees no host file, can read it.
+	Roots string
+	Log   *slog.Logger
 }
 
 // keptGens is how many policies back a record may be attributed: records
@@ -104,7 +109,17 @@ func Start(cfg Config, ln *os.File) (*Proc, error) {
 	// failed start must find it running.
 	go p.readRecords()
 	first := toChild{Hosts: cfg.Hosts}
-	if err := p.send(&first, cfg.Policy, ln); err != nil {
+	fds := []*os.File{ln}
+	if cfg.Roots != "" {
+		roots, err := os.Open(cfg.Roots)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("netstack: the roots of secrets' hosts: %w", err)
+		}
+		defer roots.Close()
+		fds = append(fds, roots)
+	}
+	if err := p.send(&first, cfg.Policy, fds...); err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -194,7 +209,7 @@ func (p *Proc) logEnd(err error) {
 // it to.
 func (p *Proc) SetPolicy(pol netstack.Policy) {
 	m := &toChild{}
-	err := p.send(m, pol, nil)
+	err := p.send(m, pol)
 	if err == nil {
 		err = p.waitApplied(m.Gen)
 	}
@@ -242,13 +257,13 @@ func (p *Proc) markApplied(gen uint64) error {
 	return nil
 }
 
-// send sends a policy, and with fd a file along with it.
-func (p *Proc) send(m *toChild, pol netstack.Policy, fd *os.File) error {
+// send sends a policy, and with fds files along with it.
+func (p *Proc) send(m *toChild, pol netstack.Policy, fds ...*os.File) error {
 	p.mu.Lock()
 	p.gen++
 	m.Gen = p.gen
-	if len(pol.Rules) > 0 || pol.AllowedRanges != nil || pol.MaxConns != 0 || pol.MaxBytes != 0 || pol.ConnectRate != 0 {
-		m.Policy = egressToWire(pol.Egress)
+	if len(pol.Rules) > 0 || pol.AllowedRanges != nil || pol.MaxConns != 0 || pol.MaxBytes != 0 || pol.ConnectRate != 0 || len(pol.Secrets) > 0 {
+		m.Policy = egressToWire(pol)
 	}
 	audit := pol.Audit
 	if audit == nil {
@@ -267,8 +282,12 @@ func (p *Proc) send(m *toChild, pol netstack.Policy, fd *os.File) error {
 		return fmt.Errorf("netstack: %w", err)
 	}
 	var oob []byte
-	if fd != nil {
-		oob = unix.UnixRights(int(fd.Fd()))
+	if len(fds) > 0 {
+		ints := make([]int, len(fds))
+		for i, f := range fds {
+			ints[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(ints...)
 	}
 	if err := p.write(b, oob); err != nil {
 		return fmt.Errorf("netstack: send policy: %w", err)

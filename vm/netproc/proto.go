@@ -53,14 +53,65 @@ type wireEgress struct {
 	MaxConns    int            `json:"max_conns"`
 	MaxBytes    int64          `json:"max_bytes"`
 	ConnectRate int            `json:"connect_rate"`
+	// Secrets are the VM's secrets, values included (the netstack puts
+	// them in; it is outside the guest); CA is its session's CA, cert
+	// and key, which intercepted TLS to the secrets' hosts is served
+	// with.
+	Secrets []wireSecret `json:"secrets,omitempty"`
+	CA      *wireCA      `json:"ca,omitempty"`
 }
 
-func egressToWire(e netrule.Egress) *wireEgress {
+// wireSecret is a netstack.Secret as sent: its hosts as their text.
+type wireSecret struct {
+	Name        string   `json:"name"`
+	Placeholder string   `json:"placeholder"`
+	Value       string   `json:"value,omitempty"`
+	Hosts       []string `json:"hosts,omitempty"`
+	Headers     []string `json:"headers,omitempty"`
+	Query       bool     `json:"query,omitempty"`
+}
+
+// wireCA is a session CA as sent (PEM).
+type wireCA struct {
+	Cert []byte `json:"cert"`
+	Key  []byte `json:"key"`
+}
+
+func egressToWire(pol netstack.Policy) *wireEgress {
+	e := pol.Egress
 	w := &wireEgress{Ranges: e.AllowedRanges, MaxConns: e.MaxConns, MaxBytes: e.MaxBytes, ConnectRate: e.ConnectRate}
 	for _, r := range e.Rules {
 		w.Rules = append(w.Rules, r.Text)
 	}
+	for _, s := range pol.Secrets {
+		ws := wireSecret{Name: s.Name, Placeholder: s.Placeholder, Value: s.Value, Headers: s.Headers, Query: s.Query}
+		for _, h := range s.Hosts {
+			ws.Hosts = append(ws.Hosts, h.Text)
+		}
+		w.Secrets = append(w.Secrets, ws)
+	}
+	if pol.CA != nil {
+		w.CA = &wireCA{Cert: pol.CA.CertPEM, Key: pol.CA.KeyPEM}
+	}
 	return w
+}
+
+// secrets are the policy's secrets as the netstack applies them.
+func (w *wireEgress) secrets() ([]netstack.Secret, error) {
+	var out []netstack.Secret
+	for _, ws := range w.Secrets {
+		if ws.Name == "" || len(ws.Placeholder) < 16 {
+			return nil, fmt.Errorf("netstack message: secret %q without a placeholder", ws.Name)
+		}
+		hosts, err := netrule.ParseRules(ws.Hosts)
+		if err != nil {
+			return nil, fmt.Errorf("netstack message: secret %q: %w", ws.Name, err)
+		}
+		s := netstack.Secret{Hosts: hosts}
+		s.Name, s.Placeholder, s.Value, s.Headers, s.Query = ws.Name, ws.Placeholder, ws.Value, ws.Headers, ws.Query
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 func (w *wireEgress) egress() (netrule.Egress, error) {
@@ -106,11 +157,16 @@ type wireRecord struct {
 	BytesOut   int64      `json:"bytes_out,omitempty"`
 	BytesIn    int64      `json:"bytes_in,omitempty"`
 	DurationNS int64      `json:"duration_ns,omitempty"`
+	// Intercepted, Secret and SecretPlace: secrets.go of vm/netstack.
+	Intercepted bool   `json:"intercepted,omitempty"`
+	Secret      string `json:"secret,omitempty"`
+	SecretPlace string `json:"secret_place,omitempty"`
 }
 
 func recordToWire(r netstack.Record) wireRecord {
 	return wireRecord{Proto: r.Proto, Name: r.Name, Addr: r.Addr, Port: r.Port, Allowed: r.Allowed, Rule: r.Rule,
-		Reason: r.Reason, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationNS: int64(r.Duration)}
+		Reason: r.Reason, BytesOut: r.BytesOut, BytesIn: r.BytesIn, DurationNS: int64(r.Duration),
+		Intercepted: r.Intercepted, Secret: r.Secret, SecretPlace: r.SecretPlace}
 }
 
 // decodeStrict parses one message into v: exactly one JSON object with
@@ -161,5 +217,6 @@ func parseMessage(b []byte) (message, error) {
 		return message{}, fmt.Errorf("netstack record: negative count")
 	}
 	return message{gen: m.Gen, record: netstack.Record{Proto: w.Proto, Name: w.Name, Addr: w.Addr, Port: w.Port, Allowed: w.Allowed, Rule: w.Rule,
-		Reason: w.Reason, BytesOut: w.BytesOut, BytesIn: w.BytesIn, Duration: time.Duration(w.DurationNS)}}, nil
+		Reason: w.Reason, BytesOut: w.BytesOut, BytesIn: w.BytesIn, Duration: time.Duration(w.DurationNS),
+		Intercepted: w.Intercepted, Secret: w.Secret, SecretPlace: w.SecretPlace}}, nil
 }

@@ -3,6 +3,7 @@ package netproc
 import (
 	"encoding/json"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +55,13 @@ func TestEgressWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := netrule.Egress{Rules: rules, AllowedRanges: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, MaxConns: 3, MaxBytes: 4, ConnectRate: 5}
-	b, err := json.Marshal(toChild{Gen: 1, Policy: egressToWire(e)})
+	sec := netstack.Secret{Hosts: rules[:1]}
+	sec.Name, sec.Placeholder, sec.Value, sec.Headers, sec.Query = "TOKEN", "vmgate_secret_0123456789abcdef", "v", []string{"Authorization"}, true
+	ca, err := netstack.NewSessionCA("s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(toChild{Gen: 1, Policy: egressToWire(netstack.Policy{Egress: e, Secrets: []netstack.Secret{sec}, CA: ca})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +77,17 @@ func TestEgressWire(t *testing.T) {
 	wb, _ := json.Marshal(e)
 	if string(gb) != string(wb) {
 		t.Fatalf("egress after the channel:\n%s\nwant\n%s", gb, wb)
+	}
+	secrets, err := m.Policy.secrets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(secrets) != 1 || !reflect.DeepEqual(secrets[0].Secret, sec.Secret) || secrets[0].Hosts[0].Text != "*.example.com:443" || string(m.Policy.CA.Key) != string(ca.KeyPEM) {
+		t.Fatalf("secrets after the channel: %+v", secrets)
+	}
+	m.Policy.Secrets[0].Placeholder = "short"
+	if _, err := m.Policy.secrets(); err == nil {
+		t.Fatal("a secret without a real placeholder was accepted")
 	}
 }
 

@@ -60,40 +60,58 @@ func requiredSession(raw json.RawMessage, key string) (string, error) {
 	return name, err
 }
 
-// startArgs are session_start's arguments (parseStart, parseImage): the
-// schema's source.
+// startArgs are session_start's arguments (parseStart, parseVMChoice):
+// the schema's source.
 type startArgs struct {
-	Name  string `json:"name,omitempty"` // its description holds names.SessionRule
-	Image string `json:"image,omitempty" jsonschema:"Image the session's VM runs, one the operator allows (default: the usual one); the session keeps it"`
+	Name    string   `json:"name,omitempty"` // its description holds names.SessionRule
+	Image   string   `json:"image,omitempty" jsonschema:"Image the session's VM runs, one the operator allows (default: the usual one); the session keeps it"`
+	Secrets []string `json:"secrets,omitempty" jsonschema:"Names of the operator's secrets the session's commands get: each variable holds a placeholder that the VM's network replaces with the real value, only in requests to that secret's hosts"`
 }
 
 // imageArgs is what exec_shell_command adds to shelltool's arguments
-// (parseImage): the source of its part of the schema.
+// (parseVMChoice): the source of its part of the schema.
 type imageArgs struct {
-	Image string `json:"image,omitempty" jsonschema:"Image the VM runs, one the operator allows (default: the usual one)"`
+	Image   string   `json:"image,omitempty" jsonschema:"Image the VM runs, one the operator allows (default: the usual one)"`
+	Secrets []string `json:"secrets,omitempty" jsonschema:"Names of the operator's secrets the command gets: each variable holds a placeholder that the VM's network replaces with the real value, only in requests to that secret's hosts"`
 }
 
-// parseImage decodes the optional "image" of exec_shell_command's and
-// session_start's arguments: "" (absent or null) is the operator's
-// default image; a present one must be a name an image can have
-// (names.Image), and the daemon's policy decides whether it is allowed.
-func parseImage(raw json.RawMessage) (string, error) {
+// vmChoice is what a tool call chooses of its VM: an image ("": the
+// operator's default) and secrets.
+type vmChoice struct {
+	image   string
+	secrets []string
+}
+
+// parseVMChoice decodes the optional "image" and "secrets" of
+// exec_shell_command's and session_start's arguments: a present image
+// must be a name an image can have (names.Image), each secret a
+// variable's name (names.EnvVar); the daemon's policy decides whether
+// they are allowed.
+func parseVMChoice(raw json.RawMessage) (vmChoice, error) {
+	var c vmChoice
 	m, err := object(raw)
 	if err != nil {
-		return "", err
+		return c, err
 	}
-	v, ok := m["image"]
-	if !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
-		return "", nil
+	if v, ok := m["image"]; ok && !bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+		if err := json.Unmarshal(v, &c.image); err != nil {
+			return c, fmt.Errorf("%w: \"image\" must be a string", shelltool.ErrArgs)
+		}
+		if !names.Image(c.image) {
+			return c, fmt.Errorf("%w: \"image\": %q is not an image name (%s)", shelltool.ErrArgs, c.image, names.ImageRule)
+		}
 	}
-	var name string
-	if err := json.Unmarshal(v, &name); err != nil {
-		return "", fmt.Errorf("%w: \"image\" must be a string", shelltool.ErrArgs)
+	if v, ok := m["secrets"]; ok && !bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+		if err := json.Unmarshal(v, &c.secrets); err != nil {
+			return c, fmt.Errorf("%w: \"secrets\" must be an array of names", shelltool.ErrArgs)
+		}
+		for _, n := range c.secrets {
+			if !names.EnvVar(n) {
+				return c, fmt.Errorf("%w: \"secrets\": %q is not a secret's name (%s)", shelltool.ErrArgs, n, names.EnvVarRule)
+			}
+		}
 	}
-	if !names.Image(name) {
-		return "", fmt.Errorf("%w: \"image\": %q is not an image name (%s)", shelltool.ErrArgs, name, names.ImageRule)
-	}
-	return name, nil
+	return c, nil
 }
 
 // execSchema is exec_shell_command's input schema: shelltool's (written

@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,11 +69,18 @@ func TestParseImage(t *testing.T) {
 		{`{"image":"py@sha256:00"}`, "", "is not an image name"},
 		{`{"image":7}`, "", "must be a string"},
 		{`[1]`, "", "not a JSON object"},
+		{`{"secrets":"GH"}`, "", "must be an array of names"},
+		{`{"secrets":["GH-1"]}`, "", "is not a secret's name"},
+		{`{"secrets":null}`, "", ""},
 	} {
-		got, err := parseImage([]byte(tc.in))
-		if checkErr(t, "parseImage", tc.in, err, tc.err) && got != tc.want {
-			t.Errorf("parseImage(%s) = %q, want %q", tc.in, got, tc.want)
+		got, err := parseVMChoice([]byte(tc.in))
+		if checkErr(t, "parseVMChoice", tc.in, err, tc.err) && got.image != tc.want {
+			t.Errorf("parseVMChoice(%s) = %q, want %q", tc.in, got.image, tc.want)
 		}
+	}
+	c, err := parseVMChoice([]byte(`{"command":"ls","secrets":["GH_TOKEN","NPM_TOKEN"]}`))
+	if err != nil || !slices.Equal(c.secrets, []string{"GH_TOKEN", "NPM_TOKEN"}) {
+		t.Errorf("secrets = %q, %v", c.secrets, err)
 	}
 }
 
@@ -150,10 +158,10 @@ func FuzzSessionArgs(f *testing.F) {
 		check("parseStart", n, err, false)
 		n, err = parseEnd(b)
 		check("parseEnd", n, err, true)
-		if img, err := parseImage(b); err == nil && img != "" && !names.Image(img) {
-			t.Fatalf("parseImage accepted %q", img)
+		if c, err := parseVMChoice(b); err == nil && (c.image != "" && !names.Image(c.image) || slices.ContainsFunc(c.secrets, func(n string) bool { return !names.EnvVar(n) })) {
+			t.Fatalf("parseVMChoice accepted %+v", c)
 		} else if err != nil && !errors.Is(err, shelltool.ErrArgs) {
-			t.Fatalf("parseImage: error %v does not wrap ErrArgs", err)
+			t.Fatalf("parseVMChoice: error %v does not wrap ErrArgs", err)
 		}
 		n, _, err = parseSessionExec(b)
 		check("parseSessionExec", n, err, true)

@@ -325,11 +325,11 @@ func (s *Server) execShellCommand(ctx context.Context, req *mcp.CallToolRequest)
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
-	image, err := parseImage(req.Params.Arguments)
+	c, err := parseVMChoice(req.Params.Arguments)
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
-	return s.runShell(ctx, req, shelltool.Name, "", image, a)
+	return s.runShell(ctx, req, shelltool.Name, "", c, a)
 }
 
 func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
@@ -337,7 +337,7 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest) *mc
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
-	image, err := parseImage(req.Params.Arguments)
+	c, err := parseVMChoice(req.Params.Arguments)
 	if err != nil {
 		return textResult(err.Error(), true)
 	}
@@ -365,7 +365,7 @@ func (s *Server) sessionStart(ctx context.Context, req *mcp.CallToolRequest) *mc
 	}
 	// `true` (no shell: the policy need not allow shell strings for this)
 	// makes the gateway create the session's VM now.
-	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{"true"}, Session: name, Image: image}, client.ExecIO{})
+	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{"true"}, Session: name, Image: c.image, Secrets: c.secrets}, client.ExecIO{})
 	if err == nil && (res.ExitCode != 0 || res.TimedOut) {
 		err = fmt.Errorf("`true` in the new VM: exit code %d, signal %q, timed out %v", res.ExitCode, res.Signal, res.TimedOut)
 	}
@@ -387,7 +387,7 @@ func (s *Server) sessionExec(ctx context.Context, req *mcp.CallToolRequest) *mcp
 	if r := s.checkSession(ctx, name); r != nil {
 		return r
 	}
-	return s.runShell(ctx, req, ToolSessionExec, name, "", a)
+	return s.runShell(ctx, req, ToolSessionExec, name, vmChoice{}, a)
 }
 
 func (s *Server) sessionEnd(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {

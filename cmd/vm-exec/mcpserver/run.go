@@ -173,15 +173,15 @@ type ExecOutput struct {
 }
 
 // runShell runs a's command through the gateway, in session's VM or a
-// fresh one (of image; "": the profile's), with live output, and returns the tool's result: the text
+// fresh one (of c's image and with its secrets), with live output, and returns the tool's result: the text
 // of llama-server's tool as the content, ExecOutput as the structured
 // content. Cancelling ctx (the client's notifications/cancelled) closes
 // the exec stream, and the daemon kills the command's process group and
 // audits it as cancelled by the client.
-func (s *Server) runShell(ctx context.Context, req *mcp.CallToolRequest, tool, session, image string, a shelltool.Args) *mcp.CallToolResult {
+func (s *Server) runShell(ctx context.Context, req *mcp.CallToolRequest, tool, session string, c vmChoice, a shelltool.Args) *mcp.CallToolResult {
 	out := newLiveOutput(a.MaxOutputSize)
 	stop := s.progress(ctx, req, out)
-	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{a.Command}, Shell: true, Session: session, Image: image, TimeoutMS: a.Timeout.Milliseconds(), Receipt: true},
+	res, err := s.c.Exec(ctx, wire.ExecRequest{Argv: []string{a.Command}, Shell: true, Session: session, Image: c.image, Secrets: c.secrets, TimeoutMS: a.Timeout.Milliseconds(), Receipt: true},
 		client.ExecIO{Stdout: out, Stderr: out})
 	stop()
 	var re *client.ReceiptError

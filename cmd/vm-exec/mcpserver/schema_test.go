@@ -39,15 +39,21 @@ func handSchemas() (in map[string]map[string]any, out map[string]any) {
 	sessionExec := shelltool.Schema()
 	sessionExec["properties"].(map[string]any)["session"] = str("Session name returned by session_start")
 	sessionExec["required"] = []string{"session", "command"}
-	// The images came after the schemas were written by hand: their
-	// property was derived from the start.
+	// The images and secrets came after the schemas were written by
+	// hand: their properties were derived from the start.
+	secrets := func(whose string) map[string]any {
+		return map[string]any{"type": "array", "items": map[string]any{"type": "string"},
+			"description": "Names of the operator's secrets the " + whose + ": each variable holds a placeholder that the VM's network replaces with the real value, only in requests to that secret's hosts"}
+	}
 	exec := shelltool.Schema()
 	exec["properties"].(map[string]any)["image"] = str("Image the VM runs, one the operator allows (default: the usual one)")
+	exec["properties"].(map[string]any)["secrets"] = secrets("command gets")
 	in = map[string]map[string]any{
 		shelltool.Name:  exec,
 		ToolSessionExec: sessionExec,
 		ToolSessionStart: obj(map[string]any{"name": str("Session name (" + names.SessionRule + "); generated when absent"),
-			"image": str("Image the session's VM runs, one the operator allows (default: the usual one); the session keeps it")}),
+			"image":   str("Image the session's VM runs, one the operator allows (default: the usual one); the session keeps it"),
+			"secrets": secrets("session's commands get")}),
 		ToolSessionEnd: obj(map[string]any{"session": str("Session name")}, "session"),
 		ToolSessionWriteFile: obj(map[string]any{
 			"session": str("Session name, from session_start"), "path": str("Absolute path in the session's VM"),
@@ -183,12 +189,12 @@ func TestParsersTakeSchemas(t *testing.T) {
 		args   string
 	}{
 		{schemaFor[startArgs](nil), func(b json.RawMessage) error {
-			if img, err := parseImage(b); err != nil || img != "py" {
-				return fmt.Errorf("read image %q, %v; want \"py\"", img, err)
+			if c, err := parseVMChoice(b); err != nil || c.image != "py" || len(c.secrets) != 1 {
+				return fmt.Errorf("read %+v, %v; want image \"py\" and a secret", c, err)
 			}
 			return readName(parseStart)(b)
-		}, `{"name":"s","image":"py"}`},
-		{schemaFor[imageArgs](nil), func(b json.RawMessage) error { _, err := parseImage(b); return err }, `{"image":"py"}`},
+		}, `{"name":"s","image":"py","secrets":["GH_TOKEN"]}`},
+		{schemaFor[imageArgs](nil), func(b json.RawMessage) error { _, err := parseVMChoice(b); return err }, `{"image":"py","secrets":["GH_TOKEN"]}`},
 		{schemaFor[sessionArgs](nil), readName(parseEnd), `{"session":"s"}`},
 		{schemaFor[writeArgs](nil), func(b json.RawMessage) error { _, _, _, err := parseWrite(b); return err },
 			`{"session":"s","path":"/x","content":"aGk=","encoding":"base64"}`},

@@ -102,7 +102,7 @@ func runProc(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	p := o.proc
 	switch p.op {
 	case procDetach:
-		req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode, User: o.user, Image: o.image, Env: o.env, Dir: o.dir, TimeoutMS: o.timeout.Milliseconds(),
+		req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode, User: o.user, Image: o.image, Env: o.env, Secrets: o.secrets, Dir: o.dir, TimeoutMS: o.timeout.Milliseconds(),
 			Stdin: o.forceStdin}
 		if o.noNetwork || len(o.netAllow) > 0 {
 			req.Net = &wire.NetLimit{Allow: o.netAllow}

@@ -43,6 +43,7 @@ type vmexecOpts struct {
 	pub                                     client.PublishSpec
 	tty, shellMode, help, version           bool
 	env, envFiles                           []string
+	secrets                                 []string
 	argv                                    []string
 	puts, gets                              []copySpec
 	user, image                             string
@@ -65,6 +66,7 @@ func (o *vmexecOpts) flagSet(puts, gets *[]string) *pflag.FlagSet {
 	fs.StringVarP(&o.dir, "workdir", "w", "", "working `DIR` in the guest (default: the image's WorkingDir, else the guest user's home)")
 	fs.StringVarP(&o.dir, "directory", "C", "", "the same as --workdir `DIR`")
 	fs.StringArrayVarP(&o.env, "env", "e", nil, "set `KEY=VALUE` in the guest, or KEY to pass its value here (repeatable; the policy must allow it)")
+	fs.StringArrayVar(&o.secrets, "secret", nil, "give the command the policy's secret `NAME`: the variable NAME holds a placeholder the VM's network puts the value in for, on the way to the secret's hosts only (repeatable; docs/secrets.md)")
 	fs.StringArrayVar(&o.envFiles, "env-file", nil, "read KEY=VALUE (or KEY) lines from `FILE`; # starts a comment (repeatable)")
 	fs.StringArrayVar(puts, "put", nil, "copy a file or directory into the VM before the command: `LOCAL:GUESTPATH` (repeatable)")
 	fs.StringArrayVar(gets, "get", nil, "copy a file or directory out of the VM after it: `GUESTPATH:LOCAL` (repeatable)")
@@ -123,6 +125,11 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 	shellSet := fs.Changed("command")
 	if err := o.proc.parse(fs, o, shellSet, len(puts)+len(gets) > 0); err != nil {
 		return nil, err
+	}
+	for _, n := range o.secrets {
+		if !names.EnvVar(n) {
+			return nil, usagef("--secret %q: must be %s", n, names.EnvVarRule)
+		}
 	}
 	if fs.Changed("image") {
 		switch {
@@ -421,7 +428,7 @@ func vmexecMCP(args []string) int {
 
 func runExec(ctx context.Context, c *client.Client, o *vmexecOpts) int {
 	req := wire.ExecRequest{Argv: o.argv, Shell: o.shellMode, User: o.user, Image: o.image,
-		Env: o.env, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds(), Receipt: o.receipt != ""}
+		Env: o.env, Secrets: o.secrets, Dir: o.dir, Session: o.session, TimeoutMS: o.timeout.Milliseconds(), Receipt: o.receipt != ""}
 	if o.noNetwork || len(o.netAllow) > 0 {
 		req.Net = &wire.NetLimit{Allow: o.netAllow}
 	}

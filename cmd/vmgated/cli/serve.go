@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -70,6 +71,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 	fs.StringArrayVar(&e2bListen, "e2b-listen", nil, "serve the E2B API on IP:PORT (loopback) or unix:/PATH (repeatable; default off; docs/e2b.md)")
 	e2bKeys := fs.String("e2b-keys", DefaultE2BKeys, "E2B keys file: profile=\"NAME\" KEY per line (vmgated e2b key add)")
 	e2bRemote := fs.Bool("e2b-allow-remote", false, "allow --e2b-listen on non-loopback addresses (a logged relaxation)")
+	secretRoots := fs.String("secrets-roots", "", "PEM bundle the hosts of secrets are verified against (default: the host's, "+strings.Join(hostRoots, " or ")+")")
 	level := fs.String("log-level", "info", "log level")
 	return func(ctx context.Context, args []string) error {
 		lvl, err := levelAndState(*level, *state)
@@ -102,6 +104,10 @@ func serve(fs *pflag.FlagSet) runFunc {
 			cfg.E2B = &e2bfront.Config{Listen: e2bListen, Keys: *e2bKeys, AllowRemote: *e2bRemote}
 		}
 		cfg.VM.NetstackSocket = *netstackSocket
+		cfg.VM.SecretRoots = *secretRoots
+		if *secretRoots == "" {
+			cfg.VM.SecretRoots = firstFile(hostRoots)
+		}
 		if *netHosts != "" {
 			h, err := netstack.LoadHosts(*netHosts)
 			if err != nil {
@@ -129,4 +135,17 @@ func serve(fs *pflag.FlagSet) runFunc {
 		}
 		return gateway.Run(ctx, cfg)
 	}
+}
+
+// hostRoots are where distributions keep the host's CA bundle.
+var hostRoots = []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"}
+
+// firstFile is the first of paths that exists, "" when none does.
+func firstFile(paths []string) string {
+	for _, p := range paths {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
 }
