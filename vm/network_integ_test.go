@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -152,6 +153,18 @@ func TestVM_Network(t *testing.T) {
 		t.Errorf("audit records: %+v", recs)
 	}
 	t.Logf("%d audit records, %d allowed", len(recs), allowed)
+
+	// A cold-booted VM saved for a fork runs on: QEMU reactivates its
+	// disks on cont, which needs fadvise64 of the jail's seccomp filter
+	// (a fork of a session whose VM booted before a template existed).
+	sp, err := v.Save(ctx, filepath.Join(opts.StateDir, "fork"), SaveOptions{Keep: true, InMemory: true})
+	if err != nil {
+		t.Fatalf("save of a cold-booted VM that runs on: %v", err)
+	}
+	defer func() { _ = sp.Discard() }()
+	if o := sh("echo after the save"); o.res.ExitCode != 0 || o.stdout != "after the save\n" {
+		t.Fatalf("after the save: %+v %q %q", o.res, o.stdout, o.stderr)
+	}
 }
 
 // TestTemplate_NetworkClones restores VMs with a NIC from a template. Each

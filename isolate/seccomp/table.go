@@ -135,7 +135,10 @@ var allowTable = append(glibcStart[:len(glibcStart):len(glibcStart)], []entry{
 	{name: "fcntl", why: traced + ": O_NONBLOCK, F_GETFL, locks on images"},
 	{name: "fdatasync", why: traced + ": guest flush of the overlay"},
 	{name: "fallocate", why: traced + ": qcow2 zero ranges, discard=unmap"},
-	{name: "fadvise64", when: isIn, why: traced + ": incoming migration stream"},
+	// A VM that ran on after an outgoing migration (a fork's save of a
+	// cold-booted VM) gets its disks back on cont: file-posix drops their
+	// page cache with posix_fadvise, and cont fails without it.
+	{name: "fadvise64", why: traced + ": incoming migration stream; cont after an outgoing one"},
 
 	// Unix sockets: QMP, the agent chardev, -netdev stream.
 	{name: "socket", alts: [][]Cond{{eq(0, afUNIX, "AF_UNIX")}}, why: traced + ": only AF_UNIX"},
