@@ -148,7 +148,9 @@ func secretEnv(k *secretKit, grants []policy.Secret) []string {
 // the secrets' hosts.
 func installCA(ctx context.Context, v *vm.VM, certPEM []byte) error {
 	root := vm.FSCaller{User: "root"}
-	fail := func(what string, err error) error { return fmt.Errorf("secrets: the guest's trust store: %s: %w", what, err) }
+	fail := func(what string, err error) error {
+		return fmt.Errorf("secrets: the guest's trust store: %s: %w", what, err)
+	}
 	if err := v.FSMkdir(ctx, root, "/etc/ssl/certs", true); err != nil && !errors.Is(err, vm.ErrFileExists) {
 		return fail("mkdir /etc/ssl/certs", err)
 	}

@@ -116,8 +116,8 @@ type Record struct {
 	// Secrets are the names (never the values or placeholders) of the
 	// secrets the command was given.
 	Secrets []string `json:"secrets,omitempty"`
-	Dir      string       `json:"dir,omitempty"`
-	TTY      bool         `json:"tty,omitempty"`
+	Dir     string   `json:"dir,omitempty"`
+	TTY     bool     `json:"tty,omitempty"`
 	// GuestUser is the guest account the command ran (or was to run) as.
 	GuestUser string `json:"guest_user,omitempty"`
 	// Process is the handle of a session's background process the

@@ -224,8 +224,9 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request, k *Key) {
 	// nothing else).
 	// Its environment passes the policy's env rules here, so that a
 	// variable the profile refuses fails the create.
+	env, secrets := procEnv(rec.Env, nil)
 	if _, err := runQuiet(ctx, api, wire.ExecRequest{Argv: []string{"true"}, Shell: true, Session: rec.ID, Image: rec.Image,
-		Env: procEnv(rec.Env, nil)}); err != nil {
+		Env: env, Secrets: secrets}); err != nil {
 		// Nothing is left of a create that failed.
 		_ = api.EndSession(context.WithoutCancel(ctx), rec.ID)
 		cpFail(w, "create sandbox", err)

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -407,4 +408,19 @@ match = { ssh = true }
 		t.Fatal(err)
 	}
 	f.CloseListeners()
+}
+
+// TestProcEnv: a call's variables win over the sandbox's, and those
+// marked SecretMarker become secrets asked for, not variables.
+func TestProcEnv(t *testing.T) {
+	env, secrets := procEnv(map[string]string{"A": "1", "GH_TOKEN": SecretMarker, "B": "2"}, map[string]string{"B": "3", "NPM": SecretMarker})
+	slices.Sort(env)
+	if !slices.Equal(env, []string{"A=1", "B=3"}) || !slices.Equal(secrets, []string{"GH_TOKEN", "NPM"}) {
+		t.Fatalf("env %q, secrets %q", env, secrets)
+	}
+	// A call that sets a marked variable to a value passes the value.
+	env, secrets = procEnv(map[string]string{"GH_TOKEN": SecretMarker}, map[string]string{"GH_TOKEN": "x"})
+	if !slices.Equal(env, []string{"GH_TOKEN=x"}) || len(secrets) != 0 {
+		t.Fatalf("env %q, secrets %q", env, secrets)
+	}
 }

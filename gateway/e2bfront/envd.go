@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -232,19 +233,31 @@ func signedOK(r *http.Request, op string, rec sandboxRecord, now time.Time) bool
 	return len(sig) == len(want) && constantEq(sig, want)
 }
 
-// procEnv is a process's environment: the sandbox's, then the call's.
-func procEnv(sandbox, call map[string]string) []string {
+// SecretMarker, as a variable's value in a sandbox's envVars or a
+// process's envs, asks for the policy's secret of the variable's name
+// instead (docs/secrets.md): the command sees its placeholder there.
+const SecretMarker = "vmgate:secret"
+
+// procEnv is a command's environment: the call's variables over the
+// sandbox's, as KEY=VALUE, and the secrets those marked SecretMarker ask
+// for, sorted.
+func procEnv(sandbox, call map[string]string) (env, secrets []string) {
 	seen := map[string]bool{}
-	var env []string
 	for _, m := range []map[string]string{call, sandbox} {
 		for k, v := range m {
-			if !seen[k] {
-				seen[k] = true
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			if v == SecretMarker {
+				secrets = append(secrets, k)
+			} else {
 				env = append(env, k+"="+v)
 			}
 		}
 	}
-	return env
+	slices.Sort(secrets)
+	return env, secrets
 }
 
 // timeoutMS is a stream's Connect-Timeout-Ms (0: none).

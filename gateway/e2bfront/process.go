@@ -83,7 +83,7 @@ func (f *Front) startProcess(w http.ResponseWriter, r *http.Request, c *envdCall
 	}
 	exec := commandOf(req.Process)
 	exec.Session, exec.User, exec.TimeoutMS = c.rec.ID, c.user, ms
-	exec.Env = procEnv(c.rec.Env, req.Process.Envs)
+	exec.Env, exec.Secrets = procEnv(c.rec.Env, req.Process.Envs)
 	exec.Stdin = req.Stdin != nil && *req.Stdin
 	if req.Process.Cwd != nil {
 		exec.Dir = *req.Process.Cwd

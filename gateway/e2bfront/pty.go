@@ -131,7 +131,7 @@ func (f *Front) startPTY(w http.ResponseWriter, r *http.Request, c *envdCall, re
 	}
 	exec.TTY, exec.Stdin = &wire.TTY{Term: term, Cols: size.Cols, Rows: size.Rows}, true
 	// TERM is the terminal's (above), not a variable for the env rules.
-	exec.Env = procEnv(c.rec.Env, withoutKey(req.Process.Envs, "TERM"))
+	exec.Env, exec.Secrets = procEnv(c.rec.Env, withoutKey(req.Process.Envs, "TERM"))
 	ctx, cancel := context.WithCancel(f.ctx)
 	pr, pw := io.Pipe()
 	p := &ptyProc{sandbox: c.rec.ID, cfg: *req.Process, input: pw, resize: make(chan wire.TTY, 4), cancel: cancel,
