@@ -30,7 +30,7 @@ const (
 
 // dialTLS opens a TLS connection from the guest to addr, trusting roots
 // for name, offering protos.
-func (g *guest) dialTLS(addr netip.AddrPort, name string, roots *x509.CertPool, protos []string) (*tls.Conn, error) {
+func (g *guest) dialTLS(addr netip.AddrPort, name string, roots *x509.CertPool, protos []string, maxVersion ...uint16) (*tls.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	c, err := gonet.DialContextTCP(ctx, g.st, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(addr.Addr().AsSlice()), Port: addr.Port()}, ipv4.ProtocolNumber)
@@ -38,7 +38,11 @@ func (g *guest) dialTLS(addr netip.AddrPort, name string, roots *x509.CertPool, 
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-	tc := tls.Client(c, &tls.Config{ServerName: name, RootCAs: roots, NextProtos: protos})
+	cfg := &tls.Config{ServerName: name, RootCAs: roots, NextProtos: protos, MinVersion: tls.VersionTLS10}
+	if len(maxVersion) > 0 {
+		cfg.MaxVersion = maxVersion[0]
+	}
+	tc := tls.Client(c, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
 		return nil, err
@@ -214,6 +218,29 @@ func TestSecrets(t *testing.T) {
 	t.Run("HTTP/2 only is refused", func(t *testing.T) {
 		if _, err := g.dialTLS(tlsAddr, "example.com", guestRoots, []string{"h2"}); err == nil {
 			t.Fatal("a guest offering only h2 got a connection")
+		}
+	})
+	t.Run("a TLS version the proxy refuses", func(t *testing.T) {
+		before := hits.Load()
+		if _, err := g.dialTLS(tlsAddr, "example.com", guestRoots, nil, tls.VersionTLS11); err == nil {
+			t.Fatal("a guest offering only TLS 1.1 got a connection")
+		}
+		if hits.Load() != before {
+			t.Fatal("the server was reached")
+		}
+		if r, ok := audit.find(func(r Record) bool { return r.Intercepted && strings.Contains(r.Reason, "the guest's TLS to example.com") }); !ok {
+			t.Fatalf("audit: %+v", r)
+		}
+	})
+	t.Run("a malformed request head", func(t *testing.T) {
+		before := hits.Load()
+		tc, err := g.dialTLS(tlsAddr, "example.com", guestRoots, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := roundTrip(tc, "GET / HTTP/1.1\r\nHost example.com\r\nAuthorization: Bearer "+tokPH+"\r\n\r\n")
+		if strings.Contains(body, "hello") || hits.Load() != before {
+			t.Fatalf("a malformed head reached the server: %q", body)
 		}
 	})
 	t.Run("TLS to a host without a secret is not intercepted", func(t *testing.T) {
