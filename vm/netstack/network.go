@@ -382,27 +382,47 @@ func (n *Network) udp(r *udp.ForwarderRequest) {
 	go func() {
 		defer n.wg.Done()
 		defer conn.Close()
+		// Every query of the flow is answered, not only its first: glibc
+		// sends A and AAAA from one socket at once, and a second query
+		// dropped with the endpoint cost every lookup the resolver's
+		// timeout. The flow ends when it idles, or after dnsFlowMax
+		// queries (a new source port starts another).
 		buf := make([]byte, maxQuery+1)
-		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-		k, err := conn.Read(buf)
-		if err != nil {
-			return
-		}
-		resp, v := n.p().dns.Handle(n.ctx, buf[:k])
-		if v.Probe {
-			_, _ = conn.Write(resp)
-			return
-		}
-		n.remember(v)
-		rec := Record{Proto: "dns", Name: v.Name, Allowed: v.Allowed && len(v.Addrs) > 0, Rule: v.Rule, Reason: v.Reason}
-		if len(v.Addrs) > 0 {
-			rec.Addr = v.Addrs[0]
-		}
-		n.p().Audit(rec)
-		if resp != nil {
-			_, _ = conn.Write(resp)
+		for range dnsFlowMax {
+			_ = conn.SetReadDeadline(time.Now().Add(dnsFlowIdle))
+			k, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			n.answerDNS(conn, buf[:k])
 		}
 	}()
+}
+
+// A DNS flow (one guest socket) is served until it is idle for
+// dnsFlowIdle (a resolver's retry on the same socket comes within it:
+// 2 s in vmgate's images), for at most dnsFlowMax queries.
+const (
+	dnsFlowIdle = 3 * time.Second
+	dnsFlowMax  = 64
+)
+
+// answerDNS answers one query of the guest's on conn, and audits it.
+func (n *Network) answerDNS(conn net.Conn, query []byte) {
+	resp, v := n.p().dns.Handle(n.ctx, query)
+	if v.Probe {
+		_, _ = conn.Write(resp)
+		return
+	}
+	n.remember(v)
+	rec := Record{Proto: "dns", Name: v.Name, Allowed: v.Allowed && len(v.Addrs) > 0, Rule: v.Rule, Reason: v.Reason}
+	if len(v.Addrs) > 0 {
+		rec.Addr = v.Addrs[0]
+	}
+	n.p().Audit(rec)
+	if resp != nil {
+		_, _ = conn.Write(resp)
+	}
 }
 
 func (n *Network) remember(v DNSVerdict) {

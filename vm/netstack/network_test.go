@@ -184,6 +184,39 @@ func TestNetwork(t *testing.T) {
 	// connection of its own.
 	g, audit := startNetwork(t, Config{Policy: Policy{Egress: netrule.Egress{Rules: rules, ConnectRate: 6000}}, Resolve: resolve, Dial: dial})
 
+	t.Run("A and AAAA at once on one socket", func(t *testing.T) {
+		// glibc's getaddrinfo (AF_UNSPEC: curl, Python, Node) sends both
+		// from one socket and waits for both answers; one lost costs the
+		// resolver's timeout (2 s in vmgate's images) on every lookup.
+		c, err := gonet.DialUDP(g.st, nil, &tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFromSlice(DNSAddr.AsSlice()), Port: 53}, ipv4.ProtocolNumber)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for i, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+			m := new(dns.Msg)
+			m.SetQuestion("allowed.test.", qt)
+			m.Id = uint16(100 + i)
+			b, _ := m.Pack()
+			if _, err := c.Write(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := map[uint16]bool{}
+		buf := make([]byte, 4096)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for len(got) < 2 {
+			k, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("answers %v, then: %v", got, err)
+			}
+			var r dns.Msg
+			if err := r.Unpack(buf[:k]); err != nil {
+				t.Fatal(err)
+			}
+			got[r.Id] = true
+		}
+	})
 	t.Run("allowed name and port", func(t *testing.T) {
 		rc, addrs := g.resolve(t, "allowed.test")
 		if rc != dns.RcodeSuccess || len(addrs) != 1 || addrs[0] != sp.Addr() {
