@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -39,6 +40,10 @@ type Options struct {
 	Log         *slog.Logger
 	// E2B, when set, turns the E2B door on.
 	E2B *e2bfront.Config
+	// NetHosts pins guest DNS names (vmgated serve --net-hosts);
+	// SecretRoots verifies the hosts of secrets (--secrets-roots).
+	NetHosts    map[string][]netip.Addr
+	SecretRoots string
 }
 
 // Daemon is the real gateway serving in this process on a Unix socket of
@@ -64,10 +69,10 @@ func Start(ctx context.Context, o Options) (*Daemon, error) {
 		return nil, err
 	}
 	return Serve(ctx, gateway.Config{Socket: filepath.Join(o.Dir, "s.sock"), SocketMode: 0o600,
-		VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(o.Dir, "state"), TemplateDir: o.TemplateDir, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB},
-			ImageDir: o.ImageDir, PoolSize: o.PoolSize, Ahead: o.Ahead},
+		VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(o.Dir, "state"), TemplateDir: o.TemplateDir, Accel: o.Accel, TCGTBSizeMiB: o.TBSizeMiB,
+			SecretRoots: o.SecretRoots}, ImageDir: o.ImageDir, PoolSize: o.PoolSize, Ahead: o.Ahead},
 		AuditPath: filepath.Join(o.Dir, "audit.jsonl"), MaxVMs: o.MaxVMs, QueueLen: 64, PolicyPath: pol,
-		PolicyExplicit: true, AllowRoot: os.Geteuid() == 0, Log: o.Log, E2B: o.E2B})
+		PolicyExplicit: true, AllowRoot: os.Geteuid() == 0, Log: o.Log, E2B: o.E2B, NetHosts: o.NetHosts})
 }
 
 // Serve builds the daemon from cfg (it listens on cfg.Socket, which Stop

@@ -68,6 +68,13 @@
 //   - It can use the kernel's interfaces its filters allow (the network
 //     stack above all) and the memory, threads and descriptors its limits
 //     allow.
+//   - It holds the values of its VM's secrets (policy [[secret]]) that
+//     its current command's profile grants, its session's CA key, and
+//     the roots bundle the secrets' hosts are verified against
+//     (docs/secrets.md): an attacker there learns those values, and
+//     can send them where the host's network reaches, past the
+//     secrets' hosts. It holds no other VM's, and no secret its
+//     profile does not grant; the guest itself never holds a value.
 //   - It carries the connections into its guest's published ports
 //     (vm-exec --publish): it reads and writes their bytes, as the guest
 //     would, and can refuse or drop them. It holds only its end of a
@@ -82,7 +89,7 @@
 // The channel is a SOCK_SEQPACKET socket pair (or, under systemd, the
 // accepted connection): one JSON message per packet, at most [MaxMessage]
 // bytes. The daemon sends the VM's pinned hosts and QEMU's listening
-// socket once and then each policy (egress allowlist and limits), and a
+// socket (and the secrets' roots bundle, a second descriptor) once and then each policy (egress allowlist and limits), and a
 // dial for each connection into a published port, with its end of a
 // socket pair (DialGuest: the netstack connects from the gateway's
 // address to the guest's port, writes one status byte on the pair and

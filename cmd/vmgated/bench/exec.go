@@ -86,8 +86,8 @@ func (o *ExecOptions) defaults() {
 // Parts are the benchmark's parts, in the order they run: cold boots;
 // restores from a template, with the idle memory and a kept VM's
 // commands; the daemons' one-shots, throughput and receipts; and
-// sessions that pause and fork; the E2B door.
-var Parts = []string{"cold", "restore", "daemon", "sessions", "e2b"}
+// sessions that pause and fork; the E2B door; HTTPS with a secret.
+var Parts = []string{"cold", "restore", "daemon", "sessions", "e2b", "secrets"}
 
 // runs tells whether part is measured in this run.
 func (o *ExecOptions) runs(part string) bool {
@@ -154,6 +154,11 @@ func Exec(ctx context.Context, o ExecOptions) (*ExecReport, error) {
 	if o.runs("e2b") {
 		if err := r.e2b(ctx); err != nil {
 			return nil, fmt.Errorf("e2b: %w", err)
+		}
+	}
+	if o.runs("secrets") {
+		if err := r.secrets(ctx); err != nil {
+			return nil, fmt.Errorf("secrets: %w", err)
 		}
 	}
 	r.ratios()

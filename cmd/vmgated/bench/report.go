@@ -143,12 +143,16 @@ type ExecReport struct {
 	LogsMS              Stat `json:"logs_ms"`
 	// The E2B door (e2b.go), each beside the same work through the
 	// local API.
-	E2BCreateMS    Stat               `json:"e2b_create_ms"`
-	APISessionMS   Stat               `json:"api_session_ms"`
-	E2BRunMS       Stat               `json:"e2b_run_ms"`
-	APIRunMS       Stat               `json:"api_run_ms"`
-	E2BWrite1MiBMS Stat               `json:"e2b_write_1mib_ms"`
-	APIWrite1MiBMS Stat               `json:"api_write_1mib_ms"`
-	Ratios         map[string]float64 `json:"ratios"`
-	Notes          []string           `json:"notes,omitempty"`
+	E2BCreateMS    Stat `json:"e2b_create_ms"`
+	APISessionMS   Stat `json:"api_session_ms"`
+	E2BRunMS       Stat `json:"e2b_run_ms"`
+	APIRunMS       Stat `json:"api_run_ms"`
+	E2BWrite1MiBMS Stat `json:"e2b_write_1mib_ms"`
+	APIWrite1MiBMS Stat `json:"api_write_1mib_ms"`
+	// An HTTPS request from the guest with a secret, through the
+	// netstack's interception, beside one without (secrets.go).
+	SecretHTTPSMS Stat               `json:"secret_https_ms"`
+	HTTPSMS       Stat               `json:"https_ms"`
+	Ratios        map[string]float64 `json:"ratios"`
+	Notes         []string           `json:"notes,omitempty"`
 }

@@ -50,6 +50,8 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	row("  local API: a session's command", r.APIRunMS)
 	row("e2b: files.write of 1 MiB", r.E2BWrite1MiBMS)
 	row("  local API: a file write of 1 MiB", r.APIWrite1MiBMS)
+	row("HTTPS request with a secret (intercepted)", r.SecretHTTPSMS)
+	row("  the same request without one", r.HTTPSMS)
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "paused session on disk: %.1f MiB; %d idle copies of one fork point: PSS %.1f MiB each (RSS %.1f)\n",
 		r.PausedDiskMiB, r.ForkIdle.VMs, r.ForkIdle.PSSMiB, r.ForkIdle.RSSMiB)

@@ -35,6 +35,7 @@ func TestBenchExec(t *testing.T) {
 		"oneshot_net_pool_ms": r.OneshotNetPoolMS, "oneshot_net_nopool_ms": r.OneshotNetNoPoolMS,
 		"restore_ahead_ms": r.RestoreAheadMS, "restore_ahead_first_exec_ms": r.RestoreAheadFirstMS,
 		"pause_ms": r.PauseMS, "resume_ms": r.ResumeMS, "fork_ms": r.ForkMS, "fork4_ms": r.Fork4MS,
+		"secret_https_ms": r.SecretHTTPSMS, "https_ms": r.HTTPSMS,
 	} {
 		want := 2
 		if name == "cold_boot_ms" {
