@@ -78,7 +78,9 @@ type bgProc struct {
 	cmd     *exec.Cmd // nil when it could not be started
 	pid     int
 	stdin   *inputQueue // nil without an input pipe
-	done    chan struct{}
+	// done is closed when the process is reaped (no signal may reach
+	// its pid after it); entered once its end is in the table (end).
+	done, entered chan struct{}
 
 	mu       sync.Mutex
 	out      *procOutput
@@ -180,7 +182,7 @@ func (t *procTable) start(req agentproto.ProcStart, lookup lookupUserFunc) (agen
 	t.running++
 	t.last++
 	t.keepEnded = keepEndedFactor * limit
-	p := &bgProc{handle: t.last, started: time.Now(), done: make(chan struct{}), out: newProcOutput(buffer), changed: make(chan struct{})}
+	p := &bgProc{handle: t.last, started: time.Now(), done: make(chan struct{}), entered: make(chan struct{}), out: newProcOutput(buffer), changed: make(chan struct{})}
 	t.mu.Unlock()
 
 	p.argv, p.argvCut = cutArgv(req.Spec.Argv, agentproto.MaxInfoArgv)
@@ -303,6 +305,7 @@ func (t *procTable) end(p *bgProc, e agentproto.Exit, timedOut bool) {
 	t.running--
 	t.log.Debug("background process ended", "handle", p.handle, "exit", e, "timed_out", timedOut)
 	t.forget()
+	close(p.entered)
 }
 
 // forget drops the oldest ended processes past keepEnded. Called with
@@ -470,9 +473,11 @@ func (t *procTable) close(closeWait time.Duration) {
 	for _, p := range running {
 		killSession(p.pid)
 	}
+	// Each one's end is waited for until it is entered (and logged),
+	// not only reaped: nothing of the table runs after close returns.
 	for _, p := range running {
 		select {
-		case <-p.done:
+		case <-p.entered:
 		case <-deadline:
 			return
 		}

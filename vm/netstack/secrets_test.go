@@ -228,7 +228,9 @@ func TestSecrets(t *testing.T) {
 		if hits.Load() != before {
 			t.Fatal("the server was reached")
 		}
-		if r, ok := audit.find(func(r Record) bool { return r.Intercepted && strings.Contains(r.Reason, "the guest's TLS to example.com") }); !ok {
+		if r, ok := audit.find(func(r Record) bool {
+			return r.Intercepted && strings.Contains(r.Reason, "the guest's TLS to example.com")
+		}); !ok {
 			t.Fatalf("audit: %+v", r)
 		}
 	})
