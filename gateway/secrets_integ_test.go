@@ -29,6 +29,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/internal/testutil"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // secretsPolicy: GH_TOKEN goes to api.test (HTTPS and HTTP), in
@@ -160,6 +161,21 @@ func TestGateway_Secrets(t *testing.T) {
 	if err := os.WriteFile(roots, ca.pem, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A world-readable value refuses the policy at start: no daemon.
+	loose := filepath.Join(dir, "loose")
+	if err := os.WriteFile(loose, []byte(value), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	polPath := filepath.Join(dir, "loose.toml")
+	if err := os.WriteFile(polPath, []byte(fmt.Sprintf(secretsPolicy, loose)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := gateway.New(gateway.Config{Socket: filepath.Join(dir, "s.sock"), VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(dir, "state")}, ImageDir: testutil.RequiresImage(t), NoTemplate: true},
+		AuditPath: filepath.Join(dir, "audit.jsonl"), PolicyPath: polPath, PolicyExplicit: true, AllowRoot: true})
+	if err == nil || !strings.Contains(err.Error(), `secret "GH_TOKEN": `+loose+": mode 0644 lets others read it") || strings.Contains(err.Error(), value) {
+		t.Fatalf("a world-readable secret at start: %v", err)
+	}
+
 	var daemonLog bytes.Buffer
 	var logMu sync.Mutex
 	state := t.TempDir()
