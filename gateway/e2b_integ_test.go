@@ -375,7 +375,7 @@ func e2bBadInput(t *testing.T, door *e2bDoor) {
 		{"a body over the limit", "POST", "/v2/sandboxes", key, bigMeta, 413, "over"},
 		{"a malformed body", "POST", "/v2/sandboxes", key, `{"templateID":`, 400, "request body"},
 		{"an env var the profile refuses", "POST", "/v2/sandboxes", key, `{"envVars":{"SECRET":"x"}}`, 403, "SECRET"},
-		{"a secret outside the profile", "POST", "/v2/sandboxes", key, `{"envVars":{"GH_TOKEN":"vmgate:secret"}}`, 403, `secret "GH_TOKEN" is not one of the profile's secrets`},
+		{"a secret outside the profile", "POST", "/v2/sandboxes", key, `{"envVars":{"GH_TOKEN":"vmgate:secret"}}`, 403, `GH_TOKEN\" is not one of the profile's secrets (none)`},
 		{"a Host of another name", "GET", "/sandboxes/" + sbx.SandboxID, map[string]string{"X-API-Key": door.key, "Host": "rebound.example:80"}, ``, 403, "Host"},
 		{"a browser's request", "GET", "/sandboxes/" + sbx.SandboxID, map[string]string{"X-API-Key": door.key, "Origin": "http://evil.example"}, ``, 403, "browser"},
 		{"a wrong access token", "POST", "/filesystem.Filesystem/Stat", envd(map[string]string{"X-Access-Token": "0123"}), string(stat), 401, "unauthenticated"},

@@ -22,7 +22,6 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/vmgate/vmgate/guest/agentproto"
 	"github.com/vmgate/vmgate/policy"
 	"github.com/vmgate/vmgate/policy/netrule"
 	"github.com/vmgate/vmgate/vm"
@@ -160,7 +159,7 @@ func installCA(ctx context.Context, v *vm.VM, certPEM []byte) error {
 	extended := false
 	for _, b := range guestBundles {
 		e, err := v.FSStat(ctx, root, b)
-		if errors.Is(err, vm.ErrFileNotFound) || errors.Is(err, vm.ErrNotDir) || err == nil && e.Type != agentproto.FileRegular {
+		if errors.Is(err, vm.ErrFileNotFound) || errors.Is(err, vm.ErrNotDir) || err == nil && e.Type != vm.FileRegular {
 			continue
 		}
 		if err != nil {

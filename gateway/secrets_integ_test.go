@@ -3,18 +3,11 @@ package gateway_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -30,6 +23,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/gatewaytest"
 	"github.com/vmgate/vmgate/internal/testutil"
 	"github.com/vmgate/vmgate/vm"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // secretsPolicy: GH_TOKEN goes to api.test (HTTPS and HTTP), in
@@ -56,44 +50,6 @@ allowed = true
 mode = "allowlist"
 allow = ["api.test:443", "api.test:80", "other.test:80", "other.test:443", "bad.test:443"]
 `
-
-// testCA is a certificate authority of the test's.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-func (ca *testCA) leaf(t *testing.T, host string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 // seen is what the test's servers were sent: per host, the
 // Authorization field and the body of each request.
@@ -135,15 +91,23 @@ func (s *seen) count() int {
 func TestGateway_Secrets(t *testing.T) {
 	testutil.RequiresImage(t)
 	inet := testutil.RequiresInternet(t)
-	ca, rogue := newTestCA(t, "vmgate test CA"), newTestCA(t, "vmgate rogue CA")
-	certs := map[string]tls.Certificate{"api.test": ca.leaf(t, "api.test"), "other.test": ca.leaf(t, "other.test"), "bad.test": rogue.leaf(t, "bad.test")}
+	// The test's CA and a rogue one: session CAs serve as any.
+	ca, err := netstack.NewSessionCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue, err := netstack.NewSessionCA("rogue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := map[string]*netstack.SessionCA{"api.test": ca, "other.test": ca, "bad.test": rogue}
 	var got seen
 	tlsLn := tls.NewListener(inet.Listen(t, 443), &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		c, ok := certs[h.ServerName]
 		if !ok {
 			return nil, fmt.Errorf("no certificate for %q", h.ServerName)
 		}
-		return &c, nil
+		return c.Leaf(h.ServerName)
 	}, NextProtos: []string{"h2", "http/1.1"}})
 	for _, ln := range []net.Listener{tlsLn, inet.Listen(t, 80)} {
 		srv := &http.Server{Handler: http.HandlerFunc(got.handler), ReadHeaderTimeout: 10 * time.Second}
@@ -158,7 +122,7 @@ func TestGateway_Secrets(t *testing.T) {
 		t.Fatal(err)
 	}
 	roots := filepath.Join(dir, "roots.pem")
-	if err := os.WriteFile(roots, ca.pem, 0o644); err != nil {
+	if err := os.WriteFile(roots, ca.CertPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// A world-readable value refuses the policy at start: no daemon.
@@ -170,7 +134,7 @@ func TestGateway_Secrets(t *testing.T) {
 	if err := os.WriteFile(polPath, []byte(fmt.Sprintf(secretsPolicy, loose)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := gateway.New(gateway.Config{Socket: filepath.Join(dir, "s.sock"), VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(dir, "state")}, ImageDir: testutil.RequiresImage(t), NoTemplate: true},
+	_, err = gateway.New(gateway.Config{Socket: filepath.Join(dir, "s.sock"), VM: vm.HostConfig{Runtime: vm.Runtime{StateDir: filepath.Join(dir, "state")}, ImageDir: testutil.RequiresImage(t), NoTemplate: true},
 		AuditPath: filepath.Join(dir, "audit.jsonl"), PolicyPath: polPath, PolicyExplicit: true, AllowRoot: true})
 	if err == nil || !strings.Contains(err.Error(), `secret "GH_TOKEN": `+loose+": mode 0644 lets others read it") || strings.Contains(err.Error(), value) {
 		t.Fatalf("a world-readable secret at start: %v", err)

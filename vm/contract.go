@@ -36,4 +36,6 @@ const (
 	MaxLogsChunk = agentproto.MaxLogsChunk
 	// MaxLogsWait bounds ProcLogsRequest.WaitMS (milliseconds).
 	MaxLogsWait = agentproto.MaxLogsWait
+	// FileRegular is a FileEntry's Type for a regular file.
+	FileRegular = agentproto.FileRegular
 )

@@ -136,8 +136,9 @@ func ParseSessionCA(certPEM, keyPEM []byte) (*SessionCA, error) {
 	return &SessionCA{CertPEM: certPEM, KeyPEM: keyPEM, cert: cert, key: key, leaves: map[string]*tls.Certificate{}}, nil
 }
 
-// leaf returns the certificate the netstack shows for name.
-func (ca *SessionCA) leaf(name string) (*tls.Certificate, error) {
+// Leaf returns the certificate the netstack shows for name, made once
+// per name and CA.
+func (ca *SessionCA) Leaf(name string) (*tls.Certificate, error) {
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
 	if c, ok := ca.leaves[name]; ok {
@@ -177,7 +178,7 @@ func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 func (n *Network) intercept(guest net.Conn, head []byte, rec *Record, dst netip.Addr, port uint16, name string, secrets *netwire.Secrets) (bool, string) {
 	p := n.p()
 	rec.Intercepted = true
-	leaf, err := p.CA.leaf(name)
+	leaf, err := p.CA.Leaf(name)
 	if err != nil {
 		return false, "secrets: a certificate for " + name + ": " + err.Error()
 	}

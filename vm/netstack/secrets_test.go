@@ -271,7 +271,7 @@ func TestSessionCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf, err := again.leaf("api.example.test")
+	leaf, err := again.Leaf("api.example.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestSessionCA(t *testing.T) {
 	if _, err := cert.Verify(x509.VerifyOptions{DNSName: "other.test", Roots: roots}); err == nil {
 		t.Fatal("a leaf verified for another name")
 	}
-	if l2, _ := again.leaf("api.example.test"); l2 != leaf {
+	if l2, _ := again.Leaf("api.example.test"); l2 != leaf {
 		t.Fatal("a leaf was made twice")
 	}
 	if _, err := ParseSessionCA(ca.CertPEM, []byte("junk")); err == nil {

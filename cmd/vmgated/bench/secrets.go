@@ -3,15 +3,8 @@ package bench
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -25,6 +18,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/client"
 	"github.com/vmgate/vmgate/gateway/inproc"
 	"github.com/vmgate/vmgate/gateway/wire"
+	"github.com/vmgate/vmgate/vm/netstack"
 )
 
 // Secrets (part "secrets"): an HTTPS request from the guest that carries
@@ -69,37 +63,6 @@ allow_ranges = ["%[3]s/32"]
 connect_rate = 100000
 `
 
-// benchCA makes a CA and a certificate it signs for names: the CA's
-// PEM, and the server's certificate.
-func benchCA(names ...string) ([]byte, tls.Certificate, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "vmgate bench CA"}, NotBefore: now.Add(-time.Hour),
-		NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names, NotBefore: now.Add(-time.Hour),
-		NotAfter: now.Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, tls.Certificate{}, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
-}
-
 // secrets measures a request with a secret (see above) in a daemon of
 // its own.
 func (r *execRun) secrets(ctx context.Context) error {
@@ -108,10 +71,13 @@ func (r *execRun) secrets(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	caPEM, cert, err := benchCA("secret.bench", "plain.bench")
+	// The bench's CA: a session CA serves as any (the server's
+	// certificates for both names are its leaves).
+	ca, err := netstack.NewSessionCA("bench")
 	if err != nil {
 		return err
 	}
+	caPEM := ca.CertPEM
 	roots, secretFile := filepath.Join(dir, "roots.pem"), filepath.Join(dir, "token")
 	value := "bench_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if err := os.WriteFile(roots, caPEM, 0o600); err != nil {
@@ -124,7 +90,9 @@ func (r *execRun) secrets(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ln, err := tls.Listen("tcp", netip.AddrPortFrom(host, 0).String(), &tls.Config{Certificates: []tls.Certificate{cert}})
+	ln, err := tls.Listen("tcp", netip.AddrPortFrom(host, 0).String(), &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		return ca.Leaf(h.ServerName)
+	}})
 	if err != nil {
 		return err
 	}
