@@ -50,6 +50,22 @@ func (k *secretKit) names() []string {
 	return slices.Sorted(maps.Keys(k.Placeholders))
 }
 
+// lacks reports whether k lacks a placeholder of grants, or a CA.
+func (k *secretKit) lacks(grants []policy.Secret) bool {
+	if len(grants) == 0 {
+		return false
+	}
+	if k == nil || k.CACert == nil {
+		return true
+	}
+	for _, g := range grants {
+		if _, ok := k.Placeholders[g.Name]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
 // newPlaceholder makes a placeholder: 128 random bits, useless anywhere
 // but in this VM's requests to the secret's hosts.
 func newPlaceholder() string {
@@ -62,7 +78,7 @@ func newPlaceholder() string {
 // and a CA, and whether it is new (k itself when it held them all).
 // label names the CA (a session's name, or a VM's id).
 func (k *secretKit) withSecrets(grants []policy.Secret, label string) (*secretKit, bool, error) {
-	if len(grants) == 0 {
+	if !k.lacks(grants) {
 		return k, false, nil
 	}
 	n := &secretKit{Placeholders: map[string]string{}}
@@ -70,11 +86,9 @@ func (k *secretKit) withSecrets(grants []policy.Secret, label string) (*secretKi
 		maps.Copy(n.Placeholders, k.Placeholders)
 		n.CACert, n.CAKey = k.CACert, k.CAKey
 	}
-	changed := k == nil
 	for _, g := range grants {
 		if _, ok := n.Placeholders[g.Name]; !ok {
 			n.Placeholders[g.Name] = newPlaceholder()
-			changed = true
 		}
 	}
 	if n.CACert == nil {
@@ -83,10 +97,6 @@ func (k *secretKit) withSecrets(grants []policy.Secret, label string) (*secretKi
 			return nil, false, fmt.Errorf("secrets: a CA: %w", err)
 		}
 		n.CACert, n.CAKey = ca.CertPEM, ca.KeyPEM
-		changed = true
-	}
-	if !changed {
-		return k, false, nil
 	}
 	return n, true, nil
 }
@@ -207,6 +217,13 @@ func armKit(ctx context.Context, v *vm.VM, old *secretKit, grants []policy.Secre
 //
 // Precondition: the caller uses ss (a share or alone), which runs.
 func (x *sessions) armSession(ctx context.Context, ss *session, grants []policy.Secret) error {
+	if !ss.kit().lacks(grants) {
+		return nil
+	}
+	// Two commands that ask at once must not each make a kit and keep
+	// only the last: the first one's placeholder would be lost.
+	x.arming.Lock()
+	defer x.arming.Unlock()
 	k, changed, err := armKit(ctx, ss.running(), ss.kit(), grants, ss.Name)
 	if err != nil || !changed {
 		return err

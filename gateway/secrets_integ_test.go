@@ -239,6 +239,30 @@ func TestGateway_Secrets(t *testing.T) {
 		sentOnce(n, `api.test /oneshot auth="Bearer `+value+`"`)
 	})
 
+	t.Run("two commands ask at once", func(t *testing.T) {
+		run(0, "--session", "c", "true")
+		outs := make([]string, 2)
+		var wg sync.WaitGroup
+		for i := range outs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				so, se, code := vmExec(t, d.Socket, "", "--session", "c", "--secret", "GH_TOKEN", "-c", `echo "$GH_TOKEN"`)
+				if code != 0 {
+					t.Errorf("exit %d: %s %s", code, so, se)
+				}
+				outs[i] = so
+			}()
+		}
+		wg.Wait()
+		if outs[0] != outs[1] || !strings.HasPrefix(outs[0], "vmgate_secret_") {
+			t.Fatalf("one session, two placeholders: %q", outs)
+		}
+		n := got.count()
+		run(0, "--session", "c", "-c", curl("https://api.test/both"))
+		sentOnce(n, `api.test /both auth="Bearer `+value+`"`)
+	})
+
 	ctx := context.Background()
 	t.Run("fork, pause and resume", func(t *testing.T) {
 		if _, err := d.Client.ForkSession(ctx, "s", []string{"s2"}); err != nil {

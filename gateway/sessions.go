@@ -67,6 +67,8 @@ type sessions struct {
 	reserved map[string]pauseReserved
 	// pausing admits one automatic pause at a time.
 	pausing chan struct{}
+	// arming gives sessions their new secrets one at a time (armSession).
+	arming sync.Mutex
 }
 
 func newSessions(core sessionCore, host *vm.Host, sl *slots, rec *recorder, log *slog.Logger, stateDir string, queueWait, grace time.Duration) *sessions {
