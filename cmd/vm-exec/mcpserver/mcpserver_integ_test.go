@@ -136,6 +136,11 @@ func TestMCP_Gateway(t *testing.T) {
 		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "echo forbidden-word"})
 		wantText(t, "denied", text, isErr, true, `^vmgate: denied by policy profile mcp-test: rule deny\[0\] no-forbidden: .*\n\[exit code: -1\]$`)
 	})
+	t.Run("a secret the profile does not list", func(t *testing.T) {
+		// The tool's secrets reach the daemon, whose policy decides.
+		text, isErr := tc.call(t, shelltool.Name, map[string]any{"command": "true", "secrets": []string{"GH_TOKEN"}})
+		wantText(t, "secret", text, isErr, true, `^vmgate: denied by policy profile mcp-test: rule secrets: secret "GH_TOKEN" is not one of the profile's secrets \(none\)\n\[exit code: -1\]$`)
+	})
 	t.Run("session files", func(t *testing.T) {
 		text, isErr := tc.call(t, ToolSessionStart, map[string]any{"name": "files"})
 		if isErr || text != "files" {
