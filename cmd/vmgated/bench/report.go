@@ -151,8 +151,12 @@ type ExecReport struct {
 	APIWrite1MiBMS Stat `json:"api_write_1mib_ms"`
 	// An HTTPS request from the guest with a secret, through the
 	// netstack's interception, beside one without (secrets.go).
-	SecretHTTPSMS Stat               `json:"secret_https_ms"`
-	HTTPSMS       Stat               `json:"https_ms"`
-	Ratios        map[string]float64 `json:"ratios"`
-	Notes         []string           `json:"notes,omitempty"`
+	SecretHTTPSMS Stat `json:"secret_https_ms"`
+	HTTPSMS       Stat `json:"https_ms"`
+	// SecretOverheadMS is the median of the pairs' differences (with
+	// minus without), the interception's cost; its budget is
+	// SecretBudgetMS.
+	SecretOverheadMS float64            `json:"secret_https_overhead_ms"`
+	Ratios           map[string]float64 `json:"ratios"`
+	Notes            []string           `json:"notes,omitempty"`
 }

@@ -52,6 +52,7 @@ func (r *ExecReport) WriteText(w io.Writer) {
 	row("  local API: a file write of 1 MiB", r.APIWrite1MiBMS)
 	row("HTTPS request with a secret (intercepted)", r.SecretHTTPSMS)
 	row("  the same request without one", r.HTTPSMS)
+	fmt.Fprintf(w, "%-44s %9.1f ms (median of the pairs' differences; budget %d)\n", "  what the interception adds", r.SecretOverheadMS, SecretBudgetMS)
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "paused session on disk: %.1f MiB; %d idle copies of one fork point: PSS %.1f MiB each (RSS %.1f)\n",
 		r.PausedDiskMiB, r.ForkIdle.VMs, r.ForkIdle.PSSMiB, r.ForkIdle.RSSMiB)
