@@ -59,7 +59,10 @@ func child(args []string) error {
 		return err
 	}
 	defer ln.Close()
-	ic := &interception{roots: roots}
+	ic := &interception{roots: roots, log: log}
+	if roots != nil {
+		defer roots.Close()
+	}
 	cfg := netstack.Config{Hosts: first.Hosts, Log: log}
 	var gen atomic.Uint64
 	send := func(m fromChild) {
@@ -178,8 +181,9 @@ const maxRoots = 8 << 20
 
 // readStart reads the daemon's first message, which carries the listening
 // socket QEMU connects to as its first fd and, as a second, the roots
-// bundle of secrets' hosts, which is read whole (nil: none).
-func readStart(ctl *net.UnixConn, buf []byte) (toChild, net.Listener, []byte, error) {
+// bundle of secrets' hosts (nil: none), kept open until a policy with
+// secrets needs it: most VMs never read it.
+func readStart(ctl *net.UnixConn, buf []byte) (toChild, net.Listener, *os.File, error) {
 	oob := make([]byte, unix.CmsgSpace(2*4))
 	k, oobn, _, _, err := ctl.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -196,41 +200,54 @@ func readStart(ctl *net.UnixConn, buf []byte) (toChild, net.Listener, []byte, er
 		}
 		return toChild{}, nil, nil, fmt.Errorf("channel: the first message carries no listening socket")
 	}
-	var roots []byte
+	var roots *os.File
 	if len(fds) == 2 {
-		rf := os.NewFile(uintptr(fds[1]), "netstack-roots")
-		roots, err = io.ReadAll(io.LimitReader(rf, maxRoots+1))
-		rf.Close()
-		if err == nil && len(roots) > maxRoots {
-			err = fmt.Errorf("over %d bytes", maxRoots)
-		}
-		if err != nil {
-			unix.Close(fds[0])
-			return toChild{}, nil, nil, fmt.Errorf("channel: the roots bundle: %w", err)
-		}
+		roots = os.NewFile(uintptr(fds[1]), "netstack-roots")
 	}
 	lf := os.NewFile(uintptr(fds[0]), "netstack-listener")
 	ln, err := net.FileListener(lf)
 	lf.Close()
-	if err != nil {
-		return toChild{}, nil, nil, fmt.Errorf("listener: %w", err)
-	}
-	var m toChild
-	if err := decodeStrict(buf[:k], &m); err != nil {
+	if err == nil {
+		var m toChild
+		if err = decodeStrict(buf[:k], &m); err == nil {
+			return m, ln, roots, nil
+		}
 		ln.Close()
-		return toChild{}, nil, nil, err
+	} else {
+		err = fmt.Errorf("listener: %w", err)
 	}
-	return m, ln, roots, nil
+	if roots != nil {
+		roots.Close()
+	}
+	return toChild{}, nil, nil, err
 }
 
 // interception is what the netstack needs to intercept TLS to secrets'
-// hosts: the roots those hosts are verified against (parsed at the first
-// policy with secrets) and the session CA it serves with (parsed again
-// only when it changes, so that its leaf certificates are kept).
+// hosts: the roots those hosts are verified against (read and parsed at
+// the first policy with secrets) and the session CA it serves with
+// (parsed again only when it changes, so that its leaf certificates are
+// kept).
 type interception struct {
-	roots []byte
+	roots *os.File
+	log   *slog.Logger
 	pool  *x509.CertPool
 	ca    *netstack.SessionCA
+}
+
+// readRoots reads the roots bundle, at most maxRoots bytes; none (nil)
+// when the daemon sent none.
+func (ic *interception) readRoots() ([]byte, error) {
+	if ic.roots == nil {
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(ic.roots, maxRoots+1))
+	if err == nil && len(b) > maxRoots {
+		err = fmt.Errorf("over %d bytes", maxRoots)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the roots bundle: %w", err)
+	}
+	return b, nil
 }
 
 // apply sets p's secrets, CA and roots from the policy w.
@@ -253,8 +270,14 @@ func (ic *interception) apply(p *netstack.Policy, w *wireEgress) error {
 	if ic.pool == nil {
 		// No roots: an empty pool, which verifies no host (never the
 		// host's own store, which the jail does not hold anyway).
+		// A bundle that cannot be read leaves it empty too: the secrets'
+		// TLS fails (and is audited), the rest of the network works.
+		b, err := ic.readRoots()
+		if err != nil {
+			ic.log.Error("secrets' hosts cannot be verified", "err", err)
+		}
 		ic.pool = x509.NewCertPool()
-		ic.pool.AppendCertsFromPEM(ic.roots)
+		ic.pool.AppendCertsFromPEM(b)
 	}
 	p.Roots = ic.pool
 	return nil
