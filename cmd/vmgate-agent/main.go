@@ -27,6 +27,11 @@ func main() {
 		}
 		boot.Run() // never returns
 	}
+	if len(os.Args) == 2 && os.Args[1] == agentproto.NetworkCommand {
+		// An imported root's network, run by its own systemd.
+		boot.ConfigureNetwork(os.Stderr)
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == agentproto.FSCommand {
 		// A file operation (agentproto.FSArgv), run as a command.
 		os.Exit(agent.FS(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))

@@ -241,3 +241,9 @@ const (
 	RootInitMarker = "/etc/vmgate/agent-is-init"
 	RootInitName   = "vmgate-init"
 )
+
+// NetworkCommand is the agent's subcommand that configures the guest's
+// network as an imported root's init does: what an imported root that
+// keeps its own systemd runs as a unit before its network is up
+// (vmgated image import --init image).
+const NetworkCommand = "network"

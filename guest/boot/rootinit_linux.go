@@ -62,11 +62,26 @@ func setupRoot(s system, con io.Writer) {
 	if err := unix.Sethostname([]byte("vmgate")); err != nil {
 		say(con, "hostname: %v", err)
 	}
-	if err := linkUp("lo"); err != nil {
+	ConfigureNetwork(con)
+}
+
+// ConfigureNetwork sets the loopback up and gives the first NIC, if there
+// is one, the guest address and a default route through the gateway
+// (netconf), reporting on con. It is an imported root's network whether
+// the agent is its init (setupRoot) or its own systemd runs it as a unit
+// (NetworkRoleName). Interfaces are named by index, never by name: udev
+// may rename the NIC while this runs (eth0 -> enp0s2), and an index does
+// not change.
+func ConfigureNetwork(con io.Writer) {
+	if err := configureLink(1, netip.Prefix{}); err != nil { // lo is always 1
 		say(con, "loopback: %v", err)
 	}
 	if nic := firstNIC("/sys/class/net"); nic != "" {
-		if err := configureNIC(nic); err != nil {
+		index, err := ifIndex(nic)
+		if err == nil {
+			err = configureLink(index, netconf.Guest)
+		}
+		if err != nil {
 			say(con, "network %s: %v", nic, err)
 		} else {
 			say(con, "network %s: %s via %s", nic, netconf.Guest, netconf.Gateway)
@@ -85,112 +100,115 @@ func firstNIC(sysNet string) string {
 	return ""
 }
 
-func ifreqIoctl(name string, req uint, set func(*unix.Ifreq) error) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+// ifIndex is the index of the interface name, read off sysfs.
+func ifIndex(name string) (uint32, error) {
+	b, err := os.ReadFile(filepath.Join("/sys/class/net", name, "ifindex"))
 	if err != nil {
-		return fmt.Errorf("socket: %w", err)
+		return 0, err
 	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq(name)
-	if err != nil {
-		return err
+	var index uint32
+	if _, err := fmt.Sscan(string(b), &index); err != nil {
+		return 0, fmt.Errorf("ifindex: %w", err)
 	}
-	if set != nil {
-		if err := set(ifr); err != nil {
-			return err
+	return index, nil
+}
+
+// configureLink gives interface index the address pfx (none when pfx is
+// not valid), sets it up and, with an address, adds the default route
+// through the gateway.
+func configureLink(index uint32, pfx netip.Prefix) error {
+	if pfx.IsValid() {
+		if err := netlinkDo(addrMessage(index, pfx)); err != nil {
+			return fmt.Errorf("address: %w", err)
 		}
 	}
-	if err := unix.IoctlIfreq(fd, req, ifr); err != nil {
-		return err
+	if err := netlinkDo(linkUpMessage(index)); err != nil {
+		return fmt.Errorf("up: %w", err)
 	}
-	if req == unix.SIOCGIFFLAGS {
-		return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, withUp(ifr))
+	if !pfx.IsValid() {
+		return nil
+	}
+	if err := netlinkDo(routeMessage(index, netconf.Gateway)); err != nil {
+		return fmt.Errorf("route: %w", err)
 	}
 	return nil
 }
 
-func withUp(ifr *unix.Ifreq) *unix.Ifreq {
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	return ifr
+// nlAttr is one rtnetlink attribute (payloads of 4 bytes or a multiple:
+// already aligned).
+func nlAttr(typ uint16, payload []byte) []byte {
+	b := make([]byte, 4, 4+len(payload))
+	binary.NativeEndian.PutUint16(b[0:], uint16(4+len(payload)))
+	binary.NativeEndian.PutUint16(b[2:], typ)
+	return append(b, payload...)
 }
 
-// linkUp sets an interface up.
-func linkUp(name string) error { return ifreqIoctl(name, unix.SIOCGIFFLAGS, nil) }
-
-// configureNIC gives name the guest address and a default route through
-// the gateway.
-func configureNIC(name string) error {
-	pfx := netconf.Guest
-	addr := pfx.Addr().As4()
-	maskBytes := maskOf(pfx.Bits())
-	if err := ifreqIoctl(name, unix.SIOCSIFADDR, func(r *unix.Ifreq) error { return r.SetInet4Addr(addr[:]) }); err != nil {
-		return fmt.Errorf("address: %w", err)
-	}
-	if err := ifreqIoctl(name, unix.SIOCSIFNETMASK, func(r *unix.Ifreq) error { return r.SetInet4Addr(maskBytes[:]) }); err != nil {
-		return fmt.Errorf("netmask: %w", err)
-	}
-	if err := linkUp(name); err != nil {
-		return fmt.Errorf("up: %w", err)
-	}
-	iface, err := os.ReadFile(filepath.Join("/sys/class/net", name, "ifindex"))
-	if err != nil {
-		return err
-	}
-	var index uint32
-	if _, err := fmt.Sscan(string(iface), &index); err != nil {
-		return fmt.Errorf("ifindex: %w", err)
-	}
-	return addDefaultRoute(index, netconf.Gateway)
-}
-
-func maskOf(bits int) [4]byte {
-	var m [4]byte
-	binary.BigEndian.PutUint32(m[:], ^uint32(0)<<(32-bits))
-	return m
+// nlMessage is an rtnetlink request of type typ with flags (besides
+// NLM_F_REQUEST and NLM_F_ACK) and body (pure).
+func nlMessage(typ, flags uint16, body []byte) []byte {
+	msg := make([]byte, unix.SizeofNlMsghdr, unix.SizeofNlMsghdr+len(body))
+	binary.NativeEndian.PutUint32(msg[0:], uint32(unix.SizeofNlMsghdr+len(body)))
+	binary.NativeEndian.PutUint16(msg[4:], typ)
+	binary.NativeEndian.PutUint16(msg[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK|flags)
+	binary.NativeEndian.PutUint32(msg[8:], 1) // sequence
+	return append(msg, body...)
 }
 
 // routeMessage is the rtnetlink request that adds a default IPv4 route
 // through gw on interface index (pure; tested).
 func routeMessage(index uint32, gw netip.Addr) []byte {
-	attr := func(typ uint16, payload []byte) []byte {
-		b := make([]byte, 4, 4+len(payload))
-		binary.NativeEndian.PutUint16(b[0:], uint16(4+len(payload)))
-		binary.NativeEndian.PutUint16(b[2:], typ)
-		return append(b, payload...) // 4-byte payloads: already aligned
-	}
 	g := gw.As4()
 	var oif [4]byte
 	binary.NativeEndian.PutUint32(oif[:], index)
 	body := []byte{unix.AF_INET, 0, 0, 0, unix.RT_TABLE_MAIN, unix.RTPROT_BOOT, unix.RT_SCOPE_UNIVERSE, unix.RTN_UNICAST, 0, 0, 0, 0}
-	body = append(body, attr(unix.RTA_GATEWAY, g[:])...)
-	body = append(body, attr(unix.RTA_OIF, oif[:])...)
-	msg := make([]byte, unix.SizeofNlMsghdr, unix.SizeofNlMsghdr+len(body))
-	binary.NativeEndian.PutUint32(msg[0:], uint32(unix.SizeofNlMsghdr+len(body)))
-	binary.NativeEndian.PutUint16(msg[4:], unix.RTM_NEWROUTE)
-	binary.NativeEndian.PutUint16(msg[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
-	binary.NativeEndian.PutUint32(msg[8:], 1) // sequence
-	return append(msg, body...)
+	body = append(body, nlAttr(unix.RTA_GATEWAY, g[:])...)
+	body = append(body, nlAttr(unix.RTA_OIF, oif[:])...)
+	return nlMessage(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_EXCL, body)
 }
 
-func addDefaultRoute(index uint32, gw netip.Addr) error {
+// addrMessage is the rtnetlink request that gives interface index the
+// IPv4 address pfx (pure; tested).
+func addrMessage(index uint32, pfx netip.Prefix) []byte {
+	a := pfx.Addr().As4()
+	body := make([]byte, unix.SizeofIfAddrmsg)
+	body[0], body[1], body[3] = unix.AF_INET, byte(pfx.Bits()), unix.RT_SCOPE_UNIVERSE
+	binary.NativeEndian.PutUint32(body[4:], index)
+	body = append(body, nlAttr(unix.IFA_LOCAL, a[:])...)
+	body = append(body, nlAttr(unix.IFA_ADDRESS, a[:])...)
+	return nlMessage(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_REPLACE, body)
+}
+
+// linkUpMessage is the rtnetlink request that sets interface index up
+// (pure; tested).
+func linkUpMessage(index uint32) []byte {
+	body := make([]byte, unix.SizeofIfInfomsg)
+	body[0] = unix.AF_UNSPEC
+	binary.NativeEndian.PutUint32(body[4:], index)
+	binary.NativeEndian.PutUint32(body[8:], unix.IFF_UP)  // flags
+	binary.NativeEndian.PutUint32(body[12:], unix.IFF_UP) // change
+	return nlMessage(unix.RTM_NEWLINK, 0, body)
+}
+
+// netlinkDo sends one rtnetlink request and reads its acknowledgement.
+func netlinkDo(msg []byte) error {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 	if err != nil {
-		return fmt.Errorf("route: %w", err)
+		return err
 	}
 	defer unix.Close(fd)
-	if err := unix.Sendto(fd, routeMessage(index, gw), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("route: %w", err)
+	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
 	}
 	buf := make([]byte, 4096)
 	n, _, err := unix.Recvfrom(fd, buf, 0)
 	if err != nil {
-		return fmt.Errorf("route: %w", err)
+		return err
 	}
 	if n < unix.SizeofNlMsghdr+4 || binary.NativeEndian.Uint16(buf[4:]) != unix.NLMSG_ERROR {
-		return errors.New("route: unexpected netlink answer")
+		return errors.New("unexpected netlink answer")
 	}
 	if e := int32(binary.NativeEndian.Uint32(buf[unix.SizeofNlMsghdr:])); e != 0 {
-		return fmt.Errorf("route: %w", syscall.Errno(-e))
+		return syscall.Errno(-e)
 	}
 	return nil
 }

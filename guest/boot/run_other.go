@@ -4,6 +4,7 @@ package boot
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 )
@@ -17,3 +18,7 @@ func Run() {
 
 // RunRoot is the init of an imported root, which only exists on Linux.
 func RunRoot() { Run() }
+
+// ConfigureNetwork configures an imported root's network, which only
+// exists on Linux.
+func ConfigureNetwork(io.Writer) {}
