@@ -80,7 +80,15 @@ type Inputs struct {
 	// KeepSetid is set when the import kept set-user-ID and
 	// set-group-ID bits (vmgated image import --keep-setid).
 	KeepSetid bool `json:"keep_setid,omitempty"`
+	// Init is how an imported root starts: "" (the agent is its init,
+	// agentproto.RootInitMarker) or InitSystemd (its own systemd is,
+	// and starts the agent: vmgated image import --init image).
+	Init string `json:"init,omitempty"`
 }
+
+// InitSystemd is Inputs.Init of an imported root that keeps its own
+// systemd as init.
+const InitSystemd = "systemd"
 
 // Normalize sorts and de-duplicates the package list so that order does not
 // change the digest.

@@ -32,9 +32,12 @@ type imageInfo struct {
 	SizeBytes int64    `json:"size_bytes,omitempty"`
 	// Source is where an imported or pulled image came from: its
 	// reference, manifest digest and platform.
-	Source    *image.Source `json:"source,omitempty"`
-	Templates int           `json:"templates"` // VM templates built from it
-	Error     string        `json:"error,omitempty"`
+	Source *image.Source `json:"source,omitempty"`
+	// Init is "systemd" for an imported root that keeps its own
+	// (image import --init image).
+	Init      string `json:"init,omitempty"`
+	Templates int    `json:"templates"` // VM templates built from it
+	Error     string `json:"error,omitempty"`
 }
 
 func imageList(fs *pflag.FlagSet) runFunc {
@@ -95,7 +98,7 @@ func describeImage(name, dir string, templates map[string]int) imageInfo {
 		info.Error = "not built"
 		return info
 	}
-	info.Suite, info.Kernel, info.Packages, info.Source = m.Inputs.Suite, m.KernelVersion, m.Inputs.Packages, m.Source
+	info.Suite, info.Kernel, info.Packages, info.Source, info.Init = m.Inputs.Suite, m.KernelVersion, m.Inputs.Packages, m.Source, m.Inputs.Init
 	for _, a := range m.Artifacts {
 		info.SizeBytes += a.Size
 	}
@@ -164,6 +167,7 @@ func imageTarget(state, out, name string) (string, error) {
 // importFlags are the flags import and pull share.
 type importFlags struct {
 	state, out, name, agent, level *string
+	init                           *string
 	force, keepSetid               *bool
 	diskMiB                        *int
 }
@@ -175,9 +179,11 @@ func addImportFlags(fs *pflag.FlagSet) importFlags {
 		name:      fs.String("name", "", "image name for profile.image"),
 		force:     fs.Bool("force", false, "import again even if an up-to-date image exists"),
 		keepSetid: fs.Bool("keep-setid", false, "keep set-user-ID and set-group-ID bits (docs/security.md: a command may become the guest's root through them)"),
-		agent:     fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)"),
-		diskMiB:   fs.Int("disk-size", 4096, "guest root filesystem size in MiB"),
-		level:     fs.String("log-level", "info", "log level"),
+		init: fs.String("init", imagebuild.InitAgent, "how the root starts: "+imagebuild.InitAgent+" (the guest agent is its init) or "+
+			imagebuild.InitImage+" (its own systemd is, and starts the agent: docs/images.md)"),
+		agent:   fs.String("agent", "", "guest agent binary (default: vmgate-agent beside vmgated)"),
+		diskMiB: fs.Int("disk-size", 4096, "guest root filesystem size in MiB"),
+		level:   fs.String("log-level", "info", "log level"),
 	}
 }
 
@@ -202,7 +208,7 @@ func (f importFlags) options(source string) (imagebuild.ImportOptions, error) {
 		log = newLogger(io.Discard, lvl)
 	}
 	return imagebuild.ImportOptions{OutDir: out, Source: source, AgentPath: *f.agent, DiskSizeMiB: *f.diskMiB,
-		Force: *f.force, KeepSetid: *f.keepSetid, Log: log, Progress: progress}, nil
+		Force: *f.force, KeepSetid: *f.keepSetid, Init: *f.init, Log: log, Progress: progress}, nil
 }
 
 // imageImport runs `vmgated image import`: an image from a root file

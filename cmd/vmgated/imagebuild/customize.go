@@ -328,7 +328,7 @@ func installAgent(root string, s customizeSpec, bin []byte) error {
 		mode os.FileMode
 	}{
 		{agentproto.AgentBinaryPath, bin, 0o755},
-		{"/etc/systemd/system/vmgate-agent.service", []byte(agentUnit), 0o644},
+		{agentUnitPath, []byte(agentUnit), 0o644},
 	}
 	for _, f := range files {
 		p := filepath.Join(root, f.path)
@@ -342,9 +342,12 @@ func installAgent(root string, s customizeSpec, bin []byte) error {
 			return fmt.Errorf("install agent: %w", err)
 		}
 	}
-	return symlink("/etc/systemd/system/vmgate-agent.service",
-		filepath.Join(root, "etc/systemd/system/sysinit.target.wants/vmgate-agent.service"))
+	return symlink(agentUnitPath, filepath.Join(root, "etc/systemd/system/sysinit.target.wants/vmgate-agent.service"))
 }
+
+// rootFstab names the guest's root disk as makeFS labels it: the only
+// disk a VM has.
+const rootFstab = "LABEL=vmgate-root\t/\text4\trw,errors=remount-ro\t0\t1\n"
 
 // maskedUnits are not needed in a disposable VM and only slow its boot.
 var maskedUnits = []string{
@@ -358,7 +361,7 @@ func configureSystem(root string) error {
 	files := map[string]string{
 		"etc/hostname": "vmgate\n",
 		"etc/hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\tvmgate\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"etc/fstab":    "LABEL=vmgate-root\t/\text4\trw,errors=remount-ro\t0\t1\n",
+		"etc/fstab":    rootFstab,
 		// A VM with a network gets one virtio NIC, configured by DHCP from
 		// vmgated's user-space network, whose DNS server is 10.0.2.3 (the
 		// only resolver that answers: it resolves allowlisted names).

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 
@@ -43,7 +45,10 @@ type ImportOptions struct {
 	// they are cleared (docs/security.md, "Imported images under
 	// attack").
 	KeepSetid bool
-	Log       *slog.Logger
+	// Init is how the root starts: InitAgent (or ""), the agent is its
+	// init; InitImage, its own systemd is (keepinit.go).
+	Init string
+	Log  *slog.Logger
 	// Progress, when non-nil, receives a human progress display (a TTY).
 	Progress io.Writer
 }
@@ -109,8 +114,12 @@ func importFrom(ctx context.Context, opts ImportOptions, src *imageSource) (*Res
 	if err != nil {
 		return nil, err
 	}
+	init, err := initInput(opts.Init)
+	if err != nil {
+		return nil, err
+	}
 	in := image.Inputs{BuilderVersion: image.BuilderVersion, Suite: ImportSuite, Import: src.digest, AgentSHA256: agentSum,
-		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096), KeepSetid: opts.KeepSetid}.Normalize()
+		DiskSizeMiB: cmpInt(opts.DiskSizeMiB, 4096), KeepSetid: opts.KeepSetid, Init: init}.Normalize()
 	if err := validateInputs(in); err != nil {
 		return nil, err
 	}
@@ -161,7 +170,7 @@ func (b *builder) importRoot(ctx context.Context, src *imageSource, uo unpackOpt
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	defer r.Close()
-	if fi, err := r.Stat("bin/sh"); err != nil || fi.IsDir() {
+	if fi, err := statIn(r, "bin/sh"); err != nil || fi.IsDir() {
 		return nil, errors.New("image import: the root file system has no /bin/sh; it needs a shell (and the programs your commands run)")
 	}
 	src.source.Shell = shellOf(r)
@@ -177,7 +186,7 @@ func (b *builder) importRoot(ctx context.Context, src *imageSource, uo unpackOpt
 	}
 
 	b.p.step("adding the guest agent")
-	if err := prepareImported(r, agentBin); err != nil {
+	if err := prepareImported(r, agentBin, b.in.Init); err != nil {
 		return nil, fmt.Errorf("image import: %w", err)
 	}
 	pkgs, err := readPackages(r, maxDpkgStatus)
@@ -200,44 +209,97 @@ func (b *builder) importRoot(ctx context.Context, src *imageSource, uo unpackOpt
 
 // shellOf is the interactive shell the root r offers (image.Source.Shell):
 // bash where /bin/bash or /usr/bin/bash is a file, /bin/sh otherwise. A
-// link is followed within r only: one that leaves it counts as missing.
+// link is followed as the guest would (statIn): one that climbs out of r
+// counts as missing.
 func shellOf(r *os.Root) string {
 	for _, p := range []string{"bin/bash", "usr/bin/bash"} {
-		if fi, err := r.Stat(p); err == nil && fi.Mode().IsRegular() {
+		if fi, err := statIn(r, p); err == nil && fi.Mode().IsRegular() {
 			return image.ShellBash
 		}
 	}
 	return image.ShellSh
 }
 
-// prepareImported adds to the root r what vmgate needs: the agent, the
-// marker that makes it the init, the network's resolver, a host name and
-// the guest user (addGuestUser).
-func prepareImported(r *os.Root, agentBin []byte) error {
-	rel := func(p string) string { return strings.TrimPrefix(p, "/") }
-	files := []struct {
-		path string
-		data []byte
-		mode os.FileMode
-	}{
+// prepareImported adds to the root r what vmgate needs: the agent, how it
+// starts (init: the marker that makes it the root's init, or the units
+// that make the root's own systemd start it), the network's resolver, a
+// host name and the guest user (addGuestUser).
+func prepareImported(r *os.Root, agentBin []byte, init string) error {
+	files := []rootFile{
 		{agentproto.AgentBinaryPath, agentBin, 0o755},
-		{agentproto.RootInitMarker, []byte("vmgate-agent is this root's init (vmgated image import)\n"), 0o644},
 		{"/etc/resolv.conf", []byte("nameserver " + netconf.Resolver.String() + "\noptions timeout:2 attempts:2\n"), 0o644},
 		{"/etc/hostname", []byte("vmgate\n"), 0o644},
 		{"/etc/hosts", []byte("127.0.0.1\tlocalhost\n127.0.1.1\tvmgate\n::1\tlocalhost ip6-localhost ip6-loopback\n"), 0o644},
 	}
+	var links []rootLink
+	switch init {
+	case image.InitSystemd:
+		if err := checkSystemd(r); err != nil {
+			return err
+		}
+		// An image exported from an import may carry the marker.
+		if err := r.Remove(rel(agentproto.RootInitMarker)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		files = append(files, rootFile{agentUnitPath, []byte(agentUnit), 0o644}, rootFile{networkUnitPath, []byte(networkUnit), 0o644},
+			rootFile{"/etc/fstab", []byte(rootFstab), 0o644})
+		links = systemdLinks()
+	default:
+		files = append(files, rootFile{agentproto.RootInitMarker, []byte("vmgate-agent is this root's init (vmgated image import)\n"), 0o644})
+	}
 	for _, f := range files {
-		p := rel(f.path)
-		if err := r.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		if err := f.write(r); err != nil {
 			return err
 		}
-		_ = r.Remove(p) // resolv.conf is often a symlink
-		if err := r.WriteFile(p, f.data, f.mode); err != nil {
-			return err
-		}
-		if err := r.Chmod(p, f.mode); err != nil {
+	}
+	for _, l := range links {
+		if err := l.make(r); err != nil {
 			return err
 		}
 	}
 	return addGuestUser(r)
+}
+
+// rel is an absolute path in the guest as a path in its root.
+func rel(p string) string { return strings.TrimPrefix(p, "/") }
+
+// rootFile is a file prepareImported writes, replacing what is there.
+type rootFile struct {
+	path string
+	data []byte
+	mode os.FileMode
+}
+
+func (f rootFile) write(r *os.Root) error {
+	p, err := parentIn(r, rel(f.path))
+	if err != nil {
+		return err
+	}
+	if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
+		return err
+	}
+	if err := r.RemoveAll(p); err != nil { // resolv.conf is often a symlink
+		return err
+	}
+	if err := r.WriteFile(p, f.data, f.mode); err != nil {
+		return err
+	}
+	return r.Chmod(p, f.mode)
+}
+
+// rootLink is a symlink prepareImported makes, replacing what is there.
+type rootLink struct{ path, target string }
+
+func (l rootLink) make(r *os.Root) error {
+	p, err := parentIn(r, rel(l.path))
+	if err != nil {
+		return err
+	}
+	if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
+		return err
+	}
+	if err := r.RemoveAll(p); err != nil {
+		return err
+	}
+	return r.Symlink(l.target, p)
 }

@@ -1,6 +1,7 @@
 package imagebuild
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -111,10 +112,11 @@ func TestPrepareImported(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A symlink out of the root is not followed: the write fails, the
-	// host is untouched.
+	// A relative symlink that climbs out of the root is not followed: the
+	// write fails, the host is untouched. An absolute one is the guest's:
+	// the write lands where the guest finds it, inside the root.
 	outside := t.TempDir()
-	if err := os.Symlink(outside, filepath.Join(dir, "usr")); err != nil {
+	if err := os.Symlink("../../../../../../../.."+outside, filepath.Join(dir, "usr")); err != nil {
 		t.Fatal(err)
 	}
 	r, err := os.OpenRoot(dir)
@@ -122,16 +124,28 @@ func TestPrepareImported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := prepareImported(r, []byte("agent")); err == nil {
-		t.Fatal("prepareImported wrote through a symlink that leaves the root")
-	}
-	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
-		t.Fatalf("written outside the root: %v", ents)
+	if err := prepareImported(r, []byte("agent"), ""); !errors.Is(err, errLinkOut) {
+		t.Fatalf("prepareImported through a symlink that leaves the root: %v", err)
 	}
 	if err := os.Remove(filepath.Join(dir, "usr")); err != nil {
 		t.Fatal(err)
 	}
-	if err := prepareImported(r, []byte("agent")); err != nil {
+	if err := os.Symlink(outside, filepath.Join(dir, "usr")); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareImported(r, []byte("agent"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Fatalf("written outside the root: %v", ents)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, outside, "local/sbin/vmgate-agent")); err != nil || string(b) != "agent" {
+		t.Fatalf("the agent through /usr -> %s: %q, %v", outside, b, err)
+	}
+	if err := os.Remove(filepath.Join(dir, "usr")); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareImported(r, []byte("agent"), ""); err != nil {
 		t.Fatal(err)
 	}
 	// The tarball's agent, root in disguise, is replaced by a fresh user.
@@ -158,7 +172,7 @@ func TestPrepareImported(t *testing.T) {
 		}
 	}
 	// A second run changes nothing in passwd.
-	if err := prepareImported(r, []byte("agent")); err != nil {
+	if err := prepareImported(r, []byte("agent"), ""); err != nil {
 		t.Fatal(err)
 	}
 	if again, _ := os.ReadFile(filepath.Join(dir, "etc/passwd")); string(again) != string(passwd) {
@@ -181,8 +195,9 @@ func TestProgressRender(t *testing.T) {
 }
 
 // TestShellOf: a root with bash, as a file or through a link that stays
-// in the root (merged /usr), logs in with bash; one with only /bin/sh, or
-// whose bash is a link out of the root, with sh.
+// in the root (merged /usr; an absolute link, the guest's), logs in with
+// bash; one with only /bin/sh, or whose bash is a link out of the root or
+// a loop, with sh.
 func TestShellOf(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -197,7 +212,19 @@ func TestShellOf(t *testing.T) {
 			}
 			return os.WriteFile(filepath.Join(root, "usr/bin/bash"), nil, 0o755)
 		}, image.ShellBash},
-		{"a link out of the root", func(root string) error { return os.Symlink("/bin/bash", filepath.Join(root, "bin/bash")) }, image.ShellSh},
+		{"a link to itself", func(root string) error { return os.Symlink("/bin/bash", filepath.Join(root, "bin/bash")) }, image.ShellSh},
+		{"a relative link out of the root", func(root string) error {
+			return os.Symlink("../../../../../../../bin/bash", filepath.Join(root, "bin/bash"))
+		}, image.ShellSh},
+		{"an absolute link in the root", func(root string) error {
+			if err := os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(root, "usr/bin/bash"), nil, 0o755); err != nil {
+				return err
+			}
+			return os.Symlink("/usr/bin/bash", filepath.Join(root, "bin/bash"))
+		}, image.ShellBash},
 		{"a directory", func(root string) error { return os.Mkdir(filepath.Join(root, "bin/bash"), 0o755) }, image.ShellSh},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -220,5 +247,113 @@ func TestShellOf(t *testing.T) {
 				t.Errorf("%q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+// TestStatInAbsoluteShell: Alpine's /bin/sh is a link to /bin/busybox.
+// os.Root refuses the absolute target; statIn finds the file as the guest
+// does, so the import's "has a /bin/sh" check passes.
+func TestStatInAbsoluteShell(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), []byte("bb"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/bin/busybox", filepath.Join(root, "bin/sh")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.Stat("bin/sh"); err == nil {
+		t.Fatal("os.Root followed an absolute link: the premise of statIn is gone")
+	}
+	if fi, err := statIn(r, "bin/sh"); err != nil || !fi.Mode().IsRegular() || fi.Size() != 2 {
+		t.Fatalf("statIn(bin/sh) = %v, %v; want bin/busybox", fi, err)
+	}
+}
+
+// TestPrepareImportedSystemd: a root that keeps its systemd gets the
+// agent's and the network's units, enabled, the masks, and no marker;
+// an init that is not systemd, or none, is refused with the way out.
+func TestPrepareImportedSystemd(t *testing.T) {
+	mk := func(t *testing.T, init string) (string, *os.Root) {
+		dir := t.TempDir()
+		for p, c := range map[string]string{
+			"etc/passwd":               "root:x:0:0:root:/root:/bin/sh\n",
+			"etc/group":                "root:x:0:\n",
+			"lib/systemd/systemd":      "systemd",
+			"bin/busybox":              "busybox",
+			"etc/vmgate/agent-is-init": "an export of an import",
+		} {
+			if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, p), []byte(c), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if init != "" {
+			if err := os.MkdirAll(filepath.Join(dir, "sbin"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(init, filepath.Join(dir, "sbin/init")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := os.OpenRoot(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return dir, r
+	}
+	dir, r := mk(t, "/lib/systemd/systemd")
+	if err := prepareImported(r, []byte("agent"), image.InitSystemd); err != nil {
+		t.Fatal(err)
+	}
+	got := tree(t, dir)
+	for p, want := range map[string]string{
+		"etc/systemd/system/vmgate-agent.service":                        "file:" + agentUnit,
+		"etc/systemd/system/vmgate-network.service":                      "file:" + networkUnit,
+		"etc/systemd/system/sysinit.target.wants/vmgate-agent.service":   "link:" + agentUnitPath,
+		"etc/systemd/system/sysinit.target.wants/vmgate-network.service": "link:" + networkUnitPath,
+		"etc/systemd/system/serial-getty@ttyS0.service":                  "link:/dev/null",
+		"usr/local/sbin/vmgate-agent":                                    "file:agent",
+	} {
+		if got[p] != want {
+			t.Errorf("%s: %q, want %q", p, got[p], want)
+		}
+	}
+	if _, ok := got["etc/vmgate/agent-is-init"]; ok {
+		t.Error("the marker is left: the agent would be the init")
+	}
+	if !strings.Contains(networkUnit, "ExecStart=/usr/local/sbin/vmgate-agent network\n") {
+		t.Errorf("the network unit does not run the agent's network command:\n%s", networkUnit)
+	}
+	for _, c := range []struct{ init, errHas string }{
+		{"/bin/busybox", "keeps only systemd (vmgate starts its agent as a systemd unit), and /sbin/init is /bin/busybox (import with --init agent"},
+		{"", "/sbin/init cannot be used"},
+		{"../../../../../../lib/systemd/systemd", "/sbin/init cannot be used: a symlink leads it out of the root"},
+	} {
+		dir, r := mk(t, c.init)
+		if err := prepareImported(r, []byte("agent"), image.InitSystemd); err == nil || !strings.Contains(err.Error(), c.errHas) {
+			t.Errorf("init %q: %v, want %q", c.init, err, c.errHas)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "etc/vmgate/agent-is-init")); err != nil {
+			t.Errorf("init %q: a refused root was changed: %v", c.init, err)
+		}
+	}
+	for mode, want := range map[string]string{"": "", InitAgent: "", InitImage: image.InitSystemd} {
+		if got, err := initInput(mode); err != nil || got != want {
+			t.Errorf("initInput(%q) = %q, %v; want %q", mode, got, err, want)
+		}
+	}
+	if _, err := initInput("openrc"); err == nil || !strings.Contains(err.Error(), "must be agent") {
+		t.Errorf("initInput(openrc): %v", err)
 	}
 }

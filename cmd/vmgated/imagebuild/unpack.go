@@ -115,8 +115,10 @@ func applyTarball(ctx context.Context, u *unpacker, tarball string) error {
 // unpacker applies tar streams, one after another, to a root directory:
 // a root file system tarball, or an image's layers in order. Each
 // stream's entries are untrusted: every write goes through an os.Root,
-// so that no name, symlink or hard link leads out of the root (a later
-// entry through a symlink an earlier one made fails); names with ".."
+// so that no name, symlink or hard link leads out of the root; a later
+// entry through a symlink an earlier one made lands where the guest
+// would find it (an absolute target starts at the root; a relative one
+// that climbs above it is refused: parent); names with ".."
 // elements or absolute ones are refused (entryPath); device nodes and
 // FIFOs are skipped, never made on the host; set-id bits are cleared
 // unless opt.keepSetid; file capabilities and other extended attributes
@@ -128,6 +130,9 @@ type unpacker struct {
 	stream  budget // uncompressed bytes read, over all streams
 	entries int
 	files   int64 // bytes in files, over all streams
+	// resolved maps an entry's directory part to where it is in the
+	// root (parent).
+	resolved map[string]string
 	// What was not unpacked as the stream had it, for report.
 	stripped, kept, skipped []string
 }
@@ -147,6 +152,35 @@ func newUnpacker(root string, opt unpackOptions) (*unpacker, error) {
 }
 
 func (u *unpacker) close() { u.root.Close() }
+
+// parent is p with its directory part resolved in the root as the guest
+// sees it (parentIn, rootpath.go). Resolved directories are kept until
+// the tree's links change: a symlink made or anything removed.
+func (u *unpacker) parent(p string) (string, error) {
+	dir, base := path.Split(p)
+	if dir == "" {
+		return p, nil
+	}
+	if d, ok := u.resolved[dir]; ok {
+		return path.Join(d, base), nil
+	}
+	q, err := parentIn(u.root, p)
+	if err != nil {
+		return "", err
+	}
+	if u.resolved == nil {
+		u.resolved = map[string]string{}
+	}
+	u.resolved[dir] = path.Dir(q)
+	return q, nil
+}
+
+// removeAll removes p and what is under it, and forgets the resolved
+// directories (a link may have gone).
+func (u *unpacker) removeAll(p string) error {
+	u.resolved = nil
+	return u.root.RemoveAll(p)
+}
 
 // apply unpacks one tar stream, read to its end (what follows the
 // archive's end is read too, for a decompressor's or a digest's checks).
@@ -180,6 +214,9 @@ func (u *unpacker) apply(ctx context.Context, r io.Reader, layer bool) error {
 		kind, p, err := layerEntry(h.Name, layer)
 		if err != nil {
 			return err
+		}
+		if p, err = u.parent(p); err != nil {
+			return fmt.Errorf("entry %q: %w", h.Name, err)
 		}
 		if err := u.entry(&l, kind, p, h, tr); err != nil {
 			return fmt.Errorf("entry %q: %w", h.Name, err)
@@ -227,7 +264,7 @@ func (u *unpacker) entry(l *layerState, kind entryKind, p string, h *tar.Header,
 		if l.written[p] {
 			return nil
 		}
-		return u.root.RemoveAll(p)
+		return u.removeAll(p)
 	case entryOpaque:
 		// The directory is the layer's own (overlayfs marks it so), so
 		// it is made if the layers below lack it.
@@ -258,7 +295,7 @@ func (u *unpacker) entry(l *layerState, kind entryKind, p string, h *tar.Header,
 	}
 	// What is there goes, unless a directory stays a directory.
 	if fi, err := u.root.Lstat(p); err == nil && (!fi.IsDir() || h.Typeflag != tar.TypeDir) {
-		if err := u.root.RemoveAll(p); err != nil {
+		if err := u.removeAll(p); err != nil {
 			return err
 		}
 	}
@@ -281,11 +318,15 @@ func (u *unpacker) entry(l *layerState, kind entryKind, p string, h *tar.Header,
 			return err
 		}
 	case tar.TypeSymlink:
+		u.resolved = nil
 		if err := u.root.Symlink(h.Linkname, p); err != nil {
 			return err
 		}
 	case tar.TypeLink:
 		target, err := entryPath(h.Linkname)
+		if err == nil {
+			target, err = u.parent(target)
+		}
 		if err != nil {
 			return fmt.Errorf("hard link: %w", err)
 		}
@@ -350,7 +391,7 @@ func (u *unpacker) clearLower(l *layerState, dir string) error {
 	for _, n := range names {
 		c := path.Join(dir, n)
 		if !l.written[c] {
-			if err := u.root.RemoveAll(c); err != nil {
+			if err := u.removeAll(c); err != nil {
 				return err
 			}
 		} else if err := u.clearLower(l, c); err != nil {
