@@ -69,11 +69,18 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 	} else {
 		if st.req.Session != "" {
 			key := sessionKey{st.id.Key(), st.req.Session}
-			st.netLock, st.image = s.sessions.netLockOf(key), s.sessions.imageOf(key)
+			st.netLock = s.sessions.netLockOf(key)
+			st.image, st.imageManifest = s.sessions.imageOf(key)
+			if st.req.Image != "" && st.req.Image != st.image {
+				st.imageManifest = "" // refused later: checkImage
+			}
 			st.heldSecrets = s.sessions.secretsOf(key)
 		}
 		src := s.host.ImageSourceOf(s.imageOfRequest(st))
 		st.imageUser = src.CommandUser()
+		if st.imageManifest == "" { // not a session's that knows its own
+			st.imageManifest = manifestDigest(src)
+		}
 		if st.interactive && len(st.argv) == 0 {
 			// A login shell the front door left to the image: bash, or
 			// sh in a root without bash.

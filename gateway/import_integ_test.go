@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,7 +33,8 @@ import (
 )
 
 // busyboxRoot writes a root file system of the host's static busybox, as
-// a tarball such as docker export writes.
+// a tarball such as docker export writes. Its applets are absolute links
+// to /bin/busybox, as Alpine's are (/bin/sh among them).
 func busyboxRoot(t *testing.T) string {
 	t.Helper()
 	bb, err := exec.LookPath("busybox")
@@ -57,7 +59,7 @@ func busyboxRoot(t *testing.T) string {
 	}
 	for _, applet := range strings.Fields(string(list)) {
 		if applet != "busybox" {
-			if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil {
+			if err := os.Symlink("/bin/busybox", filepath.Join(root, "bin", applet)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -74,9 +76,63 @@ func busyboxRoot(t *testing.T) string {
 	return tarball
 }
 
+// systemdRoot writes the root file system of the test image (vmgate's
+// Debian build, whose /sbin/init is systemd) as a tarball, without what
+// that build adds to start the agent and the network: the agent, its
+// unit, and systemd-networkd's configuration and enablement. An import
+// that keeps systemd must add its own for the root to serve.
+func systemdRoot(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "root.raw")
+	run := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, out)
+		}
+		return string(out)
+	}
+	run("qemu-img", "convert", "-O", "raw", filepath.Join(os.Getenv("VMGATE_TEST_IMAGE"), "base.qcow2"), raw)
+	// debugfs reads the file system without mounting it; rdump of "/"
+	// itself is refused, so each entry of the root goes.
+	root := filepath.Join(dir, "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var top []string
+	for _, line := range strings.Split(run("debugfs", "-R", "ls -p /", raw), "\n") {
+		// /INODE/MODE/UID/GID/NAME/SIZE/
+		if f := strings.Split(line, "/"); len(f) >= 7 && f[5] != "." && f[5] != ".." && f[5] != "lost+found" {
+			top = append(top, "/"+f[5])
+		}
+	}
+	if len(top) < 5 {
+		t.Fatalf("the image's root lists %q", top)
+	}
+	run("debugfs", "-R", "rdump "+strings.Join(top, " ")+" "+root, raw)
+	for _, p := range []string{"usr/local/sbin/vmgate-agent", "etc/systemd/system/vmgate-agent.service",
+		"etc/systemd/system/sysinit.target.wants/vmgate-agent.service", "etc/systemd/network/80-vmgate.network",
+		"etc/systemd/system/multi-user.target.wants/systemd-networkd.service", "etc/systemd/system/sockets.target.wants/systemd-networkd.socket"} {
+		if err := os.Remove(filepath.Join(root, p)); err != nil {
+			t.Fatalf("the test image does not have %s: %v", p, err)
+		}
+	}
+	if target, err := os.Readlink(filepath.Join(root, "sbin/init")); err != nil || !strings.HasSuffix(target, "/systemd") {
+		t.Fatalf("the test image's /sbin/init: %q, %v", target, err)
+	}
+	tarball := filepath.Join(dir, "rootfs.tar")
+	run("tar", "-C", root, "--numeric-owner", "-cf", tarball, ".")
+	if err := os.RemoveAll(root); err != nil {
+		t.Fatal(err)
+	}
+	return tarball
+}
+
 // TestGateway_ImportedImage imports a busybox root with the real vmgated,
 // and runs commands, file transfers and a networked fetch in it: the
-// agent is its init, and configures the NIC itself.
+// agent is its init, and configures the NIC itself. Beside it, a Debian
+// root imported with --init image boots its own systemd, which starts the
+// agent and the network from the units the import wrote.
 func TestGateway_ImportedImage(t *testing.T) {
 	testutil.RequiresRoot(t)
 	testutil.RequiresImage(t)
@@ -110,8 +166,24 @@ func TestGateway_ImportedImage(t *testing.T) {
 	if out, err := exec.Command(vmgated, "image", "import", "--state-dir", state, "--name", "bb", tarball).CombinedOutput(); err != nil || !strings.Contains(string(out), "up to date") {
 		t.Fatalf("second import: %v %s", err, out)
 	}
+	// A root whose own systemd stays its init (--init image); one whose
+	// init is not systemd is refused, and no image is left of it.
+	if out, err := exec.Command(vmgated, "image", "import", "--state-dir", state, "--name", "bbinit", "--init", "image", tarball).CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "/sbin/init cannot be used") {
+		t.Errorf("--init image of a root without systemd: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(state, "images", "bbinit")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused import left %v", err)
+	}
+	if out, err := exec.Command(vmgated, "image", "import", "--state-dir", state, "--name", "sysd", "--init", "image", systemdRoot(t)).CombinedOutput(); err != nil {
+		t.Fatalf("image import --init image: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(vmgated, "image", "list", "--state-dir", state, "--image", filepath.Join(state, "image"), "--json").Output(); err != nil ||
+		!strings.Contains(string(out), `"init": "systemd"`) {
+		t.Errorf("image list does not show the kept init: %v\n%s", err, out)
+	}
 
-	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nimage = \"bb\"", 1)
+	pol := strings.Replace(testPolicy, `user = "root"`, `user = "agent"`+"\nimage = \"bb\"\nimages = [\"bb\", \"sysd\"]", 1)
 	pol = strings.Replace(pol, "[profile.sessions]", "[profile.network]\nmode = \"allowlist\"\nallow = [\"allowed.test:80\"]\n[profile.sessions]", 1)
 	d := gatewaytest.Start(t, pol, func(c *gateway.Config) {
 		c.VM.StateDir = state
@@ -127,6 +199,13 @@ func TestGateway_ImportedImage(t *testing.T) {
 	}
 	if b := testutil.ReadFile(t, filepath.Join(work, "back/data.txt")); b != "one\ntwo\n3\n" {
 		t.Errorf("back/data.txt: %q", b)
+	}
+	// The root that kept systemd: systemd is PID 1, it started the agent
+	// and the network from the import's units, and the network works.
+	so, se, code = vmExec(t, d.Socket, work, "--image", "sysd", "-c",
+		"cat /proc/1/comm; systemctl is-active vmgate-agent vmgate-network; ip route | grep -o 'default via [0-9.]*'; wget -q -O- http://allowed.test/; id -un")
+	if want := "systemd\nactive\nactive\ndefault via 10.0.2.2\nhello from allowed.test\nagent\n"; code != 0 || so != want {
+		t.Errorf("the image that kept systemd: exit %d\nstdout %q\nwant   %q\nstderr %s", code, so, want, se)
 	}
 	d.StopAndCheck(t)
 	if log := testutil.ReadFile(t, d.AuditPath); !strings.Contains(log, `"image":"bb"`) {
@@ -157,17 +236,26 @@ func TestGateway_ImportedOCIImage(t *testing.T) {
 	for _, e := range []struct {
 		name, body string
 		mode       int64
+		link       string
 	}{
-		{"etc/.wh.os-release", "", 0o644},
-		{"etc/motd", "from layer 2\n", 0o644},
-		{"bin/suid", "#!/bin/sh\n", 0o4755},
-		{"srv/", "", 0o755},
+		{"etc/.wh.os-release", "", 0o644, ""},
+		{"etc/motd", "from layer 2\n", 0o644, ""},
+		{"bin/suid", "#!/bin/sh\n", 0o4755, ""},
+		{"srv/", "", 0o755, ""},
+		// An entry through an absolute link lands where the guest finds
+		// it (the link is the root's, not the host's).
+		{"opt/", "", 0o755, ""},
+		{"opt/app", "", 0o777, "/srv"},
+		{"opt/app/marker", "through /opt/app\n", 0o644, ""},
 	} {
 		typ := byte(tar.TypeReg)
-		if strings.HasSuffix(e.name, "/") {
+		switch {
+		case e.link != "":
+			typ = tar.TypeSymlink
+		case strings.HasSuffix(e.name, "/"):
 			typ = tar.TypeDir
 		}
-		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: e.mode, Size: int64(len(e.body)), Typeflag: typ}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: e.mode, Size: int64(len(e.body)), Typeflag: typ, Linkname: e.link}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := tw.Write([]byte(e.body)); err != nil {
@@ -253,8 +341,8 @@ sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "10m" }
 	// its commands start in the image's WorkingDir with its Env, under
 	// what the caller passes, as its User (one of the profile's users).
 	so, se, code := vmExec(t, d.Socket, work, "--session", "s", "--image", "oci", "--receipt", "r.json", "-e", "GREETING=mine", "-c",
-		"cat /etc/motd; test -e /etc/os-release || echo os-release gone; stat -c %a /bin/suid; id -un; pwd; echo $IMAGE_GREETING; echo $GREETING")
-	if want := "from layer 2\nos-release gone\n755\nroot\n/srv\nhello from the image\nmine\n"; code != 0 || so != want {
+		"cat /etc/motd; test -e /etc/os-release || echo os-release gone; stat -c %a /bin/suid; id -un; pwd; echo $IMAGE_GREETING; echo $GREETING; cat marker")
+	if want := "from layer 2\nos-release gone\n755\nroot\n/srv\nhello from the image\nmine\nthrough /opt/app\n"; code != 0 || so != want {
 		t.Fatalf("exit %d\nstdout %q\nwant   %q\nstderr %s", code, so, want, se)
 	}
 	if r := testutil.ReadFile(t, filepath.Join(work, "r.json")); !strings.Contains(r, `"image":{"name":"oci",`) || !strings.Contains(r, `"manifest_digest":"`+digest.String()+`"`) {
@@ -282,6 +370,38 @@ sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "10m" }
 		"readlink /proc/$$/exe; exit 3\n"); code != 3 || !strings.Contains(out, "/bin/busybox\r\n") {
 		t.Errorf("SSH login shell: exit %d, output %q", code, out)
 	}
+	// A caller learns the images it may name.
+	if st, err := d.Client.Status(t.Context()); err != nil || st.Caller == nil || st.Caller.Image != "default" || !slices.Equal(st.Caller.Images, []string{"default", "oci"}) {
+		t.Errorf("status: %v; caller %+v, want image default and images [default oci]", err, st.Caller)
+	}
+	// The image imported again, with another digest, while the daemon
+	// runs: the pin refuses new VMs of it; the session that began with
+	// the pinned image keeps running it, and its records say so.
+	cfg.Config.Env = []string{"IMAGE_GREETING=another build"}
+	if img, err = mutate.ConfigFile(img, cfg); err != nil {
+		t.Fatal(err)
+	}
+	dir2 := filepath.Join(t.TempDir(), "layout")
+	if p, err = layout.Write(dir2, empty.Index); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img, layout.WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"})); err != nil {
+		t.Fatal(err)
+	}
+	digest2, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(vmgated, "image", "import", "--state-dir", state, "--name", "oci", dir2).CombinedOutput(); err != nil {
+		t.Fatalf("image import again: %v\n%s", err, out)
+	}
+	if _, se, code := vmExec(t, d.Socket, work, "--image", "oci", "true"); code != 201 ||
+		!strings.Contains(se, `image "oci": pinned to `+digest.String()+`, but the image's manifest digest is `+digest2.String()) {
+		t.Errorf("a pinned image imported again: exit %d, stderr %s", code, se)
+	}
+	if so, se, code := vmExec(t, d.Socket, work, "--session", "s", "-c", "echo $IMAGE_GREETING"); code != 0 || so != "hello from the image\n" {
+		t.Errorf("the session of the pinned image after the import: exit %d, stdout %q, stderr %s", code, so, se)
+	}
 	d.StopAndCheck(t)
 	log := testutil.ReadFile(t, d.AuditPath)
 	// Each decision names the image it was made for: the one decided on,
@@ -296,17 +416,17 @@ sessions = { allowed = true, idle_timeout = "5m", max_lifetime = "10m" }
 			images[rec.Verdict+" "+rec.Image]++
 		}
 	}
-	if want := map[string]int{"allow oci": 3, "allow default": 2, "deny ruby": 1}; !maps.Equal(images, want) {
+	if want := map[string]int{"allow oci": 4, "allow default": 2, "deny ruby": 1, "deny oci": 1}; !maps.Equal(images, want) {
 		t.Errorf("decisions by verdict and image: %v, want %v", images, want)
 	}
 	if !strings.Contains(log, `"argv":["sh","-l"]`) {
 		t.Errorf("the audit log does not decide the SSH login as sh -l:\n%s", log)
 	}
-	if n := strings.Count(log, `"image":"oci","image_digest":`); n != 3 || !strings.Contains(log, `"image":"default"`) {
-		t.Errorf("the audit log names the imported image %d times (want 3: the session's commands and the SSH login) or not the default image:\n%s", n, log)
+	if n := strings.Count(log, `"image":"oci","image_digest":`); n != 4 || !strings.Contains(log, `"image":"default"`) {
+		t.Errorf("the audit log names the imported image %d times (want 4: the session's commands and the SSH login) or not the default image:\n%s", n, log)
 	}
-	if n := strings.Count(log, `"image_manifest_digest":"`+digest.String()+`"`); n != 3 {
-		t.Errorf("the audit log names the imported image's manifest digest %d times, want 3", n)
+	if n := strings.Count(log, `"image_manifest_digest":"`+digest.String()+`"`); n != 4 {
+		t.Errorf("the audit log names the imported image's manifest digest %d times, want 4 (the session's commands after the import again among them)", n)
 	}
 }
 

@@ -69,6 +69,9 @@ type execState struct {
 	// decided in (vm.ImageSource.CommandUser): the policy makes it the
 	// command's default user when it is one of the profile's users.
 	imageUser string
+	// imageManifest is that image's manifest digest ("": none), which a
+	// pin in the profile's images must match.
+	imageManifest string
 	// heldSecrets are the secrets of the session the command runs in,
 	// as the decision saw them.
 	heldSecrets []string
@@ -113,7 +116,7 @@ func (st *execState) policyRequest() policy.Request {
 	return policy.Request{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
 		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock, User: st.req.User, Detach: st.detach,
-		Image: cmp.Or(st.req.Image, st.image), ImageUser: st.imageUser, Secrets: st.req.Secrets, HeldSecrets: st.heldSecrets}
+		Image: cmp.Or(st.req.Image, st.image), ImageUser: st.imageUser, ImageManifestDigest: st.imageManifest, Secrets: st.req.Secrets, HeldSecrets: st.heldSecrets}
 }
 
 // sessionRequest is an operation on a session itself (pause, fork, a

@@ -64,6 +64,11 @@ type sessionRecord struct {
 	// Secrets are its secrets' placeholders and the CA its guest trusts
 	// (secrets.go); never a value.
 	Secrets *secretKit `json:"secrets,omitempty"`
+	// ImageManifest is the manifest digest of its image when it began
+	// ("": the image has none, or the session is older than the field):
+	// its commands are decided and audited with it, not with the digest
+	// of an image imported again under the same name since.
+	ImageManifest string `json:"image_manifest,omitempty"`
 }
 
 // sessionRecordVersion is the version of the session file's format.

@@ -79,12 +79,13 @@ func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) 
 	}
 }
 
-// imageOf is the image of the session of key, "" when there is none.
-func (x *sessions) imageOf(key sessionKey) string {
+// imageOf is the image of the session of key and the manifest digest it
+// began with (sessionRecord.ImageManifest), "" when there is none.
+func (x *sessions) imageOf(key sessionKey) (image, manifest string) {
 	if ss := x.get(key); ss != nil {
-		return ss.image()
+		return ss.image(), ss.ImageManifest
 	}
-	return ""
+	return "", ""
 }
 
 // checkImage refuses st if it was decided in another image than its
@@ -107,6 +108,7 @@ func (x *sessions) create(ctx context.Context, st *execState, key sessionKey) (*
 		return nil, err
 	}
 	ss := newSession(newSessionRecord(key, st.id, v, x.core.shape(v), time.Now()))
+	ss.ImageManifest = st.imageManifest
 	ss.vm, ss.slot = t.vm, t.slot
 	ss.Secrets, t.secrets = t.secrets, nil // boot armed them
 	ss.net = sessionNet{last: (*policy.NetLimit)(st.req.Net), audit: x.rec.netHook(&st.request, t.vm.ID)}

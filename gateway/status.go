@@ -101,7 +101,7 @@ func (s *Server) status(id policy.Identity) wire.Status {
 		st.PolicyError = (*e).Error()
 	}
 	if g, ok := s.pol.Load().GrantOf(id); ok {
-		st.Caller = &wire.Grant{Profile: g.Profile, Shell: g.Shell, Sessions: g.Sessions, Network: g.Network, Allow: g.Allow}
+		st.Caller = &wire.Grant{Profile: g.Profile, Image: g.Image, Images: g.Images, Shell: g.Shell, Sessions: g.Sessions, Network: g.Network, Allow: g.Allow}
 	}
 	for _, ss := range s.host.Stats() {
 		p := ss.Pool

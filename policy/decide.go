@@ -194,6 +194,11 @@ type Request struct {
 	// the session it runs in; "": the profile's image. It must be one of
 	// the profile's images.
 	Image string
+	// ImageManifestDigest is the manifest digest of that image as the
+	// daemon finds it now ("": it has none). A pinned image (images =
+	// ["NAME@sha256:…"]) whose digest is another refuses the request:
+	// the image was imported or pulled again while the daemon ran.
+	ImageManifestDigest string
 	// Detach starts the command as a background process of its session
 	// (Session set): it outlives its client, and without Timeout its time
 	// limit is timeout.max rather than timeout.default.
@@ -361,7 +366,11 @@ func (prof *profile) decide(p *Policy, req Request) Verdict {
 	if req.User != "" && !slices.Contains(prof.users, req.User) {
 		return deny(RuleUsers, fmt.Sprintf("user %s is not one of the profile's users (%s)", quote(req.User), strings.Join(prof.users, ", ")))
 	}
-	if _, rule, reason := prof.chooseImage(req.Image); reason != "" {
+	image, rule, reason := prof.chooseImage(req.Image)
+	if reason == "" {
+		rule, reason = prof.checkPin(image, req.ImageManifestDigest)
+	}
+	if reason != "" {
 		return deny(rule, reason)
 	}
 	secrets, rule, reason := p.secretsOf(prof, req.Secrets, req.HeldSecrets)
@@ -485,6 +494,7 @@ func (p *Policy) DecideSession(id Identity, image string, sessionNames ...string
 type Grant struct {
 	Profile  string
 	Image    string   // the image of its commands that name none (profile.image)
+	Images   []string // the images it may name (images), its image first
 	Shell    bool     // shell strings (-c) allowed
 	Sessions bool     // sessions allowed
 	Network  bool     // its VMs have a network (network.mode = "allowlist")
@@ -534,7 +544,7 @@ func (p *Policy) GrantOf(id Identity) (g Grant, ok bool) {
 	if prof == nil {
 		return Grant{}, false
 	}
-	g = Grant{Profile: prof.name, Image: prof.image, Shell: prof.allowShell, Sessions: prof.limits.AllowSessions, Network: prof.net != nil}
+	g = Grant{Profile: prof.name, Image: prof.image, Images: imageNames(prof.imageList()), Shell: prof.allowShell, Sessions: prof.limits.AllowSessions, Network: prof.net != nil}
 	if prof.net != nil {
 		for _, r := range prof.net.Rules {
 			g.Allow = append(g.Allow, r.String())

@@ -702,8 +702,9 @@ func TestDecideSession(t *testing.T) {
 	}
 }
 
-// TestGrantOf: what a caller may learn of its profile: its name, shell
-// strings, sessions, and its network with its rules; nothing for a caller
+// TestGrantOf: what a caller may learn of its profile: its name, its
+// images (the profile's first, no pins), shell strings, sessions, and its
+// network with its rules; nothing for a caller
 // no profile takes.
 func TestGrantOf(t *testing.T) {
 	p := mustParse(t, "g.toml", `version = 1
@@ -718,14 +719,20 @@ allow = ["example.com:443", "*.debian.org:80"]
 [[profile]]
 name = "plain"
 match = { uids = [1001] }
+[[profile]]
+name = "images"
+match = { uids = [1003] }
+image = "py"
+images = ["node", "py@sha256:`+strings.Repeat("0f", 32)+`", "default"]
 `)
 	for _, c := range []struct {
 		uid  uint32
 		want Grant
 		ok   bool
 	}{
-		{1000, Grant{Profile: "web", Image: "default", Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443", "*.debian.org:80"}}, true},
-		{1001, Grant{Profile: "plain", Image: "default"}, true},
+		{1000, Grant{Profile: "web", Image: "default", Images: []string{"default"}, Shell: true, Sessions: true, Network: true, Allow: []string{"example.com:443", "*.debian.org:80"}}, true},
+		{1001, Grant{Profile: "plain", Image: "default", Images: []string{"default"}}, true},
+		{1003, Grant{Profile: "images", Image: "py", Images: []string{"py", "node", "default"}}, true},
 		{1002, Grant{}, false},
 	} {
 		g, ok := p.GrantOf(Identity{UID: c.uid, GID: c.uid, User: "u"})
@@ -857,10 +864,17 @@ sessions = { allowed = true }
 		id                Identity
 		image, want, rule string
 		session           string
+		digest            string // the image's manifest digest now
 		refused           bool
 		reasonHas         string
 	}{
-		{id: id, image: "", want: "py"},
+		{id: id, image: "", digest: pin, want: "py"},
+		{id: id, image: "py", digest: pin, want: "py"},
+		// py imported again while the daemon runs: its pin refuses it.
+		{id: id, image: "py", digest: "sha256:" + strings.Repeat("1e", 32), refused: true, rule: RuleImages,
+			reasonHas: `image "py": pinned to ` + pin + `, but the image's manifest digest is sha256:1e1e`},
+		{id: id, image: "", refused: true, rule: RuleImages, reasonHas: "the image has no manifest digest"},
+		{id: id, image: "node", digest: pin, want: "node"}, // not pinned: any digest
 		{id: id, image: "default", want: "default"},
 		{id: id, image: "node", want: "node"},
 		{id: id, image: "node", session: "s", want: "node"},
@@ -871,7 +885,7 @@ sessions = { allowed = true }
 		{id: other, image: "default", want: "default"},
 		{id: other, image: "py", refused: true, rule: RuleImages, reasonHas: "(default)"},
 	} {
-		v := p.Decide(tc.id, Request{Argv: []string{"id"}, Image: tc.image, Session: tc.session})
+		v := p.Decide(tc.id, Request{Argv: []string{"id"}, Image: tc.image, Session: tc.session, ImageManifestDigest: tc.digest})
 		name := fmt.Sprintf("%s in %q", tc.id.User, tc.image)
 		switch {
 		case tc.refused && (v.Allowed || v.Rule != tc.rule || !strings.Contains(v.Reason, tc.reasonHas)):

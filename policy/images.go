@@ -115,6 +115,20 @@ func (prof *profile) chooseImage(name string) (image, rule, reason string) {
 	return name, "", ""
 }
 
+// checkPin is why image, the chosen one, may not run with manifest
+// digest digest (rule RuleImages), or "" when it may: the profile pins it
+// to another (CheckPin).
+func (prof *profile) checkPin(image, digest string) (rule, reason string) {
+	for _, r := range prof.images {
+		if r.name == image {
+			if err := CheckPin(r.digest, digest); err != nil {
+				return RuleImages, fmt.Sprintf("image %s: %v", quote(image), err)
+			}
+		}
+	}
+	return "", ""
+}
+
 // ProfileImage is an image a profile's callers may run in: the profile's
 // image, or another of its images. Digest is the manifest digest the
 // policy pins it to ("sha256:HEX"), or "".

@@ -17,7 +17,11 @@ func WriteStatus(w io.Writer, st *wire.Status, now time.Time) error {
 	if st.All {
 		whose = "all callers"
 	}
-	fmt.Fprintf(w, "vmgated %s: %d of %d VMs live, %d waiting; audit %s; policy %s\n\n", st.Version, st.LiveVMs, st.MaxVMs, st.Waiting, st.Audit, st.Policy)
+	fmt.Fprintf(w, "vmgated %s: %d of %d VMs live, %d waiting; audit %s; policy %s\n", st.Version, st.LiveVMs, st.MaxVMs, st.Waiting, st.Audit, st.Policy)
+	if c := st.Caller; c != nil {
+		fmt.Fprintf(w, "profile %s: image %s; may name %s\n", c.Profile, c.Image, strings.Join(c.Images, ", "))
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "COMMANDS (%s)\tVM\tPROFILE\tCALLER\tSTART\tAGE\tSESSION\n", whose)
 	for _, v := range st.VMs {

@@ -550,9 +550,13 @@ type Status struct {
 // that a front end (vm-exec mcp's tool annotations) can say whether its
 // commands reach a network before it runs one.
 type Grant struct {
-	Profile  string `json:"profile"`
-	Shell    bool   `json:"shell"`    // shell strings (-c) allowed
-	Sessions bool   `json:"sessions"` // sessions allowed
+	Profile string `json:"profile"`
+	// Image is the image of its commands that name none; Images the
+	// images it may name (--image), Image first.
+	Image    string   `json:"image"`
+	Images   []string `json:"images"`
+	Shell    bool     `json:"shell"`    // shell strings (-c) allowed
+	Sessions bool     `json:"sessions"` // sessions allowed
 	// Network says whether its VMs have a network; Allow lists that
 	// network's rules (network.allow).
 	Network bool     `json:"network"`
