@@ -70,17 +70,17 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		if st.req.Session != "" {
 			key := sessionKey{st.id.Key(), st.req.Session}
 			st.netLock = s.sessions.netLockOf(key)
-			st.image, st.imageManifest = s.sessions.imageOf(key)
+			st.image, st.imageSrc = s.sessions.imageOf(key)
 			if st.req.Image != "" && st.req.Image != st.image {
-				st.imageManifest = "" // refused later: checkImage
+				st.imageSrc = nil // refused later: checkImage
 			}
 			st.heldSecrets = s.sessions.secretsOf(key)
 		}
-		src := s.host.ImageSourceOf(s.imageOfRequest(st))
-		st.imageUser = src.CommandUser()
-		if st.imageManifest == "" { // not a session's that knows its own
-			st.imageManifest = manifestDigest(src)
+		if st.imageSrc == nil { // not a session's that knows its own
+			st.imageSrc = s.host.ImageSourceOf(s.imageOfRequest(st))
 		}
+		src := st.imageSrc
+		st.imageUser = src.CommandUser()
 		if st.interactive && len(st.argv) == 0 {
 			// A login shell the front door left to the image: bash, or
 			// sh in a root without bash.
@@ -99,8 +99,7 @@ func (s *Server) decide(ctx context.Context, log *slog.Logger, st *execState) (*
 		return nil, &RequestError{Kind: ErrDenied, Msg: st.verdict.Reason, Profile: st.verdict.Profile, Rule: st.verdict.Rule, RequestID: st.reqID,
 			Receipt: s.signReceipt(st, execOutcome{})}
 	}
-	src := s.host.ImageSourceOf(st.verdict.Image)
-	st.env, st.dir = src.CommandEnv(st.verdict.Env), src.CommandDir(st.req.Dir)
+	st.env, st.dir = st.imageSrc.CommandEnv(st.verdict.Env), st.imageSrc.CommandDir(st.req.Dir)
 	target, err := s.acquireVM(ctx, st)
 	if err != nil {
 		s.auditExec(st, execOutcome{err: err})

@@ -40,7 +40,7 @@ type execOutcome struct {
 func (s *Server) auditExec(st *execState, o execOutcome) {
 	rec := audit.Record{Kind: audit.KindExec, RequestID: st.reqID,
 		Profile: st.verdict.Profile, Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session,
-		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), ImageManifestDigest: st.imageManifest,
+		Image: st.verdict.Image, ImageDigest: s.host.ImageDigestOf(st.verdict.Image), ImageManifestDigest: manifestDigest(st.imageSrc),
 		DurationMS: time.Since(st.start).Milliseconds(),
 		StdinBytes: o.stdin.Bytes, StdinSHA256: o.stdin.SHA256, StdoutSHA256: o.stdout.SHA256, StderrSHA256: o.stderr.SHA256}
 	setCaller(&rec, st.id)

@@ -130,7 +130,7 @@ func (s *Server) signReceipt(st *execState, o execOutcome) json.RawMessage {
 	f := receiptFacts{policySource: st.policy.Source(), policyDigest: st.policy.Digest(), record: st.recorded, auditNote: st.auditNote, now: time.Now()}
 	if st.verdict.Allowed {
 		f.imageDigest = s.host.ImageDigestOf(st.verdict.Image)
-		f.imageManifest = st.imageManifest
+		f.imageManifest = manifestDigest(st.imageSrc)
 	}
 	f.headSeq, f.head = s.rec.Head()
 	b := receiptBody(st, o, f)

@@ -10,6 +10,7 @@ import (
 	"github.com/vmgate/vmgate/gateway/audit"
 	"github.com/vmgate/vmgate/gateway/wire"
 	"github.com/vmgate/vmgate/policy"
+	"github.com/vmgate/vmgate/vm"
 )
 
 // newRequestID returns a fresh request id for the audit log and the caller.
@@ -69,9 +70,11 @@ type execState struct {
 	// decided in (vm.ImageSource.CommandUser): the policy makes it the
 	// command's default user when it is one of the profile's users.
 	imageUser string
-	// imageManifest is that image's manifest digest ("": none), which a
-	// pin in the profile's images must match.
-	imageManifest string
+	// imageSrc is where that image came from and its configuration, as
+	// the image is now, or as it was when the command's session began
+	// (sessionRecord.ImageSource); nil: a built image. Its manifest
+	// digest is what a pin in the profile's images must match.
+	imageSrc *vm.ImageSource
 	// heldSecrets are the secrets of the session the command runs in,
 	// as the decision saw them.
 	heldSecrets []string
@@ -116,7 +119,7 @@ func (st *execState) policyRequest() policy.Request {
 	return policy.Request{Argv: st.argv, Shell: st.req.Shell, Session: st.req.Session, Interactive: st.interactive,
 		Timeout: time.Duration(st.req.TimeoutMS) * time.Millisecond, Env: st.req.Env,
 		Puts: uploads(st.req.Put), Gets: len(st.req.Get), Net: (*policy.NetLimit)(st.req.Net), NetLock: st.netLock, User: st.req.User, Detach: st.detach,
-		Image: cmp.Or(st.req.Image, st.image), ImageUser: st.imageUser, ImageManifestDigest: st.imageManifest, Secrets: st.req.Secrets, HeldSecrets: st.heldSecrets}
+		Image: cmp.Or(st.req.Image, st.image), ImageUser: st.imageUser, ImageManifestDigest: manifestDigest(st.imageSrc), Secrets: st.req.Secrets, HeldSecrets: st.heldSecrets}
 }
 
 // sessionRequest is an operation on a session itself (pause, fork, a

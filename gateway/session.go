@@ -64,11 +64,13 @@ type sessionRecord struct {
 	// Secrets are its secrets' placeholders and the CA its guest trusts
 	// (secrets.go); never a value.
 	Secrets *secretKit `json:"secrets,omitempty"`
-	// ImageManifest is the manifest digest of its image when it began
-	// ("": the image has none, or the session is older than the field):
-	// its commands are decided and audited with it, not with the digest
-	// of an image imported again under the same name since.
-	ImageManifest string `json:"image_manifest,omitempty"`
+	// ImageSource is where its image came from, with its configuration
+	// and manifest digest, when it began (nil: a built image, or a
+	// session older than the field): its VM runs that image's files, so
+	// its commands take their defaults from it and are decided and
+	// audited with its digest, not with those of an image imported
+	// again under the same name since.
+	ImageSource *vm.ImageSource `json:"image_source,omitempty"`
 }
 
 // sessionRecordVersion is the version of the session file's format.

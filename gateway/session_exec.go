@@ -79,13 +79,14 @@ func (x *sessions) vmFor(ctx context.Context, st *execState) (*vmTarget, error) 
 	}
 }
 
-// imageOf is the image of the session of key and the manifest digest it
-// began with (sessionRecord.ImageManifest), "" when there is none.
-func (x *sessions) imageOf(key sessionKey) (image, manifest string) {
+// imageOf is the image of the session of key and where it came from when
+// the session began (sessionRecord.ImageSource); "" and nil when there is
+// no such session.
+func (x *sessions) imageOf(key sessionKey) (image string, src *vm.ImageSource) {
 	if ss := x.get(key); ss != nil {
-		return ss.image(), ss.ImageManifest
+		return ss.image(), ss.ImageSource
 	}
-	return "", ""
+	return "", nil
 }
 
 // checkImage refuses st if it was decided in another image than its
@@ -108,7 +109,7 @@ func (x *sessions) create(ctx context.Context, st *execState, key sessionKey) (*
 		return nil, err
 	}
 	ss := newSession(newSessionRecord(key, st.id, v, x.core.shape(v), time.Now()))
-	ss.ImageManifest = st.imageManifest
+	ss.ImageSource = st.imageSrc
 	ss.vm, ss.slot = t.vm, t.slot
 	ss.Secrets, t.secrets = t.secrets, nil // boot armed them
 	ss.net = sessionNet{last: (*policy.NetLimit)(st.req.Net), audit: x.rec.netHook(&st.request, t.vm.ID)}
