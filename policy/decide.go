@@ -488,19 +488,6 @@ func (p *Policy) DecideSession(id Identity, image string, sessionNames ...string
 	return prof.allowed(Request{Image: image}, "sessions", "sessions are allowed", prof.limits.Timeout)
 }
 
-// Grant is what a caller's profile grants, as the caller may learn it
-// (GET /v1/status): no argv rule, limit or secret of the operator's
-// beyond its own network.
-type Grant struct {
-	Profile  string
-	Image    string   // the image of its commands that name none (profile.image)
-	Images   []string // the images it may name (images), its image first
-	Shell    bool     // shell strings (-c) allowed
-	Sessions bool     // sessions allowed
-	Network  bool     // its VMs have a network (network.mode = "allowlist")
-	Allow    []string // that network's rules, as the policy writes them
-}
-
 // FileRequest is a file operation in a session (stat, list, mkdir, move,
 // remove, read or write one file) as the policy decides it.
 type FileRequest struct {
@@ -532,25 +519,6 @@ func (p *Policy) DecideFile(id Identity, req FileRequest) Verdict {
 	}
 	v.Rule, v.Reason = "files", "file operations in a session are allowed"
 	return v
-}
-
-// GrantOf returns what id's profile grants; ok is false when no profile
-// takes id. Pure.
-func (p *Policy) GrantOf(id Identity) (g Grant, ok bool) {
-	if p == nil {
-		return Grant{}, false
-	}
-	prof, _ := p.profileFor(id)
-	if prof == nil {
-		return Grant{}, false
-	}
-	g = Grant{Profile: prof.name, Image: prof.image, Images: imageNames(prof.imageList()), Shell: prof.allowShell, Sessions: prof.limits.AllowSessions, Network: prof.net != nil}
-	if prof.net != nil {
-		for _, r := range prof.net.Rules {
-			g.Allow = append(g.Allow, r.String())
-		}
-	}
-	return g, true
 }
 
 // AllowsEnv reports whether a request of id may pass the environment

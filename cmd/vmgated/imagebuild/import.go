@@ -271,14 +271,8 @@ type rootFile struct {
 }
 
 func (f rootFile) write(r *os.Root) error {
-	p, err := parentIn(r, rel(f.path))
+	p, err := clearIn(r, f.path) // resolv.conf is often a symlink
 	if err != nil {
-		return err
-	}
-	if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
-		return err
-	}
-	if err := r.RemoveAll(p); err != nil { // resolv.conf is often a symlink
 		return err
 	}
 	if err := r.WriteFile(p, f.data, f.mode); err != nil {
@@ -291,15 +285,23 @@ func (f rootFile) write(r *os.Root) error {
 type rootLink struct{ path, target string }
 
 func (l rootLink) make(r *os.Root) error {
-	p, err := parentIn(r, rel(l.path))
+	p, err := clearIn(r, l.path)
 	if err != nil {
 		return err
 	}
-	if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
-		return err
-	}
-	if err := r.RemoveAll(p); err != nil {
-		return err
-	}
 	return r.Symlink(l.target, p)
+}
+
+// clearIn makes a place in r for the guest's absolute path guest: its
+// directory resolved as the guest would (parentIn) and made, and what is
+// there removed. It returns the path in r.
+func clearIn(r *os.Root, guest string) (string, error) {
+	p, err := parentIn(r, rel(guest))
+	if err != nil {
+		return "", err
+	}
+	if err := r.MkdirAll(path.Dir(p), 0o755); err != nil {
+		return "", err
+	}
+	return p, r.RemoveAll(p)
 }
