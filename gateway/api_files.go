@@ -143,7 +143,11 @@ func (a filesAPI) run(w http.ResponseWriter, r *http.Request, op string, f *wire
 	var out any
 	var n int64
 	streamed := false
-	imageUser := a.s.host.ImageSourceOf(q.image).CommandUser()
+	src := ss.ImageSource // the image it began with; nil: not recorded
+	if src == nil {
+		src = a.s.host.ImageSourceOf(q.image)
+	}
+	imageUser := src.CommandUser()
 	decide := func(p *policy.Policy, q *sessionRequest) policy.Verdict {
 		return p.DecideFile(q.id, policy.FileRequest{Image: q.image, ImageUser: imageUser, User: f.User})
 	}
