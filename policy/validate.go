@@ -531,35 +531,10 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		}
 	}
 	if d.Users != nil {
-		users, ok := []string{}, true
-		for _, u := range *d.Users {
-			switch {
-			case !names.Account(u):
-				c.errorf("%s: users: %q: must be a guest account's name (%s)", label, u, names.AccountRule)
-				ok = false
-			case slices.Contains(users, u):
-				c.errorf("%s: users: %q is listed twice", label, u)
-				ok = false
-			default:
-				users = append(users, u)
-			}
-		}
-		if len(users) == 0 && ok {
-			c.errorf("%s: users is empty: list the guest users a caller may name, the default user among them", label)
-		} else if ok {
-			s.users = &users
-		}
+		s.users = c.users(label, *d.Users)
 	}
 	if d.Secrets != nil {
-		list := []string{}
-		for _, n := range *d.Secrets {
-			if slices.Contains(list, n) {
-				c.errorf("%s: secrets: %q is listed twice", label, n)
-				continue
-			}
-			list = append(list, n)
-		}
-		s.secrets = &list
+		s.secrets = c.secretNames(label, *d.Secrets)
 	}
 	s.memoryMiB = c.intIn(label, "memory_mib", d.MemoryMiB, minMemoryMiB, maxMemoryMiB)
 	s.diskMiB = c.intIn(label, "disk_mib", d.DiskMiB, minDiskMiB, maxDiskMiB)
@@ -586,26 +561,7 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		s.badTimeout = len(c.errs) > before
 	}
 	if ss := d.Sessions; ss != nil {
-		before := len(c.errs)
-		s.sessions = ss.Allowed
-		s.sessionIdle = c.duration(label, "sessions.idle_timeout", ss.IdleTimeout)
-		s.sessionMax = c.duration(label, "sessions.max_lifetime", ss.MaxLifetime)
-		s.pauseAfter = c.duration(label, "sessions.pause_after", ss.PauseAfter)
-		s.maxPaused = c.intIn(label, "sessions.max_paused", ss.MaxPaused, 0, maxPausedLimit)
-		s.maxPausedMiB = c.intIn(label, "sessions.max_paused_mib", ss.MaxPausedMiB, 0, maxPausedMiB)
-		s.publish, s.publishAny = ss.Publish, ss.PublishAnyAddress
-		s.publishConns = c.intIn(label, "sessions.publish_max_conns", ss.PublishMaxConns, 1, maxPublishConns)
-		s.publishIdle = c.duration(label, "sessions.publish_idle", ss.PublishIdle)
-		s.maxCommands = c.intIn(label, "sessions.max_commands", ss.MaxCommands, 1, maxMaxCommands)
-		s.maxProcesses = c.intIn(label, "sessions.max_processes", ss.MaxProcesses, 0, maxMaxProcesses)
-		if b := c.size(label, "sessions.process_buffer", ss.ProcessBuffer); b != nil {
-			if *b < 1024 || *b > maxProcessBuffer {
-				c.errorf("%s: sessions.process_buffer %d: must be 1KiB to %dMiB", label, *b, maxProcessBuffer>>20)
-			} else {
-				s.processBuffer = b
-			}
-		}
-		s.badSessions = len(c.errs) > before
+		c.sessions(label, ss, &s)
 	}
 	if n := d.Network; n != nil {
 		c.network(label, n, &s)
@@ -617,6 +573,70 @@ func (c *compiler) settings(label string, d *settingsDoc) settings {
 		s.getFiles = c.intIn(label, "files.get_max_files", f.GetMaxFiles, 0, maxFileCount)
 	}
 	return s
+}
+
+// users validates a users list: guest accounts' names, each once, not
+// none. It returns nil when the list is invalid.
+func (c *compiler) users(label string, list []string) *[]string {
+	users, ok := []string{}, true
+	for _, u := range list {
+		switch {
+		case !names.Account(u):
+			c.errorf("%s: users: %q: must be a guest account's name (%s)", label, u, names.AccountRule)
+			ok = false
+		case slices.Contains(users, u):
+			c.errorf("%s: users: %q is listed twice", label, u)
+			ok = false
+		default:
+			users = append(users, u)
+		}
+	}
+	if !ok {
+		return nil
+	}
+	if len(users) == 0 {
+		c.errorf("%s: users is empty: list the guest users a caller may name, the default user among them", label)
+		return nil
+	}
+	return &users
+}
+
+// secretNames validates a secrets list: each name once.
+func (c *compiler) secretNames(label string, names []string) *[]string {
+	list := []string{}
+	for _, n := range names {
+		if slices.Contains(list, n) {
+			c.errorf("%s: secrets: %q is listed twice", label, n)
+			continue
+		}
+		list = append(list, n)
+	}
+	return &list
+}
+
+// sessions validates a [profile.sessions] (or [defaults.sessions]) table
+// into s.
+func (c *compiler) sessions(label string, ss *sessionsDoc, s *settings) {
+	before := len(c.errs)
+	s.sessions = ss.Allowed
+	s.sessionIdle = c.duration(label, "sessions.idle_timeout", ss.IdleTimeout)
+	s.sessionMax = c.duration(label, "sessions.max_lifetime", ss.MaxLifetime)
+	s.pauseAfter = c.duration(label, "sessions.pause_after", ss.PauseAfter)
+	s.maxPaused = c.intIn(label, "sessions.max_paused", ss.MaxPaused, 0, maxPausedLimit)
+	s.maxPausedMiB = c.intIn(label, "sessions.max_paused_mib", ss.MaxPausedMiB, 0, maxPausedMiB)
+	s.publish, s.publishAny = ss.Publish, ss.PublishAnyAddress
+	s.publishConns = c.intIn(label, "sessions.publish_max_conns", ss.PublishMaxConns, 1, maxPublishConns)
+	s.publishIdle = c.duration(label, "sessions.publish_idle", ss.PublishIdle)
+	s.maxCommands = c.intIn(label, "sessions.max_commands", ss.MaxCommands, 1, maxMaxCommands)
+	s.maxProcesses = c.intIn(label, "sessions.max_processes", ss.MaxProcesses, 0, maxMaxProcesses)
+	if b := c.size(label, "sessions.process_buffer", ss.ProcessBuffer); b != nil {
+		if *b < 1024 || *b > maxProcessBuffer {
+			c.errorf("%s: sessions.process_buffer %d: must be 1KiB to %dMiB", label, *b, maxProcessBuffer>>20)
+		} else {
+			s.processBuffer = b
+		}
+	}
+	s.badSessions = len(c.errs) > before
 }
 
 // network validates a [profile.network] (or [defaults.network]) table.

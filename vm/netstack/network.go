@@ -570,31 +570,10 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		})
 		raw = g
 	}
+	sp := &splice{n: n, guest: guest, out: out, rec: rec, done: done, cut: &cut}
 	if byName && proto == netwire.ProtoHTTP {
 		// Every request is checked, not only the first.
-		go func() {
-			in := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), guest), 32<<10)
-			w := &countWriter{w: out, n: n, total: &rec.BytesOut}
-			// On a refused request nothing more goes out; the answers to
-			// the requests before it still come back.
-			var why string
-			if secrets != nil {
-				var found *netwire.Found
-				why, found = netwire.CopyRequestsSecrets(w, in, claimed, secrets)
-				if found != nil {
-					rec.Secret, rec.SecretPlace = found.Secret, found.Place
-				}
-			} else {
-				why = netwire.CopyRequests(w, in, claimed)
-			}
-			if why != "" {
-				cut.Store(why)
-			}
-			if c, ok := out.(interface{ CloseWrite() error }); ok {
-				_ = c.CloseWrite()
-			}
-			done <- struct{}{}
-		}()
+		go sp.requests(head, claimed, secrets)
 	} else {
 		// Through the guard, when there is one: a placeholder may span
 		// the first bytes and the next.
@@ -603,37 +582,7 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		}
 		rec.BytesOut += int64(len(head))
 		n.bytes.Add(int64(len(head)))
-	}
-	count := func(dstc, srcc net.Conn, total *int64, w io.Writer) {
-		b := make([]byte, 32<<10)
-		for {
-			k, err := srcc.Read(b)
-			if k > 0 {
-				atomic.AddInt64(total, int64(k))
-				if n.bytes.Add(int64(k)) > n.p().MaxBytes {
-					break
-				}
-				if _, werr := w.Write(b[:k]); werr != nil {
-					var f *netwire.Found
-					if errors.As(werr, &f) {
-						// A secrets' guard: the connection ends here.
-						out.Close()
-						guest.Close()
-					}
-					break
-				}
-			}
-			if err != nil {
-				break
-			}
-		}
-		if c, ok := dstc.(interface{ CloseWrite() error }); ok {
-			_ = c.CloseWrite()
-		}
-		done <- struct{}{}
-	}
-	if !(byName && proto == netwire.ProtoHTTP) {
-		go count(out, guest, &rec.BytesOut, raw)
+		go sp.pump(out, guest, &rec.BytesOut, raw)
 	}
 	var back io.Writer = guest
 	if secrets != nil && len(secrets.Bound) > 0 {
@@ -648,7 +597,7 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		})
 		back = g
 	}
-	go count(guest, out, &rec.BytesIn, back)
+	go sp.pump(guest, out, &rec.BytesIn, back)
 	n.awaitBoth(done, func() { out.Close(); guest.Close() })
 	for _, g := range guards {
 		g()
@@ -657,6 +606,75 @@ func (n *Network) proxy(guest net.Conn, rec *Record, dst netip.Addr, port uint16
 		return true, "cut: " + why
 	}
 	return true, ""
+}
+
+// splice is one proxied connection's two directions: each sends one value
+// on done when it ends, and stores in cut why it cut the connection.
+type splice struct {
+	n          *Network
+	guest, out net.Conn
+	rec        *Record
+	done       chan<- struct{}
+	cut        *atomic.Value
+}
+
+// requests copies the guest's HTTP requests out, checking every one, not
+// only the first. On a refused request nothing more goes out; the answers
+// to the requests before it still come back.
+func (sp *splice) requests(head []byte, claimed string, secrets *netwire.Secrets) {
+	in := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(head), sp.guest), 32<<10)
+	w := &countWriter{w: sp.out, n: sp.n, total: &sp.rec.BytesOut}
+	var why string
+	if secrets != nil {
+		var found *netwire.Found
+		why, found = netwire.CopyRequestsSecrets(w, in, claimed, secrets)
+		if found != nil {
+			sp.rec.Secret, sp.rec.SecretPlace = found.Secret, found.Place
+		}
+	} else {
+		why = netwire.CopyRequests(w, in, claimed)
+	}
+	if why != "" {
+		sp.cut.Store(why)
+	}
+	closeWrite(sp.out)
+	sp.done <- struct{}{}
+}
+
+// pump copies src to w, counting into total and the network's byte
+// budget, then closes dst's writing half.
+func (sp *splice) pump(dst, src net.Conn, total *int64, w io.Writer) {
+	b := make([]byte, 32<<10)
+	for {
+		k, err := src.Read(b)
+		if k > 0 {
+			atomic.AddInt64(total, int64(k))
+			if sp.n.bytes.Add(int64(k)) > sp.n.p().MaxBytes {
+				break
+			}
+			if _, werr := w.Write(b[:k]); werr != nil {
+				var f *netwire.Found
+				if errors.As(werr, &f) {
+					// A secrets' guard: the connection ends here.
+					sp.out.Close()
+					sp.guest.Close()
+				}
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	closeWrite(dst)
+	sp.done <- struct{}{}
+}
+
+// closeWrite closes c's writing half, where it has one.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
 }
 
 // awaitBoth waits for a connection's two directions (one value each on

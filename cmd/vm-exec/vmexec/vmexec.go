@@ -108,19 +108,8 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 		return o, nil
 	}
 	o.argv = fs.Args()
-	for _, v := range puts {
-		p, err := parsePut(v)
-		if err != nil {
-			return nil, &usageError{err.Error()}
-		}
-		o.puts = append(o.puts, p)
-	}
-	for _, v := range gets {
-		g, err := parseGet(v)
-		if err != nil {
-			return nil, &usageError{err.Error()}
-		}
-		o.gets = append(o.gets, g)
+	if err := o.parseFiles(puts, gets); err != nil {
+		return nil, err
 	}
 	shellSet := fs.Changed("command")
 	if err := o.proc.parse(fs, o, shellSet, len(puts)+len(gets) > 0); err != nil {
@@ -199,6 +188,25 @@ func parseVMExec(args []string) (*vmexecOpts, error) {
 		}
 	}
 	return o, nil
+}
+
+// parseFiles parses the --put and --get values into o.
+func (o *vmexecOpts) parseFiles(puts, gets []string) error {
+	for _, v := range puts {
+		p, err := parsePut(v)
+		if err != nil {
+			return &usageError{err.Error()}
+		}
+		o.puts = append(o.puts, p)
+	}
+	for _, v := range gets {
+		g, err := parseGet(v)
+		if err != nil {
+			return &usageError{err.Error()}
+		}
+		o.gets = append(o.gets, g)
+	}
+	return nil
 }
 
 // Doc describes a command for its help text and its man page. vm-exec

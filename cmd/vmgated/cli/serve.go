@@ -60,17 +60,7 @@ func serve(fs *pflag.FlagSet) runFunc {
 	cpInterval := fs.Duration("audit-checkpoint-interval", audit.DefaultCheckpointInterval, "and at least this often while records are written")
 	var redact []string
 	fs.StringArrayVar(&redact, "audit-redact", nil, "regular expression; matching argv elements are redacted in the audit log (repeatable)")
-	var sshListen []string
-	fs.StringArrayVar(&sshListen, "ssh-listen", nil, "serve SSH on IP:PORT (loopback) or unix:/PATH (repeatable; default off)")
-	sshHostKey := fs.String("ssh-host-key", "", "SSH host key, created (ed25519, 0600) when missing (default STATE/"+sshfront.DefaultHostKey+")")
-	sshKeys := fs.String("ssh-authorized-keys", DefaultSSHAuthorizedKeys, "authorized-keys file: each key names its policy profile with profile=\"NAME\"")
-	sshRemote := fs.Bool("ssh-allow-remote", false, "allow --ssh-listen on non-loopback addresses (a logged relaxation)")
-	sshSessions := fs.Int("ssh-max-sessions", 4, "SSH sessions (commands) one connection may run at once")
-	sshIdle := fs.Duration("ssh-idle-timeout", 10*time.Minute, "close an SSH connection without sessions after this long")
-	var e2bListen []string
-	fs.StringArrayVar(&e2bListen, "e2b-listen", nil, "serve the E2B API on IP:PORT (loopback) or unix:/PATH (repeatable; default off; docs/e2b.md)")
-	e2bKeys := fs.String("e2b-keys", DefaultE2BKeys, "E2B keys file: profile=\"NAME\" KEY per line (vmgated e2b key add)")
-	e2bRemote := fs.Bool("e2b-allow-remote", false, "allow --e2b-listen on non-loopback addresses (a logged relaxation)")
+	fronts := frontFlags(fs)
 	secretRoots := fs.String("secrets-roots", "", "PEM bundle the hosts of secrets are verified against (default: the host's, "+strings.Join(hostRoots, " or ")+")")
 	level := fs.String("log-level", "info", "log level")
 	return func(ctx context.Context, args []string) error {
@@ -93,15 +83,8 @@ func serve(fs *pflag.FlagSet) runFunc {
 		if *cpEvery < 1 || *cpInterval <= 0 {
 			return fmt.Errorf("%w: --audit-checkpoint-every must be 1 or more and --audit-checkpoint-interval positive", errUsage)
 		}
-		if len(sshListen) > 0 {
-			if *sshSessions < 1 || *sshIdle <= 0 {
-				return fmt.Errorf("%w: --ssh-max-sessions must be 1 or more and --ssh-idle-timeout positive", errUsage)
-			}
-			cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
-				AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
-		}
-		if len(e2bListen) > 0 {
-			cfg.E2B = &e2bfront.Config{Listen: e2bListen, Keys: *e2bKeys, AllowRemote: *e2bRemote}
+		if err := fronts(&cfg); err != nil {
+			return err
 		}
 		cfg.VM.NetstackSocket = *netstackSocket
 		cfg.VM.SecretRoots = *secretRoots
@@ -134,6 +117,35 @@ func serve(fs *pflag.FlagSet) runFunc {
 			}
 		}
 		return gateway.Run(ctx, cfg)
+	}
+}
+
+// frontFlags defines the SSH and E2B front doors' flags; the function it
+// returns sets them into a daemon's configuration.
+func frontFlags(fs *pflag.FlagSet) func(*gateway.Config) error {
+	var sshListen []string
+	fs.StringArrayVar(&sshListen, "ssh-listen", nil, "serve SSH on IP:PORT (loopback) or unix:/PATH (repeatable; default off)")
+	sshHostKey := fs.String("ssh-host-key", "", "SSH host key, created (ed25519, 0600) when missing (default STATE/"+sshfront.DefaultHostKey+")")
+	sshKeys := fs.String("ssh-authorized-keys", DefaultSSHAuthorizedKeys, "authorized-keys file: each key names its policy profile with profile=\"NAME\"")
+	sshRemote := fs.Bool("ssh-allow-remote", false, "allow --ssh-listen on non-loopback addresses (a logged relaxation)")
+	sshSessions := fs.Int("ssh-max-sessions", 4, "SSH sessions (commands) one connection may run at once")
+	sshIdle := fs.Duration("ssh-idle-timeout", 10*time.Minute, "close an SSH connection without sessions after this long")
+	var e2bListen []string
+	fs.StringArrayVar(&e2bListen, "e2b-listen", nil, "serve the E2B API on IP:PORT (loopback) or unix:/PATH (repeatable; default off; docs/e2b.md)")
+	e2bKeys := fs.String("e2b-keys", DefaultE2BKeys, "E2B keys file: profile=\"NAME\" KEY per line (vmgated e2b key add)")
+	e2bRemote := fs.Bool("e2b-allow-remote", false, "allow --e2b-listen on non-loopback addresses (a logged relaxation)")
+	return func(cfg *gateway.Config) error {
+		if len(sshListen) > 0 {
+			if *sshSessions < 1 || *sshIdle <= 0 {
+				return fmt.Errorf("%w: --ssh-max-sessions must be 1 or more and --ssh-idle-timeout positive", errUsage)
+			}
+			cfg.SSH = &sshfront.Config{Listen: sshListen, HostKey: *sshHostKey, AuthorizedKeys: *sshKeys,
+				AllowRemote: *sshRemote, MaxSessions: *sshSessions, IdleTimeout: *sshIdle}
+		}
+		if len(e2bListen) > 0 {
+			cfg.E2B = &e2bfront.Config{Listen: e2bListen, Keys: *e2bKeys, AllowRemote: *e2bRemote}
+		}
+		return nil
 	}
 }
 
