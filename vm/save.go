@@ -24,6 +24,9 @@ func (v *VM) save(ctx context.Context) error {
 	if err := v.handBack(ctx, q); err != nil {
 		return v.fail("template save", nil, err)
 	}
+	if err := v.settle(ctx); err != nil {
+		return fmt.Errorf("template save: %w", err)
+	}
 	sf, err := os.OpenFile(filepath.Join(v.Dir, TemplateStateFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("template save: %w", err)
@@ -64,6 +67,33 @@ func (v *VM) save(ctx context.Context) error {
 		return fmt.Errorf("template save: %w", err)
 	}
 	return nil
+}
+
+// templateSettle is how long a template's guest runs after the hand-back
+// before it is saved. The hand-back's close and reopen of the agent's
+// port set off work in the guest that ends within about 200 ms here
+// (under TCG): the agent's goroutines and Go's runtime winding down, the
+// kernel's deferred work for the port and the processes the quiesce ran.
+// Saved before it ends, every clone of the template runs the rest of it
+// on code QEMU has not translated yet, while its agent answers its first
+// host: 9-10 ms of each restore's agent step here (docs/benchmarks.md,
+// "The agent step, fixed"). Save points are not settled: a pause's time is
+// its caller's, and one restore follows it.
+const templateSettle = 500 * time.Millisecond
+
+// settle lets a template's guest run for templateSettle after the
+// hand-back; it fails when ctx ends or QEMU exits first.
+func (v *VM) settle(ctx context.Context) error {
+	t := time.NewTimer(templateSettle)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-v.exited:
+		return v.died("before the template save")
+	}
 }
 
 // qmpCall is one QMP command of a sequence: its arguments, and the fds
