@@ -46,8 +46,7 @@
 //     when the policy says isolate.cgroups = "required".
 //  6. Capabilities: bounding, ambient, effective, permitted and inheritable
 //     sets are all emptied; securebits lock that state.
-//  7. PR_SET_NO_NEW_PRIVS, the parent-death signal, and (Spec.NoHugePages,
-//     for memory only) PR_SET_THP_DISABLE.
+//  7. PR_SET_NO_NEW_PRIVS and the parent-death signal.
 //  8. The seccomp allowlist (package isolate/seccomp) is loaded as the last
 //     call before execve; QEMU then adds its own -sandbox filter (spawn=deny
 //     forbids any further execve).

@@ -172,11 +172,6 @@ func jailInit(_ []string) error {
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("pdeathsig: %w", err)
 	}
-	if s.NoHugePages {
-		if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
-			return fmt.Errorf("no huge pages: %w", err)
-		}
-	}
 	if err := loadSeccomp(&s); err != nil {
 		return err
 	}

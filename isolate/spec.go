@@ -54,9 +54,6 @@ type Spec struct {
 	// one: only for the netstack role, which makes the guest's outbound
 	// connections. A relaxation, checked against Program.
 	HostNetwork bool `json:"host_network,omitempty"`
-	// NoHugePages runs the program without transparent huge pages
-	// (PR_SET_THP_DISABLE, which execve keeps): memory, not confinement.
-	NoHugePages bool `json:"no_huge_pages,omitempty"`
 }
 
 // Validate checks the spec before any namespace is created.

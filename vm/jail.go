@@ -134,12 +134,13 @@ func JailSpec(argv []string, vmDir string, readOnly []string, accel Accel, memMi
 		// root; QEMU needs a few dozen threads at most.
 		Processes: jailProcesses,
 		Seccomp:   "required", SeccompAccel: string(accel),
-		// Under TCG, QEMU without transparent huge pages: it advises them
-		// for every RAM block and for its translation cache, so a 64-256
-		// KiB firmware block took a whole 2 MiB page in each QEMU, and the
-		// cache's last page was mostly empty (~3 MiB an idle fork copy,
-		// docs/benchmarks.md). Under KVM the guest's RAM wants them.
-		NoHugePages: accel == AccelTCG,
+		// QEMU keeps transparent huge pages, under TCG too: it advises
+		// them for its translation cache, which a restored guest fills
+		// from nothing while its agent answers the first host; without
+		// them each 4 KiB of new code took a page fault, ~12 ms of every
+		// restore's agent step here. They cost an idle QEMU ~2-3 MiB (a
+		// firmware block in a 2 MiB page, the cache's last page partly
+		// used; docs/benchmarks.md, "The agent step, fixed").
 	}, nil
 }
 
