@@ -27,8 +27,13 @@ const (
 	// connected, on a device that does not wake a waiting agent.
 	hostPollInterval = 30 * time.Millisecond
 	// hostRecheck bounds the wait for a host between two checks on a
-	// device that wakes a waiting agent (waitHostEvent).
-	hostRecheck = 250 * time.Millisecond
+	// device that wakes a waiting agent (waitHostEvent): a safety net,
+	// logged when it finds a host. Each check wakes the idle guest, and
+	// under TCG a wake-up of the agent's runtime costs 1-14 ms of CPU: at
+	// 250 ms that was 1-3 % of a core for every idle VM, and a template
+	// saved just before a check made each of its clones run it during
+	// their first contact (docs/benchmarks.md, "The agent step, fixed").
+	hostRecheck = 2 * time.Second
 	// minRetryDelay and maxRetryDelay bound the pause after a connection
 	// that ended without a hello, so that a misbehaving peer cannot make
 	// the agent spin.
