@@ -37,6 +37,9 @@ type Error struct {
 	// QEMULog and Console are the last lines of QEMU's log and of the
 	// guest's console, for the host's log only.
 	QEMULog, Console string
+	// Guest, when set, is what the host saw of a guest that did not
+	// answer in time (guestState), for the host's log only.
+	Guest string
 }
 
 func (e *Error) Error() string { return e.Phase + ": " + e.Err.Error() }
@@ -57,6 +60,9 @@ func (e *Error) Diagnostics() string {
 	}
 	if e.Console != "" {
 		parts = append(parts, ConsoleLog+": "+e.Console)
+	}
+	if e.Guest != "" {
+		parts = append(parts, "guest: "+e.Guest)
 	}
 	return strings.Join(parts, "; ")
 }

@@ -596,8 +596,11 @@ func (v *VM) connect(ctx context.Context) error {
 		_ = c.Close()
 		return v.died("during boot")
 	case ctx.Err() != nil:
+		g := v.lookAtGuest(ctx) // before the host hangs up, which it reports
 		_ = c.Close()
-		return v.fail("boot", nil, fmt.Errorf("guest agent did not answer in time (%w)", ctx.Err()))
+		e := v.fail("boot", nil, fmt.Errorf("guest agent did not answer in time (%w)", ctx.Err()))
+		e.Guest = g.String()
+		return e
 	case errors.Is(err, agentproto.ErrSSHAgent):
 		return fmt.Errorf("vm %s: %w: %w; rebuild the image (vmgated image build --force)", v.ID, ErrHandshake, err)
 	}

@@ -91,6 +91,9 @@ type LaunchSpec struct {
 // agent has finished its last connection (see VM.save).
 const AgentPortID = "agentport"
 
+// agentChardev is the id of the agent port's chardev (its socket).
+const agentChardev = "agent"
+
 // NetSocket is the VM's network socket (vmgated listens, QEMU connects).
 const NetSocket = "net.sock"
 
@@ -210,9 +213,9 @@ func (s LaunchSpec) Cmdline() ([]string, error) {
 		argv = append(argv,
 			"-drive", "id=root,file="+j(OverlayFile)+",format=qcow2,if=none,discard=unmap",
 			"-device", "virtio-blk-device,drive=root",
-			"-chardev", "socket,id=agent,path="+j(AgentSocket)+",server=on,wait=off",
+			"-chardev", "socket,id="+agentChardev+",path="+j(AgentSocket)+",server=on,wait=off",
 			"-device", "virtio-serial-device,max_ports=2",
-			"-device", "virtserialport,chardev=agent,name=vmgate.agent,id="+AgentPortID,
+			"-device", "virtserialport,chardev="+agentChardev+",name=vmgate.agent,id="+AgentPortID,
 			"-chardev", "socket,id=qmp,path="+j(QMPSocket)+",server=on,wait=off",
 			"-mon", "chardev=qmp,mode=control",
 			"-chardev", "socket,id=events,path="+j(EventsSocket)+",server=on,wait=off",

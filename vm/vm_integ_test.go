@@ -547,3 +547,30 @@ func TestResolveAccel(t *testing.T) {
 		}
 	}
 }
+
+// TestStartTimeoutSaysWhatTheGuestDoes gives a cold boot less time than
+// it needs: the error reports, for the host's log, what the host saw of
+// the guest (run state, vCPU, APIC timer, QEMU's CPU time), and nothing
+// is left behind.
+func TestStartTimeoutSaysWhatTheGuestDoes(t *testing.T) {
+	img := testutil.RequiresImage(t)
+	state := t.TempDir()
+	_, err := Start(context.Background(), Options{Runtime: Runtime{StateDir: state, Accel: AccelAuto}, ImageDir: img, BootTimeout: 4 * time.Second})
+	var ve *Error
+	if !errors.As(err, &ve) || ve.Phase != "boot" {
+		t.Fatalf("want a boot *Error, got %v", err)
+	}
+	for _, want := range []string{"run state running", "agent port closed by the guest, host connected", "vCPU 0 at RIP ", "APIC LVTT ", "QEMU used "} {
+		if !strings.Contains(ve.Guest, want) {
+			t.Errorf("guest %q lacks %q", ve.Guest, want)
+		}
+	}
+	if !strings.Contains(Details(err), "guest: "+ve.Guest) {
+		t.Errorf("details lack the guest: %s", Details(err))
+	}
+	if strings.Contains(err.Error(), ve.Guest) {
+		t.Errorf("the client's text carries the guest's state: %v", err)
+	}
+	t.Logf("%s", Details(err))
+	assertNoVMs(t, state)
+}
