@@ -171,15 +171,24 @@ func (v *VM) Save(ctx context.Context, dir string, o SaveOptions) (*SavePoint, e
 func (v *VM) Continue(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
-	q, err := dialQMP(ctx, filepath.Join(v.Dir, QMPSocket), v.exited)
-	if err != nil {
-		return fmt.Errorf("continue: %w", err)
-	}
-	defer q.Close()
-	if _, err := q.run(ctx, "cont", nil); err != nil {
+	if err := v.cont(ctx); err != nil {
 		return fmt.Errorf("continue: %w", err)
 	}
 	return v.connect(ctx)
+}
+
+// cont lets a stopped guest run again, on a monitor connection of its
+// own that it closes before it returns: QEMU serves one client at a time
+// on a monitor, and what follows (the agent's new connection) may need it
+// (lookAtGuest, when the agent does not answer).
+func (v *VM) cont(ctx context.Context) error {
+	q, err := dialQMP(ctx, filepath.Join(v.Dir, QMPSocket), v.exited)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	_, err = q.run(ctx, "cont", nil)
+	return err
 }
 
 // close releases the monitor.
@@ -221,12 +230,7 @@ func (s *saving) undo() (err error) {
 		return s.noHandBack
 	}
 	if s.stopped {
-		q, err := dialQMP(ctx, filepath.Join(s.v.Dir, QMPSocket), s.v.exited)
-		if err != nil {
-			return fmt.Errorf("cont: %w", err)
-		}
-		defer q.Close()
-		if _, err := q.run(ctx, "cont", nil); err != nil {
+		if err := s.v.cont(ctx); err != nil {
 			return fmt.Errorf("cont: %w", err)
 		}
 	}

@@ -13,7 +13,10 @@ import (
 )
 
 // stuckLookTimeout bounds the look at a VM whose agent did not answer.
-const stuckLookTimeout = 5 * time.Second
+// QEMU serves one client at a time on a monitor: while another holds it
+// (a saving's own, kept until the save ends), the look waits this long
+// and reports the monitor as unanswered.
+const stuckLookTimeout = 2 * time.Second
 
 // guestState is what the host can see of a guest whose agent did not
 // answer: QEMU's run state, where its first vCPU is and whether it halted,
