@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmgate/vmgate/internal/procstat"
 )
 
 // stuckLookTimeout bounds the look at a VM whose agent did not answer.
@@ -198,13 +200,10 @@ const clockTicks = 100
 // parseProcCPU reads utime+stime and the start time from a
 // /proc/PID/stat line and the process's age from /proc/uptime's text.
 func parseProcCPU(stat, uptime string, hz int) (cpu, age time.Duration, err error) {
-	// The command name (field 2) may hold blanks and parentheses: the
-	// fields that follow start after its last ')'.
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
+	f, ok := procstat.Fields(stat)
+	if !ok {
 		return 0, 0, fmt.Errorf("qemu's cpu time: no command name in %q", stat)
 	}
-	f := strings.Fields(stat[i+1:])
 	// f[0] is field 3 (state): utime is field 14, stime 15, starttime 22.
 	if len(f) < 20 {
 		return 0, 0, fmt.Errorf("qemu's cpu time: %d fields after the command name, want 20", len(f))

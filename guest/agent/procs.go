@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding"
 	"fmt"
@@ -9,12 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/vmgate/vmgate/guest/agentproto"
+	"github.com/vmgate/vmgate/internal/procstat"
 )
 
 // Background processes (agentproto's proc calls). The table is the
@@ -533,14 +532,9 @@ func sessionOf(pid int) (int, bool) {
 	if err != nil {
 		return 0, false
 	}
-	// The fields after the command name, in parentheses: state, ppid,
-	// pgrp, session, …
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 4 {
+	// The fields after the command name: state, ppid, pgrp, session, …
+	f, ok := procstat.Fields(string(b))
+	if !ok || len(f) < 4 {
 		return 0, false
 	}
 	s, err := strconv.Atoi(f[3])
